@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench deploy clean seed
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+## run: start the emulator (data kept in .devstack/) and memcached, seed demo content when empty, serve the web UI
+run: $(STAMP)
+	$(PY) -m devstack run
+
+## test: the whole suite on a fresh in-memory emulator and memcached, started and stopped by the tests
+test: $(STAMP)
+	$(PY) -m pytest
+
+## bench: every benchmark under bench/, results in bench/results/
+bench: $(STAMP)
+	$(PY) -m bench
+
+## deploy: the app and its indexes to App Engine (needs gcloud auth and a project)
+deploy:
+	gcloud app deploy app.yaml index.yaml
+
+clean:
+	rm -rf $(VENV) .devstack .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

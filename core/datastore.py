@@ -1,0 +1,69 @@
+"""The ndb client (one per process) and the ndb context each request and worker thread runs in."""
+import contextlib
+import logging
+import os
+
+from google.api_core import exceptions as core_exceptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import ndb
+
+log = logging.getLogger(__name__)
+
+# What Datastore answers when transactions collide. The emulator reports contention as ABORTED and sometimes as
+# UNKNOWN; ndb wraps either in RetryError once its own retries (none, where we retry ourselves) run out.
+CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown, core_exceptions.RetryError)
+# Datastore itself not answering: a 503 for the user, not a 500.
+UNAVAILABLE_ERRORS = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded,
+                      core_exceptions.RetryError)
+
+
+def make_client(settings):
+    """Built once per process: it holds the gRPC channel that every request reuses."""
+    if not settings.emulator_host:
+        return ndb.Client(project=settings.project)
+    # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
+    # another emulator than the process environment (tests run two), so set it for exactly this call.
+    saved = os.environ.get("DATASTORE_EMULATOR_HOST")
+    os.environ["DATASTORE_EMULATOR_HOST"] = settings.emulator_host
+    try:
+        # The emulator needs no credentials; looking for them would fail on a machine without gcloud auth.
+        return ndb.Client(project=settings.project, credentials=AnonymousCredentials())
+    finally:
+        if saved is None:
+            del os.environ["DATASTORE_EMULATOR_HOST"]
+        else:
+            os.environ["DATASTORE_EMULATOR_HOST"] = saved
+
+
+class Datastore:
+    """The process's ndb client plus the global cache every context uses."""
+
+    def __init__(self, client, global_cache=None):
+        self.client = client
+        self.global_cache = global_cache
+
+    def context(self):
+        """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""
+        return self.client.context(global_cache=self.global_cache)
+
+    @contextlib.contextmanager
+    def ensure_context(self):
+        """Enter a context unless this thread already has one (service code called from a request or a script)."""
+        if ndb.get_context(raise_context_error=False) is not None:
+            yield
+        else:
+            with self.context():
+                yield
+
+
+class NdbContextMiddleware:
+    """WSGI middleware: every request runs inside its own ndb context, entered and left around the whole response."""
+
+    def __init__(self, wsgi_app, datastore):
+        self.wsgi_app = wsgi_app
+        self.datastore = datastore
+
+    def __call__(self, environ, start_response):
+        with self.datastore.context():
+            # Materialize the body inside the context: a streamed response would otherwise run outside it.
+            return list(self.wsgi_app(environ, start_response))

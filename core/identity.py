@@ -1,0 +1,111 @@
+"""Who is asking: the dev sign-in locally, the IAP-signed JWT on App Engine.
+
+Locally (not GAE_ENV=standard) a person signs in with any email and chooses whether they are an admin; the user is
+kept in the signed session cookie. On App Engine the dev sign-in does not exist: Identity-Aware Proxy signs every
+request's identity into `x-goog-iap-jwt-assertion`, verified here against Google's published keys; `sub` is the
+stable user id and admins are the emails in ADMIN_EMAILS.
+"""
+import hashlib
+import re
+import threading
+import time
+
+import requests
+from flask import current_app, g, request, session
+from google.auth import exceptions as auth_exceptions
+from google.auth import jwt
+
+from core.errors import BadInput, Forbidden, NotFound, SignInRequired
+
+IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
+IAP_ISSUER = "https://cloud.google.com/iap"
+IAP_HEADER = "x-goog-iap-jwt-assertion"
+EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,24}")
+
+
+class IapKeys:
+    """Google's IAP public keys, fetched once and refreshed hourly: not one fetch per request."""
+
+    def __init__(self, url=IAP_CERTS_URL, lifetime=3600):
+        self.url, self.lifetime = url, lifetime
+        self._keys, self._fetched, self._lock = None, 0.0, threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._keys is None or time.monotonic() - self._fetched > self.lifetime:
+                response = requests.get(self.url, timeout=5)
+                response.raise_for_status()
+                self._keys, self._fetched = response.json(), time.monotonic()
+            return self._keys
+
+
+def verify_iap_token(token, audience, keys):
+    """The user in a verified IAP token, or None when the token is missing, forged, expired or for someone else."""
+    if not token or not audience:
+        return None
+    try:
+        claims = jwt.decode(token, certs=keys, audience=audience)
+    except (ValueError, auth_exceptions.GoogleAuthError):
+        return None
+    if claims.get("iss") != IAP_ISSUER or not claims.get("sub") or not claims.get("email"):
+        return None
+    return make_user(claims["sub"], claims["email"], admin=None)
+
+
+def make_user(user_id, email, admin):
+    """A user dict; `admin=None` means: decided by ADMIN_EMAILS."""
+    email = email.lower()
+    if admin is None:
+        admin = email in current_app.config["SETTINGS"].admin_emails
+    # Ids go into composite keys joined by '|' (comments): they must never contain it.
+    return {"id": user_id.replace("|", ":"), "email": email, "admin": bool(admin)}
+
+
+def dev_user_id(email):
+    return "dev-" + hashlib.sha256(email.lower().encode()).hexdigest()[:20]
+
+
+def current_user():
+    """The signed-in user for this request, or None. Worked out once per request."""
+    if "user" not in g:
+        settings = current_app.config["SETTINGS"]
+        if settings.on_app_engine:
+            keys = current_app.extensions["iap_keys"]
+            g.user = verify_iap_token(request.headers.get(IAP_HEADER), settings.iap_audience, keys.get())
+        else:
+            g.user = session.get("user")
+    return g.user
+
+
+def require_user():
+    user = current_user()
+    if user is None:
+        raise SignInRequired("Sign in first.")
+    return user
+
+
+def require_admin():
+    user = require_user()
+    if not user["admin"]:
+        raise Forbidden("Only an admin may do this.")
+    return user
+
+
+def dev_sign_in(email, admin):
+    """Sign in locally as `email`; refused on App Engine, where IAP says who is who."""
+    if current_app.config["SETTINGS"].on_app_engine:
+        raise NotFound("Dev sign-in does not exist on App Engine.")
+    if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
+        raise BadInput("Give a valid email address.", "bad_email")
+    if not isinstance(admin, bool):
+        raise BadInput("admin must be true or false.", "bad_admin")
+    user = make_user(dev_user_id(email), email, admin)
+    session.clear()
+    session["user"] = user
+    g.user = user
+    return user
+
+
+def sign_out():
+    session.clear()
+    g.user = None

@@ -1,0 +1,38 @@
+"""Settings, read once per process from the environment."""
+import os
+from dataclasses import dataclass, field
+
+DEV_SECRET = "dev-only-secret-not-for-app-engine"
+
+
+def on_app_engine():
+    return os.environ.get("GAE_ENV") == "standard"
+
+
+@dataclass(frozen=True)
+class Settings:
+    project: str
+    emulator_host: str | None
+    memcached_hosts: tuple = ()
+    secret_key: str = DEV_SECRET
+    admin_emails: frozenset = field(default_factory=frozenset)
+    on_app_engine: bool = False
+    iap_audience: str | None = None
+
+    @classmethod
+    def from_env(cls, env=None):
+        env = os.environ if env is None else env
+        gae = env.get("GAE_ENV") == "standard"
+        secret = env.get("SECRET_KEY")
+        if gae and not secret:
+            # A known key on a public deployment would let anyone forge a session cookie.
+            raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager).")
+        return cls(
+            project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
+            emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
+            memcached_hosts=tuple(h for h in env.get("MEMCACHED_HOSTS", "").replace(",", " ").split() if h),
+            secret_key=secret or DEV_SECRET,
+            admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
+            on_app_engine=gae,
+            iap_audience=env.get("IAP_AUDIENCE") or None,
+        )

@@ -1,0 +1,76 @@
+"""The app's own pages and routes: home, health, sign-in (page and API)."""
+from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from google.cloud import ndb
+
+from core import identity, runtime
+from core.errors import AppError
+from core.web import json_body
+
+bp = Blueprint("core", __name__)
+
+
+@bp.get("/")
+def home():
+    """The tour of the lessons."""
+    return render_template("core/home.html")
+
+
+@bp.get("/healthz")
+def healthz():
+    """Datastore and memcached reachability; 503 only when Datastore is down (memcached is optional)."""
+    memcache = "ok" if runtime.cache().ping() else "down"
+    try:
+        # A lookup by key that bypasses both caches: it proves Datastore itself answers.
+        ndb.Key("Healthz", "ping").get(use_cache=False, use_global_cache=False, timeout=3, retries=0)
+    except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
+        return jsonify(datastore="down", memcache=memcache), 503
+    return jsonify(datastore="ok", memcache=memcache)
+
+
+@bp.route("/signin", methods=("GET", "POST"))
+def signin():
+    """The local dev sign-in form (on App Engine, IAP signs people in)."""
+    if request.method == "POST":
+        try:
+            identity.dev_sign_in(request.form.get("email", "").strip(), request.form.get("admin") == "on")
+        except AppError as e:
+            if e.status == 404:
+                raise
+            flash(e.message, "error")
+            return render_template("core/signin.html"), e.status
+        return redirect(_safe_next(request.form.get("next")))
+    return render_template("core/signin.html")
+
+
+@bp.post("/signout")
+def signout():
+    """Forget the dev sign-in."""
+    identity.sign_out()
+    return redirect(url_for("core.home"))
+
+
+def _safe_next(target):
+    # Only paths on this site: an open redirect would turn sign-in into a phishing aid.
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return url_for("core.home")
+
+
+@bp.get("/api/session")
+def get_session():
+    """Who is signed in."""
+    return jsonify(user=identity.require_user())
+
+
+@bp.post("/api/session")
+def create_session():
+    """Dev sign-in: {"email", "admin"}."""
+    data = json_body()
+    return jsonify(user=identity.dev_sign_in(data.get("email"), data.get("admin", False)))
+
+
+@bp.delete("/api/session")
+def delete_session():
+    """Sign out."""
+    identity.sign_out()
+    return "", 204

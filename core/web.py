@@ -1,0 +1,79 @@
+"""HTTP plumbing shared by every blueprint: JSON bodies, the API's error shape, error pages, CSRF for forms."""
+import logging
+
+from flask import jsonify, render_template, request
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from google.api_core import exceptions as core_exceptions
+from werkzeug.exceptions import HTTPException
+
+from core.errors import AppError, BadInput
+
+log = logging.getLogger(__name__)
+csrf = CSRFProtect()
+UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
+# Datastore did not answer (or kept failing): the user gets a 503 and may retry.
+DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
+
+
+def is_api():
+    return request.path.startswith("/api/")
+
+
+def json_body():
+    """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object."""
+    if not request.is_json:
+        raise AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
+    data = request.get_json(silent=True)
+    if not isinstance(data, dict):
+        raise BadInput("The body must be a JSON object.", "bad_json")
+    return data
+
+
+def error_response(status, code, message):
+    if is_api():
+        return jsonify(error={"code": code, "message": message}), status
+    return render_template("error.html", status=status, message=message), status
+
+
+def _check_unsafe_request():
+    """Forms need a CSRF token. The API needs none, because a cross-site page cannot send it a request a browser would
+    accept: any body a form can send has a non-JSON Content-Type, refused here (415), and a JSON one needs a CORS
+    preflight that this app never grants. The session cookie is also SameSite=Lax."""
+    if request.method not in UNSAFE:
+        return
+    if is_api():
+        if request.content_type and not request.is_json:
+            raise AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
+    else:
+        csrf.protect()
+
+
+def init_app(app):
+    csrf.init_app(app)
+    app.before_request(_check_unsafe_request)
+
+    @app.errorhandler(AppError)
+    def app_error(e):
+        return error_response(e.status, e.code, e.message)
+
+    @app.errorhandler(CSRFError)
+    def csrf_error(e):
+        return error_response(400, "csrf", "The form was out of date or not from this site; reload the page and try again.")
+
+    @app.errorhandler(HTTPException)
+    def http_error(e):
+        code = (e.name or "error").lower().replace(" ", "_")
+        messages = {404: "There is nothing here.", 405: "That method is not allowed here.",
+                    413: "The request body is too large."}
+        return error_response(e.code, code, messages.get(e.code, e.description or e.name))
+
+    def datastore_down(e):
+        log.error("Datastore unavailable: %s", e)
+        return error_response(503, "datastore_unavailable", "The datastore is not answering; try again shortly.")
+    for exc_class in DATASTORE_DOWN:
+        app.register_error_handler(exc_class, datastore_down)
+
+    @app.errorhandler(Exception)
+    def unexpected(e):
+        log.exception("Unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal", "Something went wrong on our side; it has been logged.")

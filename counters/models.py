@@ -1,0 +1,57 @@
+"""Counter entities.
+
+Every shard is a root entity, its own entity group: Datastore serializes transactions per entity group (about one
+commit per second per group sustained in production), so a counter written by many clients at once must spread its
+writes over many groups. A shard is never a child of its counter's config, which would put them all back in one group.
+"""
+from google.cloud import ndb
+
+SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is unambiguous
+
+
+class SimpleCounterShard(ndb.Model):
+    """One of the talk's twenty fixed shards; key name "shard-<i>"."""
+    _use_global_cache = False  # written in contended transactions: caching would only add lock traffic
+    count = ndb.IntegerProperty(default=0, indexed=False)
+
+
+class CounterConfig(ndb.Model):
+    """A named counter; key name is the counter's name.
+
+    Read (by key) on every increment and total, written only when the counter is created or grows: the ndb global
+    cache serves it from memcached. Never read inside an increment's transaction, so that growing the counter does not
+    abort every increment in flight.
+    """
+    mode = ndb.StringProperty(choices=("general", "adaptive"), required=True)
+    num_shards = ndb.IntegerProperty(required=True, indexed=False)
+    created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
+
+    @property
+    def name(self):
+        return self.key.id()
+
+
+class CounterShard(ndb.Model):
+    """One shard of a named counter; key name "<counter>|<index>"."""
+    _use_global_cache = False
+    count = ndb.IntegerProperty(default=0, indexed=False)
+
+    @staticmethod
+    def key_for(name, index):
+        return ndb.Key(CounterShard, f"{name}{SEPARATOR}{index}")
+
+
+class AppliedIncrement(ndb.Model):
+    """Marks an Idempotency-Key as applied to a counter; key name "<counter>|<idempotency key>".
+
+    Written in the same transaction as the shard it increments, so the marker exists exactly when the increment does.
+    Each marker is its own root entity: only retries of the same key ever contend on it. `created` lets a Datastore
+    TTL policy remove old markers in production.
+    """
+    _use_global_cache = False
+    token = ndb.TextProperty()  # which call applied it, so that call's own retry still says "applied"
+    created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
+
+    @staticmethod
+    def key_for(name, idempotency_key):
+        return ndb.Key(AppliedIncrement, f"{name}{SEPARATOR}{idempotency_key}")

@@ -1,0 +1,280 @@
+"""Sharded counters: the talk's first lesson.
+
+A counter written by many clients at once cannot be one entity: Datastore commits to one entity group at a limited
+rate and aborts transactions that collide. So a counter is N shard entities; an increment adds 1 to a random shard in
+a small transaction, and the total is the sum of the shards, read by key (strongly consistent, no index, no query).
+
+Three kinds live here:
+- the simple counter: the talk's fixed twenty shards, created lazily;
+- named `general` counters: a CounterConfig with `num_shards`, the total cached in memcached;
+- named `adaptive` counters: start with one shard and double it whenever increments collide, up to a cap.
+"""
+import random
+import re
+import uuid
+from dataclasses import dataclass
+
+from google.cloud import ndb
+
+from core import runtime
+from core.datastore import CONTENTION_ERRORS
+from core.errors import BadInput, Conflict, NotFound, Unavailable, Unprocessable
+from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
+SIMPLE_SHARDS = 20
+DEFAULT_SHARDS = {"general": 20, "adaptive": 1}
+MAX_SHARDS = 1000
+ADAPTIVE_MAX_SHARDS = 64
+TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
+MAX_ATTEMPTS = 100
+LIST_LIMIT = 100
+
+
+@dataclass
+class Increment:
+    applied: bool
+    attempts: int  # transactions tried; more than 1 means the increment met contention
+    shard: int
+
+
+@dataclass
+class Total:
+    count: int
+    cached: bool
+
+
+def validate_name(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise BadInput("A counter name is 1 to 100 characters of letters, digits, '_', '.' and '-'.", "bad_name")
+    return name
+
+
+def validate_idempotency_key(value):
+    if value is None:
+        return None
+    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
+        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
+                       "bad_idempotency_key")
+    return value
+
+
+def validate_num_shards(value):
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
+        raise Unprocessable(f"num_shards must be a whole number from 1 to {MAX_SHARDS}.", "bad_num_shards")
+    return value
+
+
+def _total_cache_key(name):
+    return f"counter-total:{name}"
+
+
+def _commit_on_a_shard(num_shards, attempt, max_attempts=MAX_ATTEMPTS):
+    """Run `attempt(shard_index)` as a transaction on a random shard; on contention, another shard at once.
+
+    ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
+    counter: any other shard is an equally good place for the +1 and is probably free right now.
+    Returns (attempt's result, attempts made, shard used).
+    """
+    shard = random.randrange(num_shards)
+    for attempts in range(1, max_attempts + 1):
+        try:
+            return ndb.transaction(lambda: attempt(shard), retries=0), attempts, shard
+        except CONTENTION_ERRORS:
+            if num_shards > 1:
+                shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
+    raise Unavailable("The counter is too contended right now; try again.", "contention")
+
+
+# --- the simple counter -------------------------------------------------------------------------------------------
+
+def _simple_key(index):
+    return ndb.Key(SimpleCounterShard, f"shard-{index}")
+
+
+def increment_simple():
+    """Add 1 to the talk's twenty-shard counter."""
+    def attempt(index):
+        key = _simple_key(index)
+        shard = key.get() or SimpleCounterShard(key=key)  # shards are created on their first increment
+        shard.count += 1
+        shard.put()
+    _, attempts, shard = _commit_on_a_shard(SIMPLE_SHARDS, attempt)
+    return Increment(True, attempts, shard)
+
+
+def simple_shard_counts():
+    """The count of each of the twenty shards, read by key in one batch."""
+    shards = ndb.get_multi([_simple_key(i) for i in range(SIMPLE_SHARDS)])
+    return [s.count if s else 0 for s in shards]
+
+
+# --- named counters -----------------------------------------------------------------------------------------------
+
+def get_config(name):
+    return ndb.Key(CounterConfig, validate_name(name)).get()
+
+
+def require_config(name):
+    config = get_config(name)
+    if config is None:
+        raise NotFound(f"No counter is named {name!r}.", "no_such_counter")
+    return config
+
+
+def configure(name, mode, num_shards=None):
+    """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`.
+
+    Created in a transaction so that two first uses racing each other cannot both create it (get_or_insert outside
+    a transaction races). A counter's mode is fixed at creation: changing it is a Conflict.
+    """
+    validate_name(name)
+    if mode not in DEFAULT_SHARDS:
+        raise Unprocessable("mode must be 'general' or 'adaptive'.", "bad_mode")
+    if num_shards is not None:
+        validate_num_shards(num_shards)
+
+    @ndb.transactional()
+    def txn():
+        key = ndb.Key(CounterConfig, name)
+        config = key.get()
+        if config is None:
+            config = CounterConfig(key=key, mode=mode, num_shards=num_shards or DEFAULT_SHARDS[mode])
+            config.put()
+        elif config.mode != mode:
+            raise Conflict(f"Counter {name!r} is {config.mode}; a counter's mode cannot change.", "mode_fixed")
+        elif num_shards and num_shards > config.num_shards:
+            config.num_shards = num_shards
+            config.put()
+        return config
+    return txn()
+
+
+def increase_shards(name, num_shards):
+    """Raise a counter's shard count to `num_shards`; never lowers it.
+
+    Lowering would strand the counts in the dropped shards: a total sums only shards below num_shards.
+    """
+    validate_num_shards(num_shards)
+    config = require_config(name)
+    if num_shards <= config.num_shards:
+        return config
+    return configure(name, config.mode, num_shards)
+
+
+def increment(name, idempotency_key=None):
+    """Add 1 to counter `name` (created as `general` on first use).
+
+    With an idempotency key the increment is applied at most once however often the client retries: the marker entity
+    is written in the same transaction as the shard, so both exist or neither does. A commit whose outcome is unknown
+    (an UNKNOWN error) is retried too; without a key such a retry could count twice, with one it cannot.
+    """
+    validate_name(name)
+    validate_idempotency_key(idempotency_key)
+    config = get_config(name) or configure(name, "general")
+    cache = runtime.cache()
+    total_key = _total_cache_key(name)
+    marker_key = AppliedIncrement.key_for(name, idempotency_key) if idempotency_key else None
+    token = uuid.uuid4().hex
+
+    def attempt(index):
+        if marker_key is not None:
+            marker = marker_key.get()
+            if marker is not None:
+                return marker.token == token  # our own earlier attempt committed after all
+            AppliedIncrement(key=marker_key, token=token).put()
+        key = CounterShard.key_for(name, index)
+        shard = key.get() or CounterShard(key=key)
+        shard.count += 1
+        shard.put()
+        # Only after the commit, and only once: inside the retried transaction an incr could run for an attempt
+        # that then aborts. incr never creates the key (pymemcache returns None for a missing one): a missing
+        # total is rebuilt from the shards on the next read.
+        ndb.get_context().call_on_commit(lambda: cache.incr(total_key))
+        return True
+
+    applied, attempts, shard = _commit_on_a_shard(config.num_shards, attempt)
+    if config.mode == "adaptive" and attempts > 1:
+        _grow(name, config.num_shards)
+    return Increment(applied, attempts, shard)
+
+
+def _grow(name, seen_shards):
+    """An adaptive counter met contention at `seen_shards` shards: double them, up to the cap.
+
+    Only the first writer to report contention at a given size grows the counter (the check on `seen_shards`), so a
+    burst of colliding writers doubles it once, not once each. Best effort: if this transaction itself collides or the
+    config cannot be written, the next contended increment tries again.
+    """
+    if seen_shards >= ADAPTIVE_MAX_SHARDS:
+        return
+
+    def txn():
+        config = ndb.Key(CounterConfig, name).get()
+        if config.num_shards == seen_shards:
+            config.num_shards = min(ADAPTIVE_MAX_SHARDS, seen_shards * 2)
+            config.put()
+    try:
+        ndb.transaction(txn, retries=0)
+    except CONTENTION_ERRORS:
+        pass
+    except Exception:  # noqa: BLE001 - e.g. memcached away: the config (a cached kind) is not writable right now
+        pass
+
+
+def shard_counts(config):
+    """Each shard's count, by key in one batch: strongly consistent, unlike a query on a counter-name property."""
+    keys = [CounterShard.key_for(config.name, i) for i in range(config.num_shards)]
+    return [s.count if s else 0 for s in ndb.get_multi(keys)]
+
+
+def get_total(name, config=None):
+    """The counter's total: from memcached when cached, else the sum of its shards (then cached for a minute).
+
+    `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting
+    it with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's shard read and its
+    `add` is missing from the cached value until it expires, so a cached total may lag by the increments of that
+    instant for at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts`.
+    """
+    cache = runtime.cache()
+    key = _total_cache_key(validate_name(name))
+    cached = cache.get(key)
+    if cached is not None:
+        return Total(int(cached), True)
+    config = config or require_config(name)
+    count = sum(shard_counts(config))
+    cache.add(key, count, expire=TOTAL_LIFETIME)
+    return Total(count, False)
+
+
+def list_counters(limit=LIST_LIMIT):
+    """The first `limit` counters by name, with totals (cached ones in one memcached round trip).
+
+    A kind query, eventually consistent: a counter created a moment ago may be missing from the list for a moment.
+    Each total is then read by key.
+    """
+    configs = CounterConfig.query().order(CounterConfig.key).fetch(limit)
+    cached = runtime.cache().get_many([_total_cache_key(c.name) for c in configs])
+    result = []
+    for config in configs:
+        value = cached.get(_total_cache_key(config.name))
+        total = Total(int(value), True) if value is not None else get_total(config.name, config)
+        result.append((config, total))
+    return result
+
+
+def seed_demo():
+    """Demo counters for a fresh `make run`; does nothing when any counter exists."""
+    if CounterConfig.query().get(keys_only=True) is not None:
+        return False
+    configure("page-views", "general")
+    configure("likes", "adaptive")
+    configure("downloads", "general", 8)
+    for name, times in (("page-views", 120), ("likes", 40), ("downloads", 25)):
+        for _ in range(times):
+            increment(name)
+    for _ in range(30):
+        increment_simple()
+    return True
+

@@ -1,0 +1,127 @@
+"""Counters: the /counters page with its forms, and the /api/counters and /api/simple-counter routes."""
+from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+
+from core import identity
+from core.errors import Unprocessable
+from core.web import json_body
+from counters import service
+
+bp = Blueprint("counters", __name__)
+
+
+def _counter_json(config, total, shards=None):
+    data = {"name": config.name, "mode": config.mode, "count": total.count, "num_shards": config.num_shards,
+            "cached": total.cached}
+    if shards is not None:
+        data["shards"] = shards
+    return data
+
+
+def _form_int(field):
+    try:
+        return int(request.form.get(field, ""))
+    except ValueError:
+        raise Unprocessable(f"{field} must be a whole number.", f"bad_{field}") from None
+
+
+# --- pages ----------------------------------------------------------------------------------------------------------
+
+@bp.get("/counters")
+def index():
+    """Every counter with its total, its shards drawn, and buttons to increment."""
+    counters = [(config, total, service.shard_counts(config)) for config, total in service.list_counters()]
+    simple = service.simple_shard_counts()
+    return render_template("counters/index.html", counters=counters, simple=simple, simple_total=sum(simple),
+                           max_shards=service.MAX_SHARDS)
+
+
+@bp.post("/counters/simple/increment")
+def increment_simple_form():
+    """The simple counter's +1 button."""
+    service.increment_simple()
+    return redirect(url_for("counters.index") + "#simple")
+
+
+@bp.post("/counters/<name>/increment")
+def increment_form(name):
+    """A named counter's +1 button."""
+    service.increment(name)
+    return redirect(url_for("counters.index") + f"#counter-{name}")
+
+
+@bp.post("/counters")
+def create_form():
+    """Admin: create a counter."""
+    identity.require_admin()
+    name = request.form.get("name", "").strip()
+    num_shards = _form_int("num_shards") if request.form.get("num_shards") else None
+    service.configure(name, request.form.get("mode", ""), num_shards)
+    flash(f"Counter {name} is ready.", "info")
+    return redirect(url_for("counters.index") + f"#counter-{name}")
+
+
+@bp.post("/counters/<name>/shards")
+def shards_form(name):
+    """Admin: raise a counter's shard count."""
+    identity.require_admin()
+    config = service.increase_shards(name, _form_int("num_shards"))
+    flash(f"{name} has {config.num_shards} shards.", "info")
+    return redirect(url_for("counters.index") + f"#counter-{name}")
+
+
+# --- JSON API -------------------------------------------------------------------------------------------------------
+
+@bp.get("/api/counters")
+def api_list():
+    """Every counter with its total (the first 100 by name)."""
+    return jsonify(counters=[_counter_json(c, t) for c, t in service.list_counters()])
+
+
+@bp.get("/api/counters/<name>")
+def api_get(name):
+    """One counter; `?shards=1` adds each shard's count."""
+    config = service.require_config(name)
+    total = service.get_total(name, config)
+    shards = service.shard_counts(config) if request.args.get("shards") in ("1", "true") else None
+    return jsonify(_counter_json(config, total, shards))
+
+
+@bp.post("/api/counters/<name>/increment")
+def api_increment(name):
+    """+1, at most once per Idempotency-Key."""
+    result = service.increment(name, request.headers.get("Idempotency-Key"))
+    return jsonify(name=name, applied=result.applied, attempts=result.attempts)
+
+
+@bp.put("/api/counters/<name>")
+def api_configure(name):
+    """Admin: create a counter in a mode, or grow it."""
+    identity.require_admin()
+    data = json_body()
+    config = service.configure(name, data.get("mode"), data.get("num_shards"))
+    return jsonify(_counter_json(config, service.get_total(name, config)))
+
+
+@bp.post("/api/counters/<name>/shards")
+def api_shards(name):
+    """Admin: raise the shard count (never lowers)."""
+    identity.require_admin()
+    config = service.increase_shards(name, json_body().get("num_shards"))
+    return jsonify(name=config.name, num_shards=config.num_shards)
+
+
+@bp.get("/api/simple-counter")
+def api_simple():
+    """The talk's twenty-shard counter."""
+    shards = service.simple_shard_counts()
+    data = {"count": sum(shards), "num_shards": service.SIMPLE_SHARDS}
+    if request.args.get("shards") in ("1", "true"):
+        data["shards"] = shards
+    return jsonify(data)
+
+
+@bp.post("/api/simple-counter/increment")
+def api_simple_increment():
+    """+1 on the simple counter."""
+    result = service.increment_simple()
+    return jsonify(applied=True, attempts=result.attempts)

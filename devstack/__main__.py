@@ -1,0 +1,84 @@
+"""`python -m devstack run`: what `make run` does.
+
+Starts memcached and the Datastore emulator (data kept on disk in .devstack/, git-ignored), seeds demo content when the
+datastore is empty, serves the web UI with gunicorn (the App Engine entrypoint), and stops all of it on exit.
+"""
+import argparse
+import fcntl
+import os
+import secrets
+import signal
+import subprocess
+import sys
+
+from devstack.services import REPO, DevstackError, Stack, _port_open, free_port
+
+STATE = REPO / ".devstack"
+
+
+def _dev_secret():
+    """A random secret kept across restarts, so sign-ins survive a restart of `make run`."""
+    path = STATE / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def run(port):
+    STATE.mkdir(exist_ok=True)
+    lock = open(STATE / "run.lock", "a+")
+    try:
+        # The on-disk datastore belongs to one emulator at a time.
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        sys.exit(f"make run is already running here ({lock.read().strip() or 'see the other terminal'}); stop it first.")
+    if port is None:
+        port = 8080 if not _port_open(8080) else free_port()
+    url = f"http://127.0.0.1:{port}/"
+    lock.seek(0), lock.truncate(), lock.write(url), lock.flush()
+
+    # consistency 0.9, the emulator's default: non-ancestor queries lag a little, as they do in production.
+    stack = Stack(consistency=0.9, data_dir=STATE / "datastore")
+    server = None
+    try:
+        print("Starting memcached and the Datastore emulator...", flush=True)
+        stack.start()
+        env = dict(os.environ, **stack.env(), SECRET_KEY=_dev_secret(),
+                   ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", ""), FLASK_APP="main:create_app")
+        subprocess.run([sys.executable, "-m", "flask", "seed"], env=env, cwd=REPO, check=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "8",
+             "--access-logfile", "-", "main:app"], env=env, cwd=REPO)
+        print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and memcached)\n", flush=True)
+        signal.signal(signal.SIGTERM, _interrupt)
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    except DevstackError as e:
+        sys.exit(str(e))
+    finally:
+        if server is not None and server.poll() is None:
+            server.terminate()
+            server.wait(timeout=20)
+        stack.stop()
+        print("Stopped the app, the emulator and memcached.", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="services + demo data + web UI (make run)")
+    run_parser.add_argument("--port", type=int, default=int(os.environ["PORT"]) if os.environ.get("PORT") else None)
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args.port)
+
+
+if __name__ == "__main__":
+    main()

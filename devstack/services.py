@@ -1,0 +1,272 @@
+"""The local services the app runs on: the Cloud Datastore emulator and memcached.
+
+Both are real servers, started here as child processes on free loopback ports, so a second copy of the stack
+(`make test` while `make run` is serving) never clashes with the first. Used by `make run` (devstack.__main__),
+by tests/conftest.py and by the benchmarks.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INDEX_FILE = REPO / "index.yaml"
+LOOPBACK = "127.0.0.1"
+
+
+class DevstackError(RuntimeError):
+    """A service could not be provided; the message says what to install or look at."""
+
+
+def free_port():
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port):
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _log_tail(path, lines=20):
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop_group(proc, timeout=10):
+    """Stop a child started in its own session, and everything it started (the emulator's java)."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def emulator_binary():
+    """Path of the emulator launcher from the Google Cloud CLI, or a DevstackError saying what to install."""
+    if shutil.which("java") is None:
+        raise DevstackError("Java 11 or newer is needed for the Datastore emulator: install a JDK (apt-get install default-jre-headless).")
+    roots = [os.environ.get("CLOUDSDK_ROOT", "")]
+    if shutil.which("gcloud"):
+        try:
+            roots.append(subprocess.run(
+                ["gcloud", "info", "--format=value(installation.sdk_root)"],
+                capture_output=True, text=True, timeout=60).stdout.strip())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    roots += ["/usr/lib/google-cloud-sdk", "/usr/share/google-cloud-sdk", "/opt/google-cloud-sdk"]
+    for root in filter(None, roots):
+        binary = Path(root) / "platform" / "cloud-datastore-emulator" / "cloud_datastore_emulator"
+        if binary.exists():
+            return binary
+    raise DevstackError("The Datastore emulator was not found: install the Google Cloud CLI and its component "
+                        "(gcloud components install cloud-datastore-emulator, or apt-get install google-cloud-cli-datastore-emulator).")
+
+
+def memcached_binary():
+    """Path of memcached; installs Debian's package when missing and running as root."""
+    found = shutil.which("memcached")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "memcached"], check=False, env=env)
+        found = shutil.which("memcached")
+        if found:
+            return found
+    raise DevstackError("memcached is not installed: install the Debian package 'memcached' (sudo apt-get install memcached).")
+
+
+class Emulator:
+    """One Cloud Datastore emulator process.
+
+    Started with --require_indexes and the repo's index.yaml, so a query without its composite index fails here as it
+    would in production, and with SCATTERED ids as production assigns them.
+    """
+
+    def __init__(self, project="scalable-demo", consistency=1.0, data_dir=None, port=None, log_dir=None):
+        self.project = project
+        self.consistency = consistency
+        self.data_dir = Path(data_dir) if data_dir else None  # None: in memory only
+        self.port = port
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="devstack-"))
+        self.proc = None
+
+    @property
+    def host(self):
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self):
+        return f"http://{self.host}"
+
+    def start(self, timeout=90):
+        binary = emulator_binary()
+        self.port = self.port or free_port()
+        if self.data_dir:
+            project_dir = self.data_dir
+        else:
+            project_dir = self.log_dir / "emulator-project"
+        if not (project_dir / "WEB-INF").exists():
+            project_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run([str(binary), "create", str(project_dir)], check=True,
+                           capture_output=True, timeout=120)
+        args = [str(binary), "start", f"--host={LOOPBACK}", f"--port={self.port}",
+                f"--consistency={self.consistency}", "--require_indexes", f"--index_file={INDEX_FILE}",
+                "--auto_id_policy=SCATTERED", "--store_index_configuration_on_disk=false"]
+        args.append("--store_on_disk=true" if self.data_dir else "--store_on_disk=false")
+        args.append(str(project_dir))
+        self.log_path = self.log_dir / f"emulator-{self.port}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DevstackError(f"The Datastore emulator exited at start (code {self.proc.returncode}); "
+                                    f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}")
+            if self.healthy():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise DevstackError(f"The Datastore emulator did not answer on {self.url} within {timeout}s; "
+                            f"see {self.log_path}:\n{_log_tail(self.log_path)}")
+
+    def healthy(self):
+        try:
+            with urllib.request.urlopen(self.url + "/", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def reset(self):
+        """Drop every entity (in-memory emulators only): tests start each case from nothing."""
+        req = urllib.request.Request(self.url + "/reset", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                # /shutdown lets the emulator flush its on-disk store before it exits.
+                req = urllib.request.Request(self.url + "/shutdown", data=b"", method="POST")
+                urllib.request.urlopen(req, timeout=5).read()
+                self.proc.wait(timeout=15)
+            except (urllib.error.URLError, OSError, subprocess.TimeoutExpired):
+                pass
+        _stop_group(self.proc)
+        self.proc = None
+
+
+class Memcached:
+    """One memcached process on a loopback port. Fault tests stop, pause and restart it on the same port."""
+
+    def __init__(self, port=None, memory_mb=64):
+        self.port = port
+        self.memory_mb = memory_mb
+        self.proc = None
+
+    @property
+    def host(self):
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self, timeout=20):
+        binary = memcached_binary()
+        self.port = self.port or free_port()
+        args = [binary, "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb), "-t", "2"]
+        if os.geteuid() == 0:
+            args += ["-u", "root"]  # memcached refuses to run as root without being told so
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace")
+                raise DevstackError(f"memcached exited at start on port {self.port}: {err.strip()}")
+            if _port_open(self.port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise DevstackError(f"memcached did not listen on {self.host} within {timeout}s")
+
+    def healthy(self):
+        return self.proc is not None and self.proc.poll() is None and _port_open(self.port)
+
+    def pause(self):
+        """Freeze the server (SIGSTOP): connections hang instead of failing, the hard case for timeouts."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        _stop_group(self.proc)
+        self.proc = None
+
+    def restart(self):
+        """Stop and start again on the same port, empty, as after a crash."""
+        self.stop()
+        return self.start()
+
+
+class Stack:
+    """The emulator plus memcached, and the environment the app reads to find them."""
+
+    def __init__(self, consistency=1.0, data_dir=None, project="scalable-demo"):
+        self.emulator = Emulator(project=project, consistency=consistency, data_dir=data_dir)
+        self.memcached = Memcached()
+
+    def start(self):
+        try:
+            self.memcached.start()
+            self.emulator.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        self.emulator.stop()
+        self.memcached.stop()
+
+    def env(self):
+        return {
+            "DATASTORE_EMULATOR_HOST": self.emulator.host,
+            "DATASTORE_DATASET": self.emulator.project,
+            "GOOGLE_CLOUD_PROJECT": self.emulator.project,
+            "MEMCACHED_HOSTS": self.memcached.host,
+        }
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
