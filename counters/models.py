@@ -21,7 +21,10 @@ class CounterConfig(ndb.Model):
     Read (by key) on every increment and total, written only when the counter is created or grows: the ndb global
     cache serves it from memcached. Never read inside an increment's transaction, so that growing the counter does not
     abort every increment in flight.
+    No in-context cache: a long-lived context (a worker thread, a task) would keep the shard count it saw first and
+    never spread over shards added since. memcached serves the repeat reads instead.
     """
+    _use_cache = False
     mode = ndb.StringProperty(choices=("general", "adaptive"), required=True)
     num_shards = ndb.IntegerProperty(required=True, indexed=False)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)

@@ -1,0 +1,182 @@
+"""Counters at the service level, on the real emulator and memcached: exactness under concurrency, caching, growth."""
+import time
+
+import pytest
+from google.cloud import ndb
+
+from conftest import in_threads
+from core import runtime
+from core.errors import BadInput, Conflict, Unprocessable
+from counters import service
+from counters.models import CounterConfig, CounterShard, SimpleCounterShard
+
+THREADS, EACH = 32, 50
+
+
+def _hammer(fn, threads=THREADS, each=EACH):
+    """`threads` writers at once, `each` increments apiece; the Increment results, flattened."""
+    return [r for batch in in_threads(threads, lambda i: [fn() for _ in range(each)]) for r in batch]
+
+
+@pytest.mark.parametrize("mode", ["general", "adaptive"])
+def test_concurrent_increments_are_exact(ndb_context, mode):
+    service.configure("hot", mode)
+    results = _hammer(lambda: service.increment("hot"))
+    assert len(results) == THREADS * EACH and all(r.applied for r in results)
+    config = service.require_config("hot")
+    assert sum(service.shard_counts(config)) == THREADS * EACH
+    # The writers did collide (so the retry path ran) and every retry landed exactly once.
+    assert sum(r.attempts for r in results) > THREADS * EACH
+    runtime.cache().delete("counter-total:hot")
+    assert service.get_total("hot") == service.Total(THREADS * EACH, False)
+
+
+def test_simple_counter_is_exact_under_concurrency(ndb_context):
+    _hammer(service.increment_simple)
+    counts = service.simple_shard_counts()
+    assert len(counts) == service.SIMPLE_SHARDS and sum(counts) == THREADS * EACH
+    assert sum(1 for c in counts if c) > 10  # the load was spread, not piled on one shard
+
+
+def test_simple_counter_shards_are_created_lazily(ndb_context):
+    assert ndb.get_multi([ndb.Key(SimpleCounterShard, f"shard-{i}") for i in range(20)]) == [None] * 20
+    service.increment_simple()
+    assert sum(1 for s in ndb.get_multi([ndb.Key(SimpleCounterShard, f"shard-{i}") for i in range(20)]) if s) == 1
+    assert sum(service.simple_shard_counts()) == 1
+
+
+def test_first_increment_creates_a_general_counter(ndb_context):
+    assert service.get_config("fresh") is None
+    service.increment("fresh")
+    config = service.get_config("fresh")
+    assert (config.mode, config.num_shards) == ("general", service.DEFAULT_SHARDS["general"])
+
+
+def test_racing_first_increments_create_one_counter(ndb_context):
+    in_threads(16, lambda i: service.increment("born-busy"))
+    assert CounterConfig.query().fetch(keys_only=True) == [ndb.Key(CounterConfig, "born-busy")]
+    assert sum(service.shard_counts(service.require_config("born-busy"))) == 16
+
+
+def test_cached_total_follows_increments(ndb_context):
+    service.configure("c", "general")
+    assert service.get_total("c") == service.Total(0, False)  # summed, then cached
+    assert service.get_total("c") == service.Total(0, True)
+    for n in range(1, 6):
+        service.increment("c")
+        assert service.get_total("c") == service.Total(n, True)  # incr'd after each commit
+
+
+def test_cached_total_is_rebuilt_after_expiry(ndb_context, monkeypatch):
+    monkeypatch.setattr(service, "TOTAL_LIFETIME", 1)
+    for _ in range(3):
+        service.increment("short")
+    assert service.get_total("short") == service.Total(3, False)
+    assert service.get_total("short").cached
+    time.sleep(2.2)  # memcached drops it
+    assert runtime.cache().get("counter-total:short") is None
+    service.increment("short")  # incr on a missing key does not re-create it with a wrong value
+    assert runtime.cache().get("counter-total:short") is None
+    assert service.get_total("short") == service.Total(4, False)
+    assert service.get_total("short") == service.Total(4, True)
+
+
+def test_increase_shards_never_lowers(ndb_context):
+    service.configure("g", "general")
+    assert service.increase_shards("g", 5).num_shards == 20
+    assert service.increase_shards("g", 20).num_shards == 20
+    assert service.increase_shards("g", 40).num_shards == 40
+    assert service.increase_shards("g", 1).num_shards == 40
+    assert service.configure("g", "general", 3).num_shards == 40
+    assert service.get_config("g").num_shards == 40
+
+
+def test_counts_survive_growing_the_shards(ndb_context):
+    service.configure("grow", "general", 2)
+    for _ in range(10):
+        service.increment("grow")
+    service.increase_shards("grow", 50)
+    for _ in range(10):
+        service.increment("grow")
+    runtime.cache().delete("counter-total:grow")
+    assert service.get_total("grow").count == 20
+
+
+def test_adaptive_counter_grows_under_contention(ndb_context):
+    service.configure("busy", "adaptive")
+    assert service.get_config("busy").num_shards == 1
+    results = _hammer(lambda: service.increment("busy"), threads=24, each=30)
+    grown = service.get_config("busy").num_shards
+    assert 1 < grown <= service.ADAPTIVE_MAX_SHARDS
+    assert sum(service.shard_counts(service.get_config("busy"))) == len(results) == 24 * 30
+
+
+def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_context):
+    service.configure("calm", "adaptive")
+    results = [service.increment("calm") for _ in range(60)]
+    assert all(r.attempts == 1 for r in results)
+    assert service.get_config("calm").num_shards == 1
+    assert CounterShard.key_for("calm", 0).get().count == 60
+
+
+def test_adaptive_growth_stops_at_the_cap(ndb_context):
+    service.configure("capped", "adaptive", service.ADAPTIVE_MAX_SHARDS)
+    service._grow("capped", service.ADAPTIVE_MAX_SHARDS)
+    assert service.get_config("capped").num_shards == service.ADAPTIVE_MAX_SHARDS
+
+
+def test_mode_is_fixed_at_creation(ndb_context):
+    service.configure("m", "adaptive")
+    with pytest.raises(Conflict):
+        service.configure("m", "general")
+    assert service.get_config("m").mode == "adaptive"
+
+
+def test_idempotency_key_applies_once_however_often_retried(ndb_context):
+    results = [service.increment("idem", "order-42") for _ in range(5)]
+    assert [r.applied for r in results] == [True, False, False, False, False]
+    assert sum(service.shard_counts(service.get_config("idem"))) == 1
+    assert service.increment("idem", "order-43").applied  # another key is another increment
+    assert sum(service.shard_counts(service.get_config("idem"))) == 2
+
+
+def test_concurrent_retries_of_one_key_apply_once(ndb_context):
+    service.configure("idem2", "general")
+    results = in_threads(8, lambda i: service.increment("idem2", "same-key"))
+    assert sum(r.applied for r in results) == 1
+    assert sum(service.shard_counts(service.get_config("idem2"))) == 1
+
+
+def test_idempotency_keys_are_per_counter(ndb_context):
+    assert service.increment("a", "k").applied
+    assert service.increment("b", "k").applied
+
+
+@pytest.mark.parametrize("name", ["", "x" * 101, "has space", "slash/name", "pipe|name", "ünïcode", None, 7])
+def test_bad_names_are_refused_and_write_nothing(ndb_context, name):
+    with pytest.raises(BadInput):
+        service.increment(name)
+    with pytest.raises(BadInput):
+        service.configure(name, "general")
+    assert CounterConfig.query().fetch(keys_only=True) == []
+    assert CounterShard.query().fetch(keys_only=True) == []
+
+
+@pytest.mark.parametrize("shards", [0, -1, 1001, 2.5, "10", True, None])
+def test_bad_shard_counts_are_refused(ndb_context, shards):
+    service.configure("s", "general")
+    with pytest.raises(Unprocessable):
+        service.increase_shards("s", shards)
+    assert service.get_config("s").num_shards == 20
+
+
+def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
+    """Gets by key are strongly consistent: at consistency 0.9 every read still sees every increment."""
+    with runtime.current().datastore.context():
+        service.configure("weak", "adaptive")
+        for n in range(1, 41):
+            service.increment("weak")
+            runtime.cache().delete("counter-total:weak")
+            assert service.get_total("weak").count == n
+            assert sum(service.simple_shard_counts()) == n - 1
+            service.increment_simple()
