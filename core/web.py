@@ -4,6 +4,7 @@ import logging
 from flask import jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
+from pymemcache.exceptions import MemcacheError
 from werkzeug.exceptions import HTTPException
 
 from core.errors import AppError, BadInput
@@ -13,6 +14,7 @@ csrf = CSRFProtect()
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 # Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
+CACHE_DOWN = (OSError, MemcacheError)
 
 
 def is_api():
@@ -72,6 +74,15 @@ def init_app(app):
         return error_response(503, "datastore_unavailable", "The datastore is not answering; try again shortly.")
     for exc_class in DATASTORE_DOWN:
         app.register_error_handler(exc_class, datastore_down)
+
+    def cache_down(e):
+        # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while memcached
+        # cannot be told, and the write fails here, before Datastore was touched.
+        log.error("memcached unreachable during a write: %r", e)
+        return error_response(503, "cache_unavailable",
+                              "This change cannot be saved while the cache is unreachable; try again shortly.")
+    for exc_class in CACHE_DOWN:
+        app.register_error_handler(exc_class, cache_down)
 
     @app.errorhandler(Exception)
     def unexpected(e):

@@ -18,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 INDEX_FILE = REPO / "index.yaml"
 LOOPBACK = "127.0.0.1"
+SDK_FALLBACKS = ("/usr/lib/google-cloud-sdk", "/usr/share/google-cloud-sdk", "/opt/google-cloud-sdk")
 
 
 class DevstackError(RuntimeError):
@@ -74,7 +75,7 @@ def emulator_binary():
                 capture_output=True, text=True, timeout=60).stdout.strip())
         except (OSError, subprocess.TimeoutExpired):
             pass
-    roots += ["/usr/lib/google-cloud-sdk", "/usr/share/google-cloud-sdk", "/opt/google-cloud-sdk"]
+    roots += SDK_FALLBACKS
     for root in filter(None, roots):
         binary = Path(root) / "platform" / "cloud-datastore-emulator" / "cloud_datastore_emulator"
         if binary.exists():

@@ -1,0 +1,242 @@
+"""The counters' JSON API and HTML forms over HTTP (Flask's test client), including memcached faults."""
+import time
+
+import pytest
+from google.cloud import ndb
+
+from conftest import csrf_token
+from core import runtime
+from counters import service as counters_service
+from counters.models import AppliedIncrement, CounterConfig, CounterShard
+
+
+def _stored(kind):
+    with runtime.current().datastore.context():
+        return kind.query().fetch(keys_only=True)
+
+
+def test_increment_then_read(client):
+    assert client.get("/api/counters/visits").status_code == 404
+    r = client.post("/api/counters/visits/increment")
+    assert r.status_code == 200 and r.get_json()["applied"] is True and r.get_json()["name"] == "visits"
+    data = client.get("/api/counters/visits?shards=1").get_json()
+    assert (data["count"], data["mode"], data["num_shards"], data["cached"]) == (1, "general", 20, False)
+    assert sorted(data["shards"]) == [0] * 19 + [1]
+    assert client.get("/api/counters/visits").get_json()["cached"] is True
+    listed = client.get("/api/counters").get_json()["counters"]
+    assert [(c["name"], c["count"], c["mode"], c["num_shards"]) for c in listed] == [("visits", 1, "general", 20)]
+
+
+def test_simple_counter_api(client):
+    assert client.get("/api/simple-counter").get_json() == {"count": 0, "num_shards": 20}
+    for _ in range(3):
+        assert client.post("/api/simple-counter/increment").status_code == 200
+    data = client.get("/api/simple-counter?shards=1").get_json()
+    assert data["count"] == 3 and sum(data["shards"]) == 3 and len(data["shards"]) == 20
+
+
+def test_idempotency_key_retried_five_times_counts_once(client):
+    answers = [client.post("/api/counters/pay/increment", headers={"Idempotency-Key": "req-1"}).get_json()["applied"]
+               for _ in range(5)]
+    assert answers == [True, False, False, False, False]
+    assert client.get("/api/counters/pay").get_json()["count"] == 1
+
+
+@pytest.mark.parametrize("key", ["", "x" * 101, "has space", "tab\tkey"])
+def test_bad_idempotency_key_is_400_and_writes_nothing(client, key):
+    r = client.post("/api/counters/pay/increment", headers={"Idempotency-Key": key})
+    assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_idempotency_key"
+    assert _stored(CounterConfig) == [] and _stored(CounterShard) == [] and _stored(AppliedIncrement) == []
+
+
+@pytest.mark.parametrize("name", ["has%20space", "x" * 101, "semi;colon", "%C3%BC"])
+def test_bad_names_are_400_and_write_nothing(client, auth, name):
+    auth.admin()
+    assert client.post(f"/api/counters/{name}/increment").status_code == 400
+    assert client.put(f"/api/counters/{name}", json={"mode": "general"}).status_code == 400
+    assert client.get(f"/api/counters/{name}").status_code == 400
+    assert _stored(CounterConfig) == [] and _stored(CounterShard) == []
+
+
+def test_admin_configures_and_grows_counters(client, auth):
+    auth.admin()
+    r = client.put("/api/counters/ad", json={"mode": "adaptive"})
+    assert r.status_code == 200 and (r.get_json()["mode"], r.get_json()["num_shards"]) == ("adaptive", 1)
+    r = client.post("/api/counters/ad/shards", json={"num_shards": 8})
+    assert r.get_json() == {"name": "ad", "num_shards": 8}
+    r = client.post("/api/counters/ad/shards", json={"num_shards": 3})
+    assert r.status_code == 200 and r.get_json()["num_shards"] == 8  # asking for fewer leaves it as is
+    r = client.put("/api/counters/ad", json={"mode": "general"})
+    assert r.status_code == 409 and r.get_json()["error"]["code"] == "mode_fixed"
+    assert client.get("/api/counters/ad").get_json()["mode"] == "adaptive"
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"mode": "turbo"}, 422), ({}, 422), ({"mode": "general", "num_shards": 0}, 422),
+    ({"mode": "general", "num_shards": 1001}, 422), ({"mode": "general", "num_shards": "5"}, 422),
+    ({"mode": "general", "num_shards": 2.5}, 422), (["general"], 400),
+])
+def test_bad_configure_bodies_are_4xx_and_write_nothing(client, auth, body, status):
+    auth.admin()
+    r = client.put("/api/counters/x", json=body)
+    assert r.status_code == status and "message" in r.get_json()["error"]
+    assert _stored(CounterConfig) == []
+
+
+@pytest.mark.parametrize("body", [{"num_shards": 0}, {"num_shards": 1001}, {"num_shards": None}, {}, {"num_shards": "9"}])
+def test_bad_shard_counts_are_422_and_change_nothing(client, auth, body):
+    auth.admin()
+    client.put("/api/counters/x", json={"mode": "general", "num_shards": 4})
+    assert client.post("/api/counters/x/shards", json=body).status_code == 422
+    assert client.get("/api/counters/x").get_json()["num_shards"] == 4
+
+
+def test_shards_of_an_unknown_counter_is_404(client, auth):
+    auth.admin()
+    assert client.post("/api/counters/ghost/shards", json={"num_shards": 5}).status_code == 404
+    assert _stored(CounterConfig) == []
+
+
+def test_body_must_be_json(client, auth):
+    auth.admin()
+    r = client.put("/api/counters/x", data="mode=general", content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 415 and r.get_json()["error"]["code"] == "unsupported_media_type"
+    r = client.put("/api/counters/x", data="{not json", content_type="application/json")
+    assert r.status_code == 400
+    # A cross-site form can only send non-JSON types: refused even where no body is needed.
+    assert client.post("/api/counters/x/increment", data="a=1", content_type="text/plain").status_code == 415
+    assert _stored(CounterConfig) == []
+
+
+def test_body_too_large_is_413(client, auth):
+    auth.admin()
+    r = client.put("/api/counters/x", data='{"mode": "' + "g" * 300_000 + '"}', content_type="application/json")
+    assert r.status_code == 413 and r.get_json()["error"]["code"] == "request_entity_too_large"
+
+
+def test_shard_changes_need_an_admin(client, auth):
+    assert client.put("/api/counters/x", json={"mode": "general"}).status_code == 401
+    auth.sign_in("someone@example.com", admin=False)
+    r = client.put("/api/counters/x", json={"mode": "general"})
+    assert r.status_code == 403 and r.get_json()["error"]["code"] == "forbidden"
+    client.post("/api/counters/x/increment")  # anyone may increment (and so create) a counter
+    assert client.post("/api/counters/x/shards", json={"num_shards": 50}).status_code == 403
+    assert client.get("/api/counters/x").get_json()["num_shards"] == 20
+
+
+def test_wrong_method_is_405_json(client):
+    r = client.delete("/api/counters/x")
+    assert r.status_code == 405 and r.get_json()["error"]["code"] == "method_not_allowed"
+
+
+# --- memcached faults: the real server stopped or frozen mid-test ---------------------------------------------------
+
+def test_memcached_stopped_mid_test(client, stack):
+    for _ in range(3):
+        client.post("/api/counters/m/increment")
+    assert client.get("/api/counters/m").get_json() == {"name": "m", "mode": "general", "count": 3, "num_shards": 20,
+                                                        "cached": False}
+    stack.memcached.stop()
+    try:
+        assert client.get("/healthz").get_json() == {"datastore": "ok", "memcache": "down"}
+        for _ in range(4):
+            assert client.post("/api/counters/m/increment").get_json()["applied"] is True
+        assert client.post("/api/simple-counter/increment").status_code == 200
+        data = client.get("/api/counters/m").get_json()
+        assert (data["count"], data["cached"]) == (7, False)  # summed from the shards while the cache is away
+        assert client.get("/counters").status_code == 200
+    finally:
+        stack.memcached.start()  # back on the same port, empty, as after a crash
+    assert client.get("/healthz").get_json()["memcache"] == "ok"
+    assert client.get("/api/counters/m").get_json()["count"] == 7
+    client.post("/api/counters/m/increment")
+    assert client.get("/api/counters/m").get_json() == {"name": "m", "mode": "general", "count": 8, "num_shards": 20,
+                                                        "cached": True}
+
+
+def test_memcached_frozen_costs_bounded_time(client, stack, monkeypatch):
+    monkeypatch.setattr(counters_service, "TOTAL_LIFETIME", 2)
+    client.post("/api/counters/f/increment")
+    assert client.get("/api/counters/f").get_json()["count"] == 1  # now cached
+    stack.memcached.pause()
+    try:
+        start = time.monotonic()
+        assert client.post("/api/counters/f/increment").status_code == 200
+        data = client.get("/api/counters/f").get_json()
+        elapsed = time.monotonic() - start
+        assert (data["count"], data["cached"]) == (2, False)
+        assert elapsed < 10, f"a frozen memcached held two requests for {elapsed:.1f}s"
+    finally:
+        stack.memcached.resume()
+    # The thawed server still holds the total from before, which missed the increment made while it was frozen: the
+    # documented trade of a cached total. It is flagged as cached and lives no longer than TOTAL_LIFETIME.
+    data = client.get("/api/counters/f").get_json()
+    assert data["cached"] and data["count"] in (1, 2)
+    time.sleep(3)
+    assert client.get("/api/counters/f").get_json() == {"name": "f", "mode": "general", "count": 2, "num_shards": 20,
+                                                        "cached": False}
+
+
+def test_cached_config_is_never_stale_after_memcached_returns(client, auth, stack):
+    """Creating or growing a counter while memcached is frozen fails cleanly, so its cached config stays true."""
+    auth.admin()
+    client.put("/api/counters/cfg", json={"mode": "general", "num_shards": 4})
+    client.get("/api/counters/cfg")  # config now in ndb's global cache
+    stack.memcached.pause()
+    try:
+        r = client.post("/api/counters/cfg/shards", json={"num_shards": 9})
+        assert r.status_code == 503
+    finally:
+        stack.memcached.resume()
+    with runtime.current().datastore.context():
+        assert ndb.Key(CounterConfig, "cfg").get(use_global_cache=False).num_shards == 4
+    assert client.get("/api/counters/cfg").get_json()["num_shards"] == 4
+    assert client.post("/api/counters/cfg/shards", json={"num_shards": 9}).get_json()["num_shards"] == 9
+    assert client.get("/api/counters/cfg").get_json()["num_shards"] == 9
+
+
+# --- the HTML page and its forms ------------------------------------------------------------------------------------
+
+def test_counters_page_shows_totals_shards_and_cache_source(client):
+    for _ in range(2):
+        client.post("/api/counters/shown/increment")
+    html = client.get("/counters").get_data(as_text=True)
+    assert 'id="counter-shown"' in html and "summed from shards" in html
+    assert html.count('class="bar"') == 20 + 20  # the simple counter's and shown's shards
+    html = client.get("/counters").get_data(as_text=True)
+    assert "from memcache" in html
+
+
+def test_increment_form_needs_csrf_token(client):
+    r = client.post("/counters/formed/increment")
+    assert r.status_code == 400 and "out of date" in r.get_data(as_text=True)
+    assert _stored(CounterConfig) == []
+    r = client.post("/counters/formed/increment", data={"csrf_token": csrf_token(client)})
+    assert r.status_code == 302 and r.headers["Location"].endswith("/counters#counter-formed")
+    assert client.get("/api/counters/formed").get_json()["count"] == 1
+
+
+def test_admin_forms(client, auth):
+    token = csrf_token(client)
+    assert client.post("/counters", data={"csrf_token": token, "name": "n", "mode": "general"}).status_code == 401
+    auth.admin()
+    token = csrf_token(client)
+    html = client.get("/counters").get_data(as_text=True)
+    assert "New counter" in html
+    r = client.post("/counters", data={"csrf_token": token, "name": "made", "mode": "adaptive"})
+    assert r.status_code == 302
+    assert client.post("/counters/made/shards", data={"csrf_token": token, "num_shards": "6"}).status_code == 302
+    assert client.post("/counters/made/shards", data={"csrf_token": token, "num_shards": "six"}).status_code == 422
+    assert client.post("/counters/made/shards", data={"num_shards": "60"}).status_code == 400  # no token
+    assert client.get("/api/counters/made").get_json()["num_shards"] == 6
+    page = client.post("/counters", data={"csrf_token": token, "name": "bad name", "mode": "general"})
+    assert page.status_code == 400 and "letters, digits" in page.get_data(as_text=True)
+
+
+def test_non_admin_sees_no_admin_forms(client, auth):
+    client.post("/api/counters/seen/increment")
+    auth.sign_in("someone@example.com")
+    html = client.get("/counters").get_data(as_text=True)
+    assert "New counter" not in html and "Raise" not in html
+    token = csrf_token(client)
+    assert client.post("/counters/seen/shards", data={"csrf_token": token, "num_shards": "50"}).status_code == 403

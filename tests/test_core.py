@@ -1,0 +1,211 @@
+"""The plumbing: health, sign-in, errors, IAP identity, index enforcement, and the local stack itself."""
+import time
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from google.api_core import exceptions as core_exceptions
+from google.auth import crypt, jwt
+from google.cloud import ndb
+
+from conftest import csrf_token
+from core import identity, runtime
+from core.settings import Settings
+from devstack import DevstackError, Stack, services
+from main import create_app
+
+
+def test_healthz(client):
+    assert client.get("/healthz").get_json() == {"datastore": "ok", "memcache": "ok"}
+
+
+def test_healthz_503_when_datastore_is_down(weak_stack, weak_app):
+    client = weak_app.test_client()
+    assert client.get("/healthz").status_code == 200
+    weak_stack.emulator.stop()
+    r = client.get("/healthz")
+    assert r.status_code == 503 and r.get_json()["datastore"] == "down"
+    # An API call then gets a clear 503, not a stack trace.
+    r = client.get("/api/counters/x")
+    assert r.status_code == 503 and r.get_json()["error"]["code"] == "datastore_unavailable"
+    assert "Traceback" not in r.get_data(as_text=True)
+
+
+def test_session_api(client):
+    assert client.get("/api/session").status_code == 401
+    r = client.post("/api/session", json={"email": "Ann@Example.com", "admin": True})
+    user = r.get_json()["user"]
+    assert user["email"] == "ann@example.com" and user["admin"] is True and "|" not in user["id"]
+    assert client.get("/api/session").get_json() == {"user": user}
+    assert client.delete("/api/session").status_code == 204
+    assert client.get("/api/session").status_code == 401
+
+
+@pytest.mark.parametrize("body", [{"email": "not-an-email"}, {"email": ""}, {"email": "a@b.c" + "x" * 300},
+                                  {"email": "a@example.com", "admin": "yes"}, {"admin": True}, {"email": 5}])
+def test_bad_sign_in_is_400(client, body):
+    r = client.post("/api/session", json=body)
+    assert r.status_code == 400 and r.get_json()["error"]["message"]
+    assert client.get("/api/session").status_code == 401
+
+
+def test_same_email_same_id(client):
+    first = client.post("/api/session", json={"email": "a@example.com"}).get_json()["user"]["id"]
+    again = client.post("/api/session", json={"email": "A@example.com"}).get_json()["user"]["id"]
+    other = client.post("/api/session", json={"email": "b@example.com"}).get_json()["user"]["id"]
+    assert first == again != other
+
+
+def test_signin_page_and_form(client):
+    assert b"Sign in" in client.get("/signin").data
+    token = csrf_token(client, "/signin")
+    assert client.post("/signin", data={"email": "p@example.com"}).status_code == 400  # no CSRF token
+    r = client.post("/signin", data={"csrf_token": token, "email": "p@example.com", "next": "//evil.example/"})
+    assert r.status_code == 302 and r.headers["Location"] == "/"
+    assert client.get("/api/session").get_json()["user"]["email"] == "p@example.com"
+    assert b"p@example.com" in client.get("/counters").data
+    # Signing in starts a new session (no fixation), so the old page's token is spent.
+    assert client.post("/signout", data={"csrf_token": token}).status_code == 400
+    token = csrf_token(client, "/signin")
+    r = client.post("/signin", data={"csrf_token": token, "email": "nope"})
+    assert r.status_code == 400 and b"valid email" in r.data
+    assert client.post("/signout", data={"csrf_token": token}).status_code == 302
+    assert client.get("/api/session").status_code == 401
+
+
+def test_html_errors_are_pages_and_api_errors_are_json(client):
+    r = client.get("/no/such/page")
+    assert r.status_code == 404 and r.content_type.startswith("text/html") and b"There is nothing here" in r.data
+    r = client.get("/api/no/such/thing")
+    assert r.status_code == 404 and r.get_json() == {"error": {"code": "not_found", "message": "There is nothing here."}}
+
+
+def test_home_page(client):
+    html = client.get("/").get_data(as_text=True)
+    assert "Sharded counters" in html and 'href="/counters"' in html
+
+
+def test_index_yaml_is_enforced(app):
+    """The emulator runs with --require_indexes: a query whose composite index is not in index.yaml fails here as in
+    production, so every query the tests run is proven to have its index."""
+    class IndexProbe(ndb.Model):
+        a = ndb.IntegerProperty()
+        b = ndb.IntegerProperty()
+
+    with runtime.current().datastore.context():
+        IndexProbe(a=1, b=2).put()
+        assert len(IndexProbe.query(IndexProbe.a == 1).fetch()) == 1  # built-in single-property index
+        with pytest.raises(core_exceptions.GoogleAPICallError) as info:
+            IndexProbe.query(IndexProbe.a == 1).order(-IndexProbe.b).fetch()
+        assert "index" in str(info.value).lower()
+
+
+# --- identity on App Engine: the IAP-signed JWT -----------------------------------------------------------------------
+
+AUDIENCE = "/projects/123/apps/scalable-demo"
+
+
+@pytest.fixture
+def iap_key():
+    private = ec.generate_private_key(ec.SECP256R1())
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    public = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    return crypt.ES256Signer.from_string(pem, "test-kid"), {"test-kid": public.decode()}
+
+
+def _iap_token(signer, **claims):
+    now = int(time.time())
+    payload = {"iss": identity.IAP_ISSUER, "aud": AUDIENCE, "sub": "accounts.google.com:1234",
+               "email": "boss@example.com", "iat": now, "exp": now + 600}
+    payload.update(claims)
+    return jwt.encode(signer, payload).decode()
+
+
+class StaticKeys:
+    """IAP's published keys, here the test's own key pair (the real ones sign only Google's tokens)."""
+
+    def __init__(self, keys):
+        self.keys = keys
+
+    def get(self):
+        return self.keys
+
+
+@pytest.fixture
+def gae_client(stack, iap_key):
+    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", ADMIN_EMAILS="boss@example.com",
+               IAP_AUDIENCE=AUDIENCE)
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)})
+    app.extensions["iap_keys"] = StaticKeys(iap_key[1])
+    yield app.test_client()
+    runtime.current().close()
+
+
+def test_iap_identity_on_app_engine(gae_client, iap_key):
+    signer = iap_key[0]
+    headers = {identity.IAP_HEADER: _iap_token(signer)}
+    user = gae_client.get("/api/session", headers=headers).get_json()["user"]
+    assert user == {"id": "accounts.google.com:1234", "email": "boss@example.com", "admin": True}
+    other = {identity.IAP_HEADER: _iap_token(signer, sub="accounts.google.com:9", email="u@example.com")}
+    assert gae_client.get("/api/session", headers=other).get_json()["user"]["admin"] is False
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}, headers=other).status_code == 403
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}, headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize("claims", [{"aud": "/projects/999/apps/other"}, {"iss": "https://evil.example"},
+                                    {"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200}])
+def test_bad_iap_tokens_are_refused(gae_client, iap_key, claims):
+    r = gae_client.get("/api/session", headers={identity.IAP_HEADER: _iap_token(iap_key[0], **claims)})
+    assert r.status_code == 401
+
+
+def test_forged_iap_token_is_refused(gae_client, iap_key):
+    forger = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    token = _iap_token(crypt.ES256Signer.from_string(forger, "test-kid"))
+    assert gae_client.get("/api/session", headers={identity.IAP_HEADER: token}).status_code == 401
+    assert gae_client.get("/api/session", headers={identity.IAP_HEADER: "garbage"}).status_code == 401
+
+
+def test_dev_sign_in_does_not_exist_on_app_engine(gae_client):
+    r = gae_client.post("/api/session", json={"email": "x@example.com", "admin": True})
+    assert r.status_code == 404
+    assert gae_client.get("/api/session").status_code == 401
+
+
+def test_app_engine_needs_a_secret_key():
+    with pytest.raises(RuntimeError, match="SECRET_KEY"):
+        Settings.from_env({"GAE_ENV": "standard"})
+
+
+# --- the local stack ------------------------------------------------------------------------------------------------
+
+def test_a_second_stack_does_not_clash(stack):
+    with Stack() as second:
+        assert second.emulator.port != stack.emulator.port
+        assert second.memcached.port != stack.memcached.port
+        assert second.emulator.healthy() and stack.emulator.healthy()
+    assert not second.emulator.healthy() and second.emulator.proc is None
+    assert stack.emulator.healthy() and stack.memcached.healthy()
+
+
+def test_missing_java_is_one_clear_sentence(monkeypatch):
+    monkeypatch.setattr(services.shutil, "which", lambda name: None)
+    with pytest.raises(DevstackError, match="Java 11 or newer is needed"):
+        services.emulator_binary()
+
+
+def test_missing_sdk_is_one_clear_sentence(monkeypatch, tmp_path):
+    monkeypatch.setattr(services.shutil, "which", lambda name: "/usr/bin/java" if name == "java" else None)
+    monkeypatch.setenv("CLOUDSDK_ROOT", str(tmp_path))
+    monkeypatch.setattr(services, "SDK_FALLBACKS", ())
+    with pytest.raises(DevstackError, match="install the Google Cloud CLI"):
+        services.emulator_binary()
+
+
+def test_settings_parse_memcached_hosts_and_admins():
+    s = Settings.from_env({"MEMCACHED_HOSTS": "10.0.0.1:11211, 10.0.0.2:11211", "ADMIN_EMAILS": "A@x.com, b@y.org"})
+    assert s.memcached_hosts == ("10.0.0.1:11211", "10.0.0.2:11211")
+    assert s.admin_emails == {"a@x.com", "b@y.org"}
