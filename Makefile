@@ -24,9 +24,13 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
-## deploy: the app and its indexes to App Engine (needs gcloud auth and a project)
-deploy:
+## deploy: the app and its indexes to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+deploy: secret.yaml
 	gcloud app deploy app.yaml index.yaml
+
+# The session-signing key for App Engine, made once and kept out of git.
+secret.yaml:
+	umask 077 && $(PYTHON) -c "import secrets; print('env_variables:\n  SECRET_KEY: \'' + secrets.token_hex(32) + '\'')" > $@
 
 clean:
 	rm -rf $(VENV) .devstack .pytest_cache

@@ -9,6 +9,9 @@ import pymemcache
 from google.cloud import ndb
 
 log = logging.getLogger(__name__)
+# What a memcached call raises when the server is down, frozen or refuses: OSError covers refused connections and
+# timeouts, MemcacheError the protocol's own failures.
+CACHE_DOWN = (OSError, pymemcache.exceptions.MemcacheError)
 
 CONNECT_TIMEOUT = 0.25  # seconds; loopback or same-zone Memorystore answers in well under a millisecond
 IO_TIMEOUT = 0.25
@@ -62,7 +65,7 @@ class Cache:
             return default
         try:
             return getattr(self.client, what)(*args, **kwargs)
-        except (OSError, pymemcache.exceptions.MemcacheError) as e:
+        except CACHE_DOWN as e:
             log.warning("memcached %s failed: %s", what, e)
             return default
 
@@ -93,5 +96,5 @@ class Cache:
         try:
             self.client.get("healthz")
             return True
-        except (OSError, pymemcache.exceptions.MemcacheError):
+        except CACHE_DOWN:
             return False

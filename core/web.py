@@ -4,9 +4,9 @@ import logging
 from flask import jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
-from pymemcache.exceptions import MemcacheError
 from werkzeug.exceptions import HTTPException
 
+from core.cache import CACHE_DOWN
 from core.errors import AppError, BadInput
 
 log = logging.getLogger(__name__)
@@ -14,7 +14,6 @@ csrf = CSRFProtect()
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 # Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
-CACHE_DOWN = (OSError, MemcacheError)
 
 
 def is_api():

@@ -10,8 +10,13 @@ SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is
 
 
 class SimpleCounterShard(ndb.Model):
-    """One of the talk's twenty fixed shards; key name "shard-<i>"."""
-    _use_global_cache = False  # written in contended transactions: caching would only add lock traffic
+    """One of the talk's twenty fixed shards; key name "shard-<i>".
+
+    Neither cache: shards are written in contended transactions (the global cache would add lock traffic to each),
+    and a total must see other writers' commits, not the copy this context read first.
+    """
+    _use_cache = False
+    _use_global_cache = False
     count = ndb.IntegerProperty(default=0, indexed=False)
 
 
@@ -35,7 +40,8 @@ class CounterConfig(ndb.Model):
 
 
 class CounterShard(ndb.Model):
-    """One shard of a named counter; key name "<counter>|<index>"."""
+    """One shard of a named counter; key name "<counter>|<index>". Uncached, as SimpleCounterShard."""
+    _use_cache = False
     _use_global_cache = False
     count = ndb.IntegerProperty(default=0, indexed=False)
 

@@ -7,26 +7,30 @@ a small transaction, and the total is the sum of the shards, read by key (strong
 Three kinds live here:
 - the simple counter: the talk's fixed twenty shards, created lazily;
 - named `general` counters: a CounterConfig with `num_shards`, the total cached in memcached;
-- named `adaptive` counters: start with one shard and double it whenever increments collide, up to a cap.
+- named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 """
+import logging
 import random
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 
 from google.cloud import ndb
 
 from core import runtime
+from core.cache import CACHE_DOWN
 from core.datastore import CONTENTION_ERRORS
 from core.errors import BadInput, Conflict, NotFound, Unavailable, Unprocessable
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
+log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
 SIMPLE_SHARDS = 20
 DEFAULT_SHARDS = {"general": 20, "adaptive": 1}
 MAX_SHARDS = 1000
-ADAPTIVE_MAX_SHARDS = 64
+ADAPTIVE_MAX_SHARDS = 256
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 MAX_ATTEMPTS = 100
 LIST_LIMIT = 100
@@ -70,20 +74,27 @@ def _total_cache_key(name):
     return f"counter-total:{name}"
 
 
-def _commit_on_a_shard(num_shards, attempt, max_attempts=MAX_ATTEMPTS):
+def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_ATTEMPTS):
     """Run `attempt(shard_index)` as a transaction on a random shard; on contention, another shard at once.
 
     ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
     counter: any other shard is an equally good place for the +1 and is probably free right now.
+    `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with.
     Returns (attempt's result, attempts made, shard used).
     """
     shard = random.randrange(num_shards)
     for attempts in range(1, max_attempts + 1):
         try:
-            return ndb.transaction(lambda: attempt(shard), retries=0), attempts, shard
+            result = ndb.transaction(lambda: attempt(shard), retries=0)
         except CONTENTION_ERRORS:
+            if on_attempt:
+                num_shards = on_attempt(num_shards, True)
             if num_shards > 1:
                 shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
+            continue
+        if on_attempt:
+            on_attempt(num_shards, False)
+        return result, attempts, shard
     raise Unavailable("The counter is too contended right now; try again.", "contention")
 
 
@@ -194,33 +205,86 @@ def increment(name, idempotency_key=None):
         ndb.get_context().call_on_commit(lambda: cache.incr(total_key))
         return True
 
-    applied, attempts, shard = _commit_on_a_shard(config.num_shards, attempt)
-    if config.mode == "adaptive" and attempts > 1:
-        _grow(name, config.num_shards)
+    def on_attempt(num_shards, collided):
+        factor = _contention.observe(name, num_shards, collided)
+        if factor:
+            return _grow(name, num_shards, factor)
+        if collided:
+            # Another writer may have grown the counter since this increment began: retry over all its shards.
+            # Only a committed shard count is safe to use, since a total sums the shards below it.
+            return max(num_shards, get_config(name).num_shards)
+        return num_shards
+
+    applied, attempts, shard = _commit_on_a_shard(
+        config.num_shards, attempt, on_attempt if config.mode == "adaptive" else None)
     return Increment(applied, attempts, shard)
 
 
-def _grow(name, seen_shards):
-    """An adaptive counter met contention at `seen_shards` shards: double them, up to the cap.
+class ContentionWindow:
+    """Per process and per adaptive counter: how many of the last transaction attempts collided.
 
-    Only the first writer to report contention at a given size grows the counter (the check on `seen_shards`), so a
-    burst of colliding writers doubles it once, not once each. Best effort: if this transaction itself collides or the
-    config cannot be written, the next contended increment tries again.
+    One collision is noise; growth is for contention that lasts. Every attempt is evidence, heard as it happens (an
+    increment stuck behind many collisions would report too late), so a badly contended counter fills its window in a
+    fraction of a second. It grows when at least GROW_AT of the last WINDOW attempts here collided; the window then
+    starts afresh at the new size, so growth stops once the shards are enough for the load. Kept in the process (no
+    shared entity to contend on); each process judges from its own attempts, and the config transaction keeps their
+    verdicts from adding up.
     """
-    if seen_shards >= ADAPTIVE_MAX_SHARDS:
-        return
+    WINDOW = 32
+    GROW_AT = 0.2  # of the attempts collided: double
+    SURGE_AT = 0.5  # of the attempts collided: quadruple, to catch up with a burst in few steps
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen = {}  # name -> (num_shards the window is about, attempts, collisions)
+
+    def observe(self, name, num_shards, collided):
+        """Record one attempt at `num_shards`; the factor to grow by (2 or 4) when the window calls for it, else 0."""
+        with self._lock:
+            size, tried, hits = self._seen.get(name, (num_shards, 0, 0))
+            if num_shards < size:
+                return 0  # an attempt made before the last growth says nothing about the new size
+            if num_shards > size:
+                size, tried, hits = num_shards, 0, 0
+            tried, hits = tried + 1, hits + bool(collided)
+            if tried < self.WINDOW:
+                self._seen[name] = (size, tried, hits)
+                return 0
+            rate = hits / tried
+            factor = 4 if rate >= self.SURGE_AT else 2 if rate >= self.GROW_AT else 0
+            # After a verdict, judge only attempts at the size it asks for.
+            self._seen[name] = (size * (factor or 1), 0, 0)
+            return factor
+
+
+_contention = ContentionWindow()
+
+
+def _grow(name, seen_shards, factor):
+    """Multiply an adaptive counter's shards by `factor`, up to the cap; never lowers them. Returns the shard count
+    to go on with.
+
+    Only the first process to ask at a given size grows the counter (the check on `seen_shards`), so several processes
+    reaching the same verdict grow it once. Best effort: if this transaction collides or the config cannot be written
+    (memcached away: it is a globally cached kind), a later window asks again.
+    """
+    current = get_config(name).num_shards  # a cheap look first: another process may have grown it already
+    if current != seen_shards or seen_shards >= ADAPTIVE_MAX_SHARDS:
+        return current
 
     def txn():
         config = ndb.Key(CounterConfig, name).get()
         if config.num_shards == seen_shards:
-            config.num_shards = min(ADAPTIVE_MAX_SHARDS, seen_shards * 2)
+            config.num_shards = min(ADAPTIVE_MAX_SHARDS, seen_shards * factor)
             config.put()
+        return config.num_shards
     try:
-        ndb.transaction(txn, retries=0)
+        return ndb.transaction(txn, retries=0)
     except CONTENTION_ERRORS:
-        pass
-    except Exception:  # noqa: BLE001 - e.g. memcached away: the config (a cached kind) is not writable right now
-        pass
+        return seen_shards
+    except CACHE_DOWN as e:
+        log.warning("adaptive counter %s not grown, memcached unreachable: %s", name, e)
+        return seen_shards
 
 
 def shard_counts(config):

@@ -121,7 +121,7 @@ def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_cont
 
 def test_adaptive_growth_stops_at_the_cap(ndb_context):
     service.configure("capped", "adaptive", service.ADAPTIVE_MAX_SHARDS)
-    service._grow("capped", service.ADAPTIVE_MAX_SHARDS)
+    assert service._grow("capped", service.ADAPTIVE_MAX_SHARDS, 4) == service.ADAPTIVE_MAX_SHARDS
     assert service.get_config("capped").num_shards == service.ADAPTIVE_MAX_SHARDS
 
 
@@ -180,3 +180,23 @@ def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
             assert service.get_total("weak").count == n
             assert sum(service.simple_shard_counts()) == n - 1
             service.increment_simple()
+
+
+def test_contention_window_grows_only_on_lasting_contention():
+    window, n = service.ContentionWindow(), service.ContentionWindow.WINDOW
+    assert [window.observe("w", 1, i == 0) for i in range(n)] == [0] * n  # one collision in a window: noise
+    assert [window.observe("w", 1, i % 3 == 0) for i in range(n)] == [0] * (n - 1) + [2]  # a third: double
+    # The verdict asked for 2 shards: attempts still reported at 1 are from before the growth and are ignored.
+    assert [window.observe("w", 1, True) for _ in range(2 * n)] == [0] * 2 * n
+    assert [window.observe("w", 2, True) for _ in range(n)] == [0] * (n - 1) + [4]  # all collided: quadruple
+    assert window.observe("w", 16, False) == 0  # grown further elsewhere: the window starts afresh at 16
+    assert [window.observe("w", 16, i % 2 == 0) for i in range(n - 1)][-1] == 4
+    assert window.observe("other", 1, True) == 0  # windows are per counter
+
+
+def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
+    service.configure("steps", "adaptive")
+    assert service._grow("steps", 1, 4) == 4
+    assert service._grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
+    assert service._grow("steps", 4, 2) == 8
+    assert service.get_config("steps").num_shards == 8

@@ -1,0 +1,10 @@
+"""`make bench`: every benchmark in turn; results in bench/results/. Exit 1 if any target was missed."""
+import sys
+
+from bench import counters
+
+BENCHMARKS = (counters,)
+
+if __name__ == "__main__":
+    ok = [b.main([]) for b in BENCHMARKS]
+    sys.exit(0 if all(ok) else 1)

@@ -1,0 +1,185 @@
+"""Benchmark: one entity vs sharded vs adaptive counters under 1, 8 and 32 concurrent writers, against the ceiling.
+
+All four variants run the same code path (`counters.service.increment`, one ndb context per call as in a request):
+- single:   a general counter with one shard, the design the talk warns against;
+- general:  the default twenty shards;
+- sized:    a general counter with four shards per writer, as the talk advises: shards enough for the write rate;
+- adaptive: starts at one shard and doubles on contention;
+- ceiling:  every writer increments a counter of its own, so no transaction ever collides: what the machine and the
+            emulator can do at that concurrency with no contention at all.
+Also: reading a total from memcached vs summing the shards from Datastore.
+
+Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.counters [--rounds 3 --seconds 5]`.
+"""
+import argparse
+import sys
+import time
+
+from bench import harness
+from core import runtime
+from counters import service
+
+VARIANTS = ("single", "general", "sized", "adaptive", "ceiling")
+WRITERS = (1, 8, 32)
+READS = 300
+WARMUP = 3.0  # seconds of the same load before measuring: the adaptive counter's time to find its size
+
+
+def _prepare(variant, tag, writers):
+    """Create the counter(s) this variant writes; returns op(writer_index) -> attempts, and a way to read the sum."""
+    if variant == "ceiling":
+        names = [f"ceiling-{tag}-{i}" for i in range(writers)]
+        for name in names:
+            service.configure(name, "general", 1)
+        return (lambda i: service.increment(names[i]).attempts,
+                lambda: sum(sum(service.shard_counts(service.require_config(n))) for n in names), names[0])
+    name = f"{variant}-{tag}"
+    mode, shards = {"single": ("general", 1), "general": ("general", None), "sized": ("general", 4 * writers),
+                    "adaptive": ("adaptive", None)}[variant]
+    service.configure(name, mode, shards)
+    return (lambda i: service.increment(name).attempts,
+            lambda: sum(service.shard_counts(service.require_config(name))), name)
+
+
+def measure_writes(rounds, seconds):
+    results = {(v, w): [] for v in VARIANTS for w in WRITERS}
+    exact = {key: True for key in results}
+    shards_reached = {}
+    for r in range(rounds):
+        for writers in WRITERS:
+            # Side by side within each round, so drift on the machine hits all alike; the order rotates from round
+            # to round, so that being first (or last) after a change of load favours no variant.
+            for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+                op, read_sum, name = harness.in_context(_prepare)(variant, f"r{r}w{writers}", writers)
+                load = harness.run_writers(writers, op, seconds, warmup=WARMUP)
+                total = harness.in_context(read_sum)()
+                exact[(variant, writers)] &= total == load.commits + load.warm_commits
+                results[(variant, writers)].append(load)
+                if variant == "adaptive":
+                    shards_reached.setdefault(writers, []).append(
+                        harness.in_context(lambda: service.require_config(name).num_shards)())
+                print(f"round {r + 1} {variant:>8} x{writers:<2}: {load.per_second:7.1f} commits/s, "
+                      f"{load.attempts_per_commit:5.2f} attempts/commit, p99 {load.pct(99) * 1000:7.1f} ms, "
+                      f"errors {load.errors}, exact {total == load.commits + load.warm_commits}", flush=True)
+    return results, exact, shards_reached
+
+
+def measure_reads(rounds):
+    """Per-read latency of a cached total vs a total summed from twenty shards (config + get_multi).
+
+    Each read in a fresh ndb context, as each request has its own: nothing comes from a context cache.
+    """
+    cached_read = harness.in_context(lambda: service.get_total("readme").cached)
+    summed_read = harness.in_context(lambda: sum(service.shard_counts(service.require_config("readme"))))
+
+    def one_round():
+        cached, summed = [], []
+        for _ in range(READS):
+            start = time.perf_counter()
+            assert cached_read()
+            cached.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            summed_read()
+            summed.append(time.perf_counter() - start)
+        return harness.median(cached), harness.median(summed)
+
+    def prepare():
+        service.configure("readme", "general")
+        for _ in range(60):
+            service.increment("readme")
+        service.get_total("readme")  # cache it
+    harness.in_context(prepare)()
+    pairs = [one_round() for _ in range(rounds)]
+    return harness.median([c for c, _ in pairs]), harness.median([s for _, s in pairs])
+
+
+def report(results, exact, shards_reached, reads, rounds, seconds):
+    med = {key: {
+        "rate": harness.median([x.per_second for x in loads]),
+        "attempts": harness.median([x.attempts_per_commit for x in loads]),
+        "p50": harness.median([x.pct(50) for x in loads]) * 1000,
+        "p99": harness.median([x.pct(99) for x in loads]) * 1000,
+        "errors": sum(x.errors for x in loads),
+    } for key, loads in results.items()}
+    rows = [[v, w, f"{med[(v, w)]['rate']:.1f}", f"{med[(v, w)]['attempts']:.2f}", f"{med[(v, w)]['p50']:.1f}",
+             f"{med[(v, w)]['p99']:.1f}", "yes" if exact[(v, w)] else "**no**", med[(v, w)]["errors"]]
+            for w in WRITERS for v in VARIANTS]
+    table = harness.markdown_table(
+        ["variant", "writers", "commits/s", "attempts/commit", "p50 ms", "p99 ms", "exact", "errors"], rows)
+
+    at = {v: med[(v, 32)] for v in VARIANTS}
+    cached, summed = reads
+    checks = []
+    for v in ("sized", "adaptive", "general"):
+        checks += [
+            (f"{v} commits/s vs single, 32 writers", at[v]["rate"] / at["single"]["rate"], ">= 2", 2, True),
+            (f"{v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"], ">= 0.8", .8, True),
+            (f"{v} p99 / single p99, 32 writers", at[v]["p99"] / at["single"]["p99"], "<= 0.1", .1, False),
+        ]
+    checks.append(("cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20, True))
+    check_rows = [[what, f"{value:.2f}", target, "met" if (value >= bound if higher else value <= bound) else
+                   "**missed**"] for what, value, target, bound, higher in checks]
+    growth = ", ".join(f"{w} writers: {sorted(s)}" for w, s in sorted(shards_reached.items()))
+    text = f"""# Counters benchmark
+
+{harness.machine_line()}. {rounds} rounds x {seconds} s per variant and concurrency, after {WARMUP} s of the same
+load unmeasured (in which the adaptive counter, created with one shard, finds its size); variants side by side in each
+round, their order rotating from round to round; figures are medians over the rounds. `exact`: after every run (warm-up included), the shards summed to the
+number of committed increments.
+
+{table}
+
+Reads, median per read over {rounds} x {READS}: cached total {cached * 1e6:.0f} µs, summed from 20 shards
+{summed * 1e6:.0f} µs.
+
+Adaptive counter's shard count at the end of each round (it starts at 1): {growth}.
+
+## Targets
+
+{harness.markdown_table(["claim", "measured", "target", ""], check_rows)}
+"""
+    path = harness.write_result("counters", text)
+    chart(med)
+    print(text)
+    print(f"written: {path}")
+    return all(r[-1] == "met" for r in check_rows) and all(exact.values())
+
+
+def chart(med):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.16
+    for n, variant in enumerate(VARIANTS):
+        xs = [i + (n - (len(VARIANTS) - 1) / 2) * width for i in range(len(WRITERS))]
+        left.bar(xs, [med[(variant, w)]["rate"] for w in WRITERS], width, label=variant)
+        right.bar(xs, [med[(variant, w)]["p99"] for w in WRITERS], width, label=variant)
+    for ax, title in ((left, "commits/s (higher is better)"), (right, "p99 latency, ms (log; lower is better)")):
+        ax.set_xticks(range(len(WRITERS)), [f"{w} writers" for w in WRITERS])
+        ax.set_title(title)
+    right.set_yscale("log")
+    left.legend()
+    fig.tight_layout()
+    harness.RESULTS.mkdir(exist_ok=True)
+    fig.savefig(harness.RESULTS / "counters.svg")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.counters")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    stack = harness.start_stack()
+    try:
+        results, exact, shards = measure_writes(args.rounds, args.seconds)
+        reads = measure_reads(args.rounds)
+        return report(results, exact, shards, reads, args.rounds, args.seconds)
+    finally:
+        runtime.current().close()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,143 @@
+"""What every benchmark shares: its own stack, writers on threads, percentiles, medians over rounds, and output.
+
+A benchmark starts its own in-memory emulator and memcached (never the ones `make run` or the tests use), runs every
+variant side by side in each round, repeats the rounds, and reports medians and ratios: this machine is shared and
+noisy, so only figures measured together in one run are compared.
+"""
+import concurrent.futures
+import datetime
+import os
+import platform
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import runtime
+from core.settings import Settings
+from devstack import Stack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def start_stack():
+    """A fresh stack and this process's runtime pointed at it."""
+    stack = Stack(consistency=1.0).start()
+    runtime.configure(Settings.from_env(dict(stack.env(), SECRET_KEY="bench")))
+    return stack
+
+
+def in_context(fn):
+    """fn wrapped to run in its own ndb context, as one request does."""
+    datastore = runtime.current().datastore
+
+    def wrapped(*args):
+        with datastore.context():
+            return fn(*args)
+    return wrapped
+
+
+@dataclass
+class Load:
+    """What `writers` threads achieved calling one operation for a while."""
+    writers: int
+    elapsed: float = 0.0
+    latencies: list = field(default_factory=list)
+    attempts: list = field(default_factory=list)
+    errors: int = 0
+    warm_commits: int = 0
+
+    @property
+    def commits(self):
+        return len(self.latencies)
+
+    @property
+    def per_second(self):
+        return self.commits / self.elapsed if self.elapsed else 0.0
+
+    @property
+    def attempts_per_commit(self):
+        return sum(self.attempts) / len(self.attempts) if self.attempts else 0.0
+
+    def pct(self, q):
+        return percentile(self.latencies, q)
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def run_writers(writers, op, seconds, warmup=0.0, max_ops_per_writer=10_000):
+    """`writers` threads call op(writer_index) for `warmup` + `seconds` (bounded in count too); only the calls that
+    start after the warm-up are measured (the warm-up's calls still count toward `warm_commits`).
+
+    op returns the number of attempts it made (or None for 1). Every call runs in its own ndb context.
+    """
+    load = Load(writers)
+    lock = threading.Lock()
+    op = in_context(op)
+    barrier = threading.Barrier(writers + 1)
+
+    def writer(i):
+        barrier.wait()
+        mine, warm = [], 0
+        for _ in range(max_ops_per_writer):
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            if now < measure_from:
+                try:
+                    op(i)
+                    warm += 1
+                except Exception:  # noqa: BLE001
+                    pass
+                continue
+            start = time.perf_counter()
+            try:
+                attempts = op(i) or 1
+            except Exception:  # noqa: BLE001 - counted and reported, a benchmark keeps going
+                with lock:
+                    load.errors += 1
+                continue
+            mine.append((time.perf_counter() - start, attempts))
+        with lock:
+            load.latencies += [lat for lat, _ in mine]
+            load.attempts += [a for _, a in mine]
+            load.warm_commits += warm
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=writers) as pool:
+        futures = [pool.submit(writer, i) for i in range(writers)]
+        measure_from = time.perf_counter() + warmup
+        deadline = measure_from + seconds
+        barrier.wait()
+        concurrent.futures.wait(futures)
+        end = time.perf_counter()
+    load.elapsed = end - measure_from
+    return load
+
+
+def median(values):
+    values = [v for v in values if v == v]  # drop NaN
+    return statistics.median(values) if values else float("nan")
+
+
+def markdown_table(headers, rows):
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_line():
+    return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, Cloud Datastore emulator + memcached on loopback")
+
+
+def write_result(name, text):
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    path.write_text(text)
+    return path
