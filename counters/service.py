@@ -9,6 +9,7 @@ Three kinds live here:
 - named `general` counters: a CounterConfig with `num_shards`, the total cached in memcached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 """
+import concurrent.futures
 import logging
 import random
 import re
@@ -34,6 +35,8 @@ ADAPTIVE_MAX_SHARDS = 256
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 MAX_ATTEMPTS = 100
 LIST_LIMIT = 100
+BURST_MAX_WRITERS = 32
+BURST_MAX_INCREMENTS = 500
 
 
 @dataclass
@@ -328,6 +331,26 @@ def list_counters(limit=LIST_LIMIT):
     return result
 
 
+def burst(name, writers, increments):
+    """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
+    watch an adaptive counter grow. Each thread has its own ndb context, as each request would.
+    Returns (increments, attempts, num_shards afterwards)."""
+    if isinstance(writers, bool) or not isinstance(writers, int) or not 1 <= writers <= BURST_MAX_WRITERS:
+        raise Unprocessable(f"writers must be a whole number from 1 to {BURST_MAX_WRITERS}.", "bad_writers")
+    if isinstance(increments, bool) or not isinstance(increments, int) or not 1 <= increments <= BURST_MAX_INCREMENTS:
+        raise Unprocessable(f"increments must be a whole number from 1 to {BURST_MAX_INCREMENTS}.", "bad_increments")
+    require_config(name)
+    datastore = runtime.current().datastore
+    shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
+
+    def work(count):
+        with datastore.context():
+            return [increment(name).attempts for _ in range(count)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=writers) as pool:
+        attempts = [a for batch in pool.map(work, shares) for a in batch]
+    return len(attempts), sum(attempts), get_config(name).num_shards
+
+
 def seed_demo():
     """Demo counters for a fresh `make run`; does nothing when any counter exists."""
     if CounterConfig.query().get(keys_only=True) is not None:
@@ -335,9 +358,10 @@ def seed_demo():
     configure("page-views", "general")
     configure("likes", "adaptive")
     configure("downloads", "general", 8)
-    for name, times in (("page-views", 120), ("likes", 40), ("downloads", 25)):
+    for name, times in (("page-views", 120), ("downloads", 25)):
         for _ in range(times):
             increment(name)
+    burst("likes", 16, 160)  # concurrent, so the adaptive counter has grown by the time anyone looks
     for _ in range(30):
         increment_simple()
     return True

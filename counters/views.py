@@ -69,6 +69,16 @@ def shards_form(name):
     return redirect(url_for("counters.index") + f"#counter-{name}")
 
 
+@bp.post("/counters/<name>/burst")
+def burst_form(name):
+    """Admin: many concurrent increments at once, to watch contention and growth."""
+    identity.require_admin()
+    done, attempts, num_shards = service.burst(name, _form_int("writers"), _form_int("increments"))
+    flash(f"{name}: {done} increments from {request.form['writers']} writers took {attempts / done:.2f} attempts "
+          f"each; it has {num_shards} shards now.", "info")
+    return redirect(url_for("counters.index") + f"#counter-{name}")
+
+
 # --- JSON API -------------------------------------------------------------------------------------------------------
 
 @bp.get("/api/counters")
@@ -108,6 +118,15 @@ def api_shards(name):
     identity.require_admin()
     config = service.increase_shards(name, json_body().get("num_shards"))
     return jsonify(name=config.name, num_shards=config.num_shards)
+
+
+@bp.post("/api/counters/<name>/burst")
+def api_burst(name):
+    """Admin: {"writers": 1..32, "increments": 1..500} concurrent increments."""
+    identity.require_admin()
+    data = json_body()
+    done, attempts, num_shards = service.burst(name, data.get("writers"), data.get("increments"))
+    return jsonify(name=name, increments=done, attempts=attempts, num_shards=num_shards)
 
 
 @bp.get("/api/simple-counter")

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from devstack.services import REPO, DevstackError, Stack, _port_open, free_port
+from devstack.services import REPO, DevstackError, Stack, _die_with_parent, _port_open, free_port
 
 STATE = REPO / ".devstack"
 
@@ -46,6 +46,10 @@ def run(port):
     # consistency 0.9, the emulator's default: non-ancestor queries lag a little, as they do in production.
     stack = Stack(consistency=0.9, data_dir=STATE / "datastore")
     server = None
+    # Ctrl-C and `kill` both stop everything; SIGINT set explicitly, since a shell that starts us in the background
+    # makes Python ignore it.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         print("Starting memcached and the Datastore emulator...", flush=True)
         stack.start()
@@ -54,9 +58,8 @@ def run(port):
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=env, cwd=REPO, check=True)
         server = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "8",
-             "--access-logfile", "-", "main:app"], env=env, cwd=REPO)
+             "--access-logfile", "-", "main:app"], env=env, cwd=REPO, preexec_fn=_die_with_parent)
         print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and memcached)\n", flush=True)
-        signal.signal(signal.SIGTERM, _interrupt)
         server.wait()
     except KeyboardInterrupt:
         pass

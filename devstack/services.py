@@ -47,6 +47,16 @@ def _log_tail(path, lines=20):
         return ""
 
 
+def _die_with_parent():
+    """In the child, before exec: ask Linux to SIGTERM it when the process that started it dies, so a test run or
+    `make run` that is killed outright leaves no emulator or memcached behind."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still stops it
+
+
 def _stop_group(proc, timeout=10):
     """Stop a child started in its own session, and everything it started (the emulator's java)."""
     if proc is None or proc.poll() is not None:
@@ -61,6 +71,16 @@ def _stop_group(proc, timeout=10):
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def emulator_command():
+    """The command that runs the emulator: java on the CLI's jar, started directly rather than through the CLI's shell
+    launcher, so that the process we stop (and that dies with us) is the emulator itself."""
+    launcher = emulator_binary()
+    jar = launcher.parent / "CloudDatastore.jar"
+    if not jar.exists():
+        return [str(launcher)]
+    return [shutil.which("java"), "-cp", str(jar), "com.google.cloud.datastore.emulator.CloudDatastore"]
 
 
 def emulator_binary():
@@ -123,7 +143,7 @@ class Emulator:
         return f"http://{self.host}"
 
     def start(self, timeout=90):
-        binary = emulator_binary()
+        command = emulator_command()
         self.port = self.port or free_port()
         if self.data_dir:
             project_dir = self.data_dir
@@ -131,9 +151,8 @@ class Emulator:
             project_dir = self.log_dir / "emulator-project"
         if not (project_dir / "WEB-INF").exists():
             project_dir.mkdir(parents=True, exist_ok=True)
-            subprocess.run([str(binary), "create", str(project_dir)], check=True,
-                           capture_output=True, timeout=120)
-        args = [str(binary), "start", f"--host={LOOPBACK}", f"--port={self.port}",
+            subprocess.run(command + ["create", str(project_dir)], check=True, capture_output=True, timeout=120)
+        args = command + ["start", f"--host={LOOPBACK}", f"--port={self.port}",
                 f"--consistency={self.consistency}", "--require_indexes", f"--index_file={INDEX_FILE}",
                 "--auto_id_policy=SCATTERED", "--store_index_configuration_on_disk=false"]
         args.append("--store_on_disk=true" if self.data_dir else "--store_on_disk=false")
@@ -141,7 +160,7 @@ class Emulator:
         self.log_path = self.log_dir / f"emulator-{self.port}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -201,7 +220,7 @@ class Memcached:
         if os.geteuid() == 0:
             args += ["-u", "root"]  # memcached refuses to run as root without being told so
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -130,7 +130,10 @@ def test_wrong_method_is_405_json(client):
 
 
 # --- memcached faults: the real server stopped or frozen mid-test ---------------------------------------------------
+# ndb warns (RuntimeWarning) each time it cannot reach its global cache: expected here.
+expected_cache_warnings = pytest.mark.filterwarnings("ignore:Error connecting to global cache:RuntimeWarning")
 
+@expected_cache_warnings
 def test_memcached_stopped_mid_test(client, stack):
     for _ in range(3):
         client.post("/api/counters/m/increment")
@@ -154,6 +157,7 @@ def test_memcached_stopped_mid_test(client, stack):
                                                         "cached": True}
 
 
+@expected_cache_warnings
 def test_memcached_frozen_costs_bounded_time(client, stack, monkeypatch):
     monkeypatch.setattr(counters_service, "TOTAL_LIFETIME", 2)
     client.post("/api/counters/f/increment")
@@ -177,6 +181,7 @@ def test_memcached_frozen_costs_bounded_time(client, stack, monkeypatch):
                                                         "cached": False}
 
 
+@expected_cache_warnings
 def test_cached_config_is_never_stale_after_memcached_returns(client, auth, stack):
     """Creating or growing a counter while memcached is frozen fails cleanly, so its cached config stays true."""
     auth.admin()
@@ -240,3 +245,41 @@ def test_non_admin_sees_no_admin_forms(client, auth):
     assert "New counter" not in html and "Raise" not in html
     token = csrf_token(client)
     assert client.post("/counters/seen/shards", data={"csrf_token": token, "num_shards": "50"}).status_code == 403
+
+
+def test_burst_grows_an_adaptive_counter_and_counts_exactly(client, auth):
+    auth.admin()
+    client.put("/api/counters/surge", json={"mode": "adaptive"})
+    r = client.post("/api/counters/surge/burst", json={"writers": 24, "increments": 480})
+    data = r.get_json()
+    assert r.status_code == 200 and data["increments"] == 480 and data["attempts"] > 480  # they collided
+    assert data["num_shards"] > 1
+    assert client.get("/api/counters/surge?shards=1").get_json()["count"] == 480
+
+
+@pytest.mark.parametrize("body", [{"writers": 0, "increments": 5}, {"writers": 33, "increments": 5},
+                                  {"writers": 4, "increments": 501}, {"writers": 4}, {"writers": "4", "increments": 5}])
+def test_bad_bursts_are_422_and_count_nothing(client, auth, body):
+    auth.admin()
+    client.put("/api/counters/b", json={"mode": "general"})
+    assert client.post("/api/counters/b/burst", json=body).status_code == 422
+    assert client.get("/api/counters/b").get_json()["count"] == 0
+
+
+def test_burst_needs_an_admin_and_an_existing_counter(client, auth):
+    assert client.post("/api/counters/b/burst", json={"writers": 2, "increments": 2}).status_code == 401
+    auth.sign_in()
+    assert client.post("/api/counters/b/burst", json={"writers": 2, "increments": 2}).status_code == 403
+    auth.admin()
+    assert client.post("/api/counters/b/burst", json={"writers": 2, "increments": 2}).status_code == 404
+    assert _stored(CounterConfig) == []
+
+
+def test_burst_form(client, auth):
+    auth.admin()
+    client.put("/api/counters/shown", json={"mode": "adaptive"})
+    token = csrf_token(client)
+    r = client.post("/counters/shown/burst", data={"csrf_token": token, "writers": "8", "increments": "40"},
+                    follow_redirects=True)
+    assert r.status_code == 200 and "shown: 40 increments from 8 writers" in r.get_data(as_text=True)
+    assert client.get("/api/counters/shown").get_json()["count"] == 40

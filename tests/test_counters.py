@@ -200,3 +200,16 @@ def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     assert service._grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
     assert service._grow("steps", 4, 2) == 8
     assert service.get_config("steps").num_shards == 8
+
+
+def test_seed_command_seeds_once(app):
+    runner = app.test_cli_runner()
+    assert "counters: seeded" in runner.invoke(args=["seed"]).output
+    assert "counters: already has content" in runner.invoke(args=["seed"]).output
+    with runtime.current().datastore.context():
+        names = sorted(k.id() for k in CounterConfig.query().fetch(keys_only=True))
+        assert names == ["downloads", "likes", "page-views"]
+        likes = service.get_config("likes")
+        assert likes.mode == "adaptive" and likes.num_shards > 1  # grown by the concurrent seeding
+        assert sum(service.shard_counts(likes)) == 160
+        assert sum(service.simple_shard_counts()) == 30
