@@ -15,7 +15,7 @@ from flask import current_app, g, request, session
 from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
 
-from core.errors import BadInput, Forbidden, NotFound, SignInRequired
+from core.errors import BadInput, Forbidden, NotFound, SignInRequired, Unavailable
 
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
 IAP_ISSUER = "https://cloud.google.com/iap"
@@ -40,11 +40,16 @@ class IapKeys:
 
 
 def verify_iap_token(token, audience, keys):
-    """The user in a verified IAP token, or None when the token is missing, forged, expired or for someone else."""
+    """The user in a verified IAP token, or None when the token is missing, forged, expired or for someone else.
+    `keys` is an IapKeys: Google's keys are fetched only when there is a token to check."""
     if not token or not audience:
         return None
     try:
-        claims = jwt.decode(token, certs=keys, audience=audience)
+        certs = keys.get()
+    except (requests.RequestException, ValueError) as e:
+        raise Unavailable("Sign-in cannot be checked right now; try again shortly.", "iap_keys_unavailable") from e
+    try:
+        claims = jwt.decode(token, certs=certs, audience=audience)
     except (ValueError, auth_exceptions.GoogleAuthError):
         return None
     if claims.get("iss") != IAP_ISSUER or not claims.get("sub") or not claims.get("email"):
@@ -70,8 +75,8 @@ def current_user():
     if "user" not in g:
         settings = current_app.config["SETTINGS"]
         if settings.on_app_engine:
-            keys = current_app.extensions["iap_keys"]
-            g.user = verify_iap_token(request.headers.get(IAP_HEADER), settings.iap_audience, keys.get())
+            g.user = verify_iap_token(request.headers.get(IAP_HEADER), settings.iap_audience,
+                                      current_app.extensions["iap_keys"])
         else:
             g.user = session.get("user")
     return g.user

@@ -234,7 +234,7 @@ class ContentionWindow:
     verdicts from adding up.
     """
     WINDOW = 32
-    GROW_AT = 0.2  # of the attempts collided: double
+    GROW_AT = 0.1  # of the attempts collided: double
     SURGE_AT = 0.5  # of the attempts collided: quadruple, to catch up with a burst in few steps
 
     def __init__(self):

@@ -209,3 +209,12 @@ def test_settings_parse_memcached_hosts_and_admins():
     s = Settings.from_env({"MEMCACHED_HOSTS": "10.0.0.1:11211, 10.0.0.2:11211", "ADMIN_EMAILS": "A@x.com, b@y.org"})
     assert s.memcached_hosts == ("10.0.0.1:11211", "10.0.0.2:11211")
     assert s.admin_emails == {"a@x.com", "b@y.org"}
+
+
+def test_unreachable_iap_keys_are_503_only_for_token_holders(gae_client, iap_key):
+    from devstack import free_port
+    gae_client.application.extensions["iap_keys"] = identity.IapKeys(url=f"http://127.0.0.1:{free_port()}/keys")
+    assert gae_client.get("/api/session").status_code == 401  # no token: no fetch, simply not signed in
+    assert gae_client.get("/").status_code == 200
+    r = gae_client.get("/api/session", headers={identity.IAP_HEADER: _iap_token(iap_key[0])})
+    assert r.status_code == 503 and r.get_json()["error"]["code"] == "iap_keys_unavailable"
