@@ -1,7 +1,8 @@
 """Benchmark: one entity vs sharded vs adaptive counters under 1, 8 and 32 concurrent writers, against the ceiling.
 
 All four variants run the same code path (`counters.service.increment`, one ndb context per call as in a request):
-- single:   a general counter with one shard, the design the talk warns against;
+- single:   a general counter with one shard, the design the talk warns against (with one shard there is no other
+            shard to retry on, so it backs off with jitter);
 - ndb:      one entity again, but incremented the textbook way, `@ndb.transactional()` with ndb's own retries (3,
             backoff from 1 s), to show what immediate retrying on another shard is up against;
 - general:  the default twenty shards;
@@ -124,12 +125,15 @@ def report(results, exact, shards_reached, reads, rounds, seconds):
 
     at = {v: med[(v, 32)] for v in VARIANTS}
     cached, summed = reads
+    # The single entity at its best: whichever of its two retry policies did better on each measure.
+    one_rate = max(at["single"]["rate"], at["ndb"]["rate"])
+    one_p99 = min(at["single"]["p99"], at["ndb"]["p99"])
     checks = []
     for v in ("sized", "adaptive", "general"):
         checks += [
-            (f"{v} commits/s vs single, 32 writers", at[v]["rate"] / at["single"]["rate"], ">= 2", 2, True),
+            (f"{v} commits/s vs one entity's best, 32 writers", at[v]["rate"] / one_rate, ">= 2", 2, True),
             (f"{v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"], ">= 0.8", .8, True),
-            (f"{v} p99 / single p99, 32 writers", at[v]["p99"] / at["single"]["p99"], "<= 0.1", .1, False),
+            (f"{v} p99 / one entity's best p99, 32 writers", at[v]["p99"] / one_p99, "<= 0.1", .1, False),
         ]
     checks.append(("cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20, True))
     check_rows = [[what, f"{value:.2f}", target, "met" if (value >= bound if higher else value <= bound) else

@@ -10,10 +10,12 @@ Three kinds live here:
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 """
 import concurrent.futures
+import itertools
 import logging
 import random
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ MAX_SHARDS = 1000
 ADAPTIVE_MAX_SHARDS = 256
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 MAX_ATTEMPTS = 100
+SINGLE_SHARD_BACKOFF = 0.01  # seconds, doubled per collision, capped at 1 s
 LIST_LIMIT = 100
 BURST_MAX_WRITERS = 32
 BURST_MAX_INCREMENTS = 500
@@ -67,10 +70,15 @@ def validate_idempotency_key(value):
     return value
 
 
-def validate_num_shards(value):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
-        raise Unprocessable(f"num_shards must be a whole number from 1 to {MAX_SHARDS}.", "bad_num_shards")
+def _whole_number(value, field, high):
+    """`value` if it is an int (not a bool, not a string of digits) from 1 to `high`, else a 422 naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise Unprocessable(f"{field} must be a whole number from 1 to {high}.", f"bad_{field}")
     return value
+
+
+def validate_num_shards(value):
+    return _whole_number(value, "num_shards", MAX_SHARDS)
 
 
 def _total_cache_key(name):
@@ -82,6 +90,8 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
 
     ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
     counter: any other shard is an equally good place for the +1 and is probably free right now.
+    With a single shard there is nowhere else to go, and retrying at once only collides again with the same writers
+    (measured: a fifth of the throughput of ndb's backoff at 32 writers), so there it waits a random, growing while.
     `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with.
     Returns (attempt's result, attempts made, shard used).
     """
@@ -94,6 +104,8 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
                 num_shards = on_attempt(num_shards, True)
             if num_shards > 1:
                 shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
+            else:
+                time.sleep(random.uniform(0, min(SINGLE_SHARD_BACKOFF * 2 ** attempts, 1.0)))  # full jitter
             continue
         if on_attempt:
             on_attempt(num_shards, False)
@@ -290,19 +302,25 @@ def _grow(name, seen_shards, factor):
         return seen_shards
 
 
+def shard_counts_many(configs):
+    """Each shard's count for each counter, all read by key in one batch: strongly consistent (unlike a query on a
+    counter-name property), and one round trip however many counters a page shows."""
+    keys = [CounterShard.key_for(c.name, i) for c in configs for i in range(c.num_shards)]
+    shards = iter(ndb.get_multi(keys))
+    return [[s.count if s else 0 for s in itertools.islice(shards, c.num_shards)] for c in configs]
+
+
 def shard_counts(config):
-    """Each shard's count, by key in one batch: strongly consistent, unlike a query on a counter-name property."""
-    keys = [CounterShard.key_for(config.name, i) for i in range(config.num_shards)]
-    return [s.count if s else 0 for s in ndb.get_multi(keys)]
+    return shard_counts_many([config])[0]
 
 
 def get_total(name, config=None):
     """The counter's total: from memcached when cached, else the sum of its shards (then cached for a minute).
 
     `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting
-    it with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's shard read and its
-    `add` is missing from the cached value until it expires, so a cached total may lag by the increments of that
-    instant for at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts`.
+    it with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a
+    reader's shard read and its `add`, or whose `incr` is lost to a frozen memcached, is missing from the cached value
+    until it expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts`.
     """
     cache = runtime.cache()
     key = _total_cache_key(validate_name(name))
@@ -316,29 +334,28 @@ def get_total(name, config=None):
 
 
 def list_counters(limit=LIST_LIMIT):
-    """The first `limit` counters by name, with totals (cached ones in one memcached round trip).
+    """The first `limit` counters by name, with totals: the cached ones in one memcached round trip, the others summed
+    from their shards in one Datastore batch (and then cached).
 
     A kind query, eventually consistent: a counter created a moment ago may be missing from the list for a moment.
-    Each total is then read by key.
     """
+    cache = runtime.cache()
     configs = CounterConfig.query().order(CounterConfig.key).fetch(limit)
-    cached = runtime.cache().get_many([_total_cache_key(c.name) for c in configs])
-    result = []
-    for config in configs:
-        value = cached.get(_total_cache_key(config.name))
-        total = Total(int(value), True) if value is not None else get_total(config.name, config)
-        result.append((config, total))
-    return result
+    cached = cache.get_many([_total_cache_key(c.name) for c in configs])
+    missing = [c for c in configs if _total_cache_key(c.name) not in cached]
+    summed = {c.name: sum(counts) for c, counts in zip(missing, shard_counts_many(missing))}
+    for name, count in summed.items():
+        cache.add(_total_cache_key(name), count, expire=TOTAL_LIFETIME)
+    return [(c, Total(summed[c.name], False) if c.name in summed else Total(int(cached[_total_cache_key(c.name)]), True))
+            for c in configs]
 
 
 def burst(name, writers, increments):
     """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
     watch an adaptive counter grow. Each thread has its own ndb context, as each request would.
     Returns (increments, attempts, num_shards afterwards)."""
-    if isinstance(writers, bool) or not isinstance(writers, int) or not 1 <= writers <= BURST_MAX_WRITERS:
-        raise Unprocessable(f"writers must be a whole number from 1 to {BURST_MAX_WRITERS}.", "bad_writers")
-    if isinstance(increments, bool) or not isinstance(increments, int) or not 1 <= increments <= BURST_MAX_INCREMENTS:
-        raise Unprocessable(f"increments must be a whole number from 1 to {BURST_MAX_INCREMENTS}.", "bad_increments")
+    _whole_number(writers, "writers", BURST_MAX_WRITERS)
+    _whole_number(increments, "increments", BURST_MAX_INCREMENTS)
     require_config(name)
     datastore = runtime.current().datastore
     shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]

@@ -29,7 +29,9 @@ def _form_int(field):
 @bp.get("/counters")
 def index():
     """Every counter with its total, its shards drawn, and buttons to increment."""
-    counters = [(config, total, service.shard_counts(config)) for config, total in service.list_counters()]
+    listed = service.list_counters()
+    shards = service.shard_counts_many([config for config, _ in listed])
+    counters = [(config, total, counts) for (config, total), counts in zip(listed, shards)]
     simple = service.simple_shard_counts()
     return render_template("counters/index.html", counters=counters, simple=simple, simple_total=sum(simple),
                            max_shards=service.MAX_SHARDS)

@@ -213,3 +213,21 @@ def test_seed_command_seeds_once(app):
         assert likes.mode == "adaptive" and likes.num_shards > 1  # grown by the concurrent seeding
         assert sum(service.shard_counts(likes)) == 160
         assert sum(service.simple_shard_counts()) == 30
+
+
+def test_list_counters_batches_and_caches_totals(ndb_context):
+    plan = {"a-one": (1, 3), "b-five": (5, 7), "c-twenty": (20, 11), "d-grown": (2, 4)}
+    for name, (shards, times) in plan.items():
+        service.configure(name, "general", shards)
+        for _ in range(times):
+            service.increment(name)
+    service.increase_shards("d-grown", 9)
+    service.increment("d-grown")
+    runtime.current().memcache_client.flush_all(noreply=False)
+    expected = [("a-one", 3), ("b-five", 7), ("c-twenty", 11), ("d-grown", 5)]
+    first = service.list_counters()
+    assert [(c.name, t.count, t.cached) for c, t in first] == [(n, v, False) for n, v in expected]
+    counts = service.shard_counts_many([c for c, _ in first])
+    assert [len(x) for x in counts] == [1, 5, 20, 9] and [sum(x) for x in counts] == [v for _, v in expected]
+    assert [(c.name, t.count, t.cached) for c, t in service.list_counters()] == [(n, v, True) for n, v in expected]
+    assert [c.name for c, _ in service.list_counters(limit=2)] == ["a-one", "b-five"]
