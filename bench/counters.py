@@ -170,18 +170,18 @@ def chart(med):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4))
     width = 0.13
     for n, variant in enumerate(VARIANTS):
         xs = [i + (n - (len(VARIANTS) - 1) / 2) * width for i in range(len(WRITERS))]
         left.bar(xs, [med[(variant, w)]["rate"] for w in WRITERS], width, label=variant)
         right.bar(xs, [med[(variant, w)]["p99"] for w in WRITERS], width, label=variant)
     for ax, title in ((left, "commits/s (higher is better)"), (right, "p99 latency, ms (log; lower is better)")):
-        ax.set_xticks(range(len(WRITERS)), [f"{w} writers" for w in WRITERS])
+        ax.set_xticks(range(len(WRITERS)), [f"{w} writer{'s' if w > 1 else ''}" for w in WRITERS])
         ax.set_title(title)
     right.set_yscale("log")
-    left.legend()
-    fig.tight_layout()
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(VARIANTS), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     harness.RESULTS.mkdir(exist_ok=True)
     fig.savefig(harness.RESULTS / "counters.svg")
 
