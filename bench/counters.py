@@ -189,7 +189,7 @@ def chart(med):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.counters")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
     args = parser.parse_args(argv)
     stack = harness.start_stack()
     try:

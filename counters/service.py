@@ -36,7 +36,11 @@ MAX_SHARDS = 1000
 ADAPTIVE_MAX_SHARDS = 256
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 MAX_ATTEMPTS = 100
-SINGLE_SHARD_BACKOFF = 0.01  # seconds, doubled per collision, capped at 1 s
+# One shard, nowhere else to go: wait a random time up to 0.5 s, 1 s, 2 s, then 4 s (full jitter). Measured at 32
+# writers on one entity: 25 commits/s waiting up to 20 ms first, 56 up to 0.5 s first; ndb's textbook 1 s backoff,
+# 40-78 in the same runs, but it gives up after 3 retries and loses increments.
+SINGLE_SHARD_BACKOFF = 0.25
+SINGLE_SHARD_BACKOFF_CAP = 4.0
 LIST_LIMIT = 100
 BURST_MAX_WRITERS = 32
 BURST_MAX_INCREMENTS = 500
@@ -105,7 +109,7 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
             if num_shards > 1:
                 shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
             else:
-                time.sleep(random.uniform(0, min(SINGLE_SHARD_BACKOFF * 2 ** attempts, 1.0)))  # full jitter
+                time.sleep(random.uniform(0, min(SINGLE_SHARD_BACKOFF * 2 ** attempts, SINGLE_SHARD_BACKOFF_CAP)))
             continue
         if on_attempt:
             on_attempt(num_shards, False)

@@ -231,3 +231,10 @@ def test_list_counters_batches_and_caches_totals(ndb_context):
     assert [len(x) for x in counts] == [1, 5, 20, 9] and [sum(x) for x in counts] == [v for _, v in expected]
     assert [(c.name, t.count, t.cached) for c, t in service.list_counters()] == [(n, v, True) for n, v in expected]
     assert [c.name for c, _ in service.list_counters(limit=2)] == ["a-one", "b-five"]
+
+
+def test_one_shard_counter_backs_off_and_stays_exact(ndb_context):
+    service.configure("lonely", "general", 1)
+    results = _hammer(lambda: service.increment("lonely"), threads=8, each=10)
+    assert sum(r.attempts for r in results) > 80  # they collided, and waited instead of spinning
+    assert CounterShard.key_for("lonely", 0).get().count == 80
