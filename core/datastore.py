@@ -9,12 +9,10 @@ from google.cloud import ndb
 
 log = logging.getLogger(__name__)
 
-# What Datastore answers when transactions collide. The emulator reports contention as ABORTED and sometimes as
-# UNKNOWN; ndb wraps either in RetryError once its own retries (none, where we retry ourselves) run out.
-CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown, core_exceptions.RetryError)
-# Datastore itself not answering: a 503 for the user, not a 500.
-UNAVAILABLE_ERRORS = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded,
-                      core_exceptions.RetryError)
+# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN; with ndb's own
+# transaction retries off (we retry ourselves) they arrive as they are. Not RetryError: that is ndb giving up on an
+# RPC that kept failing (Datastore unreachable), and retrying a whole transaction on it would only wait longer.
+CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 
 
 def make_client(settings):

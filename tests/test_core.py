@@ -22,7 +22,14 @@ def test_healthz(client):
 def test_healthz_503_when_datastore_is_down(weak_stack, weak_app):
     client = weak_app.test_client()
     assert client.get("/healthz").status_code == 200
+    assert client.post("/api/counters/up/increment").status_code == 200
+    assert client.get("/api/counters/up").get_json()["count"] == 1  # its config now sits in memcached
     weak_stack.emulator.stop()
+    # An outage is not contention: the increment fails at once instead of retrying transaction after transaction.
+    start = time.monotonic()
+    r = client.post("/api/counters/up/increment")
+    assert r.status_code == 503 and r.get_json()["error"]["code"] == "datastore_unavailable"
+    assert time.monotonic() - start < 15
     r = client.get("/healthz")
     assert r.status_code == 503 and r.get_json()["datastore"] == "down"
     # An API call then gets a clear 503, not a stack trace.
