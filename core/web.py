@@ -16,6 +16,10 @@ UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
 
 
+def _not_json():
+    return AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
+
+
 def is_api():
     return request.path.startswith("/api/")
 
@@ -23,7 +27,7 @@ def is_api():
 def json_body():
     """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object."""
     if not request.is_json:
-        raise AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
+        raise _not_json()
     data = request.get_json(silent=True)
     if not isinstance(data, dict):
         raise BadInput("The body must be a JSON object.", "bad_json")
@@ -44,7 +48,7 @@ def _check_unsafe_request():
         return
     if is_api():
         if request.content_type and not request.is_json:
-            raise AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
+            raise _not_json()
     else:
         csrf.protect()
 
