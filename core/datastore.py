@@ -9,10 +9,17 @@ from google.cloud import ndb
 
 log = logging.getLogger(__name__)
 
-# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN; with ndb's own
-# transaction retries off (we retry ourselves) they arrive as they are. Not RetryError: that is ndb giving up on an
-# RPC that kept failing (Datastore unreachable), and retrying a whole transaction on it would only wait longer.
+# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN.
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
+
+
+def is_contention(error):
+    """True when `error` means "collided, try the transaction again". ndb retries a failing RPC itself and then
+    raises RetryError with the last error as its cause: contention when that cause is, but when it is an unreachable
+    Datastore, retrying whole transactions would only make the user wait longer for the 503."""
+    if isinstance(error, core_exceptions.RetryError):
+        error = error.cause
+    return isinstance(error, CONTENTION_ERRORS)
 
 
 def make_client(settings):

@@ -23,7 +23,7 @@ from google.cloud import ndb
 
 from core import runtime
 from core.cache import CACHE_DOWN
-from core.datastore import CONTENTION_ERRORS
+from core.datastore import is_contention
 from core.errors import BadInput, Conflict, NotFound, Unavailable, Unprocessable
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
@@ -92,6 +92,9 @@ def _total_cache_key(name):
 def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_ATTEMPTS):
     """Run `attempt(shard_index)` as a transaction on a random shard; on contention, another shard at once.
 
+    `attempt` reads with `retries=0`: a lookup that meets a locked shard would otherwise be retried by ndb, with
+    backoff, on that same shard before the collision ever reached this loop.
+
     ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
     counter: any other shard is an equally good place for the +1 and is probably free right now.
     With a single shard there is nowhere else to go, and retrying at once only collides again with the same writers
@@ -103,7 +106,9 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
     for attempts in range(1, max_attempts + 1):
         try:
             result = ndb.transaction(lambda: attempt(shard), retries=0)
-        except CONTENTION_ERRORS:
+        except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
+            if not is_contention(e):
+                raise
             if on_attempt:
                 num_shards = on_attempt(num_shards, True)
             if num_shards > 1:
@@ -127,7 +132,7 @@ def increment_simple():
     """Add 1 to the talk's twenty-shard counter."""
     def attempt(index):
         key = _simple_key(index)
-        shard = key.get() or SimpleCounterShard(key=key)  # shards are created on their first increment
+        shard = key.get(retries=0) or SimpleCounterShard(key=key)  # created on their first increment
         shard.count += 1
         shard.put()
     _, attempts, shard = _commit_on_a_shard(SIMPLE_SHARDS, attempt)
@@ -210,12 +215,12 @@ def increment(name, idempotency_key=None):
 
     def attempt(index):
         if marker_key is not None:
-            marker = marker_key.get()
+            marker = marker_key.get(retries=0)
             if marker is not None:
                 return marker.token == token  # our own earlier attempt committed after all
             AppliedIncrement(key=marker_key, token=token).put()
         key = CounterShard.key_for(name, index)
-        shard = key.get() or CounterShard(key=key)
+        shard = key.get(retries=0) or CounterShard(key=key)
         shard.count += 1
         shard.put()
         # Only after the commit, and only once: inside the retried transaction an incr could run for an attempt
@@ -299,10 +304,12 @@ def _grow(name, seen_shards, factor):
         return config.num_shards
     try:
         return ndb.transaction(txn, retries=0)
-    except CONTENTION_ERRORS:
-        return seen_shards
     except CACHE_DOWN as e:
         log.warning("adaptive counter %s not grown, memcached unreachable: %s", name, e)
+        return seen_shards
+    except Exception as e:  # noqa: BLE001
+        if not is_contention(e):
+            raise
         return seen_shards
 
 
