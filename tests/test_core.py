@@ -225,3 +225,13 @@ def test_unreachable_iap_keys_are_503_only_for_token_holders(gae_client, iap_key
     assert gae_client.get("/").status_code == 200
     r = gae_client.get("/api/session", headers={identity.IAP_HEADER: _iap_token(iap_key[0])})
     assert r.status_code == 503 and r.get_json()["error"]["code"] == "iap_keys_unavailable"
+
+
+def test_contention_is_told_from_an_outage():
+    from core.datastore import is_contention
+    aborted = core_exceptions.Aborted("too much contention on these datastore entities")
+    assert is_contention(aborted) and is_contention(core_exceptions.Unknown("?"))
+    # ndb retries an RPC itself, then wraps the last error: what counts is that error.
+    assert is_contention(core_exceptions.RetryError("3 retries", aborted))
+    assert not is_contention(core_exceptions.RetryError("3 retries", core_exceptions.ServiceUnavailable("down")))
+    assert not is_contention(core_exceptions.ServiceUnavailable("down")) and not is_contention(ValueError())
