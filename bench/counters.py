@@ -38,7 +38,8 @@ def _prepare(variant, tag, writers):
         for name in names:
             service.configure(name, "general", 1)
         return (lambda i: service.increment(names[i]).attempts,
-                lambda: sum(sum(service.shard_counts(service.require_config(n))) for n in names), names[0])
+                lambda: sum(map(sum, service.shard_counts_many([service.require_config(n) for n in names]))),
+                names[0])
     name = f"{variant}-{tag}"
     if variant == "ndb":
         key = CounterShard.key_for(name, 0)

@@ -30,12 +30,7 @@ def start_stack():
 
 def in_context(fn):
     """fn wrapped to run in its own ndb context, as one request does."""
-    datastore = runtime.current().datastore
-
-    def wrapped(*args):
-        with datastore.context():
-            return fn(*args)
-    return wrapped
+    return runtime.current().datastore.in_context(fn)
 
 
 @dataclass

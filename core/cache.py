@@ -79,9 +79,6 @@ class Cache:
         """Store only if absent; False when not stored or memcached is away."""
         return bool(self._call("add", False, key, value, expire=expire, noreply=False))
 
-    def set(self, key, value, expire):
-        return bool(self._call("set", False, key, value, expire=expire, noreply=False))
-
     def incr(self, key, delta=1):
         """Add to a cached number; None when the key is absent (never create it here) or memcached is away."""
         return self._call("incr", None, key, delta, noreply=False)

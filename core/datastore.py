@@ -1,5 +1,5 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
-import contextlib
+import concurrent.futures
 import logging
 import os
 
@@ -51,14 +51,17 @@ class Datastore:
         """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""
         return self.client.context(global_cache=self.global_cache)
 
-    @contextlib.contextmanager
-    def ensure_context(self):
-        """Enter a context unless this thread already has one (service code called from a request or a script)."""
-        if ndb.get_context(raise_context_error=False) is not None:
-            yield
-        else:
+    def in_context(self, fn):
+        """`fn` wrapped to run in a fresh context of its own, as one request does (for threads and scripts)."""
+        def wrapped(*args):
             with self.context():
-                yield
+                return fn(*args)
+        return wrapped
+
+    def map_in_threads(self, fn, items):
+        """fn(item) for every item, all at once on threads of their own, each in its own context; the results."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+            return list(pool.map(self.in_context(fn), items))
 
 
 class NdbContextMiddleware:

@@ -9,7 +9,6 @@ Three kinds live here:
 - named `general` counters: a CounterConfig with `num_shards`, the total cached in memcached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 """
-import concurrent.futures
 import itertools
 import logging
 import random
@@ -92,11 +91,10 @@ def _total_cache_key(name):
 def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_ATTEMPTS):
     """Run `attempt(shard_index)` as a transaction on a random shard; on contention, another shard at once.
 
+    ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
+    counter: any other shard is an equally good place for the +1 and is probably free right now. For the same reason
     `attempt` reads with `retries=0`: a lookup that meets a locked shard would otherwise be retried by ndb, with
     backoff, on that same shard before the collision ever reached this loop.
-
-    ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
-    counter: any other shard is an equally good place for the +1 and is probably free right now.
     With a single shard there is nowhere else to go, and retrying at once only collides again with the same writers
     (measured: a fifth of the throughput of ndb's backoff at 32 writers), so there it waits a random, growing while.
     `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with.
@@ -304,12 +302,10 @@ def _grow(name, seen_shards, factor):
         return config.num_shards
     try:
         return ndb.transaction(txn, retries=0)
-    except CACHE_DOWN as e:
-        log.warning("adaptive counter %s not grown, memcached unreachable: %s", name, e)
-        return seen_shards
-    except Exception as e:  # noqa: BLE001
-        if not is_contention(e):
+    except Exception as e:  # noqa: BLE001 - collided, or memcached away: a later window asks again
+        if not (is_contention(e) or isinstance(e, CACHE_DOWN)):
             raise
+        log.info("adaptive counter %s not grown this time: %r", name, e)
         return seen_shards
 
 
@@ -344,21 +340,28 @@ def get_total(name, config=None):
     return Total(count, False)
 
 
-def list_counters(limit=LIST_LIMIT):
-    """The first `limit` counters by name, with totals: the cached ones in one memcached round trip, the others summed
-    from their shards in one Datastore batch (and then cached).
+def list_counters(limit=LIST_LIMIT, with_shards=False):
+    """The first `limit` counters by name as (config, total, shard counts or None): cached totals in one memcached
+    round trip, the others summed from their shards in one Datastore batch (and then cached). `with_shards` reads
+    every counter's shards in that batch, and the missing totals come from the same read.
 
     A kind query, eventually consistent: a counter created a moment ago may be missing from the list for a moment.
     """
     cache = runtime.cache()
     configs = CounterConfig.query().order(CounterConfig.key).fetch(limit)
     cached = cache.get_many([_total_cache_key(c.name) for c in configs])
-    missing = [c for c in configs if _total_cache_key(c.name) not in cached]
-    summed = {c.name: sum(counts) for c, counts in zip(missing, shard_counts_many(missing))}
-    for name, count in summed.items():
-        cache.add(_total_cache_key(name), count, expire=TOTAL_LIFETIME)
-    return [(c, Total(summed[c.name], False) if c.name in summed else Total(int(cached[_total_cache_key(c.name)]), True))
-            for c in configs]
+    to_read = configs if with_shards else [c for c in configs if _total_cache_key(c.name) not in cached]
+    shards = dict(zip((c.name for c in to_read), shard_counts_many(to_read)))
+    result = []
+    for config in configs:
+        value = cached.get(_total_cache_key(config.name))
+        if value is not None:
+            total = Total(int(value), True)
+        else:
+            total = Total(sum(shards[config.name]), False)
+            cache.add(_total_cache_key(config.name), total.count, expire=TOTAL_LIFETIME)
+        result.append((config, total, shards.get(config.name) if with_shards else None))
+    return result
 
 
 def burst(name, writers, increments):
@@ -368,14 +371,10 @@ def burst(name, writers, increments):
     _whole_number(writers, "writers", BURST_MAX_WRITERS)
     _whole_number(increments, "increments", BURST_MAX_INCREMENTS)
     require_config(name)
-    datastore = runtime.current().datastore
     shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
-
-    def work(count):
-        with datastore.context():
-            return [increment(name).attempts for _ in range(count)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=writers) as pool:
-        attempts = [a for batch in pool.map(work, shares) for a in batch]
+    batches = runtime.current().datastore.map_in_threads(
+        lambda count: [increment(name).attempts for _ in range(count)], shares)
+    attempts = [a for batch in batches for a in batch]
     return len(attempts), sum(attempts), get_config(name).num_shards
 
 

@@ -29,9 +29,7 @@ def _form_int(field):
 @bp.get("/counters")
 def index():
     """Every counter with its total, its shards drawn, and buttons to increment."""
-    listed = service.list_counters()
-    shards = service.shard_counts_many([config for config, _ in listed])
-    counters = [(config, total, counts) for (config, total), counts in zip(listed, shards)]
+    counters = service.list_counters(with_shards=True)
     simple = service.simple_shard_counts()
     return render_template("counters/index.html", counters=counters, simple=simple, simple_total=sum(simple),
                            max_shards=service.MAX_SHARDS)
@@ -86,7 +84,7 @@ def burst_form(name):
 @bp.get("/api/counters")
 def api_list():
     """Every counter with its total (the first 100 by name)."""
-    return jsonify(counters=[_counter_json(c, t) for c, t in service.list_counters()])
+    return jsonify(counters=[_counter_json(c, t) for c, t, _ in service.list_counters()])
 
 
 @bp.get("/api/counters/<name>")

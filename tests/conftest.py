@@ -3,7 +3,6 @@ started here on free loopback ports and stopped at the end. Every test starts fr
 
 Nothing here, or in any test, stands in for Datastore or memcached: fault tests stop or freeze the real processes.
 """
-import concurrent.futures
 import os
 import re
 
@@ -79,13 +78,7 @@ def csrf_token(client, path="/counters"):
 
 def in_threads(count, fn):
     """Run fn(i) for i in range(count) on `count` threads at once, each in its own ndb context; their results."""
-    datastore = runtime.current().datastore
-
-    def one(i):
-        with datastore.context():
-            return fn(i)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(one, range(count)))
+    return runtime.current().datastore.map_in_threads(fn, range(count))
 
 
 @pytest.fixture

@@ -226,11 +226,17 @@ def test_list_counters_batches_and_caches_totals(ndb_context):
     runtime.current().memcache_client.flush_all(noreply=False)
     expected = [("a-one", 3), ("b-five", 7), ("c-twenty", 11), ("d-grown", 5)]
     first = service.list_counters()
-    assert [(c.name, t.count, t.cached) for c, t in first] == [(n, v, False) for n, v in expected]
-    counts = service.shard_counts_many([c for c, _ in first])
+    assert [(c.name, t.count, t.cached) for c, t, _ in first] == [(n, v, False) for n, v in expected]
+    counts = service.shard_counts_many([c for c, _, _ in first])
     assert [len(x) for x in counts] == [1, 5, 20, 9] and [sum(x) for x in counts] == [v for _, v in expected]
-    assert [(c.name, t.count, t.cached) for c, t in service.list_counters()] == [(n, v, True) for n, v in expected]
-    assert [c.name for c, _ in service.list_counters(limit=2)] == ["a-one", "b-five"]
+    assert [(c.name, t.count, t.cached) for c, t, _ in service.list_counters()] == [(n, v, True) for n, v in expected]
+    assert [c.name for c, _, _ in service.list_counters(limit=2)] == ["a-one", "b-five"]
+    # The page's form: shards of every counter in the same read, totals still from the cache where cached.
+    runtime.cache().delete("counter-total:b-five")
+    listed = service.list_counters(with_shards=True)
+    assert [(t.count, t.cached, len(sh), sum(sh)) for _, t, sh in listed] == [
+        (3, True, 1, 3), (7, False, 5, 7), (11, True, 20, 11), (5, True, 9, 5)]
+    assert service.get_total("b-five") == service.Total(7, True)  # re-cached from that read
 
 
 def test_one_shard_counter_backs_off_and_stays_exact(ndb_context):
