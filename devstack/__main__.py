@@ -41,7 +41,10 @@ def run(port):
     if port is None:
         port = 8080 if not _port_open(8080) else free_port()
     url = f"http://127.0.0.1:{port}/"
-    lock.seek(0), lock.truncate(), lock.write(url), lock.flush()
+    lock.seek(0)
+    lock.truncate()
+    lock.write(url)
+    lock.flush()
 
     # consistency 0.9, the emulator's default: non-ancestor queries lag a little, as they do in production.
     stack = Stack(consistency=0.9, data_dir=STATE / "datastore")
