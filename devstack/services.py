@@ -25,6 +25,30 @@ class DevstackError(RuntimeError):
     """A service could not be provided; the message says what to install or look at."""
 
 
+class PortTaken(DevstackError):
+    """The port was free when chosen and taken by the time the service bound it."""
+
+
+def _on_a_free_port(service, start_once, tries=3):
+    """Start `service` on its fixed port, or on a free one; if another socket takes that port between choosing it and
+    binding it (free_port can only say what is free now), choose again."""
+    chosen = service.port is None
+    for _ in range(tries if chosen else 1):
+        service.port = service.port or free_port()
+        try:
+            return start_once()
+        except PortTaken:
+            if not chosen:
+                raise
+            service.port = None
+    raise DevstackError(f"{type(service).__name__}: no free loopback port could be bound in {tries} tries")
+
+
+def _exited_at_start(what, port, output):
+    error = PortTaken if "Address already in use" in output else DevstackError
+    return error(f"{what} exited at start on port {port}:\n{output}")
+
+
 def free_port():
     """A loopback TCP port nothing listens on right now."""
     with socket.socket() as s:
@@ -36,6 +60,16 @@ def _port_open(port):
     try:
         with socket.create_connection((LOOPBACK, port), timeout=0.5):
             return True
+    except OSError:
+        return False
+
+
+def _memcached_answers(port):
+    """True when a memcached (not merely some socket) answers on the port."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5) as conn:
+            conn.sendall(b"version\r\n")
+            return conn.recv(64).startswith(b"VERSION")
     except OSError:
         return False
 
@@ -143,8 +177,10 @@ class Emulator:
         return f"http://{self.host}"
 
     def start(self, timeout=90):
+        return _on_a_free_port(self, lambda: self._start_once(timeout))
+
+    def _start_once(self, timeout):
         command = emulator_command()
-        self.port = self.port or free_port()
         if self.data_dir:
             project_dir = self.data_dir
         else:
@@ -164,8 +200,9 @@ class Emulator:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise DevstackError(f"The Datastore emulator exited at start (code {self.proc.returncode}); "
-                                    f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}")
+                self.proc = None
+                raise _exited_at_start("The Datastore emulator", self.port,
+                                       f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}")
             if self.healthy():
                 return self
             time.sleep(0.2)
@@ -214,8 +251,10 @@ class Memcached:
         return f"{LOOPBACK}:{self.port}"
 
     def start(self, timeout=20):
+        return _on_a_free_port(self, lambda: self._start_once(timeout))
+
+    def _start_once(self, timeout):
         binary = memcached_binary()
-        self.port = self.port or free_port()
         args = [binary, "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb), "-t", "2"]
         if os.geteuid() == 0:
             args += ["-u", "root"]  # memcached refuses to run as root without being told so
@@ -224,16 +263,17 @@ class Memcached:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")
-                raise DevstackError(f"memcached exited at start on port {self.port}: {err.strip()}")
-            if _port_open(self.port):
+                err = self.proc.stderr.read().decode(errors="replace").strip()
+                self.proc = None
+                raise _exited_at_start("memcached", self.port, err)
+            if _memcached_answers(self.port):
                 return self
             time.sleep(0.05)
         self.stop()
         raise DevstackError(f"memcached did not listen on {self.host} within {timeout}s")
 
     def healthy(self):
-        return self.proc is not None and self.proc.poll() is None and _port_open(self.port)
+        return self.proc is not None and self.proc.poll() is None and _memcached_answers(self.port)
 
     def pause(self):
         """Freeze the server (SIGSTOP): connections hang instead of failing, the hard case for timeouts."""

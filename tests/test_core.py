@@ -235,3 +235,31 @@ def test_contention_is_told_from_an_outage():
     assert is_contention(core_exceptions.RetryError("3 retries", aborted))
     assert not is_contention(core_exceptions.RetryError("3 retries", core_exceptions.ServiceUnavailable("down")))
     assert not is_contention(core_exceptions.ServiceUnavailable("down")) and not is_contention(ValueError())
+
+
+def test_a_port_taken_before_the_bind_is_chosen_again(monkeypatch):
+    import socket
+    from devstack.services import Memcached
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])  # the first "free" port is taken by the time memcached binds it, as in the race
+    real_free_port = services.free_port
+    monkeypatch.setattr(services, "free_port", lambda: next(ports, None) or real_free_port())
+    server = Memcached()
+    try:
+        server.start()
+        assert server.port != taken and server.healthy()
+    finally:
+        server.stop()
+        squatter.close()
+    fixed = Memcached(port=taken)  # a port the caller fixed is not changed behind its back
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", taken))
+    squatter.listen()
+    try:
+        with pytest.raises(services.PortTaken):
+            fixed.start()
+    finally:
+        squatter.close()
