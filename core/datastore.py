@@ -2,10 +2,14 @@
 import concurrent.futures
 import logging
 import os
+import random
+import time
 
 from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import ndb
+
+from core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +24,29 @@ def is_contention(error):
     if isinstance(error, core_exceptions.RetryError):
         error = error.cause
     return isinstance(error, CONTENTION_ERRORS)
+
+
+def backoff(attempt, base, cap):
+    """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
+    together must not all come back together."""
+    time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
+
+
+def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too busy right now; try again."):
+    """fn() in a transaction, tried again on contention after a jittered backoff; Unavailable (503) when contention
+    outlasts `max_attempts`. ndb's own retry waits from 1 s, a poor tail for a short transaction on a busy group.
+
+    A commit can fail as UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: write a
+    marker in the same transaction and look for it first (see blog.service.post_entry).
+    """
+    for attempt in range(max_attempts):
+        try:
+            return ndb.transaction(fn, retries=0)
+        except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
+            if not is_contention(e):
+                raise
+        backoff(attempt, base, cap)
+    raise Unavailable(busy_message, "contention")
 
 
 def make_client(settings):

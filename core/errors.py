@@ -41,3 +41,10 @@ class Conflict(AppError):
 class Unavailable(AppError):
     """A dependency did not answer in time, or contention outlasted our retries: the client may try again."""
     status, code = 503, "unavailable"
+
+
+def found(value, message, code):
+    """`value`, unless it is None (a get by key that found nothing): then NotFound with `message` and `code`."""
+    if value is None:
+        raise NotFound(message, code)
+    return value

@@ -1,4 +1,5 @@
 """HTTP plumbing shared by every blueprint: JSON bodies, the API's error shape, error pages, CSRF for forms."""
+import datetime
 import logging
 
 from flask import jsonify, render_template, request
@@ -53,8 +54,17 @@ def _check_unsafe_request():
         csrf.protect()
 
 
+def when(iso):
+    """"2026-11-21T10:30:00Z" as "21 Nov 2026, 10:30 UTC" (times are stored and cached as ISO 8601 UTC)."""
+    try:
+        return datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").strftime("%-d %b %Y, %H:%M UTC")
+    except (TypeError, ValueError):
+        return iso
+
+
 def init_app(app):
     csrf.init_app(app)
+    app.add_template_filter(when)
     app.before_request(_check_unsafe_request)
 
     @app.errorhandler(AppError)

@@ -32,6 +32,7 @@ class CounterConfig(ndb.Model):
     _use_cache = False
     mode = ndb.StringProperty(choices=("general", "adaptive"), required=True)
     num_shards = ndb.IntegerProperty(required=True, indexed=False)
+    listed = ndb.BooleanProperty(default=True)  # False: kept by another feature (an entry's views), not listed
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
     @property

@@ -14,7 +14,6 @@ import logging
 import random
 import re
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -22,8 +21,8 @@ from google.cloud import ndb
 
 from core import runtime
 from core.cache import CACHE_DOWN
-from core.datastore import is_contention
-from core.errors import BadInput, Conflict, NotFound, Unavailable, Unprocessable
+from core.datastore import backoff, is_contention
+from core.errors import BadInput, Conflict, Unavailable, Unprocessable, found
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
             if num_shards > 1:
                 shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
             else:
-                time.sleep(random.uniform(0, min(SINGLE_SHARD_BACKOFF * 2 ** attempts, SINGLE_SHARD_BACKOFF_CAP)))
+                backoff(attempts, SINGLE_SHARD_BACKOFF, SINGLE_SHARD_BACKOFF_CAP)
             continue
         if on_attempt:
             on_attempt(num_shards, False)
@@ -150,14 +149,12 @@ def get_config(name):
 
 
 def require_config(name):
-    config = get_config(name)
-    if config is None:
-        raise NotFound(f"No counter is named {name!r}.", "no_such_counter")
-    return config
+    return found(get_config(name), f"No counter is named {name!r}.", "no_such_counter")
 
 
-def configure(name, mode, num_shards=None):
+def configure(name, mode, num_shards=None, listed=True):
     """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`.
+    `listed=False` keeps a counter that another feature keeps (an entry's views) off the counters page and list.
 
     Created in a transaction so that two first uses racing each other cannot both create it (get_or_insert outside
     a transaction races). A counter's mode is fixed at creation: changing it is a Conflict.
@@ -173,7 +170,7 @@ def configure(name, mode, num_shards=None):
         key = ndb.Key(CounterConfig, name)
         config = key.get()
         if config is None:
-            config = CounterConfig(key=key, mode=mode, num_shards=num_shards or DEFAULT_SHARDS[mode])
+            config = CounterConfig(key=key, mode=mode, num_shards=num_shards or DEFAULT_SHARDS[mode], listed=listed)
             config.put()
         elif config.mode != mode:
             raise Conflict(f"Counter {name!r} is {config.mode}; a counter's mode cannot change.", "mode_fixed")
@@ -196,8 +193,8 @@ def increase_shards(name, num_shards):
     return configure(name, config.mode, num_shards)
 
 
-def increment(name, idempotency_key=None):
-    """Add 1 to counter `name` (created as `general` on first use).
+def increment(name, idempotency_key=None, mode="general", listed=True):
+    """Add 1 to counter `name` (created in `mode`, `listed` or not, on first use).
 
     With an idempotency key the increment is applied at most once however often the client retries: the marker entity
     is written in the same transaction as the shard, so both exist or neither does. A commit whose outcome is unknown
@@ -205,7 +202,7 @@ def increment(name, idempotency_key=None):
     """
     validate_name(name)
     validate_idempotency_key(idempotency_key)
-    config = get_config(name) or configure(name, "general")
+    config = get_config(name) or configure(name, mode, listed=listed)
     cache = runtime.cache()
     total_key = _total_cache_key(name)
     marker_key = AppliedIncrement.key_for(name, idempotency_key) if idempotency_key else None
@@ -345,10 +342,11 @@ def list_counters(limit=LIST_LIMIT, with_shards=False):
     round trip, the others summed from their shards in one Datastore batch (and then cached). `with_shards` reads
     every counter's shards in that batch, and the missing totals come from the same read.
 
-    A kind query, eventually consistent: a counter created a moment ago may be missing from the list for a moment.
+    A query, eventually consistent: a counter created a moment ago may be missing from the list for a moment. Equality
+    on one property ordered by key needs no composite index: the property's built-in index is sorted that way.
     """
     cache = runtime.cache()
-    configs = CounterConfig.query().order(CounterConfig.key).fetch(limit)
+    configs = CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
     cached = cache.get_many([_total_cache_key(c.name) for c in configs])
     to_read = configs if with_shards else [c for c in configs if _total_cache_key(c.name) not in cached]
     shards = dict(zip((c.name for c in to_read), shard_counts_many(to_read)))
@@ -380,7 +378,7 @@ def burst(name, writers, increments):
 
 def seed_demo():
     """Demo counters for a fresh `make run`; does nothing when any counter exists."""
-    if CounterConfig.query().get(keys_only=True) is not None:
+    if CounterConfig.query(CounterConfig.listed == True).get(keys_only=True) is not None:  # noqa: E712
         return False
     configure("page-views", "general")
     configure("likes", "adaptive")

@@ -1,0 +1,277 @@
+"""The blog: the talk's second lesson, a global index kept by a transaction and pages found by index.
+
+Datastore has no row count and no cheap OFFSET: `fetch(10, offset=5000)` still reads and skips 5,000 index entries,
+so page N costs O(N). Each entry therefore carries a dense index given out by its blog's BlogIndex in the transaction
+that writes it, and a page is `index <= start ORDER BY index DESC LIMIT n+1`: one index scan of n+1 rows at any depth.
+The extra row is not shown; it is the next page's `start`, or its absence says there is none.
+
+The front page is read far more than it changes, and every reader would run the same query: it is cached in memcached
+under a key that carries the blog's `max_index` (see `_page_cache_key` for why no reader can see an old front page
+once a post has committed).
+"""
+import json
+import logging
+import re
+import uuid
+import zlib
+from dataclasses import dataclass
+
+from google.cloud import ndb
+
+from blog.markup import render_markdown
+from blog.models import BlogEntry, BlogIndex, PostMarker
+from core import runtime
+from core.cache import CACHE_DOWN
+from core.datastore import transact
+from core.errors import BadInput, Unavailable, Unprocessable, found
+from counters import service as counters
+
+log = logging.getLogger(__name__)
+NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")
+TITLE_MAX = 200
+BODY_MAX = 100_000
+PAGE_SIZE = 10
+PAGE_MAX = 50
+FEED_SIZE = 20
+MAX_INDEX = 10 ** 9  # bounds `start` and permalinks; far beyond any blog's entries
+PAGE_LIFETIME = 3600  # seconds; correctness never depends on it (the key is versioned), it only frees memory
+LIST_LIMIT = 100
+
+
+@dataclass
+class Page:
+    entries: list  # dicts with index, title, body, body_html, author, created (ISO 8601, UTC)
+    next: int | None  # `start` of the older page, None on the last page
+    newer: int | None  # `start` of the newer page; None on the front page
+    max_index: int
+    cached: bool
+
+
+@dataclass
+class Posted:
+    entry: dict
+    created: bool  # False: the request's idempotency key had already posted this entry
+
+
+def validate_blog(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise BadInput("A blog name is 1 to 64 characters of lowercase letters, digits and '-'.", "bad_blog")
+    return name
+
+
+def validate_index(value, field="index"):
+    """An entry index from a URL or JSON: a whole number 0..MAX_INDEX (digits only, when a string)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INDEX:
+        raise BadInput(f"{field} must be a whole number from 0 to {MAX_INDEX}.", f"bad_{field}")
+    return value
+
+
+def validate_limit(value):
+    if value is None:
+        return PAGE_SIZE
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PAGE_MAX:
+        raise BadInput(f"limit must be a whole number from 1 to {PAGE_MAX}.", "bad_limit")
+    return value
+
+
+def _text(value, field, high, strip):
+    if not isinstance(value, str):
+        raise Unprocessable(f"{field} must be text.", f"bad_{field}")
+    if strip:
+        value = value.strip()
+    if not 1 <= len(value) <= high or not value.strip():
+        raise Unprocessable(f"{field} must be 1 to {high} characters, not all blank.", f"bad_{field}")
+    if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
+        raise Unprocessable(f"{field} must not contain control characters.", f"bad_{field}")
+    return value
+
+
+def validate_title(value):
+    title = _text(value, "title", TITLE_MAX, strip=True)
+    if "\n" in title or "\r" in title:
+        raise Unprocessable("title must be one line.", "bad_title")
+    return title
+
+
+def validate_body(value):
+    return _text(value, "body", BODY_MAX, strip=False)
+
+
+def validate_idempotency_key(value):
+    if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
+        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
+                       "bad_idempotency_key")
+    return value
+
+
+def entry_dict(entry):
+    return {"index": entry.index, "title": entry.title, "body": entry.body, "body_html": entry.body_html,
+            "author": entry.author, "created": entry.created.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def views_counter(blog, index):
+    """The sharded counter of an entry's page views: adaptive, since most entries are read rarely (one shard) and a
+    few at once by many (it grows)."""
+    return f"blog.{blog}.{index}.views"
+
+
+# --- writing --------------------------------------------------------------------------------------------------------
+
+def post_entry(blog, title, body, author, idempotency_key=None):
+    """Write an entry with the blog's next index (the blog is created by its first entry).
+
+    The BlogIndex read, its bump and the entry's write are one transaction on the blog's entity group: two posts at
+    once cannot both read the same max_index and commit, one aborts and retries with the next one. So indexes are
+    dense (a rejected or failed post consumes none) and unique. Every post writes a PostMarker in the same transaction,
+    keyed by the client's Idempotency-Key or by a fresh one: a retry after a commit of unknown outcome finds it.
+    """
+    validate_blog(blog)
+    title, body = validate_title(title), validate_body(body)
+    validate_idempotency_key(idempotency_key)
+    body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
+    blog_key = ndb.Key(BlogIndex, blog)
+    marker_key = ndb.Key(PostMarker, idempotency_key or uuid.uuid4().hex, parent=blog_key)
+    token = uuid.uuid4().hex
+    cache = runtime.cache()
+
+    def txn():
+        # retries=0: ndb would retry a lookup that meets a locked entity with backoff; `transact` retries the whole
+        # transaction instead, which is what a collision on the BlogIndex calls for.
+        blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
+        if marker is not None:
+            return Posted(entry_dict(BlogEntry.key_for(blog, marker.index).get(retries=0)), marker.token == token)
+        index = 0 if blog_index is None else blog_index.max_index + 1
+        if blog_index is None:
+            blog_index = BlogIndex(key=blog_key, max_index=index)
+        blog_index.max_index = index
+        entry = BlogEntry(key=BlogEntry.key_for(blog, index), index=index, title=title, body=body,
+                          body_html=body_html, author=author)
+        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, token=token)])
+        if index:
+            # Not needed for correctness (the new max_index already retires these keys), only to free memory.
+            ndb.get_context().call_on_commit(
+                lambda: [cache.delete(_page_cache_key(blog, index - 1, n)) for n in (PAGE_SIZE, FEED_SIZE)])
+        return Posted(entry_dict(entry), True)
+
+    return transact(txn, busy_message="The blog is taking many posts at once; try again.")
+
+
+# --- reading --------------------------------------------------------------------------------------------------------
+
+def get_blog(blog):
+    return ndb.Key(BlogIndex, validate_blog(blog)).get()
+
+
+def require_blog(blog):
+    return found(get_blog(blog), f"There is no blog named {blog!r}.", "no_such_blog")
+
+
+def get_entry(blog, index):
+    """One entry by key: no query, strongly consistent. NotFound if there is none."""
+    entry = BlogEntry.key_for(validate_blog(blog), validate_index(index)).get()
+    return entry_dict(found(entry, f"Blog {blog!r} has no entry {index}.", "no_such_entry"))
+
+
+def _page_cache_key(blog, max_index, limit):
+    """The key of a blog's cached front page: it names the blog's max_index, the version of its content.
+
+    Deleting a cached page when a post commits is not enough on its own: a reader that queried just before the commit
+    can store its old page just after the delete, and it would then be served until it expires. Here a post changes
+    the key instead. Every reader first reads the BlogIndex (a get by key: strongly consistent, and served from
+    memcached by ndb's global cache, which ndb locks before the commit and refills only by compare-and-swap, so it is
+    never older than Datastore). A reader who starts after the post's commit therefore sees the new max_index, misses
+    on the new key and queries; a slow reader who started before can only store under the old key, which nobody asks
+    for any more. Old keys fall away by LRU or PAGE_LIFETIME.
+    """
+    return f"blog-page:{blog}:{max_index}:{limit}"
+
+
+def get_page(blog, start=None, limit=PAGE_SIZE):
+    """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
+    blog_index = require_blog(blog)
+    limit = validate_limit(limit)
+    top = blog_index.max_index
+    start = top if start is None else min(validate_index(start, "start"), top)
+    newer = None if start == top else min(start + limit, top)
+    cache = runtime.cache()
+    key = _page_cache_key(blog, top, limit) if start == top else None
+    if key:
+        cached = cache.get(key)
+        if cached is not None:
+            entries, next_start = json.loads(zlib.decompress(cached))
+            return Page(entries, next_start, newer, top, True)
+    # An ancestor query: strongly consistent (it sees the post that just committed), and it needs the composite index
+    # (BlogEntry, ancestor, index desc) in index.yaml. Never an offset.
+    found = (BlogEntry.query(ancestor=blog_index.key).filter(BlogEntry.index <= start)
+             .order(-BlogEntry.index).fetch(limit + 1))
+    entries = [entry_dict(e) for e in found[:limit]]
+    next_start = found[limit].index if len(found) > limit else None
+    if key:
+        # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
+        # the add fails quietly and the page is simply not cached).
+        cache.add(key, zlib.compress(json.dumps([entries, next_start]).encode()), expire=PAGE_LIFETIME)
+    return Page(entries, next_start, newer, top, False)
+
+
+def list_blogs(limit=LIST_LIMIT):
+    """The blogs by name, with their entry counts. A kind query: eventually consistent, so a blog created a moment ago
+    may be missing for a moment."""
+    return [(b.name, b.max_index + 1) for b in BlogIndex.query().order(BlogIndex.key).fetch(limit)]
+
+
+def record_view(blog, index):
+    """Count a view of an entry on its sharded counter; the total afterwards (cached, so it may trail a little).
+
+    Best effort: a view that cannot be counted (the counter's first view while memcached is away, since its config is
+    a globally cached kind; contention beyond the counter's retries) must not cost the reader the page.
+    """
+    name = views_counter(blog, index)
+    try:
+        counters.increment(name, mode="adaptive", listed=False)
+    except (Unavailable, *CACHE_DOWN) as e:
+        log.warning("view of %s not counted: %r", name, e)
+        return view_count(blog, index)
+    return counters.get_total(name).count
+
+
+def view_count(blog, index):
+    name = views_counter(blog, index)
+    return counters.get_total(name).count if counters.get_config(name) else 0
+
+
+# --- demo content ---------------------------------------------------------------------------------------------------
+
+DEMO_BLOG = "demo"
+DEMO_ENTRIES = 60
+_TOPICS = [
+    ("Why a counter is not one entity", "An entity group commits about once a second under sustained load. "
+     "A counter that many people bump is split into **shards**; see [the counters](/counters)."),
+    ("Pages by index, not by offset", "`fetch(10, offset=5000)` reads and throws away 5,000 rows. A page here is "
+     "`index <= start ORDER BY index DESC`, one scan at any depth."),
+    ("Caching the front page", "Everyone asks for the same first page. It is cached in memcache under a key that "
+     "names the blog's `max_index`, so a new post retires it at once."),
+    ("Entity groups and transactions", "A transaction is atomic within entity groups. Entries are children of "
+     "their `BlogIndex`, so the index bump and the entry commit together."),
+    ("Strong and eventual consistency", "Gets by key and ancestor queries are strongly consistent; other queries "
+     "may trail the latest writes for a moment."),
+]
+
+
+def seed_demo():
+    """A demo blog with enough entries for several pages; does nothing when the blog exists."""
+    if get_blog(DEMO_BLOG) is not None:
+        return False
+    for i in range(DEMO_ENTRIES):
+        title, text = _TOPICS[i % len(_TOPICS)]
+        body = (f"{text}\n\nThis is demo entry number {i}, posted by `flask seed`. Its index was given out by the "
+                f"blog's index entity in the same transaction that wrote it.\n\n"
+                f"- entry index: **{i}**\n- page: {(DEMO_ENTRIES - 1 - i) // PAGE_SIZE + 1} of "
+                f"{(DEMO_ENTRIES + PAGE_SIZE - 1) // PAGE_SIZE}\n\n```python\nentries = (BlogEntry.query(ancestor=blog)"
+                f"\n           .filter(BlogEntry.index <= {i}).order(-BlogEntry.index).fetch(11))\n```\n")
+        post_entry(DEMO_BLOG, f"{title} (#{i})", body, "seed@example.com")
+    return True

@@ -1,0 +1,119 @@
+"""The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
+import uuid
+
+from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
+
+from blog import service
+from core import identity
+from core.errors import AppError
+from core.web import json_body
+
+bp = Blueprint("blog", __name__)
+
+
+def _page_json(page):
+    return {"entries": page.entries, "next": page.next, "newer": page.newer, "max_index": page.max_index,
+            "cached": page.cached}
+
+
+@bp.app_template_global()
+def new_post_token():
+    return uuid.uuid4().hex
+
+
+# --- pages ----------------------------------------------------------------------------------------------------------
+
+@bp.get("/blog")
+def blogs():
+    """Every blog, and for admins a form to start one."""
+    return render_template("blog/blogs.html", blogs=service.list_blogs(), form={})
+
+
+@bp.get("/blog/<blog>")
+def index(blog):
+    """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
+    page = service.get_page(blog, request.args.get("start"))
+    return render_template("blog/index.html", blog=blog, page=page, form={})
+
+
+@bp.get("/blog/<blog>/<int:index>")
+def entry(blog, index):
+    """One entry by its permalink; each view is counted on a sharded counter."""
+    entry = service.get_entry(blog, index)
+    views = service.record_view(blog, index)
+    max_index = service.require_blog(blog).max_index
+    return render_template("blog/entry.html", blog=blog, entry=entry, views=views, max_index=max_index,
+                           views_counter=service.views_counter(blog, index))
+
+
+@bp.get("/blog/<blog>/feed.atom")
+def feed(blog):
+    """The newest entries as an Atom feed."""
+    page = service.get_page(blog, None, service.FEED_SIZE)
+    response = make_response(render_template("blog/feed.xml", blog=blog, page=page))
+    response.mimetype = "application/atom+xml"
+    return response
+
+
+def _post_from_form(blog, template, context):
+    """Admin: post the form's entry to `blog`; on bad input show `template` again with `context()`, the form filled
+    in, and the reason."""
+    identity.require_admin()
+    form = request.form
+    try:
+        posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), identity.current_user()["email"],
+                                    form.get("post_token") or None)
+    except AppError as e:
+        if e.status not in (400, 422):
+            raise
+        flash(e.message, "error")
+        return render_template(template, form=form, **context()), e.status
+    if posted.created:
+        flash(f"Posted entry {posted.entry['index']}.", "info")
+    return redirect(url_for("blog.entry", blog=blog, index=posted.entry["index"]))
+
+
+@bp.post("/blog")
+def start_blog_form():
+    """Admin: start a blog by posting its first entry."""
+    blog = request.form.get("blog", "").strip()
+    return _post_from_form(blog, "blog/blogs.html", lambda: {"blogs": service.list_blogs()})
+
+
+@bp.post("/blog/<blog>/entries")
+def post_form(blog):
+    """Admin: post an entry from the form on the blog's page."""
+    return _post_from_form(blog, "blog/index.html", lambda: {"blog": blog, "page": service.get_page(blog)})
+
+
+# --- JSON API -------------------------------------------------------------------------------------------------------
+
+@bp.get("/api/blogs")
+def api_blogs():
+    """Every blog with its number of entries (the first 100 by name)."""
+    return jsonify(blogs=[{"name": name, "entries": count} for name, count in service.list_blogs()])
+
+
+@bp.post("/api/blogs/<blog>/entries")
+def api_post(blog):
+    """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
+    user = identity.require_admin()
+    data = json_body()
+    posted = service.post_entry(blog, data.get("title"), data.get("body"), user["email"],
+                                request.headers.get("Idempotency-Key"))
+    response = jsonify(posted.entry)
+    response.headers["Location"] = url_for("blog.api_entry", blog=blog, index=posted.entry["index"])
+    return response, 201 if posted.created else 200
+
+
+@bp.get("/api/blogs/<blog>/entries")
+def api_entries(blog):
+    """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
+    return jsonify(_page_json(service.get_page(blog, request.args.get("start"), request.args.get("limit"))))
+
+
+@bp.get("/api/blogs/<blog>/entries/<index>")
+def api_entry(blog, index):
+    """One entry by index, with its view count."""
+    entry = service.get_entry(blog, index)
+    return jsonify({**entry, "views": service.view_count(blog, entry["index"])})

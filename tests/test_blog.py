@@ -1,0 +1,168 @@
+"""The blog on the real stack: transactional indexes, paging by index, the cached front page, safe Markdown."""
+import pytest
+from google.cloud import ndb
+
+from blog import service
+from blog.models import BlogEntry, BlogIndex, PostMarker
+from conftest import in_threads
+from core import runtime
+from core.cache import CACHE_DOWN
+from core.errors import NotFound
+
+
+def _post(n, blog="b", start=0):
+    return [service.post_entry(blog, f"title {i}", f"body {i}", "boss@example.com").entry
+            for i in range(start, start + n)]
+
+
+def test_first_post_creates_the_blog_with_index_zero(ndb_context):
+    assert service.get_blog("b") is None
+    posted = service.post_entry("b", "  Hello  ", "*hi*", "boss@example.com")
+    assert posted.created and posted.entry["index"] == 0 and posted.entry["title"] == "Hello"
+    assert posted.entry["body_html"] == "<p><em>hi</em></p>"
+    assert service.get_blog("b").max_index == 0
+    assert service.get_entry("b", 0)["title"] == "Hello"
+
+
+def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
+    entries = in_threads(20, lambda i: service.post_entry("b", f"t{i}", f"body {i}", "boss@example.com").entry)
+    assert sorted(e["index"] for e in entries) == list(range(20))
+    with runtime.current().datastore.context():
+        assert service.get_blog("b").max_index == 19
+        stored = BlogEntry.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()
+        assert sorted(e.index for e in stored) == list(range(20))
+        # each thread's entry is the one stored at its index: nothing overwritten by a racing post
+        assert {e.index: e.title for e in stored} == {e["index"]: e["title"] for e in entries}
+
+
+@pytest.mark.parametrize("count,limit", [(0, 10), (1, 10), (9, 10), (10, 10), (11, 10), (20, 10), (21, 10), (7, 3), (6, 1)])
+def test_paging_walks_every_entry_once_newest_first(ndb_context, count, limit):
+    if count == 0:
+        with pytest.raises(NotFound):
+            service.get_page("b")
+        return
+    _post(count)
+    seen, start, pages = [], None, 0
+    while True:
+        page = service.get_page("b", start, limit)
+        pages += 1
+        assert 1 <= len(page.entries) <= limit
+        seen += [e["index"] for e in page.entries]
+        if page.next is None:
+            break
+        assert page.next == page.entries[-1]["index"] - 1  # the next marker is exactly the first entry not shown
+        start = page.next
+    assert seen == list(range(count - 1, -1, -1))
+    assert pages == -(-count // limit)
+
+
+def test_newer_marker_leads_back_to_the_same_pages(ndb_context):
+    _post(25)
+    first = service.get_page("b", None, 10)
+    second = service.get_page("b", first.next, 10)
+    third = service.get_page("b", second.next, 10)
+    assert [len(p.entries) for p in (first, second, third)] == [10, 10, 5] and third.next is None
+    assert first.newer is None and second.newer == 24 and third.newer == 14
+    assert service.get_page("b", third.newer, 10).entries == second.entries
+    # a start beyond the newest entry is the front page
+    assert service.get_page("b", 10 ** 6, 10).entries == first.entries
+
+
+def test_front_page_is_cached_and_shows_a_new_post_at_once(ndb_context):
+    _post(3)
+    assert service.get_page("b").cached is False
+    again = service.get_page("b")
+    assert again.cached is True and [e["index"] for e in again.entries] == [2, 1, 0]
+    _post(1, start=3)
+    page = service.get_page("b")
+    assert [e["index"] for e in page.entries] == [3, 2, 1, 0]
+    assert service.get_page("b").cached is True
+
+
+def test_a_reader_that_read_before_a_post_cannot_cache_an_old_front_page(ndb_context):
+    """The race a plain delete-on-commit loses: a reader queries, a post commits, the reader stores its old page."""
+    _post(2)
+    blog_index = service.require_blog("b")
+    old_key = service._page_cache_key("b", blog_index.max_index, service.PAGE_SIZE)
+    _post(1, start=2)
+    # the slow reader stores the page it read before the post, under the key it computed then
+    runtime.cache().add(old_key, b"stale", expire=60)
+    page = service.get_page("b")
+    assert [e["index"] for e in page.entries] == [2, 1, 0] and page.cached is False
+
+
+def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack):
+    _post(2)
+    stack.memcached.stop()
+    try:
+        page = service.get_page("b")
+        assert [e["index"] for e in page.entries] == [1, 0] and page.cached is False
+        # a post needs memcached (BlogIndex is a globally cached kind): it fails whole, no index consumed
+        with pytest.raises(CACHE_DOWN):
+            _post(1, start=2)
+    finally:
+        stack.memcached.start()
+    assert service.require_blog("b").max_index == 1
+    assert [e["index"] for e in service.get_page("b").entries] == [1, 0]
+
+
+def test_idempotency_key_posts_once(ndb_context):
+    first = service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+    again = service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+    assert first.created and not again.created and again.entry == first.entry
+    assert service.require_blog("b").max_index == 0
+    assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 1
+
+
+def test_concurrent_retries_of_one_request_post_once(app):
+    results = in_threads(8, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "same-key"))
+    assert sum(r.created for r in results) == 1 and {r.entry["index"] for r in results} == {0}
+
+
+@pytest.mark.parametrize("body,absent", [
+    ("<script>alert(1)</script>hi", ["<script", "alert(1)"]),
+    ("[click](javascript:alert(1))", ["javascript:"]),
+    ('<a href="javascript:alert(1)">x</a>', ["javascript:"]),
+    ("<img src=x onerror=alert(1)>", ["onerror"]),
+    ("![p](data:text/html;base64,PHNjcmlwdD4=)", ["data:"]),
+    ('<iframe src="https://evil.example"></iframe>', ["<iframe"]),
+    ('<p style="background:url(x)" onclick="x()">y</p>', ["style=", "onclick"]),
+])
+def test_markdown_renders_inert(ndb_context, body, absent):
+    html = service.post_entry("b", "t", body, "boss@example.com").entry["body_html"]
+    for fragment in absent:
+        assert fragment not in html
+
+
+def test_markdown_keeps_safe_formatting(ndb_context):
+    html = service.post_entry("b", "t", "# H\n\n[ok](https://example.com) `x<y`\n\n```\na & b\n```",
+                              "boss@example.com").entry["body_html"]
+    assert "<h1>H</h1>" in html and "<code>x&lt;y</code>" in html and "a &amp; b" in html
+    assert '<a href="https://example.com" rel="nofollow noopener noreferrer">ok</a>' in html
+
+
+def test_views_are_counted_on_an_unlisted_adaptive_counter(ndb_context):
+    _post(1)
+    assert service.view_count("b", 0) == 0
+    assert [service.record_view("b", 0) for _ in range(3)][-1] == 3
+    from counters import service as counters
+    assert counters.get_config("blog.b.0.views").mode == "adaptive"
+    assert [c.name for c, _, _ in counters.list_counters()] == []
+
+
+def test_blog_pages_are_strongly_consistent_at_emulator_consistency_0_9(weak_app):
+    with runtime.current().datastore.context():
+        for round_ in range(3):  # several rounds: at 0.9 a lagging query would show within a few
+            posted = service.post_entry("w", f"t{round_}", "body", "boss@example.com").entry
+            page = service.get_page("w", None, 2)
+            assert page.entries[0]["index"] == posted["index"] == round_
+            assert service.get_entry("w", round_)["title"] == f"t{round_}"
+        _post(12, blog="w", start=3)
+        seen, start = [], None
+        while True:
+            page = service.get_page("w", start, 4)
+            seen += [e["index"] for e in page.entries]
+            if page.next is None:
+                break
+            start = page.next
+        assert seen == list(range(14, -1, -1))
