@@ -1,9 +1,9 @@
 """`make bench`: every benchmark in turn; results in bench/results/. Exit 1 if any target was missed."""
 import sys
 
-from bench import counters
+from bench import blog, counters
 
-BENCHMARKS = (counters,)
+BENCHMARKS = (counters, blog)
 
 if __name__ == "__main__":
     ok = [b.main([]) for b in BENCHMARKS]

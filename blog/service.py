@@ -191,6 +191,15 @@ def _page_cache_key(blog, max_index, limit):
     return f"blog-page:{blog}:{max_index}:{limit}"
 
 
+def query_page(blog_key, start, limit):
+    """The `limit` entries with index <= start, newest first, and the next page's start (None if none): one index scan
+    of limit + 1 rows at any depth. An ancestor query: strongly consistent (it sees the post that just committed), with
+    the composite index (BlogEntry, ancestor, index desc) from index.yaml. Never an offset."""
+    found = (BlogEntry.query(ancestor=blog_key).filter(BlogEntry.index <= start)
+             .order(-BlogEntry.index).fetch(limit + 1))
+    return found[:limit], (found[limit].index if len(found) > limit else None)
+
+
 def get_page(blog, start=None, limit=PAGE_SIZE):
     """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
     blog_index = require_blog(blog)
@@ -205,12 +214,8 @@ def get_page(blog, start=None, limit=PAGE_SIZE):
         if cached is not None:
             entries, next_start = json.loads(zlib.decompress(cached))
             return Page(entries, next_start, newer, top, True)
-    # An ancestor query: strongly consistent (it sees the post that just committed), and it needs the composite index
-    # (BlogEntry, ancestor, index desc) in index.yaml. Never an offset.
-    found = (BlogEntry.query(ancestor=blog_index.key).filter(BlogEntry.index <= start)
-             .order(-BlogEntry.index).fetch(limit + 1))
-    entries = [entry_dict(e) for e in found[:limit]]
-    next_start = found[limit].index if len(found) > limit else None
+    entries, next_start = query_page(blog_index.key, start, limit)
+    entries = [entry_dict(e) for e in entries]
     if key:
         # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
         # the add fails quietly and the page is simply not cached).

@@ -1,0 +1,227 @@
+"""Benchmark: the blog's two claims, each measured side by side in one run.
+
+1. Paging by index costs the same at any depth; paging by offset grows with it. A blog of 10,000 entries; the page at
+   depth 0, 1,000, 5,000 and 9,990 fetched by `index <= start ORDER BY index DESC` (blog.service.query_page, what
+   the app runs) and by `ORDER BY index DESC` with `fetch(10, offset=depth)`. Each fetch in a fresh ndb context.
+2. The cached front page against the same page rendered from Datastore, through the HTTP server (gunicorn, as
+   App Engine runs it): two servers on the same emulator, one with memcached and one without, loaded in turn by the
+   same client threads. Requests per second and latency.
+
+The 10,000 entries are written in batches (put_multi of entries with their indexes, then the BlogIndex), not one
+post_entry transaction each: the benchmark is about reading them, and a post's cost is the counters' subject.
+
+Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.blog [--rounds 3 --seconds 8]`.
+"""
+import argparse
+import http.client
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from google.cloud import ndb
+
+from bench import harness
+from blog import service
+from blog.markup import render_markdown
+from blog.models import BlogEntry, BlogIndex
+from core import runtime
+from devstack.services import REPO, _die_with_parent, _port_open, free_port
+
+BLOG = "bench"
+ENTRIES = 10_000
+DEPTHS = (0, 1_000, 5_000, 9_990)
+FETCHES = 15  # per depth, method and round (an offset fetch at depth 9,990 takes seconds on the emulator)
+PAGE = service.PAGE_SIZE
+CLIENTS = 8  # concurrent HTTP clients, each on its own keep-alive connection
+
+
+def seed():
+    body = ("A benchmark entry. Pages are found by **index**, not by offset:\n\n"
+            "```python\nquery.filter(BlogEntry.index <= start).order(-BlogEntry.index)\n```\n")
+    html = render_markdown(body)
+    blog_key = ndb.Key(BlogIndex, BLOG)
+    for low in range(0, ENTRIES, 500):
+        ndb.put_multi([BlogEntry(key=BlogEntry.key_for(BLOG, i), index=i, title=f"Entry {i}", body=body,
+                                 body_html=html, author="bench@example.com")
+                       for i in range(low, min(low + 500, ENTRIES))], use_global_cache=False)
+    BlogIndex(key=blog_key, max_index=ENTRIES - 1).put()
+
+
+def by_index(depth):
+    top = ENTRIES - 1
+    entries, next_start = service.query_page(ndb.Key(BlogIndex, BLOG), top - depth, PAGE)
+    return [e.index for e in entries], next_start
+
+
+def by_offset(depth):
+    entries = (BlogEntry.query(ancestor=ndb.Key(BlogIndex, BLOG)).order(-BlogEntry.index)
+               .fetch(PAGE, offset=depth))
+    return [e.index for e in entries], None
+
+
+METHODS = {"index": by_index, "offset": by_offset}
+
+
+def measure_paging(rounds):
+    times = {(m, d): [] for m in METHODS for d in DEPTHS}
+    for method in METHODS.values():  # warm up the emulator's JIT and the connection before anything is timed
+        for depth in DEPTHS:
+            harness.in_context(method)(depth)
+    for r in range(rounds):
+        order = list(METHODS) if r % 2 == 0 else list(reversed(METHODS))
+        for depth in DEPTHS:
+            for method in order:
+                fetch = harness.in_context(METHODS[method])
+                expected = list(range(ENTRIES - 1 - depth, ENTRIES - 1 - depth - PAGE, -1))
+                samples = []
+                for _ in range(FETCHES):
+                    start = time.perf_counter()
+                    indexes, _ = fetch(depth)
+                    samples.append(time.perf_counter() - start)
+                    assert indexes == expected, (method, depth, indexes[:3])
+                times[(method, depth)].append(harness.median(samples))
+                print(f"round {r + 1} {method:>6} depth {depth:>5}: {harness.median(samples) * 1000:7.2f} ms",
+                      flush=True)
+    return {key: harness.median(v) for key, v in times.items()}
+
+
+class Server:
+    """gunicorn serving main:app on a free loopback port, as `make run` and App Engine do."""
+
+    def __init__(self, env):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--threads", "8",
+             "--log-level", "warning", "main:app"],
+            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 30
+        while not _port_open(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("gunicorn did not start")
+            time.sleep(0.1)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def load(port, path, seconds, expect):
+    """CLIENTS threads GET `path` for `seconds` on keep-alive connections; (requests/s, latencies, failures)."""
+    latencies, failures, lock = [], [0], threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        mine, bad = [], 0
+        for _ in range(100_000):
+            if time.perf_counter() >= deadline:
+                break
+            start = time.perf_counter()
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200 or expect not in body:
+                bad += 1
+            mine.append(time.perf_counter() - start)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+            failures[0] += bad
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(latencies) / (time.perf_counter() - start), latencies, failures[0]
+
+
+def measure_front_page(stack, rounds, seconds):
+    base = dict(stack.env(), SECRET_KEY="bench", LOG_LEVEL="WARNING")
+    servers = {"memcache": Server(base), "datastore": Server(dict(base, MEMCACHED_HOSTS=""))}
+    path, expect = f"/blog/{BLOG}", f"Entry {ENTRIES - 1}<".encode()
+    results = {name: [] for name in servers}
+    try:
+        for name, server in servers.items():  # warm both: imports, connections, the cached page
+            load(server.port, path, 1.0, expect)
+        for r in range(rounds):
+            for name in (list(servers) if r % 2 == 0 else list(reversed(servers))):
+                rate, latencies, failures = load(servers[name].port, path, seconds, expect)
+                results[name].append((rate, harness.percentile(latencies, 50), harness.percentile(latencies, 99),
+                                      failures))
+                print(f"round {r + 1} front page from {name:>9}: {rate:7.1f} req/s, "
+                      f"p50 {harness.percentile(latencies, 50) * 1000:6.1f} ms, failures {failures}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return {name: tuple(harness.median([x[i] for x in runs]) for i in range(3)) + (sum(x[3] for x in runs),)
+            for name, runs in results.items()}
+
+
+def report(paging, front, rounds, seconds):
+    rows = [[d, f"{paging[('index', d)] * 1000:.2f}", f"{paging[('offset', d)] * 1000:.2f}",
+             f"{paging[('offset', d)] / paging[('index', d)]:.1f}x"] for d in DEPTHS]
+    deep = DEPTHS[-1]
+    index_ratio = paging[("index", deep)] / paging[("index", 0)]
+    offset_ratio = paging[("offset", deep)] / paging[("offset", 0)]
+    speedup = front["memcache"][0] / front["datastore"][0]
+    checks = [
+        (f"index paging: depth {deep} / depth 0", index_ratio, "<= 1.5", index_ratio <= 1.5),
+        (f"offset paging: depth {deep} / depth 0", offset_ratio, "grows with depth (reported)",
+         offset_ratio > paging[("offset", DEPTHS[1])] / paging[("offset", 0)] > 1),
+        ("front page req/s: memcache / rendered from Datastore", speedup, ">= 5", speedup >= 5),
+    ]
+    front_rows = [[name, f"{rate:.1f}", f"{p50 * 1000:.1f}", f"{p99 * 1000:.1f}", failures]
+                  for name, (rate, p50, p99, failures) in front.items()]
+    text = f"""# Blog benchmark
+
+{harness.machine_line()}. {rounds} rounds, methods side by side in each round (order alternating); medians.
+
+## Paging a blog of {ENTRIES:,} entries, {PAGE} per page
+
+Median time to fetch the page at each depth, {FETCHES} fetches per depth, method and round, each in a fresh ndb
+context.
+
+{harness.markdown_table(["depth", "by index ms", "by offset ms", "offset / index"], rows)}
+
+## The front page through gunicorn (2 workers x 8 threads), {CLIENTS} keep-alive clients, {seconds} s per run
+
+{harness.markdown_table(["front page", "requests/s", "p50 ms", "p99 ms", "failed"], front_rows)}
+
+`memcache`: the app as deployed (the page's entries from memcached, the BlogIndex from ndb's global cache).
+`datastore`: the same app with no memcached configured, so every request reads the BlogIndex and queries the entries.
+
+## Targets
+
+{harness.markdown_table(["claim", "measured", "target", ""],
+                        [[w, f"{v:.2f}", t, "met" if ok else "**missed**"] for w, v, t, ok in checks])}
+"""
+    path = harness.write_result("blog", text)
+    print(text)
+    print(f"written: {path}")
+    return all(ok for *_, ok in checks) and all(f[3] == 0 for f in front.values())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.blog")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args(argv)
+    stack = harness.start_stack()
+    try:
+        started = time.perf_counter()
+        harness.in_context(seed)()
+        print(f"seeded {ENTRIES} entries in {time.perf_counter() - started:.1f} s", flush=True)
+        paging = measure_paging(args.rounds)
+        front = measure_front_page(stack, args.rounds, args.seconds)
+        return report(paging, front, args.rounds, args.seconds)
+    finally:
+        runtime.current().close()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
