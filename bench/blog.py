@@ -12,7 +12,6 @@ post_entry transaction each: the benchmark is about reading them, and a post's c
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.blog [--rounds 3 --seconds 8]`.
 """
-import argparse
 import http.client
 import os
 import subprocess
@@ -26,7 +25,6 @@ from bench import harness
 from blog import service
 from blog.markup import render_markdown
 from blog.models import BlogEntry, BlogIndex
-from core import runtime
 from devstack.services import REPO, _die_with_parent, _port_open, free_port
 
 BLOG = "bench"
@@ -205,22 +203,17 @@ context.
     return all(ok for *_, ok in checks) and all(f[3] == 0 for f in front.values())
 
 
+def run(args, stack):
+    started = time.perf_counter()
+    harness.in_context(seed)()
+    print(f"seeded {ENTRIES} entries in {time.perf_counter() - started:.1f} s", flush=True)
+    paging = measure_paging(args.rounds)
+    front = measure_front_page(stack, args.rounds, args.seconds)
+    return report(paging, front, args.rounds, args.seconds)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bench.blog")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    args = parser.parse_args(argv)
-    stack = harness.start_stack()
-    try:
-        started = time.perf_counter()
-        harness.in_context(seed)()
-        print(f"seeded {ENTRIES} entries in {time.perf_counter() - started:.1f} s", flush=True)
-        paging = measure_paging(args.rounds)
-        front = measure_front_page(stack, args.rounds, args.seconds)
-        return report(paging, front, args.rounds, args.seconds)
-    finally:
-        runtime.current().close()
-        stack.stop()
+    return harness.main("bench.blog", argv, run)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,12 @@ Also: reading a total from memcached vs summing the shards from Datastore.
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.counters [--rounds 3 --seconds 5]`.
 """
-import argparse
 import sys
 import time
 
 from google.cloud import ndb
 
 from bench import harness
-from core import runtime
 from counters import service
 from counters.models import CounterShard
 
@@ -187,19 +185,14 @@ def chart(med):
     fig.savefig(harness.RESULTS / "counters.svg")
 
 
+def run(args, stack):
+    results, exact, shards = measure_writes(args.rounds, args.seconds)
+    reads = measure_reads(args.rounds)
+    return report(results, exact, shards, reads, args.rounds, args.seconds)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bench.counters")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    args = parser.parse_args(argv)
-    stack = harness.start_stack()
-    try:
-        results, exact, shards = measure_writes(args.rounds, args.seconds)
-        reads = measure_reads(args.rounds)
-        return report(results, exact, shards, reads, args.rounds, args.seconds)
-    finally:
-        runtime.current().close()
-        stack.stop()
+    return harness.main("bench.counters", argv, run)
 
 
 if __name__ == "__main__":

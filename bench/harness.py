@@ -4,6 +4,7 @@ A benchmark starts its own in-memory emulator and memcached (never the ones `mak
 variant side by side in each round, repeats the rounds, and reports medians and ratios: this machine is shared and
 noisy, so only figures measured together in one run are compared.
 """
+import argparse
 import concurrent.futures
 import datetime
 import os
@@ -19,6 +20,21 @@ from core.settings import Settings
 from devstack import Stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main(prog, argv, run, seconds=8.0):
+    """A benchmark's command line: `--rounds`, `--seconds`; run(args, stack) on a stack of its own, stopped after.
+    Returns run's verdict (True when every target was met)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    args = parser.parse_args(argv)
+    stack = start_stack()
+    try:
+        return run(args, stack)
+    finally:
+        runtime.current().close()
+        stack.stop()
 
 
 def start_stack():
