@@ -9,7 +9,7 @@ from core import identity, runtime, web
 from core.datastore import NdbContextMiddleware
 from core.settings import Settings
 
-FEATURES = ("counters", "blog")  # each a package with views.bp and service.seed_demo()
+FEATURES = ("counters", "blog", "comments")  # each a package with views.bp and service.seed_demo()
 
 
 def create_app(config=None):

@@ -10,7 +10,6 @@ under a key that carries the blog's `max_index` (see `_page_cache_key` for why n
 once a post has committed).
 """
 import json
-import logging
 import re
 import uuid
 import zlib
@@ -20,13 +19,11 @@ from google.cloud import ndb
 
 from blog.markup import render_markdown
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from core import runtime
-from core.cache import CACHE_DOWN
+from core import runtime, validate
 from core.datastore import transact
-from core.errors import BadInput, Unavailable, Unprocessable, found
+from core.errors import BadInput, Unprocessable, found
 from counters import service as counters
 
-log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")
 TITLE_MAX = 200
@@ -61,45 +58,23 @@ def validate_blog(name):
 
 
 def validate_index(value, field="index"):
-    """An entry index from a URL or JSON: a whole number 0..MAX_INDEX (digits only, when a string)."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INDEX:
-        raise BadInput(f"{field} must be a whole number from 0 to {MAX_INDEX}.", f"bad_{field}")
-    return value
+    """An entry index from a URL or JSON: a whole number 0..MAX_INDEX."""
+    return validate.whole_number(value, field, 0, MAX_INDEX)
 
 
 def validate_limit(value):
-    if value is None:
-        return PAGE_SIZE
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 3:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PAGE_MAX:
-        raise BadInput(f"limit must be a whole number from 1 to {PAGE_MAX}.", "bad_limit")
-    return value
-
-
-def _text(value, field, high, strip):
-    if not isinstance(value, str):
-        raise Unprocessable(f"{field} must be text.", f"bad_{field}")
-    if strip:
-        value = value.strip()
-    if not 1 <= len(value) <= high or not value.strip():
-        raise Unprocessable(f"{field} must be 1 to {high} characters, not all blank.", f"bad_{field}")
-    if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
-        raise Unprocessable(f"{field} must not contain control characters.", f"bad_{field}")
-    return value
+    return validate.whole_number(value, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
 
 
 def validate_title(value):
-    title = _text(value, "title", TITLE_MAX, strip=True)
+    title = validate.text(value, "title", TITLE_MAX, strip=True)
     if "\n" in title or "\r" in title:
         raise Unprocessable("title must be one line.", "bad_title")
     return title
 
 
 def validate_body(value):
-    return _text(value, "body", BODY_MAX, strip=False)
+    return validate.text(value, "body", BODY_MAX)
 
 
 def validate_idempotency_key(value):
@@ -230,23 +205,16 @@ def list_blogs(limit=LIST_LIMIT):
 
 
 def record_view(blog, index):
-    """Count a view of an entry on its sharded counter; the total afterwards (cached, so it may trail a little).
-
-    Best effort: a view that cannot be counted (the counter's first view while memcached is away, since its config is
-    a globally cached kind; contention beyond the counter's retries) must not cost the reader the page.
-    """
+    """Count a view of an entry on its sharded counter (best effort: a view that cannot be counted must not cost the
+    reader the page); the total afterwards, cached, so it may trail a little."""
     name = views_counter(blog, index)
-    try:
-        counters.increment(name, mode="adaptive", listed=False)
-    except (Unavailable, *CACHE_DOWN) as e:
-        log.warning("view of %s not counted: %r", name, e)
-        return view_count(blog, index)
-    return counters.get_total(name).count
+    counters.increment_best_effort(name)
+    return counters.totals([name])[name]
 
 
 def view_count(blog, index):
     name = views_counter(blog, index)
-    return counters.get_total(name).count if counters.get_config(name) else 0
+    return counters.totals([name])[name]
 
 
 # --- demo content ---------------------------------------------------------------------------------------------------

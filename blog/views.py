@@ -1,9 +1,10 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
 import uuid
 
-from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, session, url_for
 
 from blog import service
+from comments import service as comments
 from core import identity
 from core.errors import AppError
 from core.web import json_body
@@ -32,18 +33,33 @@ def blogs():
 @bp.get("/blog/<blog>")
 def index(blog):
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
-    page = service.get_page(blog, request.args.get("start"))
-    return render_template("blog/index.html", blog=blog, page=page, form={})
+    return render_index(blog, service.get_page(blog, request.args.get("start")))
+
+
+def render_index(blog, page, form=None):
+    counts = comments.comment_counts(blog, [e["index"] for e in page.entries])
+    return render_template("blog/index.html", blog=blog, page=page, form=form or {}, comment_counts=counts)
 
 
 @bp.get("/blog/<blog>/<int:index>")
 def entry(blog, index):
-    """One entry by its permalink; each view is counted on a sharded counter."""
+    """One entry by its permalink, with a page of its comments (`?after=`/`?before=<id>`, `?page=last`); each view
+    is counted on a sharded counter."""
+    return render_entry(blog, index)
+
+
+def render_entry(blog, index, comment_form=None, status=200):
+    """The entry page; after a rejected comment, `comment_form` refills the form (and the view is not counted again)."""
     entry = service.get_entry(blog, index)
-    views = service.record_view(blog, index)
-    max_index = service.require_blog(blog).max_index
-    return render_template("blog/entry.html", blog=blog, entry=entry, views=views, max_index=max_index,
-                           views_counter=service.views_counter(blog, index))
+    views = service.view_count(blog, index) if comment_form else service.record_view(blog, index)
+    args = request.args
+    page = comments.get_comments(blog, index, args.get("after"), args.get("before"),
+                                 last=args.get("page") == "last", own=session.get(comments.RECENT_SESSION_KEY, ()))
+    return render_template("blog/entry.html", blog=blog, entry=entry, views=views,
+                           max_index=service.require_blog(blog).max_index,
+                           views_counter=service.views_counter(blog, index), comments=page,
+                           comment_count=comments.comment_counts(blog, [index])[index],
+                           comment_form=comment_form or {}, comment_max=comments.TEXT_MAX), status
 
 
 @bp.get("/blog/<blog>/feed.atom")
@@ -55,9 +71,9 @@ def feed(blog):
     return response
 
 
-def _post_from_form(blog, template, context):
-    """Admin: post the form's entry to `blog`; on bad input show `template` again with `context()`, the form filled
-    in, and the reason."""
+def _post_from_form(blog, render):
+    """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in, with
+    the reason."""
     identity.require_admin()
     form = request.form
     try:
@@ -67,7 +83,7 @@ def _post_from_form(blog, template, context):
         if e.status not in (400, 422):
             raise
         flash(e.message, "error")
-        return render_template(template, form=form, **context()), e.status
+        return render(form), e.status
     if posted.created:
         flash(f"Posted entry {posted.entry['index']}.", "info")
     return redirect(url_for("blog.entry", blog=blog, index=posted.entry["index"]))
@@ -77,13 +93,14 @@ def _post_from_form(blog, template, context):
 def start_blog_form():
     """Admin: start a blog by posting its first entry."""
     blog = request.form.get("blog", "").strip()
-    return _post_from_form(blog, "blog/blogs.html", lambda: {"blogs": service.list_blogs()})
+    return _post_from_form(
+        blog, lambda form: render_template("blog/blogs.html", blogs=service.list_blogs(), form=form))
 
 
 @bp.post("/blog/<blog>/entries")
 def post_form(blog):
     """Admin: post an entry from the form on the blog's page."""
-    return _post_from_form(blog, "blog/index.html", lambda: {"blog": blog, "page": service.get_page(blog)})
+    return _post_from_form(blog, lambda form: render_index(blog, service.get_page(blog), form))
 
 
 # --- JSON API -------------------------------------------------------------------------------------------------------
@@ -116,4 +133,5 @@ def api_entries(blog):
 def api_entry(blog, index):
     """One entry by index, with its view count."""
     entry = service.get_entry(blog, index)
-    return jsonify({**entry, "views": service.view_count(blog, entry["index"])})
+    return jsonify({**entry, "views": service.view_count(blog, entry["index"]),
+                    "comment_count": comments.comment_counts(blog, [entry["index"]])[entry["index"]]})

@@ -239,6 +239,19 @@ def increment(name, idempotency_key=None, mode="general", listed=True):
     return Increment(applied, attempts, shard)
 
 
+def increment_best_effort(name, mode="adaptive", listed=False):
+    """+1 for a counter that another feature keeps beside its own writes (an entry's views or comments): True if it
+    counted. A count that cannot be made now (its counter's first increment while memcached is away, since configs are
+    a globally cached kind; contention beyond the retries) is logged and skipped, never an error for the reader or
+    writer whose request it rides on."""
+    try:
+        increment(name, mode=mode, listed=listed)
+        return True
+    except (Unavailable, *CACHE_DOWN) as e:
+        log.warning("counter %s not incremented: %r", name, e)
+        return False
+
+
 class ContentionWindow:
     """Per process and per adaptive counter: how many of the last transaction attempts collided.
 
@@ -335,6 +348,20 @@ def get_total(name, config=None):
     count = sum(shard_counts(config))
     cache.add(key, count, expire=TOTAL_LIFETIME)
     return Total(count, False)
+
+
+def totals(names):
+    """{name: total} for counters that other features keep (an entry's views or comments), 0 for one never created:
+    cached totals in one memcached round trip, the rest from one batch of configs and one of shards (then cached)."""
+    cache = runtime.cache()
+    cached = cache.get_many([_total_cache_key(n) for n in names])
+    missing = [n for n in names if _total_cache_key(n) not in cached]
+    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in missing]) if c is not None]
+    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
+    for name, count in summed.items():
+        cache.add(_total_cache_key(name), count, expire=TOTAL_LIFETIME)
+    return {n: int(cached[_total_cache_key(n)]) if _total_cache_key(n) in cached else summed.get(n, 0)
+            for n in names}
 
 
 def list_counters(limit=LIST_LIMIT, with_shards=False):

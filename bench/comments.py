@@ -1,0 +1,143 @@
+"""Benchmark: 32 writers commenting on one entry, the talk's design against the one it rejects, and the ceiling.
+
+- designed: `comments.service.post_comment`, what the app runs: each writer is its own user, so each comment is a
+            transaction on the writer's own entity group (its sequence and the comment), then +1 on the entry's
+            adaptive comment counter;
+- shared:   the design the talk rejects: every comment takes its number from one shared sequence entity, in the
+            transaction that writes the comment. Retried with jittered backoff (core.datastore.transact, the best
+            policy for a single entity measured in bench/counters.py). It does less than `designed` (no comment
+            count), which only flatters it;
+- ceiling:  each writer comments on an entry of its own, through the same post_comment: the same work with nothing
+            shared at all.
+Each run counts the comments stored afterwards: a comment acknowledged but not stored, or stored twice, is "lost".
+
+Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.comments [--rounds 3 --seconds 8]`.
+"""
+import datetime
+import sys
+
+from google.cloud import ndb
+
+from bench import harness
+from blog import service as blog_service
+from comments import service
+from comments.models import Comment, UserSequence
+from core.datastore import transact
+from counters import service as counters
+
+VARIANTS = ("designed", "shared", "ceiling")
+WRITERS = 32
+WARMUP = 3.0  # the entry's adaptive comment counter finds its size here, as a lively entry's would
+
+
+class SharedSequence(ndb.Model):
+    """The rejected design's one sequence for all comments (bench only)."""
+    _use_cache = False
+    _use_global_cache = False
+    seq = ndb.IntegerProperty(default=0, indexed=False)
+
+
+def _users(tag):
+    return [{"id": f"bench-{tag}-{i}", "email": f"w{i}@example.com"} for i in range(WRITERS)]
+
+
+def _prepare(variant, tag):
+    """The blog and entries this run writes to; returns (op(writer) -> attempts, entry refs to count)."""
+    blog = f"bench-{tag}"
+    entries = WRITERS if variant == "ceiling" else 1
+    for i in range(entries):
+        blog_service.post_entry(blog, f"entry {i}", "body", "bench@example.com")
+    users = _users(tag)
+    if variant == "designed":
+        return lambda w: service.post_comment(blog, 0, users[w], "a comment") and None, [f"{blog}/0"]
+    if variant == "ceiling":
+        return (lambda w: service.post_comment(blog, w, users[w], "a comment") and None,
+                [f"{blog}/{i}" for i in range(WRITERS)])
+    seq_key = ndb.Key(SharedSequence, blog)
+
+    def shared(w):
+        def txn():
+            sequence = seq_key.get(retries=0) or SharedSequence(key=seq_key)
+            sequence.seq += 1
+            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            key_name = f"{sequence.seq:012d}"
+            ndb.put_multi([sequence, Comment(key=ndb.Key(UserSequence, users[w]["id"], Comment, key_name),
+                                             entry=f"{blog}/0", sort_key=key_name, text="a comment",
+                                             author=f"w{w}", created=now)])
+        transact(txn, max_attempts=100, base=0.25, cap=4.0)
+    return shared, [f"{blog}/0"]
+
+
+def _stored(refs):
+    return sum(len(Comment.query(Comment.entry == ref).fetch(keys_only=True)) for ref in refs)
+
+
+def _counted(refs):
+    names = [service.comments_counter(*ref.split("/")) for ref in refs]
+    return sum(counters.totals(names).values())
+
+
+def measure(rounds, seconds):
+    results = {v: [] for v in VARIANTS}
+    lost = {v: 0 for v in VARIANTS}
+    for r in range(rounds):
+        for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            op, refs = harness.in_context(_prepare)(variant, f"r{r}-{variant}")
+            load = harness.run_writers(WRITERS, op, seconds, warmup=WARMUP)
+            stored = harness.in_context(_stored)(refs)
+            acknowledged = load.commits + load.warm_commits
+            lost[variant] += abs(stored - acknowledged)
+            if variant != "shared":  # the count is part of the designed transaction: it must equal the comments
+                counted = harness.in_context(_counted)(refs)
+                lost[variant] += abs(counted - stored)
+            results[variant].append(load)
+            print(f"round {r + 1} {variant:>8}: {load.per_second:7.1f} comments/s, p50 {load.pct(50) * 1000:7.1f} ms, "
+                  f"p99 {load.pct(99) * 1000:7.1f} ms, errors {load.errors}, stored {stored} of {acknowledged}",
+                  flush=True)
+    return results, lost
+
+
+def report(results, lost, rounds, seconds):
+    med = {v: {"rate": harness.median([x.per_second for x in loads]),
+               "p50": harness.median([x.pct(50) for x in loads]) * 1000,
+               "p99": harness.median([x.pct(99) for x in loads]) * 1000,
+               "errors": sum(x.errors for x in loads)} for v, loads in results.items()}
+    rows = [[v, f"{m['rate']:.1f}", f"{m['p50']:.1f}", f"{m['p99']:.1f}", m["errors"], lost[v]]
+            for v, m in med.items()]
+    d, s, c = med["designed"], med["shared"], med["ceiling"]
+    checks = [
+        ("designed / shared sequence, comments/s", d["rate"] / s["rate"], ">= 2", d["rate"] / s["rate"] >= 2),
+        ("designed p99 / shared sequence p99", d["p99"] / s["p99"], "<= 0.2", d["p99"] / s["p99"] <= 0.2),
+        ("designed / ceiling, comments/s", d["rate"] / c["rate"], ">= 0.8", d["rate"] / c["rate"] >= 0.8),
+        ("comments lost or doubled (designed, all rounds)", lost["designed"], "0", lost["designed"] == 0),
+    ]
+    text = f"""# Comments benchmark
+
+{harness.machine_line()}. {WRITERS} writers, {rounds} rounds x {seconds} s per variant after {WARMUP} s of the same
+load unmeasured; variants side by side in each round, order rotating; medians over the rounds. `errors`: comments
+that gave up, summed over the rounds. `lost`: comments acknowledged but not stored (or stored twice), plus, where the
+count is kept, any difference between the comment count and the comments.
+
+{harness.markdown_table(["variant", "comments/s", "p50 ms", "p99 ms", "errors", "lost"], rows)}
+
+## Targets
+
+{harness.markdown_table(["claim", "measured", "target", ""],
+                        [[w, f"{v:.2f}", t, "met" if ok else "**missed**"] for w, v, t, ok in checks])}
+"""
+    path = harness.write_result("comments", text)
+    print(text)
+    print(f"written: {path}")
+    return all(ok for *_, ok in checks)
+
+
+def run(args, stack):
+    return report(*measure(args.rounds, args.seconds), args.rounds, args.seconds)
+
+
+def main(argv=None):
+    return harness.main("bench.comments", argv, run)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

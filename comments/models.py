@@ -1,0 +1,39 @@
+"""Comment entities: one entity group per commenting user, none per entry.
+
+Comments arrive from many users at once. If they took their order from anything shared (a per-entry sequence, the
+entry's own group), every comment would be a transaction on that one group, about one commit a second. Instead each
+user has a UserSequence, a root entity and so an entity group of its own, and a comment is a child of its author's
+UserSequence: a post bumps the user's own sequence and writes the comment in one transaction that no other user's
+post ever touches. The order among all comments comes from the sort key `time|user|sequence` (see service.sort_key).
+"""
+from google.cloud import ndb
+
+
+class UserSequence(ndb.Model):
+    """A user's comment sequence; key name is the user id. Written only by that user's own posts.
+
+    Neither cache: it is read in transactions only, and the global cache would make every comment wait on memcached.
+    `last_token` names the call that wrote `seq`: a retry of that call (after a commit whose outcome was unknown, or a
+    form sent twice) finds it and returns that comment instead of posting it again.
+    """
+    _use_cache = False
+    _use_global_cache = False
+    seq = ndb.IntegerProperty(default=0, indexed=False)
+    last_token = ndb.TextProperty()
+    last_comment = ndb.TextProperty()  # the sort key written with last_token
+
+
+class Comment(ndb.Model):
+    """A comment; child of its author's UserSequence, key name its sort key, so a bookmark is a get by key.
+
+    Listing an entry's comments is a query across users' groups (`entry` equal, ordered by `sort_key`, both directions
+    declared in index.yaml): eventually consistent, which is why service.get_comments adds the reader's own newest
+    comments by key. The key path starts with the author, so key order is not comment order: hence `sort_key`.
+    Not in the global cache: posting must not depend on memcached, and comments are read by query.
+    """
+    _use_global_cache = False
+    entry = ndb.StringProperty(required=True)  # "<blog>/<index>"
+    sort_key = ndb.StringProperty(required=True)
+    text = ndb.TextProperty(required=True)
+    author = ndb.TextProperty(required=True)  # the name shown: the part of the email before the '@'
+    created = ndb.DateTimeProperty(required=True, indexed=False)

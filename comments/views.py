@@ -1,0 +1,76 @@
+"""Comments: the form on an entry's page and the /api/blogs/<blog>/entries/<index>/comments routes.
+
+The entry page itself (the comments listed under the entry) is blog.views.render_entry.
+"""
+import re
+
+from flask import Blueprint, flash, jsonify, redirect, request, session, url_for
+from markupsafe import Markup, escape
+
+from blog import views as blog_views
+from comments import service
+from core import identity
+from core.errors import AppError
+from core.web import json_body
+
+bp = Blueprint("comments", __name__)
+URL = re.compile(r"https?://[^\s<>\"']+")
+TRAILING = ".,;:!?)]}'\""
+
+
+@bp.app_template_filter()
+def linkify(text):
+    """Plain comment text as HTML: everything escaped, http(s) URLs made links that cannot run script or pass on the
+    page's authority (rel=nofollow noopener noreferrer). Only those two schemes match, so a `javascript:` URL stays
+    text."""
+    out, last = [], 0
+    for match in URL.finditer(text):
+        url = match.group(0).rstrip(TRAILING)
+        end = match.start() + len(url)
+        out += [escape(text[last:match.start()]),
+                Markup('<a href="{0}" rel="nofollow noopener noreferrer">{0}</a>').format(url)]
+        last = end
+    out.append(escape(text[last:]))
+    return Markup("").join(out)
+
+
+def _remember(comment):
+    """Keep the id of the person's new comment in their session, so pages show it at once (service.get_comments)."""
+    recent = [c for c in session.get(service.RECENT_SESSION_KEY, []) if c != comment["id"]]
+    session[service.RECENT_SESSION_KEY] = (recent + [comment["id"]])[-service.RECENT_KEEP:]
+
+
+@bp.post("/blog/<blog>/<int:index>/comments")
+def post_form(blog, index):
+    """A signed-in person's comment from the form under an entry."""
+    user = identity.require_user()
+    try:
+        comment = service.post_comment(blog, index, user, request.form.get("text", ""),
+                                       request.form.get("comment_token") or None)
+    except AppError as e:
+        if e.status not in (400, 422):
+            raise
+        flash(e.message, "error")
+        return blog_views.render_entry(blog, index, comment_form=request.form, status=e.status)
+    _remember(comment)
+    return redirect(url_for("blog.entry", blog=blog, index=index, page="last") + "#comments-end")
+
+
+@bp.post("/api/blogs/<blog>/entries/<index>/comments")
+def api_post(blog, index):
+    """Signed in: {"text": 1..2000 characters} comments on the entry."""
+    user = identity.require_user()
+    comment = service.post_comment(blog, index, user, json_body().get("text"),
+                                   request.headers.get("Idempotency-Key"))
+    _remember(comment)
+    return jsonify(comment), 201
+
+
+@bp.get("/api/blogs/<blog>/entries/<index>/comments")
+def api_list(blog, index):
+    """A page of the entry's comments, oldest first: `?after=<id>` or `?before=<id>`, `?limit=1..100`,
+    `?page=last` for the newest page."""
+    args = request.args
+    page = service.get_comments(blog, index, args.get("after"), args.get("before"), args.get("limit"),
+                                last=args.get("page") == "last", own=session.get(service.RECENT_SESSION_KEY, ()))
+    return jsonify(comments=page.comments, next=page.next, prev=page.prev)

@@ -1,0 +1,28 @@
+"""Checks shared by every feature's input: bounded text and whole numbers from URLs or JSON."""
+from core.errors import BadInput, Unprocessable
+
+
+def text(value, field, high, strip=False):
+    """`value` if it is a string of 1..high characters, not all blank and without control characters (tab and line
+    breaks allowed), else a 422 naming `field`. `strip` trims it first."""
+    if not isinstance(value, str):
+        raise Unprocessable(f"{field} must be text.", f"bad_{field}")
+    if strip:
+        value = value.strip()
+    if not 1 <= len(value) <= high or not value.strip():
+        raise Unprocessable(f"{field} must be 1 to {high} characters, not all blank.", f"bad_{field}")
+    if any(ord(c) < 32 and c not in "\t\n\r" or c == "\x7f" for c in value):
+        raise Unprocessable(f"{field} must not contain control characters.", f"bad_{field}")
+    return value
+
+
+def whole_number(value, field, low, high, default=None):
+    """An int from JSON or a query string ("12", digits only) within low..high, else a 400 naming `field`.
+    None gives `default` when there is one."""
+    if value is None and default is not None:
+        return default
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadInput(f"{field} must be a whole number from {low} to {high}.", f"bad_{field}")
+    return value

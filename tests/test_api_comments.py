@@ -1,0 +1,118 @@
+"""Comments over HTTP: the JSON API, the form under an entry, the pages."""
+import re
+
+import pytest
+
+from comments.models import Comment, UserSequence
+from conftest import csrf_token
+from core import runtime
+
+
+def _stored(kind):
+    with runtime.current().datastore.context():
+        return kind.query().fetch(keys_only=True)
+
+
+@pytest.fixture
+def entry(client, auth):
+    auth.admin()
+    for i in range(2):
+        assert client.post("/api/blogs/news/entries", json={"title": f"Entry {i}", "body": "text"}).status_code == 201
+    auth.sign_out()
+
+
+def _comment(client, text, index=0, **kw):
+    return client.post(f"/api/blogs/news/entries/{index}/comments", json={"text": text}, **kw)
+
+
+def test_post_and_page_over_the_api(client, auth, entry):
+    auth.sign_in("ann@example.com")
+    r = _comment(client, "first!")
+    assert r.status_code == 201, r.get_data(as_text=True)
+    c = r.get_json()
+    assert c["text"] == "first!" and c["author"] == "ann" and re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z\|[^|]+\|0000000001", c["id"])
+    for i in range(4):
+        _comment(client, f"more {i}")
+    first = client.get("/api/blogs/news/entries/0/comments?limit=2").get_json()
+    assert [x["text"] for x in first["comments"]] == ["first!", "more 0"] and first["prev"] is None
+    second = client.get("/api/blogs/news/entries/0/comments", query_string={"limit": 2, "after": first["next"]}).get_json()
+    assert [x["text"] for x in second["comments"]] == ["more 1", "more 2"]
+    back = client.get("/api/blogs/news/entries/0/comments", query_string={"limit": 2, "before": second["prev"]}).get_json()
+    assert back == first
+    assert client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 5
+    assert client.get("/api/blogs/news/entries/1").get_json()["comment_count"] == 0
+
+
+def test_anonymous_comment_is_401_and_writes_nothing(client, entry):
+    r = _comment(client, "hi")
+    assert r.status_code == 401 and r.get_json()["error"]["code"] == "sign_in_required"
+    assert _stored(Comment) == [] and _stored(UserSequence) == []
+
+
+@pytest.mark.parametrize("body,status,code", [({"text": ""}, 422, "bad_text"), ({"text": "x" * 2001}, 422, "bad_text"),
+                                              ({"text": 7}, 422, "bad_text"), ({}, 422, "bad_text")])
+def test_bad_comment_bodies_write_nothing(client, auth, entry, body, status, code):
+    auth.sign_in("ann@example.com")
+    r = client.post("/api/blogs/news/entries/0/comments", json=body)
+    assert r.status_code == status and r.get_json()["error"]["code"] == code
+    assert _stored(Comment) == [] and _stored(UserSequence) == []
+    assert client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 0
+
+
+def test_bad_requests(client, auth, entry):
+    auth.sign_in("ann@example.com")
+    assert _comment(client, "hi", index=9).status_code == 404
+    assert client.get("/api/blogs/news/entries/9/comments").status_code == 404
+    cid = _comment(client, "hi").get_json()["id"]
+    for query in ({"after": "forged"}, {"before": cid[:-3]}, {"after": cid, "before": cid}, {"limit": 0},
+                  {"limit": 101}, {"limit": "ten"}):
+        r = client.get("/api/blogs/news/entries/0/comments", query_string=query)
+        assert r.status_code == 400, query
+    foreign = _comment(client, "elsewhere", index=1).get_json()["id"]
+    r = client.get("/api/blogs/news/entries/0/comments", query_string={"after": foreign})
+    assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_after"
+    assert client.get("/blog/news/0", query_string={"after": "forged"}).status_code == 400
+
+
+def test_comment_form_and_entry_page(client, auth, entry):
+    auth.sign_in("ann@example.com")
+    token = csrf_token(client, "/blog/news/0")
+    for i in range(23):
+        r = client.post("/blog/news/0/comments", data={"csrf_token": token, "text": f"comment number {i}",
+                                                       "comment_token": f"t{i}"})
+        assert r.status_code == 302 and r.headers["Location"].endswith("/blog/news/0?page=last#comments-end")
+    # sent twice (a double click): one comment
+    client.post("/blog/news/0/comments", data={"csrf_token": token, "text": "comment number 22", "comment_token": "t22"})
+    last = client.get("/blog/news/0?page=last").get_data(as_text=True)
+    assert "comment number 22" in last and "comment number 2<" not in last and "Older comments" in last
+    first = client.get("/blog/news/0").get_data(as_text=True)
+    assert "comment number 0" in first and "comment number 19" in first and "comment number 20" not in first
+    assert "Newer comments" in first and "<span data-comment-count>23</span>" in first
+    older = re.search(r'href="([^"]+before=[^"#]+)', last).group(1).replace("&amp;", "&")
+    assert "comment number 0" in client.get(older).get_data(as_text=True)
+    assert "23 comments" in client.get("/blog/news").get_data(as_text=True)
+
+
+def test_comment_form_error_keeps_the_text(client, auth, entry):
+    auth.sign_in("ann@example.com")
+    token = csrf_token(client, "/blog/news/0")
+    r = client.post("/blog/news/0/comments", data={"csrf_token": token, "text": "y" * 2001})
+    assert r.status_code == 422 and "y" * 2001 in r.get_data(as_text=True)
+    assert _stored(Comment) == []
+    r = client.post("/blog/news/0/comments", data={"text": "no token"})
+    assert r.status_code == 400 and _stored(Comment) == []
+
+
+def test_signed_out_readers_see_a_sign_in_link(client, entry):
+    html = client.get("/blog/news/0").get_data(as_text=True)
+    assert "to comment" in html and 'name="text"' not in html
+    assert client.post("/blog/news/0/comments", data={"text": "x"}).status_code == 400  # no CSRF token
+
+
+def test_hostile_comment_renders_as_text_with_safe_links(client, auth, entry):
+    auth.sign_in("eve@example.com")
+    _comment(client, '<script>alert(1)</script> javascript:alert(2) https://example.com/a?b=1&c=2 "><img src=x>')
+    html = client.get("/blog/news/0").get_data(as_text=True)
+    assert "<script>alert(1)" not in html and "<img src=x>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and 'href="javascript' not in html
+    assert '<a href="https://example.com/a?b=1&amp;c=2" rel="nofollow noopener noreferrer">' in html

@@ -1,0 +1,191 @@
+"""Comments on the real stack: per-user sequences under concurrency, paging both ways, bookmarks, own comments."""
+import datetime
+
+import pytest
+from google.cloud import ndb
+
+from blog import service as blog_service
+from comments import service
+from comments.models import Comment, UserSequence
+from conftest import in_threads
+from core import runtime
+from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
+from counters import service as counters
+
+
+def _user(name):
+    return {"id": f"dev-{name}", "email": f"{name}@example.com"}
+
+
+def _entry(blog="b", count=1):
+    for i in range(count):
+        blog_service.post_entry(blog, f"entry {i}", "body", "boss@example.com")
+
+
+def _exact_count(blog, index):
+    config = counters.get_config(service.comments_counter(blog, index))
+    return sum(counters.shard_counts(config)) if config else 0
+
+
+def _walk_forward(limit, **kw):
+    pages, after = [], None
+    while True:
+        page = service.get_comments("b", 0, after=after, limit=limit, **kw)
+        pages.append(page)
+        if page.next is None:
+            return pages
+        after = page.next
+
+
+def test_sixteen_users_by_ten_concurrently(app):
+    with runtime.current().datastore.context():
+        _entry()
+    users = [_user(f"u{i}") for i in range(16)]
+
+    def post_ten(i):
+        return [service.post_comment("b", 0, users[i], f"comment {n} of {i}")["id"] for n in range(10)]
+    ids = [c for batch in in_threads(16, post_ten) for c in batch]
+    assert len(ids) == 160 and len(set(ids)) == 160
+    with runtime.current().datastore.context():
+        stored = Comment.query(Comment.entry == "b/0").fetch()
+        assert sorted(c.sort_key for c in stored) == sorted(ids)
+        for user in users:
+            seqs = sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in stored if c.key.parent().id() == user["id"])
+            assert seqs == list(range(1, 11)), user  # dense: no sequence number skipped or repeated
+            assert ndb.Key(UserSequence, user["id"]).get().seq == 10
+        assert _exact_count("b", 0) == 160
+        assert service.comment_counts("b", [0]) == {0: 160}
+
+
+def _insert(entry, when, user_id, seq, text="x"):
+    """A comment written with a chosen time: how comments with identical timestamps are made reproducibly."""
+    key_name = service.sort_key(when, user_id, seq)
+    Comment(key=ndb.Key(UserSequence, user_id, Comment, key_name), entry=entry, sort_key=key_name, text=text,
+            author=user_id, created=when).put()
+    return key_name
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 20, 40])
+def test_paging_forward_then_backward_gives_the_same_pages(ndb_context, limit):
+    _entry()
+    same_time = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901)
+    ids = [_insert("b/0", same_time, f"user{u}", s) for u in range(4) for s in range(1, 4)]  # 12 at one instant
+    ids += [_insert("b/0", same_time + datetime.timedelta(microseconds=1), "user0", 4)]
+    ids += [service.post_comment("b", 0, _user(f"p{i % 3}"), f"posted {i}")["id"] for i in range(12)]
+    expected = sorted(ids)
+    pages = _walk_forward(limit)
+    walked = [c["id"] for p in pages for c in p.comments]
+    assert walked == expected  # oldest first, every comment exactly once
+    assert all(len(p.comments) == limit for p in pages[:-1]) and 1 <= len(pages[-1].comments) <= limit
+    assert pages[0].prev is None and pages[-1].next is None
+    for earlier, later in zip(pages, pages[1:]):
+        assert later.prev is not None
+        back = service.get_comments("b", 0, before=later.prev, limit=limit)
+        assert back.comments == earlier.comments and back.next == earlier.next and back.prev == earlier.prev
+    last = service.get_comments("b", 0, limit=limit, last=True)
+    assert [c["id"] for c in last.comments] == expected[-limit:] and last.next is None
+    assert last.prev == (expected[-limit] if len(expected) > limit else None)
+
+
+def test_own_comments_are_merged_only_into_the_page_they_belong_on(ndb_context):
+    _entry()
+    ids = [service.post_comment("b", 0, _user(f"u{i % 4}"), f"c{i}")["id"] for i in range(17)]
+    plain = [[c["id"] for c in p.comments] for p in _walk_forward(5)]
+    with_own = [[c["id"] for c in p.comments] for p in _walk_forward(5, own=ids + ["garbage", "1|2|3"])]
+    assert with_own == plain  # the query already has them all: merging adds nothing and moves nothing
+
+
+def test_own_comment_is_seen_at_once_at_consistency_0_9(weak_app):
+    with runtime.current().datastore.context():
+        _entry()
+        user, own = _user("me"), []
+        for i in range(15):
+            comment = service.post_comment("b", 0, user, f"mine {i}")
+            own = (own + [comment["id"]])[-service.RECENT_KEEP:]
+            page = service.get_comments("b", 0, last=True, own=own)
+            assert page.comments[-1]["id"] == comment["id"]
+
+
+@pytest.mark.parametrize("bookmark", ["garbage", "", "20260101T000000.000000Z|u|1",  # well formed, no such comment
+                                      "20260101T000000.000000Z|u|0000000001x", "2026|u|0000000001",
+                                      "20260101T000000.000000Z|a|b|0000000001"])
+def test_forged_bookmarks_are_400(ndb_context, bookmark):
+    _entry()
+    service.post_comment("b", 0, _user("u"), "hello")
+    for kw in ({"after": bookmark}, {"before": bookmark}):
+        with pytest.raises(BadInput):
+            service.get_comments("b", 0, **kw)
+
+
+def test_truncated_and_foreign_bookmarks_are_400(ndb_context):
+    _entry(count=2)
+    mine = service.post_comment("b", 0, _user("u"), "on entry 0")["id"]
+    foreign = service.post_comment("b", 1, _user("u"), "on entry 1")["id"]
+    assert service.get_comments("b", 0, after=mine).comments == []
+    for bad in (mine[:-1], mine[:20], foreign):
+        with pytest.raises(BadInput):
+            service.get_comments("b", 0, after=bad)
+    with pytest.raises(BadInput):
+        service.get_comments("b", 0, after=mine, before=mine)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t", "x" * 2001, "nul\x00", 5, None, ["list"]])
+def test_bad_text_writes_nothing(ndb_context, text):
+    _entry()
+    with pytest.raises(Unprocessable):
+        service.post_comment("b", 0, _user("u"), text)
+    assert Comment.query().fetch(keys_only=True) == [] and UserSequence.query().fetch(keys_only=True) == []
+    assert counters.get_config(service.comments_counter("b", 0)) is None
+
+
+def test_anonymous_and_unknown_entries(ndb_context):
+    _entry()
+    with pytest.raises(SignInRequired):
+        service.post_comment("b", 0, None, "hi")
+    with pytest.raises(NotFound):
+        service.post_comment("b", 5, _user("u"), "hi")
+    with pytest.raises(NotFound):
+        service.get_comments("nope", 0)
+    assert Comment.query().fetch(keys_only=True) == []
+
+
+def test_a_resent_comment_is_written_and_counted_once(ndb_context):
+    _entry()
+    first = service.post_comment("b", 0, _user("u"), "once", "form-token-1")
+    again = service.post_comment("b", 0, _user("u"), "once", "form-token-1")
+    assert again == first
+    assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
+    service.post_comment("b", 0, _user("u"), "twice", "form-token-2")
+    assert _exact_count("b", 0) == 2
+
+
+def test_comments_survive_memcached_down(ndb_context, stack):
+    _entry()
+    service.post_comment("b", 0, _user("u"), "first")  # creates the count's counter while memcached is up
+    stack.memcached.stop()
+    try:
+        service.post_comment("b", 0, _user("u"), "while memcached is away")
+        assert [c["text"] for c in service.get_comments("b", 0).comments] == ["first", "while memcached is away"]
+    finally:
+        stack.memcached.start()
+    assert _exact_count("b", 0) == 2
+
+
+def test_sort_key_is_fixed_width_and_rejects_the_separator():
+    when = datetime.datetime(2026, 11, 21, 1, 2, 3, 4)
+    assert service.sort_key(when, "u", 7) == "20261121T010203.000004Z|u|0000000007"
+    assert service.sort_key(datetime.datetime(999, 1, 1), "u", 1) < service.sort_key(when, "u", 1)
+    with pytest.raises(ValueError):
+        service.sort_key(when, "a|b", 1)
+
+
+def test_demo_seed_gives_pages_of_comments(app):
+    output = app.test_cli_runner().invoke(args=["seed"]).output
+    assert "blog: seeded" in output and "comments: seeded" in output
+    with runtime.current().datastore.context():
+        top = blog_service.get_blog(blog_service.DEMO_BLOG).max_index
+        assert top == blog_service.DEMO_ENTRIES - 1
+        first = service.get_comments("demo", top)
+        assert len(first.comments) == service.PAGE_SIZE and first.next is not None
+        assert len({c["author"] for c in first.comments}) >= 3
+        assert service.comment_counts("demo", [top, top - 1]) == {top: 45, top - 1: 12}
