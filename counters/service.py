@@ -358,8 +358,11 @@ def totals(names):
     missing = [n for n in names if _total_cache_key(n) not in cached]
     configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in missing]) if c is not None]
     summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
-    for name, count in summed.items():
-        cache.add(_total_cache_key(name), count, expire=TOTAL_LIFETIME)
+    # A counter never created is cached as 0 too: otherwise every page listing entries without comments would ask
+    # Datastore for the missing configs again (ndb's global cache does not keep misses). Its first increment incrs
+    # the cached 0 after committing, as for any cached total.
+    for name in missing:
+        cache.add(_total_cache_key(name), summed.get(name, 0), expire=TOTAL_LIFETIME)
     return {n: int(cached[_total_cache_key(n)]) if _total_cache_key(n) in cached else summed.get(n, 0)
             for n in names}
 

@@ -245,3 +245,12 @@ def test_one_shard_counter_backs_off_and_stays_exact(ndb_context):
     results = _hammer(lambda: service.increment("lonely"), threads=8, each=10)
     assert sum(r.attempts for r in results) > 80  # they collided, and waited instead of spinning
     assert CounterShard.key_for("lonely", 0).get().count == 80
+
+
+def test_totals_of_counters_never_created_are_cached_and_then_follow_increments(ndb_context):
+    assert service.totals(["never.a", "never.b"]) == {"never.a": 0, "never.b": 0}
+    assert runtime.cache().get_many(["counter-total:never.a", "counter-total:never.b"]) == {
+        "counter-total:never.a": b"0", "counter-total:never.b": b"0"}
+    service.increment("never.a", mode="adaptive", listed=False)
+    service.increment("never.a", mode="adaptive", listed=False)
+    assert service.totals(["never.a", "never.b"]) == {"never.a": 2, "never.b": 0}
