@@ -416,7 +416,7 @@ def seed_demo():
     for name, times in (("page-views", 120), ("downloads", 25)):
         for _ in range(times):
             increment(name)
-    burst("likes", 16, 160)  # concurrent, so the adaptive counter has grown by the time anyone looks
+    burst("likes", 32, 320)  # concurrent, so the adaptive counter has (almost surely) grown by the time anyone looks
     for _ in range(30):
         increment_simple()
     return True
