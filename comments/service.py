@@ -204,7 +204,7 @@ DEMO_USERS = ("ann", "bo", "chen", "dara", "eli")
 _DEMO_LINES = [
     "Is this the same as the talk's example? https://www.youtube.com/results?search_query=building+scalable+web+apps",
     "Why does the sort key need the user id at all?",
-    "Two of us posted in the same microsecond and both comments are here: time|user|seq at work.",
+    "Two comments in the same microsecond would still sort: the user id and the sequence break the tie.",
     "Paging backwards from here gives exactly the page I came from.",
     "My comment showed up at once, even though the listing query is eventually consistent.",
     "Each of us writes to our own entity group, so nobody waits for anybody.",
