@@ -51,10 +51,11 @@ def entry(blog, index):
 def render_entry(blog, index, comment_form=None, status=200):
     """The entry page; after a rejected comment, `comment_form` refills the form (and the view is not counted again)."""
     entry = service.get_entry(blog, index)
-    views = service.view_count(blog, index) if comment_form else service.record_view(blog, index)
     args = request.args
     page = comments.get_comments(blog, index, args.get("after"), args.get("before"),
                                  last=args.get("page") == "last", own=session.get(comments.RECENT_SESSION_KEY, ()))
+    # Counted only once the request has proved valid (a bad bookmark is a 400 that changes nothing).
+    views = service.view_count(blog, index) if comment_form else service.record_view(blog, index)
     return render_template("blog/entry.html", blog=blog, entry=entry, views=views,
                            max_index=service.require_blog(blog).max_index,
                            views_counter=service.views_counter(blog, index), comments=page,

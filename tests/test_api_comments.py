@@ -72,6 +72,7 @@ def test_bad_requests(client, auth, entry):
     r = client.get("/api/blogs/news/entries/0/comments", query_string={"after": foreign})
     assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_after"
     assert client.get("/blog/news/0", query_string={"after": "forged"}).status_code == 400
+    assert client.get("/api/blogs/news/entries/0").get_json()["views"] == 0  # the refused page counted no view
 
 
 def test_comment_form_and_entry_page(client, auth, entry):
