@@ -25,7 +25,6 @@ from core.errors import BadInput, Unprocessable, found
 from counters import service as counters
 
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
-IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")
 TITLE_MAX = 200
 BODY_MAX = 100_000
 PAGE_SIZE = 10
@@ -77,13 +76,6 @@ def validate_body(value):
     return validate.text(value, "body", BODY_MAX)
 
 
-def validate_idempotency_key(value):
-    if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
-        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
-                       "bad_idempotency_key")
-    return value
-
-
 def entry_dict(entry):
     return {"index": entry.index, "title": entry.title, "body": entry.body, "body_html": entry.body_html,
             "author": entry.author, "created": entry.created.strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -107,7 +99,7 @@ def post_entry(blog, title, body, author, idempotency_key=None):
     """
     validate_blog(blog)
     title, body = validate_title(title), validate_body(body)
-    validate_idempotency_key(idempotency_key)
+    validate.idempotency_key(idempotency_key)
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key = ndb.Key(BlogIndex, blog)
     marker_key = ndb.Key(PostMarker, idempotency_key or uuid.uuid4().hex, parent=blog_key)

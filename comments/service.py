@@ -30,7 +30,6 @@ ID_PATTERN = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)\|([^|\s]{1,200})\|(\d{10})")
 TEXT_MAX = 2000
 PAGE_SIZE = 20
 PAGE_MAX = 100
-IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")
 RECENT_SESSION_KEY = "recent_comments"  # the ids of a person's latest comments, kept in their session cookie
 RECENT_KEEP = 5
 
@@ -78,13 +77,6 @@ def display_name(email):
     return email.split("@", 1)[0]
 
 
-def validate_idempotency_key(value):
-    if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
-        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
-                       "bad_idempotency_key")
-    return value
-
-
 def post_comment(blog, index, user, text, idempotency_key=None):
     """Write `user`'s comment on an entry, then count it.
 
@@ -100,7 +92,7 @@ def post_comment(blog, index, user, text, idempotency_key=None):
     blog_service.get_entry(blog, index)  # the entry exists (404 otherwise); validates blog and index
     index = int(index)
     text = validate.text(text, "text", TEXT_MAX)
-    validate_idempotency_key(idempotency_key)
+    validate.idempotency_key(idempotency_key)
     user_id, author = user["id"], display_name(user["email"])
     seq_key = ndb.Key(UserSequence, user_id)
     token = idempotency_key or uuid.uuid4().hex

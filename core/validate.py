@@ -1,5 +1,9 @@
-"""Checks shared by every feature's input: bounded text and whole numbers from URLs or JSON."""
+"""Checks shared by every feature's input: bounded text, whole numbers from URLs or JSON, idempotency keys."""
+import re
+
 from core.errors import BadInput, Unprocessable
+
+IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
 
 
 def text(value, field, high, strip=False):
@@ -25,4 +29,12 @@ def whole_number(value, field, low, high, default=None):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise BadInput(f"{field} must be a whole number from {low} to {high}.", f"bad_{field}")
+    return value
+
+
+def idempotency_key(value):
+    """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces."""
+    if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
+        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
+                       "bad_idempotency_key")
     return value

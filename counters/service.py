@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import runtime
+from core import runtime, validate
 from core.cache import CACHE_DOWN
 from core.datastore import backoff, is_contention
 from core.errors import BadInput, Conflict, Unavailable, Unprocessable, found
@@ -27,7 +27,6 @@ from counters.models import AppliedIncrement, CounterConfig, CounterShard, Simpl
 
 log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
 SIMPLE_SHARDS = 20
 DEFAULT_SHARDS = {"general": 20, "adaptive": 1}
 MAX_SHARDS = 1000
@@ -61,15 +60,6 @@ def validate_name(name):
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise BadInput("A counter name is 1 to 100 characters of letters, digits, '_', '.' and '-'.", "bad_name")
     return name
-
-
-def validate_idempotency_key(value):
-    if value is None:
-        return None
-    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
-        raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
-                       "bad_idempotency_key")
-    return value
 
 
 def _whole_number(value, field, high):
@@ -201,7 +191,7 @@ def increment(name, idempotency_key=None, mode="general", listed=True):
     (an UNKNOWN error) is retried too; without a key such a retry could count twice, with one it cannot.
     """
     validate_name(name)
-    validate_idempotency_key(idempotency_key)
+    validate.idempotency_key(idempotency_key)
     config = get_config(name) or configure(name, mode, listed=listed)
     cache = runtime.cache()
     total_key = _total_cache_key(name)
