@@ -6,8 +6,7 @@ from flask import Blueprint, flash, jsonify, make_response, redirect, render_tem
 from blog import service
 from comments import service as comments
 from core import identity
-from core.errors import AppError
-from core.web import json_body
+from core.web import json_body, submit_form
 
 bp = Blueprint("blog", __name__)
 
@@ -77,14 +76,12 @@ def _post_from_form(blog, render):
     the reason."""
     identity.require_admin()
     form = request.form
-    try:
-        posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), identity.current_user()["email"],
-                                    form.get("post_token") or None)
-    except AppError as e:
-        if e.status not in (400, 422):
-            raise
-        flash(e.message, "error")
-        return render(form), e.status
+    posted, refused = submit_form(
+        lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), identity.current_user()["email"],
+                                   form.get("post_token") or None),
+        lambda status: (render(form), status))
+    if refused:
+        return refused
     if posted.created:
         flash(f"Posted entry {posted.entry['index']}.", "info")
     return redirect(url_for("blog.entry", blog=blog, index=posted.entry["index"]))

@@ -4,14 +4,13 @@ The entry page itself (the comments listed under the entry) is blog.views.render
 """
 import re
 
-from flask import Blueprint, flash, jsonify, redirect, request, session, url_for
+from flask import Blueprint, jsonify, redirect, request, session, url_for
 from markupsafe import Markup, escape
 
 from blog import views as blog_views
 from comments import service
 from core import identity
-from core.errors import AppError
-from core.web import json_body
+from core.web import json_body, submit_form
 
 bp = Blueprint("comments", __name__)
 URL = re.compile(r"https?://[^\s<>\"']+")
@@ -44,14 +43,12 @@ def _remember(comment):
 def post_form(blog, index):
     """A signed-in person's comment from the form under an entry."""
     user = identity.require_user()
-    try:
-        comment = service.post_comment(blog, index, user, request.form.get("text", ""),
-                                       request.form.get("comment_token") or None)
-    except AppError as e:
-        if e.status not in (400, 422):
-            raise
-        flash(e.message, "error")
-        return blog_views.render_entry(blog, index, comment_form=request.form, status=e.status)
+    comment, refused = submit_form(
+        lambda: service.post_comment(blog, index, user, request.form.get("text", ""),
+                                     request.form.get("comment_token") or None),
+        lambda status: blog_views.render_entry(blog, index, comment_form=request.form, status=status))
+    if refused:
+        return refused
     _remember(comment)
     return redirect(url_for("blog.entry", blog=blog, index=index, page="last") + "#comments-end")
 

@@ -2,7 +2,7 @@
 import datetime
 import logging
 
-from flask import jsonify, render_template, request
+from flask import flash, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
 from werkzeug.exceptions import HTTPException
@@ -52,6 +52,18 @@ def _check_unsafe_request():
             raise _not_json()
     else:
         csrf.protect()
+
+
+def submit_form(action, rerender):
+    """(action's result, None), or, when the service refused the form's input (400/422), (None, the form's page
+    again): the reason flashed and `rerender(status)` showing what was typed. Other errors are raised as usual."""
+    try:
+        return action(), None
+    except AppError as e:
+        if e.status not in (400, 422):
+            raise
+        flash(e.message, "error")
+        return None, rerender(e.status)
 
 
 def when(iso):
