@@ -9,7 +9,8 @@ from core import identity, runtime, web
 from core.datastore import NdbContextMiddleware
 from core.settings import Settings
 
-FEATURES = ("counters", "blog", "comments")  # each a package with views.bp and service.seed_demo()
+# Each a package with views.bp, and service.seed_demo() when it has demo content.
+FEATURES = ("counters", "blog", "comments", "mapper", "accounts")
 
 
 def create_app(config=None):
@@ -48,7 +49,10 @@ def create_app(config=None):
         """Add the demo content of each feature that has none yet."""
         with rt.datastore.context():
             for feature in FEATURES:
-                created = __import__(f"{feature}.service", fromlist=["seed_demo"]).seed_demo()
+                seed_demo = getattr(__import__(f"{feature}.service", fromlist=["seed_demo"]), "seed_demo", None)
+                if seed_demo is None:
+                    continue
+                created = seed_demo()
                 click.echo(f"{feature}: {'seeded' if created else 'already has content'}")
 
     return app

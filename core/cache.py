@@ -79,6 +79,11 @@ class Cache:
         """Store only if absent; False when not stored or memcached is away."""
         return bool(self._call("add", False, key, value, expire=expire, noreply=False))
 
+    def claim(self, key, expire):
+        """False only when memcached says another caller claimed `key` first; True when this call claimed it or
+        memcached is away (a claim that cannot be checked must not stop the caller)."""
+        return self._call("add", None, key, 1, expire=expire, noreply=False) is not False
+
     def incr(self, key, delta=1):
         """Add to a cached number; None when the key is absent (never create it here) or memcached is away."""
         return self._call("incr", None, key, delta, noreply=False)

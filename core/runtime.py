@@ -1,10 +1,11 @@
-"""What a process builds once and every request reuses: settings, the ndb client, the memcached client.
+"""What a process builds once and every request reuses: settings, the ndb client, the memcached client, the task queue.
 
 `create_app` configures it; scripts (bench/, the seed command) do the same. Service modules read it through
 `current()` so they stay free of Flask.
 """
 from core import cache as cache_module
 from core import datastore as datastore_module
+from core import tasks as tasks_module
 from core.settings import Settings
 
 
@@ -16,6 +17,7 @@ class Runtime:
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(settings),
             cache_module.make_global_cache(self.memcache_client))
+        self.tasks = tasks_module.make_queue(settings, self.cache)
 
     def close(self):
         if self.memcache_client is not None:
@@ -42,3 +44,7 @@ def current():
 
 def cache():
     return current().cache
+
+
+def tasks():
+    return current().tasks

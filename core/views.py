@@ -1,9 +1,9 @@
-"""The app's own pages and routes: home, health, sign-in (page and API)."""
+"""The app's own pages and routes: home, health, sign-in (page and API), the route every task is delivered to."""
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from google.cloud import ndb
 
-from core import identity, runtime
-from core.errors import AppError
+from core import identity, runtime, tasks
+from core.errors import AppError, Forbidden, NotFound
 from core.web import json_body
 
 bp = Blueprint("core", __name__)
@@ -74,3 +74,17 @@ def delete_session():
     """Sign out."""
     identity.sign_out()
     return "", 204
+
+
+@bp.post("/api/tasks/<name>")
+def run_task(name):
+    """A queued task's delivery (core/tasks.py): only a queue of this app may call it. A 2xx ends the task; anything
+    else makes the queue deliver it again later."""
+    if not tasks.is_from_queue(request.headers, runtime.current().settings):
+        raise Forbidden("Only the app's task queue may call this.", "not_from_queue")
+    fn = tasks.get_handler(name)
+    if fn is None:
+        raise NotFound(f"No task handler is named {name!r}.", "no_such_task")
+    attempt = request.headers.get(tasks.RETRY_HEADER, "0")
+    result = fn(json_body(), int(attempt) if attempt.isdigit() else 0)
+    return jsonify(result or {})

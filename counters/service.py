@@ -340,14 +340,19 @@ def get_total(name, config=None):
     return Total(count, False)
 
 
+def _summed(names):
+    """{name: sum of its shards} for those of `names` that exist: one batch of configs, one of shards (by key)."""
+    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in names]) if c is not None]
+    return {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
+
+
 def totals(names):
     """{name: total} for counters that other features keep (an entry's views or comments), 0 for one never created:
     cached totals in one memcached round trip, the rest from one batch of configs and one of shards (then cached)."""
     cache = runtime.cache()
     cached = cache.get_many([_total_cache_key(n) for n in names])
     missing = [n for n in names if _total_cache_key(n) not in cached]
-    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in missing]) if c is not None]
-    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
+    summed = _summed(missing)
     # A counter never created is cached as 0 too: otherwise every page listing entries without comments would ask
     # Datastore for the missing configs again (ndb's global cache does not keep misses). Its first increment incrs
     # the cached 0 after committing, as for any cached total.
@@ -355,6 +360,29 @@ def totals(names):
         cache.add(_total_cache_key(name), summed.get(name, 0), expire=TOTAL_LIFETIME)
     return {n: int(cached[_total_cache_key(n)]) if _total_cache_key(n) in cached else summed.get(n, 0)
             for n in names}
+
+
+def exact_totals(names):
+    """{name: total} summed from the shards, never from the cache, 0 for a counter never created: for a repair job
+    that compares a counter with the truth."""
+    summed = _summed(names)
+    return {n: summed.get(n, 0) for n in names}
+
+
+def add_in_transaction(name, delta, mode="adaptive", listed=False):
+    """Inside the caller's transaction: add `delta` (negative too) to the counter's first shard, creating the counter
+    when it does not exist. Returns the entities for the caller to put with its own; the cached total is dropped once
+    the transaction commits. Two entity groups (config and shard): the caller's transaction must have room for them."""
+    config = ndb.Key(CounterConfig, validate_name(name)).get()
+    writes = []
+    if config is None:
+        config = CounterConfig(id=name, mode=mode, num_shards=DEFAULT_SHARDS[mode], listed=listed)
+        writes.append(config)
+    shard = CounterShard.key_for(name, 0).get() or CounterShard(key=CounterShard.key_for(name, 0))
+    shard.count += delta
+    writes.append(shard)
+    ndb.get_context().call_on_commit(lambda: runtime.cache().delete(_total_cache_key(name)))
+    return writes
 
 
 def list_counters(limit=LIST_LIMIT, with_shards=False):

@@ -57,7 +57,8 @@ def run(port):
         print("Starting memcached and the Datastore emulator...", flush=True)
         stack.start()
         env = dict(os.environ, **stack.env(), SECRET_KEY=_dev_secret(),
-                   ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", ""), FLASK_APP="main:create_app")
+                   ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", ""), FLASK_APP="main:create_app",
+                   TASKS_BACKEND="http", TASKS_URL=url)
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=env, cwd=REPO, check=True)
         server = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "8",

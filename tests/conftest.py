@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from core import runtime
+from core import runtime, tasks
 from core.settings import Settings
 from devstack import Stack
 from main import create_app
 
 
 def _settings(stack, **overrides):
-    env = dict(stack.env(), SECRET_KEY="test-secret", ADMIN_EMAILS="boss@example.com")
+    env = dict(stack.env(), SECRET_KEY="test-secret", ADMIN_EMAILS="boss@example.com", TASKS_BACKEND="queue")
     env.update(overrides)
     return Settings.from_env(env)
 
@@ -47,6 +47,32 @@ def ndb_context(app):
     """Service-level tests run inside an ndb context, as a request would."""
     with runtime.current().datastore.context():
         yield
+
+
+class Tasks:
+    """The test's task queue (core.tasks.DrainedQueue): tasks wait until `drain` delivers them through the app's task
+    route, as a real queue would, on `workers` threads; `fail(task)` may make a delivery fail first."""
+
+    def __init__(self, app):
+        self.app = app
+        self.queue = runtime.current().tasks
+        self.headers = {tasks.TOKEN_HEADER: tasks.local_token(app.config["SETTINGS"].secret_key)}
+        self.responses = []
+
+    def deliver(self, task):
+        response = self.app.test_client().post(
+            tasks.ROUTE.format(task.handler), json=task.payload,
+            headers=dict(self.headers, **{tasks.RETRY_HEADER: str(task.attempt), tasks.NAME_HEADER: task.name}))
+        self.responses.append((task, response.status_code, response.get_json()))
+        return 200 <= response.status_code < 300
+
+    def drain(self, workers=1, deliver=None, **limits):
+        return self.queue.drain(deliver or self.deliver, workers=workers, **limits)
+
+
+@pytest.fixture
+def task_queue(app):
+    return Tasks(app)
 
 
 class Auth:

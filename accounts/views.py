@@ -1,0 +1,52 @@
+"""Accounts: the /accounts page (seed, summary, credit everyone) and /api/accounts routes."""
+from flask import Blueprint, jsonify, redirect, render_template, request, url_for
+
+from accounts import service
+from core import identity
+from core.web import json_body, submit_form
+from mapper import service as mapper
+
+bp = Blueprint("accounts", __name__)
+
+
+@bp.get("/accounts")
+def index():
+    """How many accounts, their total balance, and (admins) forms to seed more and to credit every one."""
+    return _page()
+
+
+def _page(status=200):
+    return render_template("accounts/index.html", summary=service.summary(), max_seed=service.MAX_SEED,
+                           max_amount=service.MAX_AMOUNT), status
+
+
+@bp.post("/accounts/seed")
+def seed_form():
+    """Seed accounts in the background."""
+    identity.require_admin()
+    seeded, page = submit_form(lambda: service.seed(request.form.get("count")), _page)
+    if page:
+        return page
+    return redirect(url_for("accounts.index", seeded=seeded["count"]))
+
+
+@bp.post("/accounts/credit")
+def credit_form():
+    """Start the add_credit job over every account."""
+    identity.require_admin()
+    job, page = submit_form(lambda: mapper.start_job(service.ADD_CREDIT.name,
+                                                     {"amount": request.form.get("amount")}), _page)
+    return page or redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.post("/api/accounts/seed")
+def api_seed():
+    """Seed {"count": 1..100000} accounts in the background -> 202."""
+    identity.require_admin()
+    return jsonify(service.seed(json_body().get("count"))), 202
+
+
+@bp.get("/api/accounts/summary")
+def api_summary():
+    """{"count", "total_balance"} over every account."""
+    return jsonify(service.summary())

@@ -1,0 +1,217 @@
+"""Task dispatch: one interface, three backends, one route every task arrives at.
+
+A feature registers a handler by name (`@handler("mapper.run")`) and enqueues named tasks (`enqueue(name, payload,
+task_name)`). Every backend delivers a task as an HTTP POST of its JSON payload to `/api/tasks/<name>` (core/views.py),
+so the code a task runs is the same everywhere:
+
+- `CloudTasksQueue` on App Engine: google-cloud-tasks with an App Engine HTTP target. The task name makes enqueueing
+  idempotent (ALREADY_EXISTS is success), and Cloud Tasks retries a delivery until it answers 2xx.
+- `HttpQueue` locally (`make run`): threads in this process POST to the app's own URL, retry with backoff, and drop a
+  name already enqueued (memcached `add` across processes, a set within one).
+- `DrainedQueue` in tests: tasks wait in a list until the test delivers them, one at a time or on threads, and may
+  make a delivery fail.
+
+Handlers must be idempotent: every backend delivers at least once, and twice at the same time now and then.
+"""
+import collections
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import logging
+import re
+import threading
+import time
+
+import requests
+
+log = logging.getLogger(__name__)
+
+ROUTE = "/api/tasks/{}"
+TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks accepts as a task id
+TOKEN_HEADER = "X-Tasks-Token"
+# Cloud Tasks sets these on an App Engine delivery, and App Engine strips X-AppEngine-* from outside requests,
+# so a request carrying the queue header came from a queue of this app.
+QUEUE_HEADER = "X-AppEngine-QueueName"
+RETRY_HEADER = "X-CloudTasks-TaskRetryCount"
+NAME_HEADER = "X-CloudTasks-TaskName"
+MAX_ATTEMPTS = 10  # the local queues' give-up point; queue.yaml sets the same for Cloud Tasks
+
+_handlers = {}
+
+
+def handler(name):
+    """Register fn(payload, attempt) as the handler of tasks named `name` (attempt counts from 0)."""
+    def register(fn):
+        _handlers[name] = fn
+        return fn
+    return register
+
+
+def get_handler(name):
+    return _handlers.get(name)
+
+
+def local_token(secret_key):
+    """What a local queue shows the task route instead of App Engine's queue header: derived from the app's secret,
+    so nobody outside the app can call the route."""
+    return hmac.new(secret_key.encode(), b"tasks", hashlib.sha256).hexdigest()
+
+
+def is_from_queue(headers, settings):
+    if settings.on_app_engine:
+        return bool(headers.get(QUEUE_HEADER))
+    return hmac.compare_digest(headers.get(TOKEN_HEADER, ""), local_token(settings.secret_key))
+
+
+class Task(collections.namedtuple("Task", "handler payload name attempt")):
+    """A delivery: handler name, JSON payload, unique task name, and how many deliveries failed before this one."""
+
+    def body(self):
+        return json.dumps(self.payload, separators=(",", ":")).encode()
+
+
+def _check(name, task_name):
+    if name not in _handlers:
+        raise ValueError(f"no task handler is registered as {name!r}")
+    if not TASK_NAME_PATTERN.fullmatch(task_name):
+        raise ValueError(f"bad task name {task_name!r}")
+
+
+class CloudTasksQueue:
+    """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process."""
+
+    def __init__(self, project, location, queue):
+        from google.cloud import tasks_v2  # only App Engine needs it loaded
+        self._tasks_v2 = tasks_v2
+        self.client = tasks_v2.CloudTasksClient()
+        self.parent = self.client.queue_path(project, location, queue)
+
+    def enqueue(self, name, payload, task_name):
+        from google.api_core import exceptions
+        _check(name, task_name)
+        task = {
+            "name": f"{self.parent}/tasks/{task_name}",
+            "app_engine_http_request": {
+                "http_method": self._tasks_v2.HttpMethod.POST,
+                "relative_uri": ROUTE.format(name),
+                "headers": {"Content-Type": "application/json"},
+                "body": Task(name, payload, task_name, 0).body(),
+            },
+        }
+        try:
+            self.client.create_task(parent=self.parent, task=task)
+        except exceptions.AlreadyExists:
+            pass  # the same named task was enqueued before (by a retry of the task that enqueues it): done already
+
+
+class HttpQueue:
+    """The local stand-in for Cloud Tasks: delivers to the app's own URL from a pool of threads in this process.
+
+    Tasks live only in memory: a task still waiting when the process stops is lost (Cloud Tasks keeps them).
+    """
+
+    def __init__(self, base_url, token, cache=None, workers=8, max_attempts=MAX_ATTEMPTS, base=0.1, cap=10.0):
+        self.base_url, self.token, self.cache = base_url.rstrip("/"), token, cache
+        self.max_attempts, self.base, self.cap = max_attempts, base, cap
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tasks")
+        self.session = requests.Session()
+        self._seen, self._lock = set(), threading.Lock()
+
+    def _first_time(self, task_name):
+        with self._lock:
+            if task_name in self._seen:
+                return False
+            self._seen.add(task_name)
+        # Another gunicorn worker may have enqueued it; memcached down or not, this process never sends it twice.
+        return self.cache is None or self.cache.claim(f"task-name:{task_name}", expire=3600)
+
+    def enqueue(self, name, payload, task_name):
+        _check(name, task_name)
+        if self._first_time(task_name):
+            self.pool.submit(self._deliver, Task(name, payload, task_name, 0))
+
+    def _deliver(self, task):
+        for attempt in range(self.max_attempts):
+            try:
+                response = self.session.post(
+                    self.base_url + ROUTE.format(task.handler), data=task._replace(attempt=attempt).body(),
+                    headers={"Content-Type": "application/json", TOKEN_HEADER: self.token,
+                             RETRY_HEADER: str(attempt), NAME_HEADER: task.name}, timeout=60)
+                if 200 <= response.status_code < 300:
+                    return
+                log.warning("task %s answered %s (attempt %d)", task.name, response.status_code, attempt + 1)
+            except requests.RequestException as e:
+                log.warning("task %s not delivered: %s (attempt %d)", task.name, e, attempt + 1)
+            time.sleep(min(self.base * 2 ** attempt, self.cap))
+        log.error("task %s given up after %d attempts", task.name, self.max_attempts)
+
+
+class DrainedQueue:
+    """For tests: enqueued tasks wait here until `drain` delivers them (through the app's task route)."""
+
+    def __init__(self):
+        self.pending = collections.deque()
+        self.names = set()
+        self.lock = threading.Lock()
+
+    def enqueue(self, name, payload, task_name):
+        _check(name, task_name)
+        with self.lock:
+            if task_name in self.names:
+                return
+            self.names.add(task_name)
+            self.pending.append(Task(name, payload, task_name, 0))
+
+    def take(self):
+        with self.lock:
+            return self.pending.popleft() if self.pending else None
+
+    def drain(self, deliver, workers=1, max_deliveries=10_000, timeout=300):
+        """Deliver until no task is left: deliver(task) -> True when it succeeded; a failed task goes to the back of
+        the line with attempt + 1 (as a queue retries it). Bounded in deliveries and time: tasks left when the time
+        runs out are an error, tasks left after `max_deliveries` are not. Returns the number of deliveries."""
+        deadline, count, count_lock = time.monotonic() + timeout, [0], threading.Lock()
+        busy = [0]
+
+        def worker():
+            while time.monotonic() < deadline:
+                with count_lock:
+                    if count[0] >= max_deliveries:
+                        return
+                    task = self.take()
+                    if task is None:
+                        if busy[0] == 0:
+                            return
+                    else:
+                        count[0] += 1
+                        busy[0] += 1
+                if task is None:
+                    time.sleep(0.01)  # another worker's task may still enqueue children
+                    continue
+                try:
+                    ok = deliver(task)
+                except Exception:  # noqa: BLE001 - a delivery that raised failed, as a 500 would
+                    log.exception("task %s failed", task.name)
+                    ok = False
+                with count_lock:
+                    if not ok:  # back in line before this worker stops counting as busy
+                        with self.lock:
+                            self.pending.append(task._replace(attempt=task.attempt + 1))
+                    busy[0] -= 1
+        threads = [threading.Thread(target=worker) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.pending and count[0] < max_deliveries:
+            raise RuntimeError(f"queue not drained: {len(self.pending)} tasks left after {count[0]} deliveries")
+        return count[0]
+
+
+def make_queue(settings, cache):
+    if settings.tasks_backend == "cloud-tasks":
+        return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue)
+    if settings.tasks_backend == "http":
+        return HttpQueue(settings.tasks_url, local_token(settings.secret_key), cache)
+    return DrainedQueue()

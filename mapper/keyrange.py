@@ -1,0 +1,134 @@
+"""Key order and split points: where to cut a range of a kind's keys into k ranges of about equal size.
+
+Datastore orders keys by their paths, element by element: kind (by bytes), then the id or name, ids before names,
+ids by number, names by bytes (UTF-8 bytes order as code points do, so Python's str order is right); an ancestor
+comes before its descendants. ndb keys of mixed id types do not compare (TypeError), hence `order`.
+
+Split points come from `__scatter__` samples when the range holds enough of them: Datastore (and the emulator) keep
+that hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of the kind. Deep
+in the tree a range holds too few samples; then the points come from key arithmetic between the range's two ends.
+"""
+from google.cloud import ndb
+
+MAX_ID = 2 ** 63 - 1
+# Datastore's scattered ids lie below 2**53 (they stay exact in JavaScript); arithmetic toward "any id" aims there.
+ID_CEILING = 2 ** 53
+NAME_WIDTH = 8  # characters of a name that key arithmetic looks at
+CLASSES = ((ord("0"), ord("9")), (ord("a"), ord("z")), (ord("A"), ord("Z")))
+
+
+def order(key):
+    """A sort key for an ndb.Key that orders as Datastore does."""
+    return tuple((kind, 0, ident) if isinstance(ident, int) else (kind, 1, ident) for kind, ident in key.pairs())
+
+
+def inside(samples, lo, hi):
+    """The sorted samples strictly between lo (exclusive, or None for the kind's start) and hi (exclusive)."""
+    lo_o, hi_o = (order(lo) if lo else None), order(hi)
+    return [s for s in samples if (lo_o is None or order(s) > lo_o) and order(s) < hi_o]
+
+
+def split_points(lo, hi, k, samples=()):
+    """Up to k-1 keys p1 < p2 < ... strictly between lo and hi, cutting (lo, hi] into ranges (lo, p1], (p1, p2], ...
+    (pn, hi] of about equal size: sample quantiles when the range holds at least k-1 samples, else key arithmetic.
+    `samples` must be sorted by `order`. Fewer points (none) when the keys leave no room between them."""
+    within = inside(samples, lo, hi)
+    if len(within) >= k - 1:
+        points = [within[len(within) * j // k] for j in range(1, k)]
+    else:
+        points = [between(lo, hi, j / k) for j in range(1, k)]
+    result, last = [], order(lo)
+    for p in points:  # strictly increasing, strictly inside: arithmetic rounds, quantiles may repeat
+        if p is not None and last < order(p) < order(hi):
+            result.append(p)
+            last = order(p)
+    return result
+
+
+def between(a, b, fraction):
+    """A key about `fraction` of the way from a to b (a < b) by key arithmetic, or None when there is no room.
+
+    The keys share a path up to the first element where they differ; the point keeps that shared path and gets one
+    element between theirs, so it lies between a and b whatever follows in either. When a is an ancestor of b, the
+    point is a child of a below b's element there.
+    """
+    pa, pb = a.pairs(), b.pairs()
+    i = 0
+    while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
+        i += 1
+    if i == len(pb):
+        return None  # b is a or an ancestor of a: nothing lies between
+    prefix = list(pa[:i])
+    kind_b, ident_b = pb[i]
+    if i == len(pa):  # a is an ancestor of b: its children of b's kind below b's element
+        element = _element_between(kind_b, None, ident_b, fraction)
+    else:
+        kind_a, ident_a = pa[i]
+        if kind_a == kind_b:
+            element = _element_between(kind_a, ident_a, ident_b, fraction)
+        else:  # another kind follows: aim among a's kind's keys after a's element
+            element = _element_between(kind_a, ident_a, None, fraction)
+    if element is None:
+        return None
+    return ndb.Key(pairs=prefix + [element], project=a.project(), namespace=a.namespace())
+
+
+def _element_between(kind, low, high, fraction):
+    """(kind, id or name) between low and high (None: the kind's first / past its last), or None."""
+    if high is None:
+        high = ID_CEILING if isinstance(low, int) and low < ID_CEILING - 1 else None
+        if high is None:
+            return None
+    if low is None:
+        low = 0 if isinstance(high, int) else ""
+    if isinstance(low, int) and isinstance(high, int):
+        point = low + int((high - low) * fraction)
+        return (kind, point) if low < point < high else None
+    if isinstance(low, int):  # ids then names: the first half of the points among ids, the rest among names
+        if fraction < 0.5 and low < ID_CEILING - 1:
+            return (kind, low + int((ID_CEILING - low) * fraction * 2)) if low + 1 < ID_CEILING else None
+        low, fraction = "", max(0.0, fraction * 2 - 1)
+    name = _name_between(low, high, fraction)
+    return (kind, name) if name is not None else None
+
+
+def _name_between(low, high, fraction):
+    """A name between two names (low < high): past their common prefix, the next NAME_WIDTH characters read as
+    digits in a base fitted to the characters the two use (digits, lowercase, uppercase or their code point span)."""
+    common = 0
+    while common < len(low) and common < len(high) and low[common] == high[common]:
+        common += 1
+    prefix, ra, rb = low[:common], low[common:common + NAME_WIDTH], high[common:common + NAME_WIDTH]
+    codes = [ord(c) for c in ra + rb]
+    first, last = min(codes), max(codes)
+    for c_lo, c_hi in CLASSES:
+        if c_lo <= first and last <= c_hi:
+            first, last = c_lo, c_hi
+            break
+    base = last - first + 2  # digit 0 means "the name ended here", so shorter names sort first
+
+    def number(text):
+        digits = [min(max(ord(c) - first + 1, 1), base - 1) for c in text] + [0] * (NAME_WIDTH - len(text))
+        value = 0
+        for d in digits:
+            value = value * base + d
+        return value
+
+    na, nb = number(ra), number(rb)
+    point = na + int((nb - na) * fraction)
+    if not na < point < nb:
+        return None
+    digits = []
+    for _ in range(NAME_WIDTH):
+        point, d = divmod(point, base)
+        digits.append(d)
+    chars = []
+    for d in reversed(digits):
+        if d == 0:
+            break
+        code = first + d - 1
+        if 0xD800 <= code <= 0xDFFF:  # surrogates are not text; the next valid code point keeps the order
+            code = 0xE000
+        chars.append(chr(code))
+    name = prefix + "".join(chars)
+    return name if low < name < high else None

@@ -1,0 +1,352 @@
+"""The adaptive-sharding mapper: visit every entity of a kind with a tree of tasks split by key range.
+
+A task fetches one page of its key range (keys only, in key order), processes it in transactions of a few entities,
+and, if keys remain after the page, splits the rest of its range into `fanout` ranges, each a new task. The tree is
+O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an offset query reads and skips
+every entity before the page, so walking N entities that way reads O(N^2) (bench/mapper.py measures it).
+
+Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
+that dies half way is retried from where its record says, and a second delivery of the same task finds the record
+moved on and steps back. A finished record keeps the children it split into; a retry enqueues those same named
+tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+
+Jobs are registered by name (`register(Job(...))` in the feature that owns the kind); a task carries the job's name
+and JSON params, never code.
+"""
+import dataclasses
+import datetime
+import logging
+import re
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from google.cloud import ndb
+
+from core import runtime, tasks
+from core.datastore import transact
+from core.errors import BadInput, Conflict, found
+from core.validate import whole_number
+from mapper import keyrange
+from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
+
+log = logging.getLogger(__name__)
+
+KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
+TASK_HANDLER = "mapper.run"
+JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
+SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
+MAX_PAGE_SIZE = 500
+LIST_LIMIT = 20
+# The emulator (like Datastore before Firestore) refuses a transaction over more than 25 entity groups; a chunk's
+# entities plus the task's record must fit, with room for what a job writes beside each entity.
+MAX_GROUPS = 25
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job that can be run over every entity of `kind`.
+
+    `apply(entities, params, prepared)` runs inside the chunk's transaction with the chunk's entities as read in it,
+    and returns the entities to write. `prepare(keys, params)`, if given, runs before, outside any transaction, for
+    what a transaction may not do (queries without an ancestor); its result is passed to apply.
+    `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them.
+    """
+    name: str
+    kind: str
+    title: str
+    description: str
+    apply: Callable[[list, dict, Any], list]
+    parse_params: Callable[[dict], dict] = lambda params: {}
+    prepare: Callable[[list, dict], Any] | None = None
+    on_done: Callable[[MapperJob], None] | None = None
+    fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
+    chunk: int = 20
+    page_size: int = 100
+    fanout: int = 4
+
+
+_jobs = {}
+
+
+def register(job):
+    if not 1 <= job.chunk < MAX_GROUPS:
+        raise ValueError(f"{job.name}: a chunk of {job.chunk} does not fit a transaction")
+    _jobs[job.name] = job
+    return job
+
+
+def registered():
+    return dict(sorted(_jobs.items()))
+
+
+def definition(name):
+    if not isinstance(name, str) or name not in _jobs:
+        raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(_jobs))}.", "no_such_job")
+    return _jobs[name]
+
+
+class Superseded(Exception):
+    """Another delivery of the same task moved its record on: this one must stop and let the queue try later."""
+
+
+# --- starting ------------------------------------------------------------------------------------------------------
+
+def start_job(name, params=None, page_size=None, fanout=None):
+    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob."""
+    job_def = definition(name)
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise BadInput("params must be a JSON object.", "bad_params")
+    params = job_def.parse_params(params)
+    page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=job_def.page_size)
+    fanout = whole_number(fanout, "fanout", 2, 16, default=job_def.fanout)
+
+    query = ndb.Query(kind=job_def.kind)
+    first = query.order(KEY).fetch(1, keys_only=True)
+    # A descending key order needs a composite index per kind (index.yaml), in production as in the emulator.
+    last = query.order(-KEY).fetch(1, keys_only=True)
+    samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if first and SAMPLES else []
+    job = MapperJob(id=secrets.token_hex(8), name=name, params=params, kind=job_def.kind, page_size=page_size,
+                    fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
+    if not first:  # nothing to visit: done at once
+        job.finished, job.outcome, job.summary = _now(), "done", {"processed": 0, "tasks": 0, "depth": 0}
+        job.put()
+        _finished(job)
+        return job
+    job.put()
+    runtime.cache().add(_returned_key(job.id), 0, expire=7 * 86400)
+    _enqueue(job.id, {"job": job.id, "task": "0", "lo": None, "hi": job.last_key.urlsafe().decode(),
+                      "credit": TOTAL_CREDIT})
+    return job
+
+
+def _enqueue(job_id, payload):
+    runtime.tasks().enqueue(TASK_HANDLER, payload, f"{job_id}-{payload['task']}")
+
+
+def _returned_key(job_id):
+    return f"mapper-returned:{job_id}"
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+# --- one task --------------------------------------------------------------------------------------------------------
+
+@tasks.handler(TASK_HANDLER)
+def run_task(payload, attempt=0):
+    """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
+    job = MapperJob.get_by_id(payload["job"])
+    if job is None or job.cancelled or job.finished:
+        return {"skipped": "the job is gone, cancelled or finished"}
+    job_def = _jobs.get(job.name)
+    record_key = ndb.Key(TaskRecord, f"{job.id}-{payload['task']}")
+    record = transact(lambda: record_key.get() or _new_record(record_key, job, payload))
+    if record.state == "running":
+        try:
+            if job_def is None:
+                raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
+            record = _process(job, job_def, record, payload)
+        except Superseded:
+            raise Conflict("Another delivery of this task is running it; try later.", "superseded")
+        except Exception as e:
+            if attempt + 1 < tasks.MAX_ATTEMPTS:
+                raise
+            log.exception("mapper task %s failed for good", record_key.id())
+            _fail(job, record_key, e)
+            return {"failed": str(e)}
+    for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
+        _enqueue(job.id, child)
+    if record.returned:
+        _maybe_finish(job, record.returned)
+    return {"processed": record.processed, "children": len(record.children)}
+
+
+def _new_record(key, job, payload):
+    record = TaskRecord(key=key, job=job.id, depth=payload["task"].count("-"), credit=payload["credit"])
+    record.put()
+    return record
+
+
+def _key(urlsafe):
+    return ndb.Key(urlsafe=urlsafe.encode()) if urlsafe else None
+
+
+def _page_query(kind, after, upto):
+    query = ndb.Query(kind=kind).filter(KEY <= upto)
+    if after is not None:
+        query = query.filter(KEY > after)
+    return query.order(KEY)
+
+
+def _process(job, job_def, record, payload):
+    """Process this task's page in chunks and record its split; the final record."""
+    hi = _key(payload["hi"])
+    resume = record.last_key or _key(payload["lo"])
+    if record.page_end is None:  # first delivery: fix the page (one more key says whether any remain)
+        keys = _page_query(job.kind, resume, hi).fetch(job.page_size + 1, keys_only=True)
+        page, more = keys[:job.page_size], len(keys) > job.page_size
+        page_end = page[-1] if page else None
+    else:  # a retry: the rest of the page its first delivery fixed
+        page_end, more = record.page_end, record.more
+        page = _page_query(job.kind, resume, page_end).fetch(job.page_size, keys_only=True)
+    children = _split(job, payload, page_end, hi, record.credit) if more else []
+    prepared = job_def.prepare(page, job.params) if job_def.prepare else None
+    chunks = [page[i:i + job_def.chunk] for i in range(0, len(page), job_def.chunk)] or [[]]
+    expected = record.last_key
+    for number, chunk in enumerate(chunks):
+        final = number == len(chunks) - 1
+
+        def txn():
+            current = record.key.get()
+            if current.state != "running" or current.last_key != expected:
+                raise Superseded()
+            entities = [e for e in ndb.get_multi(chunk) if e is not None]  # deleted since the query: skipped
+            writes = job_def.apply(entities, job.params, prepared) if entities else []
+            if current.page_end is None:
+                current.page_end, current.more = page_end, more
+            if chunk:
+                current.last_key = chunk[-1]
+            current.processed += len(entities)
+            if final:
+                current.state, current.children = "done", children
+                current.returned = 0 if children else current.credit
+            ndb.put_multi(list(writes) + [current])
+            return current
+        record = transact(txn)
+        expected = record.last_key
+    return record
+
+
+def _split(job, payload, page_end, hi, credit):
+    """The payloads of the tasks the rest of the range (page_end, hi] splits into; one child when it cannot split."""
+    points = keyrange.split_points(page_end, hi, job.fanout, job.samples)
+    bounds = [page_end] + points + [hi]
+    count = len(bounds) - 1
+    share, remainder = divmod(credit, count)
+    if share == 0:  # credit too finely divided to split further (never at these depths): one child takes it all
+        bounds, count, share, remainder = [page_end, hi], 1, credit, 0
+    return [{"job": job.id, "task": f"{payload['task']}-{i}", "lo": bounds[i].urlsafe().decode(),
+             "hi": bounds[i + 1].urlsafe().decode(), "credit": share + (remainder if i == 0 else 0)}
+            for i in range(count)]
+
+
+def _fail(job, record_key, error):
+    def txn():
+        record = record_key.get()
+        record.state, record.error = "failed", f"{type(error).__name__}: {error}"[:2000]
+        record.put()
+    transact(txn)
+    _finalize(job, "failed")
+
+
+# --- state, progress and completion, all derived from the task records ------------------------------------------
+
+@dataclasses.dataclass
+class Status:
+    state: str
+    processed: int = 0
+    returned: int = 0
+    tasks: int = 0
+    depth: int = 0
+    failed: int = 0
+
+    @property
+    def progress(self):
+        return 1.0 if self.state == "done" else self.returned / TOTAL_CREDIT
+
+
+def _derive(job):
+    """Sum the job's task records (one query on the job's id; each record is its own entity group)."""
+    status = Status("running")
+    for record in TaskRecord.query(TaskRecord.job == job.id):
+        status.processed += record.processed
+        status.returned += record.returned
+        status.tasks += 1
+        status.depth = max(status.depth, record.depth + 1)
+        status.failed += record.state == "failed"
+    return status
+
+
+def _maybe_finish(job, returned):
+    """After a task returned credit: finish the job if every credit is back. memcached keeps a running sum so that
+    only the last task pays for summing the records; without it (down, evicted) every such task sums them."""
+    total = runtime.cache().incr(_returned_key(job.id), returned)
+    if total is None or total >= TOTAL_CREDIT:
+        if _derive(job).returned == TOTAL_CREDIT:
+            _finalize(job, "done")
+
+
+def _finalize(job, outcome):
+    """Mark the job finished, once: a transaction on the job, so of all who see it finish, one does it."""
+    status = _derive(job)
+
+    def txn():
+        current = job.key.get()
+        if current.finished or current.cancelled:
+            return None
+        current.finished, current.outcome = _now(), outcome
+        current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth}
+        current.put()
+        return current
+    finished = transact(txn)
+    if finished is not None:
+        _finished(finished)
+    return finished
+
+
+def _finished(job):
+    job_def = _jobs.get(job.name)
+    if job_def and job_def.on_done:
+        job_def.on_done(job)
+
+
+def status(job):
+    """The job's state and figures. Finished jobs answer from the job; a running one sums its records (and is
+    finished here if every credit is back: a task that returned the last credit may have died before noticing)."""
+    if job.finished:
+        return Status(job.outcome, **(job.summary or {}))
+    if job.cancelled:
+        return dataclasses.replace(_derive(job), state="cancelled")
+    current = _derive(job)
+    if current.returned == TOTAL_CREDIT or current.failed:
+        finished = _finalize(job, "failed" if current.failed else "done") or job.key.get()
+        if finished.finished:
+            return Status(finished.outcome, **(finished.summary or {}))
+    return current
+
+
+def job_dict(job):
+    s = status(job)
+    end = job.finished or _now()
+    return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
+            "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
+            "page_size": job.page_size, "created": job.created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "elapsed": round((end - job.created).total_seconds(), 1)}
+
+
+def get_job(job_id):
+    if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
+        raise BadInput("A job id is 16 hex digits.", "bad_job_id")
+    return found(MapperJob.get_by_id(job_id), f"There is no job {job_id}.", "no_such_job")
+
+
+def list_jobs(limit=LIST_LIMIT):
+    return MapperJob.query().order(-MapperJob.created).fetch(limit)
+
+
+def cancel_job(job_id):
+    """Stop a running job: tasks not yet run skip it. Entities already processed stay processed."""
+    key = get_job(job_id).key
+
+    def txn():
+        job = key.get()
+        if job.finished:
+            raise Conflict("The job has finished already.", "job_finished")
+        job.cancelled = True
+        job.put()
+        return job
+    return transact(txn)

@@ -1,0 +1,79 @@
+"""Jobs: the /jobs pages (start a job, watch its progress) and the /api/jobs routes."""
+from flask import Blueprint, jsonify, redirect, render_template, request, url_for
+
+from core import identity
+from core.web import json_body, submit_form
+from mapper import service
+
+bp = Blueprint("mapper", __name__)
+
+
+# --- pages ----------------------------------------------------------------------------------------------------------
+
+@bp.get("/jobs")
+def jobs():
+    """Recent jobs with their state, and (admins) a form per registered job."""
+    return _jobs_page()
+
+
+def _jobs_page(status=200):
+    listed = [service.job_dict(job) for job in service.list_jobs()]
+    return render_template("mapper/jobs.html", jobs=listed, registered=service.registered(),
+                           max_page_size=service.MAX_PAGE_SIZE), status
+
+
+@bp.post("/jobs")
+def start_form():
+    """Start a job from its form."""
+    identity.require_admin()
+    name = request.form.get("name")
+    job_def = service.registered().get(name)
+    params = {field: request.form.get(field) for field, _, _ in (job_def.fields if job_def else ())}
+    job, page = submit_form(lambda: service.start_job(name, params), _jobs_page)
+    return page or redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.get("/jobs/<job_id>")
+def job(job_id):
+    """One job: a progress bar that follows the job live, its processed count, tasks, tree depth and time."""
+    job = service.get_job(job_id)
+    return render_template("mapper/job.html", job=service.job_dict(job),
+                           job_def=service.registered().get(job.name))
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel_form(job_id):
+    """Cancel a running job."""
+    identity.require_admin()
+    service.cancel_job(job_id)
+    return redirect(url_for("mapper.job", job_id=job_id))
+
+
+# --- API ------------------------------------------------------------------------------------------------------------
+
+@bp.post("/api/jobs")
+def api_start():
+    """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202."""
+    identity.require_admin()
+    data = json_body()
+    job = service.start_job(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"))
+    return jsonify(service.job_dict(job)), 202
+
+
+@bp.get("/api/jobs")
+def api_list():
+    """Recent jobs, newest first."""
+    return jsonify(jobs=[service.job_dict(job) for job in service.list_jobs()])
+
+
+@bp.get("/api/jobs/<job_id>")
+def api_get(job_id):
+    """A job's state, processed count, progress (0..1), tasks and tree depth."""
+    return jsonify(service.job_dict(service.get_job(job_id)))
+
+
+@bp.post("/api/jobs/<job_id>/cancel")
+def api_cancel(job_id):
+    """Cancel a running job."""
+    identity.require_admin()
+    return jsonify(service.job_dict(service.cancel_job(job_id)))

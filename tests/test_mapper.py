@@ -1,0 +1,274 @@
+"""The mapper on the real stack: key order, split points, every entity visited exactly once, retries, completion."""
+import math
+import threading
+import time
+
+import pytest
+from google.cloud import ndb
+
+from accounts.models import Account
+from accounts.service import ADD_CREDIT
+from core import runtime
+from mapper import keyrange, service
+from mapper.models import MapperJob, TaskRecord
+
+
+class Thing(ndb.Model):
+    _use_global_cache = False
+
+
+class Branch(ndb.Model):
+    _use_global_cache = False
+
+
+class Statement(ndb.Model):
+    """A child of an Account of another kind: a job over Account must not touch it."""
+    _use_global_cache = False
+    total = ndb.IntegerProperty(default=0)
+
+
+def put_in_batches(entities, size=500):
+    keys = []
+    for i in range(0, len(entities), size):
+        keys += ndb.put_multi(entities[i:i + size])
+    return keys
+
+
+# --- key order and split points -------------------------------------------------------------------------------------
+
+def test_order_matches_datastore_key_order(ndb_context):
+    parent_a, parent_b = ndb.Key(Branch, "a"), ndb.Key(Branch, 7)
+    keys = [ndb.Key(Thing, 5), ndb.Key(Thing, 2 ** 40), ndb.Key(Thing, "a"), ndb.Key(Thing, "B"), ndb.Key(Thing, "é"),
+            ndb.Key(Thing, "a\u00e9"), ndb.Key(Thing, "ab"), ndb.Key(Thing, 5, Thing, 1), ndb.Key(Thing, 5, Thing, "z"),
+            ndb.Key(Branch, "a", Thing, 3), ndb.Key(Branch, 7, Thing, "x"), ndb.Key(Branch, "b", Thing, 1),
+            ndb.Key(Thing, "a", Thing, 9)]
+    ndb.put_multi([Thing(key=k) for k in keys])
+    stored = ndb.Query(kind="Thing").order(service.KEY).fetch(keys_only=True)
+    assert stored == sorted(keys, key=keyrange.order)
+    assert parent_a and parent_b
+    with pytest.raises(TypeError):
+        sorted(keys)  # why `order` exists
+
+
+def test_arithmetic_splits_ids_evenly(ndb_context):
+    lo, hi = ndb.Key(Thing, 1000), ndb.Key(Thing, 1000 + 4 * 10 ** 9)
+    points = keyrange.split_points(lo, hi, 4)
+    assert [p.id() for p in points] == [1000 + 10 ** 9, 1000 + 2 * 10 ** 9, 1000 + 3 * 10 ** 9]
+
+
+def test_arithmetic_splits_names_inside_and_in_order(ndb_context):
+    names = [f"acct-{n:05d}" for n in range(1, 1001)]
+    lo, hi = ndb.Key(Thing, names[0]), ndb.Key(Thing, names[-1])
+    points = keyrange.split_points(lo, hi, 4)
+    assert len(points) == 3
+    assert names[0] < points[0].id() < points[1].id() < points[2].id() < names[-1]
+    # each of the four ranges holds a fair share of the names
+    cuts = [names[0]] + [p.id() for p in points] + [names[-1] + "~"]
+    shares = [sum(a < n <= b for n in names) for a, b in zip(cuts, cuts[1:])]
+    assert min(shares) >= 100, shares
+
+
+@pytest.mark.parametrize("lo,hi", [
+    (("Thing", 5), ("Thing", "name")),            # ids then names
+    (("Thing", 5), ("Thing", 5, "Thing", 9)),     # an ancestor and its descendant
+    (("Thing", "m"), ("Thing", "m", "Thing", 1000)),
+    (("Branch", "a", "Thing", 3), ("Branch", "b", "Thing", 1)),
+    (("Thing", 2 ** 50), ("Thing", "a")),
+    (("Branch", 1), ("Thing", 1)),                 # kinds differ
+])
+def test_arithmetic_points_lie_strictly_between(ndb_context, lo, hi):
+    lo, hi = ndb.Key(*lo), ndb.Key(*hi)
+    points = keyrange.split_points(lo, hi, 4)
+    assert points, "a range with room between its ends must split"
+    orders = [keyrange.order(k) for k in [lo] + points + [hi]]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+
+
+def test_no_room_means_no_points(ndb_context):
+    assert keyrange.split_points(ndb.Key(Thing, 5), ndb.Key(Thing, 6), 4) == []
+    assert keyrange.split_points(ndb.Key(Thing, "a"), ndb.Key(Thing, "a\x00"), 4) == []
+
+
+def test_sample_quantiles_are_used_when_the_range_holds_enough(ndb_context):
+    samples = [ndb.Key(Thing, i) for i in range(100, 200)]
+    points = keyrange.split_points(ndb.Key(Thing, 1), ndb.Key(Thing, 10 ** 6), 4, samples)
+    assert [p.id() for p in points] == [125, 150, 175]  # quantiles of the samples, not the middle of the ids
+
+
+# --- running jobs -----------------------------------------------------------------------------------------------------
+
+def start(client, auth, name="add_credit", params=None, expect="running", **extra):
+    auth.admin()
+    r = client.post("/api/jobs", json=dict({"name": name, "params": params or {"amount": 10}}, **extra))
+    assert r.status_code == 202, r.get_json()
+    assert r.get_json()["state"] == expect
+    return r.get_json()["id"]
+
+
+def job_status(client, job_id):
+    r = client.get(f"/api/jobs/{job_id}")
+    assert r.status_code == 200
+    return r.get_json()
+
+
+def watch(client, job_id, stop):
+    """Poll the job's status until `stop` is set; the sequence of answers."""
+    seen = []
+    while not stop.is_set():
+        seen.append(job_status(client, job_id))
+        time.sleep(0.05)
+    return seen
+
+
+def test_every_account_credited_exactly_once(app, client, auth, task_queue):
+    with runtime.current().datastore.context():
+        scattered = put_in_batches([Account() for _ in range(5000)])
+        named = put_in_batches([Account(id=f"acct-{n:05d}") for n in range(1000)])
+        under_branches = put_in_batches([Account(parent=ndb.Key(Branch, f"b{n % 7}")) for n in range(70)])
+        statements = put_in_batches([Statement(parent=k, total=1) for k in scattered[:40] + named[:40]])
+    accounts = scattered + named + under_branches
+    assert len({k.id() for k in scattered}) == 5000 and max(k.id() for k in scattered) > 2 ** 40  # scattered ids
+
+    job_id = start(client, auth, page_size=100, fanout=4)
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=lambda: seen.extend(watch(app.test_client(), job_id, stop)))
+    watcher.start()
+    try:
+        task_queue.drain(workers=4)
+    finally:
+        stop.set()
+        watcher.join()
+    final = job_status(client, job_id)
+
+    with runtime.current().datastore.context():
+        balances = [a.balance for a in ndb.get_multi(accounts)]
+        assert balances == [10] * len(accounts)
+        assert [s.total for s in ndb.get_multi(statements)] == [1] * len(statements)
+    assert final["state"] == "done" and final["progress"] == 1 and final["processed"] == len(accounts)
+    # a tree, not a chain: depth within ceil(log_k(N / page)) + 2 levels
+    assert 1 < final["depth"] <= math.ceil(math.log(len(accounts) / 100, 4)) + 2, final
+    assert final["tasks"] >= len(accounts) // 100
+    # progress never went backwards, and "done" only came at the end
+    progress = [s["progress"] for s in seen] + [final["progress"]]
+    assert progress == sorted(progress)
+    processed = [s["processed"] for s in seen]
+    assert processed == sorted(processed)
+    states = [s["state"] for s in seen]
+    assert "done" not in states[:states.index("done")] if "done" in states else True
+    assert all(s["processed"] == len(accounts) for s in seen if s["state"] == "done")
+
+
+# --- retries, duplicate deliveries, completion --------------------------------------------------------------------
+
+FAULTS = {"fail_at": None, "failures": 0}
+
+
+def _flaky_credit(accounts, params, prepared):
+    """add_credit, except that it dies once when it reaches the account named in FAULTS (its task's earlier chunks
+    have committed by then: the task dies half way through its page)."""
+    if FAULTS["fail_at"] is not None and any(a.key == FAULTS["fail_at"] for a in accounts):
+        FAULTS["fail_at"] = None
+        FAULTS["failures"] += 1
+        raise RuntimeError("the task dies half way through its page")
+    return ADD_CREDIT.apply(accounts, params, prepared)
+
+
+DONE = []
+service.register(service.Job(name="test_flaky_credit", kind="Account", title="t", description="t",
+                             apply=_flaky_credit, parse_params=ADD_CREDIT.parse_params, on_done=DONE.append))
+service.register(service.Job(name="test_always_fails", kind="Account", title="t", description="t",
+                             apply=lambda *a: 1 / 0))
+
+
+def seed_accounts(count):
+    with runtime.current().datastore.context():
+        return sorted(put_in_batches([Account() for _ in range(count)]), key=keyrange.order)
+
+
+def balances(keys):
+    with runtime.current().datastore.context():
+        return [a.balance for a in ndb.get_multi(keys)]
+
+
+def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(app, client, auth, task_queue):
+    keys = seed_accounts(300)
+    FAULTS.update(fail_at=keys[50], failures=0)  # the root's page is the first 100: chunks 0-1 commit, chunk 2 dies
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    task_queue.drain()
+    assert FAULTS["failures"] == 1
+    root = [(status, body) for task, status, body in task_queue.responses if task.name == f"{job_id}-0"]
+    assert [status for status, _ in root] == [500, 200]  # failed once, then finished from where it stopped
+    with runtime.current().datastore.context():
+        record = TaskRecord.get_by_id(f"{job_id}-0")
+        assert record.processed == 100 and record.state == "done"
+    assert balances(keys) == [10] * 300
+    assert job_status(client, job_id)["processed"] == 300
+
+
+def test_duplicate_deliveries_at_once_credit_once_and_finish_once(app, client, auth, task_queue):
+    keys = seed_accounts(400)
+    DONE.clear()
+    job_id = start(client, auth, "test_flaky_credit", page_size=40, fanout=4)
+
+    def twice(task):  # every task delivered twice at the same moment, as an at-least-once queue may
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(task_queue.deliver(task))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return all(results)  # a delivery that stepped back (409) makes the queue deliver it again
+    task_queue.drain(workers=4, deliver=twice)
+    assert balances(keys) == [10] * 400
+    assert [job.id for job in DONE] == [job_id]  # the job finished exactly once
+    final = job_status(client, job_id)
+    assert (final["state"], final["processed"], final["progress"]) == ("done", 400, 1)
+    statuses = {status for _, status, _ in task_queue.responses}
+    assert statuses <= {200, 409}
+
+
+def test_a_task_that_keeps_failing_fails_the_job(app, client, auth, task_queue):
+    seed_accounts(30)
+    job_id = start(client, auth, "test_always_fails")
+    task_queue.drain()
+    deliveries = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
+    assert deliveries == [500] * 9 + [200]  # the queue's last attempt records the failure and ends the task
+    final = job_status(client, job_id)
+    assert final["state"] == "failed" and final["processed"] == 0
+    assert balances([]) == []
+
+
+def test_arithmetic_alone_still_splits_into_a_shallow_tree(app, client, auth, task_queue, monkeypatch):
+    monkeypatch.setattr(service, "SAMPLES", 0)  # as on a kind too new to have __scatter__ samples
+    keys = seed_accounts(1500)
+    job_id = start(client, auth, page_size=50, fanout=4)
+    with runtime.current().datastore.context():
+        assert MapperJob.get_by_id(job_id).samples == []
+    task_queue.drain(workers=2)
+    final = job_status(client, job_id)
+    assert balances(keys) == [10] * 1500
+    assert final["depth"] <= math.ceil(math.log(1500 / 50, 4)) + 2, final
+
+
+def test_a_job_over_an_empty_kind_is_done_at_once(app, client, auth, task_queue):
+    job_id = start(client, auth, expect="done")
+    assert not task_queue.queue.pending
+    final = job_status(client, job_id)
+    assert (final["state"], final["progress"], final["processed"], final["tasks"]) == ("done", 1, 0, 0)
+
+
+def test_cancel_stops_the_tasks_not_yet_run(app, client, auth, task_queue):
+    keys = seed_accounts(200)
+    job_id = start(client, auth, page_size=20)
+    task_queue.drain(max_deliveries=1)  # the root only
+    r = client.post(f"/api/jobs/{job_id}/cancel")
+    assert r.status_code == 200 and r.get_json()["state"] == "cancelled"
+    task_queue.drain()
+    assert sum(balances(keys)) == 20 * 10  # only the root's page
+    assert job_status(client, job_id)["state"] == "cancelled"
+
+
+def test_cancelling_a_finished_job_is_a_conflict(app, client, auth, task_queue):
+    job_id = start(client, auth, expect="done")
+    r = client.post(f"/api/jobs/{job_id}/cancel")
+    assert r.status_code == 409 and r.get_json()["error"]["code"] == "job_finished"
