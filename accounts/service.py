@@ -47,7 +47,7 @@ def seed_batch(payload, attempt=0):
 def summary():
     """How many accounts there are and their total balance: a projection query reads only the balance index."""
     count = total = 0
-    for account in Account.query().iter(projection=[Account.balance], batch_size=1000):
+    for account in Account.query().iter(projection=[Account.balance]):
         count += 1
         total += account.balance
     return {"count": count, "total_balance": total}

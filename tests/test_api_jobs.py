@@ -1,0 +1,247 @@
+"""/api/jobs, /api/accounts, the task route, the jobs and accounts pages; the local HTTP queue end to end."""
+import threading
+import time
+
+import pytest
+from google.cloud import ndb
+from werkzeug.serving import make_server
+
+from blog import service as blog_service
+from comments import service as comments_service
+from core import runtime, tasks
+from counters import service as counters
+from devstack.services import free_port
+from main import create_app
+from mapper.models import MapperJob
+from tests.conftest import _settings, csrf_token
+
+USER = {"id": "u1", "email": "reader@example.com", "admin": False}
+
+
+def job_count():
+    with runtime.current().datastore.context():
+        return len(MapperJob.query().fetch(keys_only=True))
+
+
+@pytest.mark.parametrize("body,code", [
+    ({"name": "no_such_job", "params": {}}, "no_such_job"),
+    ({"params": {"amount": 1}}, "no_such_job"),
+    ({"name": "add_credit", "params": []}, "bad_params"),
+    ({"name": "add_credit", "params": {}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": 0}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": -5}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": "10"}}, None),  # a digit string is accepted, as from a form
+    ({"name": "add_credit", "params": {"amount": True}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": 1.5}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": 10 ** 7}}, "bad_amount"),
+    ({"name": "add_credit", "params": {"amount": 1, "extra": 1}}, "bad_params"),
+    ({"name": "add_credit", "params": {"amount": 1}, "page_size": 0}, "bad_page_size"),
+    ({"name": "add_credit", "params": {"amount": 1}, "page_size": 501}, "bad_page_size"),
+    ({"name": "add_credit", "params": {"amount": 1}, "fanout": 1}, "bad_fanout"),
+    ({"name": "add_credit", "params": {"amount": 1}, "fanout": 17}, "bad_fanout"),
+])
+def test_bad_job_requests_are_400_and_start_nothing(client, auth, task_queue, body, code):
+    auth.admin()
+    r = client.post("/api/jobs", json=body)
+    if code is None:
+        assert r.status_code == 202
+        return
+    assert r.status_code == 400, r.get_json()
+    assert r.get_json()["error"]["code"] == code
+    assert job_count() == 0 and not task_queue.queue.pending
+
+
+def test_starting_a_job_needs_an_admin_and_json(client, auth, task_queue):
+    assert client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}}).status_code == 401
+    auth.sign_in()
+    assert client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}}).status_code == 403
+    auth.admin()
+    assert client.post("/api/jobs", data="name=add_credit",
+                       content_type="application/x-www-form-urlencoded").status_code == 415
+    assert job_count() == 0 and not task_queue.queue.pending
+
+
+def test_job_lookup_errors(client, auth):
+    assert client.get("/api/jobs/0123456789abcdef").status_code == 404
+    r = client.get("/api/jobs/not-an-id")
+    assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_job_id"
+    auth.sign_in()
+    assert client.post("/api/jobs/0123456789abcdef/cancel").status_code == 403
+
+
+def test_job_listing_newest_first(client, auth, task_queue):
+    auth.admin()
+    ids = [client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": n}}).get_json()["id"]
+           for n in (1, 2)]
+    listed = client.get("/api/jobs").get_json()["jobs"]
+    assert [j["id"] for j in listed] == ids[::-1]
+    assert set(listed[0]) >= {"id", "name", "state", "processed", "progress", "tasks", "depth"}
+
+
+def test_the_task_route_only_answers_the_queue(client, auth, app):
+    auth.admin()
+    payload = {"job": "0123456789abcdef", "task": "0", "lo": None, "hi": None, "credit": 1}
+    assert client.post("/api/tasks/mapper.run", json=payload).status_code == 403
+    assert client.post("/api/tasks/mapper.run", json=payload,
+                       headers={tasks.TOKEN_HEADER: "forged"}).status_code == 403
+    good = {tasks.TOKEN_HEADER: tasks.local_token(app.config["SETTINGS"].secret_key)}
+    assert client.post("/api/tasks/nothing", json=payload, headers=good).status_code == 404
+    r = client.post("/api/tasks/mapper.run", json=payload, headers=good)
+    assert r.status_code == 200 and "skipped" in r.get_json()  # no such job: nothing to do, and no retry
+
+
+# --- accounts ---------------------------------------------------------------------------------------------------------
+
+def test_seed_accounts_in_the_background_exactly(client, auth, task_queue):
+    auth.admin()
+    r = client.post("/api/accounts/seed", json={"count": 1234})
+    assert r.status_code == 202 and r.get_json()["tasks"] == 3
+    assert client.get("/api/accounts/summary").get_json() == {"count": 0, "total_balance": 0}
+    first = task_queue.queue.pending[0]
+    task_queue.drain(workers=2)
+    assert task_queue.deliver(first)  # delivered again (a queue may): no account twice
+    assert client.get("/api/accounts/summary").get_json() == {"count": 1234, "total_balance": 0}
+
+
+@pytest.mark.parametrize("body", [{"count": 0}, {"count": 100001}, {"count": "x"}, {"count": None}, {}, {"count": -1}])
+def test_bad_seed_requests(client, auth, task_queue, body):
+    auth.admin()
+    r = client.post("/api/accounts/seed", json=body)
+    assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_count"
+    assert not task_queue.queue.pending
+
+
+def test_seeding_needs_an_admin(client, auth, task_queue):
+    assert client.post("/api/accounts/seed", json={"count": 5}).status_code == 401
+    auth.sign_in()
+    assert client.post("/api/accounts/seed", json={"count": 5}).status_code == 403
+    assert not task_queue.queue.pending
+
+
+def test_credit_then_summary(client, auth, task_queue):
+    auth.admin()
+    client.post("/api/accounts/seed", json={"count": 600})
+    task_queue.drain()
+    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 7}, "page_size": 50}).get_json()
+    task_queue.drain(workers=3)
+    assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"
+    assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 4200}
+
+
+# --- the comment recount ------------------------------------------------------------------------------------------
+
+def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
+    with runtime.current().datastore.context():
+        for title in ("a", "b", "c"):
+            blog_service.post_entry("rc", title, "body", "boss@example.com")
+        blog_service.post_entry("other", "x", "body", "boss@example.com")
+        for index, n in ((0, 3), (1, 5)):
+            for i in range(n):
+                comments_service.post_comment("rc", index, USER, f"comment {i}")
+        # break the counters: one too high, one never counted, one counting comments that do not exist
+        counters.increment_best_effort(comments_service.comments_counter("rc", 0))
+        for name in (comments_service.comments_counter("rc", 1), comments_service.comments_counter("rc", 2)):
+            counters.increment_best_effort(name)
+        for _ in range(4):
+            counters.increment_best_effort(comments_service.comments_counter("rc", 2))
+        ndb.Key("CounterShard", comments_service.comments_counter("rc", 1) + "|0").delete()
+    auth.admin()
+    job = client.post("/api/jobs", json={"name": "recount_comments", "params": {}}).get_json()
+    task_queue.drain(workers=2)
+    assert client.get(f"/api/jobs/{job['id']}").get_json()["processed"] == 4
+    for index, expected in ((0, 3), (1, 5), (2, 0)):
+        r = client.get(f"/api/blogs/rc/entries/{index}").get_json()
+        assert r["comment_count"] == expected, (index, r["comment_count"])
+    with runtime.current().datastore.context():
+        assert counters.exact_totals([comments_service.comments_counter("other", 0)]) == {"blog.other.0.comments": 0}
+
+
+# --- pages ------------------------------------------------------------------------------------------------------------
+
+def test_admin_starts_a_job_from_the_accounts_page_and_watches_it(client, auth, task_queue):
+    auth.admin()
+    html = client.get("/accounts").get_data(as_text=True)
+    assert "Give every account credit" in html and 'for="amount"' in html
+    token = csrf_token(client, "/accounts")
+    r = client.post("/accounts/credit", data={"csrf_token": token, "amount": "5"})
+    assert r.status_code == 302 and "/jobs/" in r.location
+    page = client.get(r.location).get_data(as_text=True)
+    assert "<progress" in page and 'data-field="processed"' in page and "jobs.js" in page
+    listing = client.get("/jobs").get_data(as_text=True)
+    assert "add_credit" in listing and "Start recount_comments" in listing
+
+
+def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
+    auth.admin()
+    token = csrf_token(client, "/jobs")
+    r = client.post("/jobs", data={"csrf_token": token, "name": "add_credit", "amount": "-3"})
+    assert r.status_code == 400 and "amount must be a whole number" in r.get_data(as_text=True)
+    assert client.post("/jobs", data={"name": "add_credit", "amount": "3"}).status_code == 400  # no CSRF token
+    auth.sign_in()
+    token = csrf_token(client, "/jobs")
+    assert client.post("/jobs", data={"csrf_token": token, "name": "add_credit", "amount": "3"}).status_code == 403
+    assert "Start a job" not in client.get("/jobs").get_data(as_text=True)
+    assert job_count() == 0 and not task_queue.queue.pending
+
+
+# --- the local HTTP queue, end to end --------------------------------------------------------------------------------
+
+@pytest.fixture
+def served(stack):
+    """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
+    stack.emulator.reset()
+    port = free_port()
+    app = create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="http",
+                                                             TASKS_URL=f"http://127.0.0.1:{port}")})
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    yield app, f"http://127.0.0.1:{port}"
+    server.shutdown()
+    thread.join()
+    runtime.current().tasks.pool.shutdown(wait=True)
+    runtime.current().close()
+
+
+def test_http_queue_runs_a_job_to_the_end(served):
+    import requests
+    app, url = served
+    http = requests.Session()
+    assert http.post(url + "/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
+    assert http.post(url + "/api/accounts/seed", json={"count": 700}).status_code == 202
+    deadline = time.monotonic() + 120
+    while http.get(url + "/api/accounts/summary").json()["count"] < 700 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job = http.post(url + "/api/jobs", json={"name": "add_credit", "params": {"amount": 3}, "page_size": 50}).json()
+    while http.get(url + f"/api/jobs/{job['id']}").json()["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    final = http.get(url + f"/api/jobs/{job['id']}").json()
+    assert (final["state"], final["processed"]) == ("done", 700), final
+    assert http.get(url + "/api/accounts/summary").json() == {"count": 700, "total_balance": 2100}
+
+
+DELIVERED = []
+
+
+@tasks.handler("test.record")
+def _record(payload, attempt):
+    DELIVERED.append((payload["n"], attempt))
+    if payload.get("fail_first") and attempt == 0:
+        raise RuntimeError("first delivery fails")
+
+
+def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
+    app, url = served
+    DELIVERED.clear()
+    queue = runtime.current().tasks
+    # another process's queue: the same memcached tells it the name is taken
+    other = tasks.HttpQueue(url, tasks.local_token(app.config["SETTINGS"].secret_key), runtime.cache())
+    for _ in range(3):
+        queue.enqueue("test.record", {"n": 1}, "record-1")
+    other.enqueue("test.record", {"n": 1}, "record-1")
+    queue.enqueue("test.record", {"n": 2, "fail_first": True}, "record-2")
+    queue.pool.shutdown(wait=True)
+    other.pool.shutdown(wait=True)
+    assert sorted(DELIVERED) == [(1, 0), (2, 0), (2, 1)]  # one delivery of 1; 2 failed once and was delivered again
+    with pytest.raises(ValueError):
+        queue.enqueue("test.record", {"n": 3}, "bad name with spaces")
