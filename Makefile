@@ -24,9 +24,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
-## deploy: the app and its indexes to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+## deploy: the app, its indexes and its task queue to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
 deploy: secret.yaml
-	gcloud app deploy app.yaml index.yaml
+	gcloud app deploy app.yaml index.yaml queue.yaml
 
 # The session-signing key for App Engine, made once and kept out of git.
 secret.yaml:

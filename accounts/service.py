@@ -71,7 +71,8 @@ def _credit(accounts, params, prepared):
 ADD_CREDIT = mapper.register(mapper.Job(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    apply=_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),)))
+    apply=_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),),
+    chunk=mapper.MAX_GROUPS - 1))  # the accounts and the task's record: as many as one transaction may touch
 
 
 def seed_demo():

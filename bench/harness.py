@@ -22,12 +22,14 @@ from devstack import Stack
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def main(prog, argv, run, seconds=8.0):
-    """A benchmark's command line: `--rounds`, `--seconds`; run(args, stack) on a stack of its own, stopped after.
-    Returns run's verdict (True when every target was met)."""
+def main(prog, argv, run, seconds=8.0, extra=None):
+    """A benchmark's command line: `--rounds`, `--seconds` (and what extra(parser) adds); run(args, stack) on a
+    stack of its own, stopped after. Returns run's verdict (True when every target was met)."""
     parser = argparse.ArgumentParser(prog=f"python -m {prog}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=seconds)
+    if extra:
+        extra(parser)
     args = parser.parse_args(argv)
     stack = start_stack()
     try:
@@ -40,7 +42,8 @@ def main(prog, argv, run, seconds=8.0):
 def start_stack():
     """A fresh stack and this process's runtime pointed at it."""
     stack = Stack(consistency=1.0).start()
-    runtime.configure(Settings.from_env(dict(stack.env(), SECRET_KEY="bench")))
+    # Tasks wait in a queue the benchmark drains itself (core.tasks.DrainedQueue).
+    runtime.configure(Settings.from_env(dict(stack.env(), SECRET_KEY="bench", TASKS_BACKEND="queue")))
     return stack
 
 

@@ -32,8 +32,11 @@ class Settings:
         if gae and not secret:
             # A known key on a public deployment would let anyone forge a session cookie.
             raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager).")
-        if env.get("TASKS_BACKEND", "cloud-tasks" if gae else "http") not in ("cloud-tasks", "http", "queue"):
+        backend = env.get("TASKS_BACKEND") or ("cloud-tasks" if gae else "http")
+        if backend not in ("cloud-tasks", "http", "queue"):
             raise RuntimeError("TASKS_BACKEND must be cloud-tasks, http or queue.")
+        if backend == "cloud-tasks" and not env.get("TASKS_LOCATION"):
+            raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
         return cls(
             project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
             emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
@@ -42,7 +45,7 @@ class Settings:
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
             iap_audience=env.get("IAP_AUDIENCE") or None,
-            tasks_backend=env.get("TASKS_BACKEND") or ("cloud-tasks" if gae else "http"),
+            tasks_backend=backend,
             tasks_url=env.get("TASKS_URL") or f"http://127.0.0.1:{env.get('PORT') or 8080}",
             tasks_location=env.get("TASKS_LOCATION") or None,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",

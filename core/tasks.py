@@ -81,10 +81,10 @@ def _check(name, task_name):
 class CloudTasksQueue:
     """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process."""
 
-    def __init__(self, project, location, queue):
+    def __init__(self, project, location, queue, client=None):
         from google.cloud import tasks_v2  # only App Engine needs it loaded
         self._tasks_v2 = tasks_v2
-        self.client = tasks_v2.CloudTasksClient()
+        self.client = client or tasks_v2.CloudTasksClient()
         self.parent = self.client.queue_path(project, location, queue)
 
     def enqueue(self, name, payload, task_name):

@@ -8,6 +8,8 @@ Split points come from `__scatter__` samples when the range holds enough of them
 that hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of the kind. Deep
 in the tree a range holds too few samples; then the points come from key arithmetic between the range's two ends.
 """
+import math
+
 from google.cloud import ndb
 
 MAX_ID = 2 ** 63 - 1
@@ -26,6 +28,18 @@ def inside(samples, lo, hi):
     """The sorted samples strictly between lo (exclusive, or None for the kind's start) and hi (exclusive)."""
     lo_o, hi_o = (order(lo) if lo else None), order(hi)
     return [s for s in samples if (lo_o is None or order(s) > lo_o) and order(s) < hi_o]
+
+
+def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
+    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the pages it holds by the samples'
+    density over the page just read, at most k. Without samples to judge by, k. Splitting a few entities k ways only
+    makes k tasks that each pay a task's fixed costs for a handful of entities."""
+    in_page = len(inside(samples, page_start, page_end)) + (page_end in samples)
+    in_rest = len(inside(samples, page_end, hi)) + (hi in samples)
+    if not samples or not in_page:
+        return k
+    remaining = in_rest * page_len / in_page
+    return max(1, min(k, math.ceil(2 * remaining / page_size)))
 
 
 def split_points(lo, hi, k, samples=()):

@@ -144,7 +144,10 @@ def run_task(payload, attempt=0):
         return {"skipped": "the job is gone, cancelled or finished"}
     job_def = _jobs.get(job.name)
     record_key = ndb.Key(TaskRecord, f"{job.id}-{payload['task']}")
-    record = transact(lambda: record_key.get() or _new_record(record_key, job, payload))
+    # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
+    # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
+    # reads the record first). One lookup fewer per task.
+    record = (record_key.get() if attempt else None) or _new_record(record_key, job, payload)
     if record.state == "running":
         try:
             if job_def is None:
@@ -156,7 +159,7 @@ def run_task(payload, attempt=0):
             if attempt + 1 < tasks.MAX_ATTEMPTS:
                 raise
             log.exception("mapper task %s failed for good", record_key.id())
-            _fail(job, record_key, e)
+            _fail(job, record_key, payload, e)
             return {"failed": str(e)}
     for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
         _enqueue(job.id, child)
@@ -166,9 +169,7 @@ def run_task(payload, attempt=0):
 
 
 def _new_record(key, job, payload):
-    record = TaskRecord(key=key, job=job.id, depth=payload["task"].count("-"), credit=payload["credit"])
-    record.put()
-    return record
+    return TaskRecord(key=key, job=job.id, depth=payload["task"].count("-"), credit=payload["credit"])
 
 
 def _key(urlsafe):
@@ -201,10 +202,12 @@ def _process(job, job_def, record, payload):
         final = number == len(chunks) - 1
 
         def txn():
-            current = record.key.get()
-            if current.state != "running" or current.last_key != expected:
+            current, *entities = ndb.get_multi([record.key] + chunk)  # one lookup for the record and the chunk
+            if current is None and not expected and record.page_end is None:  # no delivery has written it yet
+                current = _new_record(record.key, job, payload)
+            elif current is None or current.state != "running" or current.last_key != expected:
                 raise Superseded()
-            entities = [e for e in ndb.get_multi(chunk) if e is not None]  # deleted since the query: skipped
+            entities = [e for e in entities if e is not None]  # deleted since the query: skipped
             writes = job_def.apply(entities, job.params, prepared) if entities else []
             if current.page_end is None:
                 current.page_end, current.more = page_end, more
@@ -222,8 +225,12 @@ def _process(job, job_def, record, payload):
 
 
 def _split(job, payload, page_end, hi, credit):
-    """The payloads of the tasks the rest of the range (page_end, hi] splits into; one child when it cannot split."""
-    points = keyrange.split_points(page_end, hi, job.fanout, job.samples)
+    """The payloads of the tasks the rest of the range (page_end, hi] splits into; one child when it cannot split.
+    Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained), so
+    a retry splits exactly as the first delivery did."""
+    parts = keyrange.parts_needed(_key(payload["lo"]), page_end, hi, job.page_size, job.page_size, job.fanout,
+                                  job.samples)
+    points = keyrange.split_points(page_end, hi, parts, job.samples) if parts > 1 else []
     bounds = [page_end] + points + [hi]
     count = len(bounds) - 1
     share, remainder = divmod(credit, count)
@@ -234,9 +241,9 @@ def _split(job, payload, page_end, hi, credit):
             for i in range(count)]
 
 
-def _fail(job, record_key, error):
+def _fail(job, record_key, payload, error):
     def txn():
-        record = record_key.get()
+        record = record_key.get() or _new_record(record_key, job, payload)
         record.state, record.error = "failed", f"{type(error).__name__}: {error}"[:2000]
         record.put()
     transact(txn)

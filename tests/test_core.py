@@ -143,7 +143,7 @@ class StaticKeys:
 @pytest.fixture
 def gae_client(stack, iap_key):
     env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", ADMIN_EMAILS="boss@example.com",
-               IAP_AUDIENCE=AUDIENCE)
+               IAP_AUDIENCE=AUDIENCE, TASKS_BACKEND="queue")
     app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)})
     app.extensions["iap_keys"] = StaticKeys(iap_key[1])
     yield app.test_client()

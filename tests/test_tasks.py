@@ -1,0 +1,87 @@
+"""core/tasks.py: the Cloud Tasks queue against a gRPC server speaking the Cloud Tasks API on loopback (the real
+service is not reachable from here), and the task route's guard on App Engine."""
+import concurrent.futures
+import json
+
+import grpc
+import pytest
+from google.cloud import tasks_v2
+from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
+
+from core import runtime, tasks
+from core.settings import Settings
+from main import create_app
+
+
+@pytest.fixture
+def cloud_tasks():
+    """A loopback server for google.cloud.tasks.v2.CloudTasks/CreateTask that keeps what it is sent and answers
+    ALREADY_EXISTS for a task name it has seen, as Cloud Tasks does."""
+    received = []
+
+    def create_task(request_bytes, context):
+        request = tasks_v2.CreateTaskRequest.deserialize(request_bytes)
+        if any(r.task.name == request.task.name for r in received):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, "Requested entity already exists")
+        received.append(request)
+        return tasks_v2.Task.serialize(request.task)
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "google.cloud.tasks.v2.CloudTasks", {"CreateTask": grpc.unary_unary_rpc_method_handler(create_task)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
+    yield client, received
+    channel.close()
+    server.stop(0)
+
+
+@pytest.fixture
+def gae_app(stack):
+    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", TASKS_BACKEND="queue")
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)})
+    yield app
+    runtime.current().close()
+
+
+def test_cloud_tasks_queue_sends_named_app_engine_tasks_once(cloud_tasks, gae_app):
+    client, received = cloud_tasks
+    queue = tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client)
+    payload = {"seed": "abc", "start": 0, "stop": 3}
+    queue.enqueue("accounts.seed", payload, "seed-abc-0")
+    queue.enqueue("accounts.seed", payload, "seed-abc-0")  # ALREADY_EXISTS: success, not an error
+    assert len(received) == 1
+    request = received[0]
+    assert request.parent == "projects/proj/locations/us-central1/queues/mapper"
+    assert request.task.name == "projects/proj/locations/us-central1/queues/mapper/tasks/seed-abc-0"
+    http = request.task.app_engine_http_request
+    assert http.http_method == tasks_v2.HttpMethod.POST
+    assert http.relative_uri == "/api/tasks/accounts.seed"
+    assert http.headers["Content-Type"] == "application/json" and json.loads(http.body) == payload
+
+    # what Cloud Tasks would then deliver: accepted with App Engine's queue header, refused without it
+    client = gae_app.test_client()
+    delivered = client.post(http.relative_uri, data=http.body, headers=dict(http.headers))
+    assert delivered.status_code == 403
+    delivered = client.post(http.relative_uri, data=http.body,
+                            headers=dict(http.headers, **{tasks.QUEUE_HEADER: "mapper", tasks.RETRY_HEADER: "0"}))
+    assert delivered.status_code == 200 and delivered.get_json() == {"created": 3}
+
+
+def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks):
+    client, received = cloud_tasks
+    queue = tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client)
+    with pytest.raises(ValueError):
+        queue.enqueue("no.such.handler", {}, "t-1")
+    with pytest.raises(ValueError):
+        queue.enqueue("accounts.seed", {}, "bad/name")
+    assert received == []
+
+
+def test_cloud_tasks_needs_a_location():
+    with pytest.raises(RuntimeError, match="TASKS_LOCATION"):
+        Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s"})
+    with pytest.raises(RuntimeError, match="TASKS_BACKEND"):
+        Settings.from_env({"TASKS_BACKEND": "carrier-pigeon"})
