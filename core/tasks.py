@@ -14,11 +14,11 @@ so the code a task runs is the same everywhere:
 Handlers must be idempotent: every backend delivers at least once, and twice at the same time now and then.
 """
 import collections
-import concurrent.futures
 import hashlib
 import hmac
 import json
 import logging
+import queue
 import re
 import threading
 import time
@@ -106,17 +106,18 @@ class CloudTasksQueue:
 
 
 class HttpQueue:
-    """The local stand-in for Cloud Tasks: delivers to the app's own URL from a pool of threads in this process.
+    """The local stand-in for Cloud Tasks: delivers to the app's own URL from a few threads in this process.
 
-    Tasks live only in memory: a task still waiting when the process stops is lost (Cloud Tasks keeps them).
+    Tasks live only in memory, on daemon threads: a task still waiting when the process stops is lost (Cloud Tasks
+    keeps them), and stopping `make run` never waits for deliveries to a server that is going away.
     """
 
     def __init__(self, base_url, token, cache=None, workers=8, max_attempts=MAX_ATTEMPTS, base=0.1, cap=10.0):
         self.base_url, self.token, self.cache = base_url.rstrip("/"), token, cache
         self.max_attempts, self.base, self.cap = max_attempts, base, cap
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tasks")
+        self.workers = workers
         self.session = requests.Session()
-        self._seen, self._lock = set(), threading.Lock()
+        self._seen, self._lock, self._work, self._threads = set(), threading.Lock(), queue.Queue(), []
 
     def _first_time(self, task_name):
         with self._lock:
@@ -129,7 +130,24 @@ class HttpQueue:
     def enqueue(self, name, payload, task_name):
         _check(name, task_name)
         if self._first_time(task_name):
-            self.pool.submit(self._deliver, Task(name, payload, task_name, 0))
+            with self._lock:
+                while len(self._threads) < self.workers:  # started on first use: no threads in processes that never
+                    thread = threading.Thread(target=self._worker, daemon=True, name="tasks")  # enqueue
+                    thread.start()
+                    self._threads.append(thread)
+            self._work.put(Task(name, payload, task_name, 0))
+
+    def wait(self):
+        """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
+        self._work.join()
+
+    def _worker(self):
+        while True:
+            task = self._work.get()
+            try:
+                self._deliver(task)
+            finally:
+                self._work.task_done()
 
     def _deliver(self, task):
         for attempt in range(self.max_attempts):

@@ -57,7 +57,7 @@ class Job:
     title: str
     description: str
     apply: Callable[[list, dict, Any], list]
-    parse_params: Callable[[dict], dict] = lambda params: {}
+    parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
     on_done: Callable[[MapperJob], None] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
@@ -67,6 +67,12 @@ class Job:
 
 
 _jobs = {}
+
+
+def _no_params(params):
+    if params:
+        raise BadInput("This job takes no params.", "bad_params")
+    return {}
 
 
 def register(job):

@@ -39,6 +39,7 @@ def job_count():
     ({"name": "add_credit", "params": {"amount": 1}, "page_size": 501}, "bad_page_size"),
     ({"name": "add_credit", "params": {"amount": 1}, "fanout": 1}, "bad_fanout"),
     ({"name": "add_credit", "params": {"amount": 1}, "fanout": 17}, "bad_fanout"),
+    ({"name": "recount_comments", "params": {"amount": 1}}, "bad_params"),
 ])
 def test_bad_job_requests_are_400_and_start_nothing(client, auth, task_queue, body, code):
     auth.admin()
@@ -199,7 +200,7 @@ def served(stack):
     yield app, f"http://127.0.0.1:{port}"
     server.shutdown()
     thread.join()
-    runtime.current().tasks.pool.shutdown(wait=True)
+    runtime.current().tasks.wait()
     runtime.current().close()
 
 
@@ -240,8 +241,8 @@ def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
         queue.enqueue("test.record", {"n": 1}, "record-1")
     other.enqueue("test.record", {"n": 1}, "record-1")
     queue.enqueue("test.record", {"n": 2, "fail_first": True}, "record-2")
-    queue.pool.shutdown(wait=True)
-    other.pool.shutdown(wait=True)
+    queue.wait()
+    other.wait()
     assert sorted(DELIVERED) == [(1, 0), (2, 0), (2, 1)]  # one delivery of 1; 2 failed once and was delivered again
     with pytest.raises(ValueError):
         queue.enqueue("test.record", {"n": 3}, "bad name with spaces")
