@@ -12,7 +12,6 @@ import math
 
 from google.cloud import ndb
 
-MAX_ID = 2 ** 63 - 1
 # Datastore's scattered ids lie below 2**53 (they stay exact in JavaScript); arithmetic toward "any id" aims there.
 ID_CEILING = 2 ** 53
 NAME_WIDTH = 8  # characters of a name that key arithmetic looks at

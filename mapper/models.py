@@ -24,7 +24,6 @@ class MapperJob(ndb.Model):
     fanout = ndb.IntegerProperty(required=True, indexed=False)
     last_key = ndb.KeyProperty(indexed=False)  # the kind's largest key when the job started: the root range's end
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
-    entities = ndb.IntegerProperty(indexed=False)  # how many the kind held at the start (an estimate for the page)
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
