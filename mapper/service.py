@@ -289,13 +289,15 @@ def _maybe_finish(job, returned):
     only the last task pays for summing the records; without it (down, evicted) every such task sums them."""
     total = runtime.cache().incr(_returned_key(job.id), returned)
     if total is None or total >= TOTAL_CREDIT:
-        if _derive(job).returned == TOTAL_CREDIT:
-            _finalize(job, "done")
+        current = _derive(job)
+        if current.returned == TOTAL_CREDIT:
+            _finalize(job, "done", current)
 
 
-def _finalize(job, outcome):
-    """Mark the job finished, once: a transaction on the job, so of all who see it finish, one does it."""
-    status = _derive(job)
+def _finalize(job, outcome, status=None):
+    """Mark the job finished, once: a transaction on the job, so of all who see it finish, one does it.
+    `status`: the records' sums, when the caller has just derived them."""
+    status = status or _derive(job)
 
     def txn():
         current = job.key.get()
@@ -326,7 +328,7 @@ def status(job):
         return dataclasses.replace(_derive(job), state="cancelled")
     current = _derive(job)
     if current.returned == TOTAL_CREDIT or current.failed:
-        finished = _finalize(job, "failed" if current.failed else "done") or job.key.get()
+        finished = _finalize(job, "failed" if current.failed else "done", current) or job.key.get()
         if finished.finished:
             return Status(finished.outcome, **(finished.summary or {}))
     return current
