@@ -79,7 +79,6 @@ def seed_demo():
     """The demo's accounts, written directly (no server runs yet when `flask seed` does)."""
     if Account.query().fetch(1, keys_only=True):
         return False
-    keys = [account_key("demo", n) for n in range(DEMO_ACCOUNTS)]
-    for start in range(0, len(keys), SEED_BATCH):
-        ndb.put_multi([Account(key=k, balance=0) for k in keys[start:start + SEED_BATCH]])
+    for start in range(0, DEMO_ACCOUNTS, SEED_BATCH):
+        seed_batch({"seed": "demo", "start": start, "stop": min(start + SEED_BATCH, DEMO_ACCOUNTS)})
     return True

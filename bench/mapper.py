@@ -24,6 +24,7 @@ from accounts.models import Account
 from accounts.service import ADD_CREDIT
 from bench import harness
 from core import runtime, tasks
+from core.datastore import transact
 from mapper import service as mapper
 from mapper.models import TaskRecord
 
@@ -46,7 +47,7 @@ def credit_chunk(keys):
     def txn():
         accounts = [a for a in ndb.get_multi(keys) if a is not None]
         ndb.put_multi(ADD_CREDIT.apply(accounts, {"amount": 1}, None))
-    ndb.transaction(txn)
+    transact(txn)  # the same retry as the mapper's chunks
 
 
 def cursor_walk():
@@ -84,8 +85,8 @@ def fan_out(app, fanout):
     token = tasks.local_token(app.config["SETTINGS"].secret_key)
 
     def deliver(task):
-        response = app.test_client().post(tasks.ROUTE.format(task.handler), json=task.payload,
-                                          headers={tasks.TOKEN_HEADER: token, tasks.RETRY_HEADER: str(task.attempt)})
+        response = app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
+                                          headers=tasks.local_headers(token, task))
         return response.status_code < 300
     runtime.tasks().drain(deliver, workers=WORKERS, timeout=1800)
     status = mapper.status(job.key.get())

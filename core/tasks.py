@@ -58,6 +58,12 @@ def local_token(secret_key):
     return hmac.new(secret_key.encode(), b"tasks", hashlib.sha256).hexdigest()
 
 
+def local_headers(token, task):
+    """The headers a local queue delivers `task` with: the token, and Cloud Tasks' retry count and name headers."""
+    return {"Content-Type": "application/json", TOKEN_HEADER: token, RETRY_HEADER: str(task.attempt),
+            NAME_HEADER: task.name}
+
+
 def is_from_queue(headers, settings):
     if settings.on_app_engine:
         return bool(headers.get(QUEUE_HEADER))
@@ -152,10 +158,9 @@ class HttpQueue:
     def _deliver(self, task):
         for attempt in range(self.max_attempts):
             try:
-                response = self.session.post(
-                    self.base_url + ROUTE.format(task.handler), data=task._replace(attempt=attempt).body(),
-                    headers={"Content-Type": "application/json", TOKEN_HEADER: self.token,
-                             RETRY_HEADER: str(attempt), NAME_HEADER: task.name}, timeout=60)
+                response = self.session.post(self.base_url + ROUTE.format(task.handler), data=task.body(),
+                                             headers=local_headers(self.token, task._replace(attempt=attempt)),
+                                             timeout=60)
                 if 200 <= response.status_code < 300:
                     return
                 log.warning("task %s answered %s (attempt %d)", task.name, response.status_code, attempt + 1)

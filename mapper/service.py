@@ -110,13 +110,13 @@ def start_job(name, params=None, page_size=None, fanout=None):
     fanout = whole_number(fanout, "fanout", 2, 16, default=job_def.fanout)
 
     query = ndb.Query(kind=job_def.kind)
-    first = query.order(KEY).fetch(1, keys_only=True)
-    # A descending key order needs a composite index per kind (index.yaml), in production as in the emulator.
+    # The root range ends at the kind's largest key (none: the kind is empty). A descending key order needs a
+    # composite index per kind (index.yaml), in production as in the emulator.
     last = query.order(-KEY).fetch(1, keys_only=True)
-    samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if first and SAMPLES else []
+    samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
     job = MapperJob(id=secrets.token_hex(8), name=name, params=params, kind=job_def.kind, page_size=page_size,
                     fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
-    if not first:  # nothing to visit: done at once
+    if not last:  # nothing to visit: done at once
         job.finished, job.outcome, job.summary = _now(), "done", {"processed": 0, "tasks": 0, "depth": 0}
         job.put()
         _finished(job)

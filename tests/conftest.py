@@ -56,13 +56,12 @@ class Tasks:
     def __init__(self, app):
         self.app = app
         self.queue = runtime.current().tasks
-        self.headers = {tasks.TOKEN_HEADER: tasks.local_token(app.config["SETTINGS"].secret_key)}
+        self.token = tasks.local_token(app.config["SETTINGS"].secret_key)
         self.responses = []
 
     def deliver(self, task):
-        response = self.app.test_client().post(
-            tasks.ROUTE.format(task.handler), json=task.payload,
-            headers=dict(self.headers, **{tasks.RETRY_HEADER: str(task.attempt), tasks.NAME_HEADER: task.name}))
+        response = self.app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
+                                               headers=tasks.local_headers(self.token, task))
         self.responses.append((task, response.status_code, response.get_json()))
         return 200 <= response.status_code < 300
 

@@ -246,3 +246,12 @@ def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
     assert sorted(DELIVERED) == [(1, 0), (2, 0), (2, 1)]  # one delivery of 1; 2 failed once and was delivered again
     with pytest.raises(ValueError):
         queue.enqueue("test.record", {"n": 3}, "bad name with spaces")
+
+
+def test_demo_accounts_are_seeded_once(app, client):
+    from accounts import service as accounts_service
+    with runtime.current().datastore.context():
+        assert accounts_service.seed_demo() is True
+        assert accounts_service.seed_demo() is False  # it has accounts now
+    assert client.get("/api/accounts/summary").get_json() == {"count": accounts_service.DEMO_ACCOUNTS,
+                                                              "total_balance": 0}
