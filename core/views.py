@@ -1,5 +1,5 @@
 """The app's own pages and routes: home, health, sign-in (page and API), the route every task is delivered to."""
-from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from flask import Blueprint, flash, jsonify, redirect, render_template, request
 from google.cloud import ndb
 
 from core import identity, runtime, tasks
@@ -7,12 +7,6 @@ from core.errors import AppError, Forbidden, NotFound
 from core.web import json_body
 
 bp = Blueprint("core", __name__)
-
-
-@bp.get("/")
-def home():
-    """The tour of the lessons."""
-    return render_template("core/home.html")
 
 
 @bp.get("/healthz")
@@ -46,14 +40,14 @@ def signin():
 def signout():
     """Forget the dev sign-in."""
     identity.sign_out()
-    return redirect(url_for("core.home"))
+    return redirect("/")
 
 
 def _safe_next(target):
     # Only paths on this site: an open redirect would turn sign-in into a phishing aid.
     if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
         return target
-    return url_for("core.home")
+    return "/"
 
 
 @bp.get("/api/session")

@@ -1,0 +1,22 @@
+"""The numbers page's entities: the probes it writes and reads, and its last measurement."""
+from google.cloud import ndb
+
+
+class Probe(ndb.Model):
+    """A small entity that the measurement writes and reads. Never cached: the point is to time Datastore itself."""
+    _use_cache = False
+    _use_global_cache = False
+
+    value = ndb.IntegerProperty(indexed=False)
+    text = ndb.TextProperty()
+
+
+class Measurement(ndb.Model):
+    """The last measurement (one root entity, id "latest"): the page reads it by key instead of measuring again.
+    Not in ndb's global cache: its writes would then fail while memcached is down, and measuring is most telling then."""
+    _use_global_cache = False
+
+    measured = ndb.DateTimeProperty(indexed=False)
+    by = ndb.TextProperty()
+    runs = ndb.IntegerProperty(indexed=False)
+    operations = ndb.JsonProperty()

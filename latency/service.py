@@ -1,0 +1,156 @@
+"""Numbers everyone should know (the /numbers page), measured on the running stack beside the talk's 2008 rules of
+thumb. The package is not called `numbers`: that would shadow Python's standard module of the name.
+
+Bounded work: RUNS timed calls of each operation (plus one untimed warm-up), each operation cut short after
+TIME_LIMIT seconds, one measurement at a time; the probes are overwritten by the next measurement, never added to.
+"""
+import datetime
+import statistics
+import time
+from dataclasses import dataclass
+
+from google.cloud import ndb
+
+from core import runtime
+from core.errors import Conflict
+from latency.models import Measurement, Probe
+
+RUNS = 15
+TIME_LIMIT = 3.0  # seconds per operation, whatever the stack's speed
+BATCH = 20
+LATEST = "latest"
+LOCK_KEY = "numbers:measuring"
+LOCK_SECONDS = 60
+PAYLOAD = "x" * 100
+CACHE_VALUE = b"x" * 1024
+# Twenty children of one parent: an ancestor query reads them back in key order, strongly consistent, with the
+# kind's built-in index (no composite index needed).
+BATCH_PARENT = ("Probe", "batch")
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    label: str
+    talk: str  # what the 2008 talk said about it
+    talk_ms: float | None = None
+
+
+OPERATIONS = (
+    Operation("txn_write", "Transactional write of one entity",
+              "About 10 ms: a write is a disk seek, so ~100 a second at most (\u201cWrites are expensive!\u201d)", 10.0),
+    Operation("batch_put", f"Batch put of {BATCH} entities",
+              "\u201cDo work in batches\u201d: one call for many entities instead of a call each"),
+    Operation("get", "Get one entity by key",
+              "\u201cReads are cheap!\u201d: read from disk once, then from memory; writes cost ~40 times more"),
+    Operation("get_multi", f"Get {BATCH} entities by key (one get_multi)",
+              "Batch gets: one round trip for all of them"),
+    Operation("query", f"Query of {BATCH} entities (ancestor)", "No figure in the talk"),
+    Operation("memcache_get", "memcache get of 1 KB",
+              "0.25 ms to read 1 MB from memory; 0.5 ms a round trip within a datacenter (J. Dean)", 0.5),
+)
+
+
+def _batch_keys():
+    parent = ndb.Key(*BATCH_PARENT)
+    return [ndb.Key(Probe, i + 1, parent=parent) for i in range(BATCH)]
+
+
+def _calls():
+    """{operation name: a function doing it once}. Every Datastore call here bypasses ndb's caches (Probe says so)."""
+    cache = runtime.cache()
+    keys = _batch_keys()
+    write_number = iter(range(1, 10_000))
+
+    def txn_write():
+        # A different root entity each time: successive writes never wait on one entity group's commit.
+        probe = Probe(id=f"write-{next(write_number) % (RUNS + 1)}", value=1, text=PAYLOAD)
+        ndb.transaction(probe.put, retries=0)
+
+    def batch_put():
+        ndb.put_multi([Probe(key=k, value=i, text=PAYLOAD) for i, k in enumerate(keys)])
+
+    def query():
+        found = Probe.query(ancestor=ndb.Key(*BATCH_PARENT)).fetch(BATCH)
+        assert len(found) == BATCH, found
+
+    return {
+        "txn_write": txn_write,
+        "batch_put": batch_put,
+        "get": lambda: keys[0].get(),
+        "get_multi": lambda: ndb.get_multi(keys),
+        "query": query,
+        "memcache_get": lambda: cache.get(LOCK_KEY + ":probe"),
+    }
+
+
+def _time(fn):
+    fn()  # warm-up: the first call may open a connection
+    times = []
+    deadline = time.perf_counter() + TIME_LIMIT
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+        if time.perf_counter() > deadline:
+            break
+    times.sort()
+    return {"median_ms": round(statistics.median(times), 3),
+            "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3), "runs": len(times)}
+
+
+def measure(by):
+    """Time every operation now, keep the result as the latest measurement and return it. 409 while another
+    measurement runs (memcached holds the claim; when memcached is away, measurements are not kept apart)."""
+    cache = runtime.cache()
+    if not cache.claim(LOCK_KEY, LOCK_SECONDS):
+        raise Conflict("A measurement is running already; its figures will be here in a few seconds.", "measuring")
+    try:
+        memcache_up = cache.add(LOCK_KEY + ":probe", CACHE_VALUE, expire=LOCK_SECONDS) or cache.get(
+            LOCK_KEY + ":probe") is not None
+        calls = _calls()
+        _time(calls["batch_put"])  # the entities the reads below read
+        rows = []
+        for op in OPERATIONS:
+            if op.name == "memcache_get" and not memcache_up:
+                timing = {"median_ms": None, "p90_ms": None, "runs": 0}
+            else:
+                timing = _time(calls[op.name])
+            rows.append({"name": op.name, **timing})
+        measurement = Measurement(id=LATEST, measured=datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+                                  by=by, runs=RUNS, operations=rows)
+        measurement.put()
+        return measurement_dict(measurement)
+    finally:
+        cache.delete(LOCK_KEY)
+
+
+def latest():
+    """The latest measurement (a get by key), or None when nothing was measured yet."""
+    measurement = ndb.Key(Measurement, LATEST).get()
+    return None if measurement is None else measurement_dict(measurement)
+
+
+def measurement_dict(measurement):
+    measured = {row["name"]: row for row in measurement.operations}
+    operations = []
+    for op in OPERATIONS:
+        row = measured.get(op.name, {"median_ms": None, "p90_ms": None, "runs": 0})
+        per_item = row["median_ms"] / BATCH if row["median_ms"] is not None and op.name in (
+            "batch_put", "get_multi", "query") else None
+        operations.append({"name": op.name, "label": op.label, "median_ms": row["median_ms"], "p90_ms": row["p90_ms"],
+                           "per_item_ms": round(per_item, 3) if per_item is not None else None, "runs": row["runs"],
+                           "talk": op.talk, "talk_ms": op.talk_ms})
+    write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
+    return {"measured": measurement.measured.strftime("%Y-%m-%dT%H:%M:%SZ"), "by": measurement.by,
+            "runs": measurement.runs, "operations": operations,
+            # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
+            "write_read_ratio": round(write / read, 1) if write and read else None}
+
+
+def seed_demo():
+    """A first measurement, so that the page has figures before an admin measures again."""
+    if latest() is not None:
+        return False
+    measure("seed")
+    return True

@@ -1,0 +1,35 @@
+"""The numbers page: what each Datastore and memcache operation costs here, beside the talk's figures."""
+from flask import Blueprint, jsonify, redirect, render_template, url_for
+
+from core import identity
+from core.errors import found
+from latency import service
+
+bp = Blueprint("latency", __name__)
+
+
+@bp.get("/numbers")
+def index():
+    """The latest measurement and (admins) a button to measure again."""
+    return render_template("latency/index.html", numbers=service.latest(), runs=service.RUNS)
+
+
+@bp.post("/numbers")
+def measure_form():
+    """Measure again."""
+    user = identity.require_admin()
+    service.measure(user["email"])
+    return redirect(url_for("latency.index"))
+
+
+@bp.get("/api/numbers")
+def api_latest():
+    """The latest measurement; 404 before the first."""
+    return jsonify(found(service.latest(), "Nothing was measured yet.", "not_measured"))
+
+
+@bp.post("/api/numbers")
+def api_measure():
+    """Measure now (admin) -> 201 the new measurement."""
+    user = identity.require_admin()
+    return jsonify(service.measure(user["email"])), 201

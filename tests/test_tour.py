@@ -1,0 +1,91 @@
+"""The home page's tour (live figures per lesson), the source viewer and the navigation every page shares."""
+import re
+
+import pytest
+
+from conftest import csrf_token
+from tour import service as tour
+
+
+def _figure(html, lesson):
+    match = re.search(rf'data-figure="{lesson}">(.*?)</p>', html, re.S)
+    assert match, f"no figure for {lesson}"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", match.group(1))).strip()
+
+
+def test_empty_datastore_tour_says_there_is_nothing_yet(client):
+    html = client.get("/").get_data(as_text=True)
+    assert _figure(html, "counters") == "No demo counter yet."
+    assert _figure(html, "blog") == "No demo blog yet."
+    assert _figure(html, "comments") == "No comments yet."
+    assert _figure(html, "mapper") == "No job has run yet."
+    for lesson in tour.LESSONS.values():
+        assert lesson.title in html
+        for path in lesson.sources:
+            assert f'href="/source/{path}"' in html
+
+
+def test_figures_follow_what_happens(client, auth, task_queue):
+    auth.admin()
+    assert client.put("/api/counters/likes", json={"mode": "adaptive"}).status_code == 200
+    for _ in range(3):
+        client.post("/api/counters/likes/increment")
+    for i in range(12):
+        assert client.post("/api/blogs/demo/entries", json={"title": f"t{i}", "body": "b"}).status_code == 201
+    for index, count in ((11, 2), (5, 1), (0, 4)):  # index 0 is not on the front page: not counted
+        for n in range(count):
+            r = client.post(f"/api/blogs/demo/entries/{index}/comments", json={"text": f"c{n}"})
+            assert r.status_code == 201
+    assert client.post("/api/accounts/seed", json={"count": 30}).status_code == 202
+    task_queue.drain()
+    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 2}}).get_json()
+    task_queue.drain()
+
+    html = client.get("/").get_data(as_text=True)
+    assert _figure(html, "counters") == "3 likes on 1 shard"
+    assert _figure(html, "blog") == "12 entries in demo"
+    assert _figure(html, "comments") == "3 comments on the 10 newest entries, 2 on the busiest"
+    assert _figure(html, "mapper") == "Last job: add_credit done, 30 processed by 1 task"
+    assert f'href="/jobs/{job["id"]}"' in html
+    assert 'href="/blog/demo/11#comments"' in html  # the comments card leads to the busiest entry
+
+    client.post("/api/counters/likes/increment")
+    assert _figure(client.get("/").get_data(as_text=True), "counters") == "4 likes on 1 shard"
+
+
+def test_source_viewer_shows_listed_files_escaped(client):
+    r = client.get("/source/counters/service.py")
+    html = r.get_data(as_text=True)
+    assert r.status_code == 200 and "def increment" in html and 'id="L1"' in html
+    # Python's "<" and quotes arrive as text, never as markup
+    assert "&lt;" in html and "<= " not in html.split("<pre>")[1]
+
+
+@pytest.mark.parametrize("path", ["../main.py", "counters/../main.py", ".devstack/secret_key", "tests/conftest.py",
+                                  "counters/__init__.py", "/etc/passwd", "core/views.pyc", "secret.yaml"])
+def test_source_viewer_refuses_anything_else(client, path):
+    r = client.get(f"/source/{path}", follow_redirects=True)  # "//etc" is first merged to "/etc" (308)
+    assert r.status_code == 404 and "root:" not in r.get_data(as_text=True)
+
+
+def test_every_page_has_the_same_navigation_and_sign_in(client, auth):
+    pages = ["/", "/counters", "/blog", "/jobs", "/accounts", "/numbers", "/signin", "/source/main.py"]
+    links = ['href="/counters"', 'href="/blog"', 'href="/jobs"', 'href="/accounts"', 'href="/numbers"']
+    for path in pages:
+        html = client.get(path).get_data(as_text=True)
+        assert all(link in html for link in links), path
+        assert 'href="/signin?next=' in html, path
+        assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
+    auth.sign_in("reader@example.com")
+    for path in pages:
+        html = client.get(path).get_data(as_text=True)
+        assert "reader@example.com" in html and "Sign out" in html, path
+    html = client.get("/jobs").get_data(as_text=True)
+    assert re.search(r'href="/jobs" aria-current="page"', html) and 'href="/counters" aria-current' not in html
+
+
+def test_sign_out_from_the_header_leads_home(client, auth):
+    auth.sign_in()
+    r = client.post("/signout", data={"csrf_token": csrf_token(client, "/numbers")})
+    assert r.status_code == 302 and r.headers["Location"] == "/"
+    assert client.get("/api/session").status_code == 401
