@@ -6,6 +6,8 @@ import pytest
 from google.cloud import ndb
 from werkzeug.serving import make_server
 
+from accounts import service as accounts_service
+from accounts.models import Account
 from blog import service as blog_service
 from comments import service as comments_service
 from core import runtime, tasks
@@ -123,10 +125,17 @@ def test_credit_then_summary(client, auth, task_queue):
     auth.admin()
     client.post("/api/accounts/seed", json={"count": 600})
     task_queue.drain()
+    assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 0}  # now cached
     job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 7}, "page_size": 50}).get_json()
     task_queue.drain(workers=3)
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"
+    # the finished job dropped the cached summary
     assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 4200}
+    with runtime.current().datastore.context():
+        Account(id=1, balance=5).put()  # written behind the app's back: the cached summary does not see it
+    assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 4200}
+    runtime.cache().delete(accounts_service.SUMMARY_KEY)
+    assert client.get("/api/accounts/summary").get_json() == {"count": 601, "total_balance": 4205}
 
 
 # --- the comment recount ------------------------------------------------------------------------------------------
@@ -249,7 +258,6 @@ def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
 
 
 def test_demo_accounts_are_seeded_once(app, client):
-    from accounts import service as accounts_service
     with runtime.current().datastore.context():
         assert accounts_service.seed_demo() is True
         assert accounts_service.seed_demo() is False  # it has accounts now
