@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench deploy clean seed
+.PHONY: run test bench screenshots deploy clean seed
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP)
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)
 	$(PY) -m bench
+
+## screenshots: a PNG of each page under docs/ (its own stack with the demo content, Debian's headless Chromium)
+screenshots: $(STAMP)
+	$(PY) -m devstack.screenshots
 
 ## deploy: the app, its indexes and its task queue to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
 deploy: secret.yaml

@@ -48,15 +48,21 @@ def create_app(config=None):
     @app.cli.command("seed")
     def seed():
         """Add the demo content of each feature that has none yet."""
-        with rt.datastore.context():
-            for feature in FEATURES:
-                seed_demo = getattr(__import__(f"{feature}.service", fromlist=["seed_demo"]), "seed_demo", None)
-                if seed_demo is None:
-                    continue
-                created = seed_demo()
-                click.echo(f"{feature}: {'seeded' if created else 'already has content'}")
+        for feature, created in seed_demo():
+            click.echo(f"{feature}: {'seeded' if created else 'already has content'}")
 
     return app
+
+
+def seed_demo():
+    """Each feature's demo content, where it has none yet (in the process's runtime): [(feature, seeded?)]."""
+    seeded = []
+    with runtime.current().datastore.context():
+        for feature in FEATURES:
+            seed = getattr(__import__(f"{feature}.service", fromlist=["seed_demo"]), "seed_demo", None)
+            if seed is not None:
+                seeded.append((feature, seed()))
+    return seeded
 
 
 def __getattr__(name):

@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from core import runtime
 
 

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from comments.models import Comment, UserSequence
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from core import runtime
 
 

@@ -4,7 +4,7 @@ import time
 import pytest
 from google.cloud import ndb
 
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from core import runtime
 from counters import service as counters_service
 from counters.models import AppliedIncrement, CounterConfig, CounterShard

@@ -1,10 +1,8 @@
 """/api/jobs, /api/accounts, the task route, the jobs and accounts pages; the local HTTP queue end to end."""
-import threading
 import time
 
 import pytest
 from google.cloud import ndb
-from werkzeug.serving import make_server
 
 from accounts import service as accounts_service
 from accounts.models import Account
@@ -12,7 +10,7 @@ from blog import service as blog_service
 from comments import service as comments_service
 from core import runtime, tasks
 from counters import service as counters
-from devstack.services import free_port
+from devstack import e2e
 from main import create_app
 from mapper.models import MapperJob
 from tests.conftest import _settings, csrf_token
@@ -200,17 +198,9 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
 def served(stack):
     """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
     stack.emulator.reset()
-    port = free_port()
-    app = create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="http",
-                                                             TASKS_URL=f"http://127.0.0.1:{port}")})
-    server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever)
-    thread.start()
-    yield app, f"http://127.0.0.1:{port}"
-    server.shutdown()
-    thread.join()
-    runtime.current().tasks.wait()
-    runtime.current().close()
+    with e2e.served(lambda url: create_app({"TESTING": True, "SETTINGS": _settings(
+            stack, TASKS_BACKEND="http", TASKS_URL=url)})) as (app, url):
+        yield app, url
 
 
 def test_http_queue_runs_a_job_to_the_end(served):

@@ -4,7 +4,7 @@ from google.cloud import ndb
 
 from blog import service
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from conftest import in_threads
+from tests.conftest import in_threads
 from core import runtime
 from core.cache import CACHE_DOWN
 from core.errors import NotFound

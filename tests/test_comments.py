@@ -7,7 +7,7 @@ from google.cloud import ndb
 from blog import service as blog_service
 from comments import service
 from comments.models import Comment, UserSequence
-from conftest import in_threads
+from tests.conftest import in_threads
 from core import runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import service as counters

@@ -8,7 +8,7 @@ from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
 
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from core import identity, runtime
 from core.settings import Settings
 from devstack import DevstackError, Stack, services

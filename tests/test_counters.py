@@ -4,7 +4,7 @@ import time
 import pytest
 from google.cloud import ndb
 
-from conftest import in_threads
+from tests.conftest import in_threads
 from core import runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import service

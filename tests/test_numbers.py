@@ -3,7 +3,7 @@ import threading
 
 from google.cloud import ndb
 
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from core import runtime
 from latency import service
 from latency.models import Measurement, Probe

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import csrf_token
+from tests.conftest import csrf_token
 from tour import service as tour
 
 

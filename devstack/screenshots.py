@@ -1,0 +1,77 @@
+"""`make screenshots`: a PNG of each page under docs/, as the README shows them.
+
+Its own stack (in-memory emulator and memcached, never `make run`'s), seeded with the demo content `make run` seeds,
+the app served on loopback, Debian's headless Chromium signed in as an admin; an add_credit job is run first so that
+the jobs pages have one to show.
+"""
+import sys
+import time
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from core.settings import Settings
+from devstack import Stack, e2e
+from main import create_app, seed_demo
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+ADMIN = "admin@example.com"
+WIDTH = 1100
+# (file, path, viewport height, full page?, what to wait for). Paths with {job} get the demo job's id.
+PAGES = (
+    ("home.png", "/", 900, True, ".cards"),
+    ("counters.png", "/counters", 900, True, "#counter-likes"),
+    ("blog.png", "/blog/demo", 900, False, "article.entry"),
+    ("comments.png", "/blog/demo/{newest}?page=last#comments", 900, False, "#comments li.comment"),
+    ("jobs.png", "/jobs/{job}", 900, False, "#job"),
+    ("accounts.png", "/accounts", 700, False, ".total"),
+    ("numbers.png", "/numbers", 900, True, "table.numbers"),
+)
+PHONE = ("phone.png", "/", 390, 844)
+
+
+def _app(stack, url):
+    return create_app({"SETTINGS": Settings.from_env(dict(stack.env(), SECRET_KEY="screenshots", ADMIN_EMAILS=ADMIN,
+                                                           TASKS_BACKEND="http", TASKS_URL=url))})
+
+
+def _wait_done(page, job_id, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if page.request.get(f"/api/jobs/{job_id}").json()["state"] != "running":
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"job {job_id} still running after {timeout} s")
+
+
+def main():
+    DOCS.mkdir(exist_ok=True)
+    with Stack(consistency=1.0) as stack, e2e.served(lambda url: _app(stack, url)) as (_app_, url), \
+            sync_playwright() as playwright:
+        print("Seeding the demo content...", flush=True)
+        seed_demo()
+        browser = e2e.launch(playwright)
+        context = browser.new_context(base_url=url, viewport={"width": WIDTH, "height": 900})
+        page = context.new_page()
+        page.request.post("/api/session", data={"email": ADMIN, "admin": True})
+        job = page.request.post("/api/jobs", data={"name": "add_credit", "params": {"amount": 10}}).json()
+        _wait_done(page, job["id"])
+        newest = page.request.get("/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
+        for name, path, height, full, ready in PAGES:
+            page.set_viewport_size({"width": WIDTH, "height": height})
+            page.goto(path.format(job=job["id"], newest=newest))
+            page.wait_for_selector(ready)
+            page.screenshot(path=DOCS / name, full_page=full)
+            print(f"docs/{name}  {path}", flush=True)
+        phone = browser.new_context(base_url=url, viewport={"width": PHONE[2], "height": PHONE[3]}, is_mobile=True,
+                                    has_touch=True, device_scale_factor=2)
+        phone_page = phone.new_page()
+        phone_page.goto(PHONE[1])
+        phone_page.screenshot(path=DOCS / PHONE[0])
+        print(f"docs/{PHONE[0]}  {PHONE[1]} at {PHONE[2]} px", flush=True)
+        browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

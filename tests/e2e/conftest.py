@@ -1,0 +1,120 @@
+"""The browser tests: the app served over HTTP on loopback (the local HTTP task queue delivering to it, as under
+`make run`), on the session's real emulator and memcached, driven by Playwright in Debian's headless Chromium.
+
+Every page a test opens may only fetch from the app itself (no CDN) and must raise no JavaScript error: both are
+checked when the test ends.
+"""
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.conftest import _settings
+from core import runtime
+from devstack import e2e
+from main import create_app
+
+ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with sync_playwright() as playwright:
+        browser = e2e.launch(playwright)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def site(stack):
+    """The base URL of a freshly served app on an empty datastore and cache."""
+    stack.emulator.reset()
+    if not stack.memcached.healthy():
+        stack.memcached.restart()
+
+    def make_app(url):
+        app = create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="http", TASKS_URL=url)})
+        runtime.current().memcache_client.flush_all(noreply=False)
+        return app
+    with e2e.served(make_app) as (_app, url):
+        yield url
+
+
+class Watched:
+    """What the pages of one test fetched and which script errors they raised."""
+
+    def __init__(self, site):
+        self.origin = urlsplit(site).netloc
+        self.foreign, self.errors = [], []
+
+    def request(self, request):
+        parts = urlsplit(request.url)
+        if parts.scheme in ("http", "https", "ws", "wss") and parts.netloc != self.origin:
+            self.foreign.append(request.url)
+
+
+def _context(browser, site, watched, **options):
+    context = browser.new_context(base_url=site, **options)
+    context.set_default_timeout(15_000)
+    context.on("request", watched.request)
+    context.on("page", lambda page: page.on("pageerror", lambda e: watched.errors.append(str(e))))
+    return context
+
+
+@pytest.fixture
+def watched(site):
+    w = Watched(site)
+    yield w
+    assert not w.foreign, f"pages fetched from outside the app: {w.foreign}"
+    assert not w.errors, f"JavaScript errors: {w.errors}"
+
+
+@pytest.fixture
+def page(browser, site, watched):
+    """A desktop-sized page in a fresh browser context (no cookies)."""
+    context = _context(browser, site, watched, viewport={"width": 1280, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+@pytest.fixture
+def new_page(browser, site, watched):
+    """new_page(**context options): another page in a browser context of its own (another person, or a phone)."""
+    contexts = []
+
+    def make(**options):
+        contexts.append(_context(browser, site, watched, **options))
+        return contexts[-1].new_page()
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def sign_in(page, email, admin=False):
+    """Through the sign-in form, as a person would; back on the page it started from."""
+    start = page.url
+    page.get_by_role("link", name="Sign in", exact=True).first.click()
+    page.get_by_label("Email").fill(email)
+    if admin:
+        page.get_by_label("Sign in as an admin").check()
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(start)
+
+
+def api(page, method, path, data=None):
+    """A JSON API call with the page's cookies (its signed-in user); the parsed response, which must be a 2xx."""
+    response = page.request.fetch(path, method=method, data=data)
+    assert response.ok, f"{method} {path}: {response.status} {response.text()}"
+    return response.json() if response.text() else None
+
+
+def wait_until(check, timeout=30.0, interval=0.2):
+    """Poll check() until it returns something true (bounded in time); that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"not true after {timeout} s: {check.__doc__ or check}")

@@ -1,0 +1,143 @@
+"""Each lesson's page as a person uses it, in a real browser: counters, the blog, comments, a job."""
+import re
+
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import ADMIN, api, sign_in, wait_until
+
+expect.set_options(timeout=15_000)
+
+
+def _shard_counts(strip):
+    label = strip.get_attribute("aria-label")  # "4 shards, counts 1, 0, 3, 1"
+    return [int(n) for n in label.split("counts", 1)[1].split(",") if n.strip()]
+
+
+def test_counter_button_updates_the_total_and_the_shard_strip_in_place(page):
+    page.goto("/")
+    sign_in(page, ADMIN, admin=True)
+    api(page, "PUT", "/api/counters/clicks", {"mode": "general", "num_shards": 4})
+    page.goto("/counters")
+    card = page.locator("#counter-clicks")
+    total, strip = card.locator("[data-total]"), card.locator("[data-shards]")
+    expect(total).to_have_text("0")
+    expect(strip.locator(".bar")).to_have_count(4)
+    assert _shard_counts(strip) == [0, 0, 0, 0]
+    page.evaluate("window.stillThisPage = true")
+    for n in range(1, 7):
+        card.get_by_role("button", name="Increment clicks").click()
+        expect(total).to_have_text(str(n))
+    assert sum(_shard_counts(strip)) == 6 and len(_shard_counts(strip)) == 4
+    tallest = [b.evaluate("b => b.style.getPropertyValue('--h')") for b in strip.locator(".bar").all()]
+    assert "100%" in tallest  # the bars are redrawn to the new counts
+    assert page.evaluate("window.stillThisPage") is True  # through the JSON API, no reload
+    assert api(page, "GET", "/api/counters/clicks")["count"] == 6
+
+    simple = page.locator("#simple")
+    simple.get_by_role("button", name="Increment the simple counter").click()
+    expect(simple.locator("[data-total]")).to_have_text("1")
+    assert sum(_shard_counts(simple.locator("[data-shards]"))) == 1
+
+
+def test_admin_raises_a_counters_shards_and_a_reader_cannot(page, new_page):
+    page.goto("/counters")
+    sign_in(page, ADMIN, admin=True)
+    api(page, "PUT", "/api/counters/clicks", {"mode": "general", "num_shards": 2})
+    page.reload()
+    card = page.locator("#counter-clicks")
+    expect(card.locator("[data-num-shards]")).to_have_text("2")
+    card.get_by_label("Shards", exact=True).fill("12")
+    card.get_by_role("button", name="Raise").click()
+    card = page.locator("#counter-clicks")
+    expect(card.locator("[data-num-shards]")).to_have_text("12")
+    expect(card.locator("[data-shards] .bar")).to_have_count(12)
+    assert api(page, "GET", "/api/counters/clicks")["num_shards"] == 12
+
+    reader = new_page()
+    reader.goto("/counters")
+    sign_in(reader, "reader@example.com")
+    expect(reader.locator("#counter-clicks [data-num-shards]")).to_have_text("12")
+    expect(reader.get_by_role("button", name="Raise")).to_have_count(0)
+    expect(reader.get_by_role("heading", name="New counter")).to_have_count(0)
+
+
+def test_a_posted_entry_is_on_the_front_page_at_once(page):
+    page.goto("/blog")
+    sign_in(page, ADMIN, admin=True)
+    page.get_by_label("Blog name").fill("e2e")
+    page.get_by_label("Title").fill("First light")
+    page.get_by_label("Body (Markdown)").fill("Hello **world**")
+    page.get_by_role("button", name="Post").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("First light")
+    expect(page.locator(".entry .body strong")).to_have_text("world")  # Markdown rendered
+
+    page.goto("/blog/e2e")  # the front page is now cached in memcache...
+    expect(page.locator("article.entry h2").first).to_have_text("First light")
+    page.get_by_label("Title").fill("Second light")
+    page.get_by_label("Body (Markdown)").fill("More")
+    page.get_by_role("button", name="Post").click()
+    page.goto("/blog/e2e")  # ...and a post moves the blog's index, so the front page shows it at once
+    expect(page.locator("article.entry h2")).to_have_text(["Second light", "First light"])
+    expect(page.locator("article.entry .meta").first).to_contain_text("#1")
+
+
+def test_comment_and_page_through_comments_both_ways(page, new_page):
+    page.goto("/")
+    sign_in(page, ADMIN, admin=True)
+    api(page, "POST", "/api/blogs/e2e/entries", {"title": "Talk", "body": "Say something."})
+    writer = new_page()
+    writer.goto("/")
+    sign_in(writer, "ann@example.com")
+    for n in range(1, 46):
+        api(writer, "POST", "/api/blogs/e2e/entries/0/comments", {"text": f"comment {n:02d}"})
+
+    page.goto("/blog/e2e/0")
+    texts = page.locator("#comments li.comment .text")
+    newer = page.get_by_role("link", name="Newer comments").first
+    older = page.get_by_role("link", name="Older comments").first
+    expect(page.locator("#comments-title small")).to_have_text("45")
+    expect(texts).to_have_count(20)
+    expect(texts.first).to_have_text("comment 01")
+    expect(older).to_have_count(0)
+    newer.click()
+    expect(texts.first).to_have_text("comment 21")
+    expect(texts.last).to_have_text("comment 40")
+    newer.click()
+    expect(texts).to_have_count(5)
+    expect(texts.last).to_have_text("comment 45")
+    expect(newer).to_have_count(0)
+    older.click()
+    expect(texts.first).to_have_text("comment 21")
+    expect(texts).to_have_count(20)
+    older.click()
+    expect(texts.first).to_have_text("comment 01")
+    expect(texts.last).to_have_text("comment 20")
+
+    page.get_by_label("Your comment").fill("mine, from the form")
+    page.get_by_role("button", name="Comment").click()
+    expect(page.locator("#comments li.comment .text").last).to_have_text("mine, from the form")
+    expect(page.locator("#comments-title small")).to_have_text("46")
+
+
+def test_a_job_started_from_the_accounts_page_reaches_100_percent(page):
+    page.goto("/accounts")
+    sign_in(page, ADMIN, admin=True)
+    api(page, "POST", "/api/accounts/seed", {"count": 450})
+
+    def seeded():
+        """all 450 accounts written by the seed tasks"""
+        return api(page, "GET", "/api/accounts/summary")["count"] == 450
+    wait_until(seeded)
+    page.reload()
+    expect(page.locator("[data-field=count]")).to_have_text("450")
+    page.get_by_label("Amount").fill("5")
+    page.get_by_role("button", name="Start add_credit").click()
+    expect(page).to_have_url(re.compile(r"/jobs/[\w-]+$"))
+    progress = page.get_by_label("Job progress")
+    page.wait_for_function("document.querySelector('#job progress').value >= 1", timeout=60_000)
+    assert progress.evaluate("p => p.value") == 1
+    expect(page.locator("[data-field=percent]")).to_have_text("100.0%")
+    expect(page.locator("[data-field=state]")).to_have_text("done")
+    expect(page.locator("[data-field=processed]")).to_have_text("450")
+    page.get_by_role("link", name="Accounts").click()
+    expect(page.locator("[data-field=total_balance]")).to_have_text("2250")

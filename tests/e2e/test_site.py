@@ -1,0 +1,147 @@
+"""The site as a whole, in a real browser: signing in and out, the tour, the numbers page, hostile input, phone
+widths, labelled controls."""
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import ADMIN, api, sign_in, wait_until
+
+expect.set_options(timeout=15_000)
+
+HOSTILE = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">&amp; "quoted"'
+
+# Every controls that has no accessible name: no aria-label, no label, no labelledby, no text, no title.
+UNNAMED_CONTROLS = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea, button')]
+  .filter(el => {
+    const by = el.getAttribute('aria-labelledby');
+    const names = [el.getAttribute('aria-label'), el.title, el.tagName === 'BUTTON' ? el.textContent : '',
+                   ...[...(el.labels || [])].map(l => l.textContent), by && document.getElementById(by)?.textContent];
+    return !names.some(n => n && n.trim());
+  }).map(el => el.outerHTML)"""
+
+
+def _populate(page):
+    """A little of everything, through the API as the signed-in admin; the paths of the pages it made."""
+    api(page, "PUT", "/api/counters/likes", {"mode": "adaptive"})
+    for _ in range(3):
+        api(page, "POST", "/api/counters/likes/increment")
+    for i in range(12):
+        api(page, "POST", "/api/blogs/demo/entries", {"title": f"Entry {i}", "body": f"Body **{i}**"})
+    for n in range(3):
+        api(page, "POST", "/api/blogs/demo/entries/11/comments", {"text": f"comment {n}, see https://example.com/{n}"})
+    api(page, "POST", "/api/accounts/seed", {"count": 40})
+    wait_until(lambda: api(page, "GET", "/api/accounts/summary")["count"] == 40)
+    job = api(page, "POST", "/api/jobs", {"name": "add_credit", "params": {"amount": 1}})
+    wait_until(lambda: api(page, "GET", f"/api/jobs/{job['id']}")["state"] == "done")
+    return ["/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=1", "/blog/demo/11", "/jobs",
+            f"/jobs/{job['id']}", "/accounts", "/numbers", "/signin", "/source/counters/service.py"]
+
+
+def test_sign_in_as_admin_then_as_a_user(page):
+    page.goto("/counters")
+    sign_in(page, ADMIN, admin=True)
+    header = page.locator("header.top")
+    expect(header).to_contain_text(ADMIN)
+    expect(header.locator(".badge")).to_have_text("admin")
+    expect(page.get_by_role("heading", name="New counter")).to_be_visible()
+    assert api(page, "GET", "/api/session")["user"]["admin"] is True
+
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url("**/")
+    expect(page.get_by_role("link", name="Sign in", exact=True)).to_be_visible()
+    assert page.request.get("/api/session").status == 401
+
+    page.goto("/counters")
+    sign_in(page, "reader@example.com")
+    expect(header).to_contain_text("reader@example.com")
+    expect(header.locator(".badge")).to_have_count(0)
+    expect(page.get_by_role("heading", name="New counter")).to_have_count(0)
+    assert api(page, "GET", "/api/session")["user"]["admin"] is False
+
+
+def test_the_tour_shows_live_figures_and_leads_to_pages_and_source(page):
+    page.goto("/")
+    sign_in(page, ADMIN, admin=True)
+    _populate(page)
+    page.goto("/")
+    cards = page.locator(".cards .card")
+    expect(cards).to_have_count(4)
+    expect(page.locator("[data-figure=counters]")).to_have_text("3 likes on 1 shard")
+    expect(page.locator("[data-figure=blog]")).to_contain_text("12 entries in demo")
+    expect(page.locator("[data-figure=comments]")).to_contain_text("3 comments on the 10 newest entries")
+    expect(page.locator("[data-figure=mapper]")).to_contain_text("add_credit done, 40 processed")
+
+    page.locator("#lesson-counters").get_by_role("link", name="counters/service.py").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("counters/service.py")
+    expect(page.locator(".source")).to_contain_text("def increment")
+    page.go_back()
+    page.locator("#lesson-comments h2 a").click()
+    expect(page).to_have_url("/blog/demo/11#comments")
+    expect(page.locator("#comments li.comment")).to_have_count(3)
+    expect(page.locator("#comments a[href='https://example.com/0']")).to_have_count(1)  # a link, made from text
+
+
+def test_numbers_are_measured_again_by_an_admin_only(page, new_page):
+    page.goto("/numbers")
+    expect(page.locator("main")).to_contain_text("Nothing was measured yet")
+    expect(page.get_by_role("button", name="Measure again")).to_have_count(0)
+    sign_in(page, ADMIN, admin=True)
+    page.get_by_role("button", name="Measure again").click()
+    rows = page.locator("table.numbers tbody tr")
+    expect(rows).to_have_count(6)
+    first = [float(t) for t in page.locator("[data-median]").all_text_contents()]
+    assert all(m > 0 for m in first)
+    expect(page.locator("[data-ratio]")).to_have_text(
+        str(api(page, "GET", "/api/numbers")["write_read_ratio"]))
+    page.get_by_role("button", name="Measure again").click()
+    expect(rows).to_have_count(6)
+    assert [float(t) for t in page.locator("[data-median]").all_text_contents()] != first
+
+    reader = new_page()
+    reader.goto("/numbers")
+    sign_in(reader, "reader@example.com")
+    expect(reader.locator("table.numbers tbody tr")).to_have_count(6)
+    expect(reader.get_by_role("button", name="Measure again")).to_have_count(0)
+
+
+def test_a_hostile_title_and_comment_render_as_text(page):
+    page.goto("/blog")
+    sign_in(page, ADMIN, admin=True)
+    page.get_by_label("Blog name").fill("e2e")
+    page.get_by_label("Title").fill(HOSTILE)
+    page.get_by_label("Body (Markdown)").fill("<script>window.pwned = 3</script>plain body")
+    page.get_by_role("button", name="Post").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(HOSTILE)
+    page.get_by_label("Your comment").fill(HOSTILE)
+    page.get_by_role("button", name="Comment").click()
+    expect(page.locator("#comments li.comment .text")).to_have_text(HOSTILE)
+    for path in ("/blog/e2e", "/blog/e2e/0", "/blog"):
+        page.goto(path)
+        if path == "/blog/e2e":
+            expect(page.locator("article.entry h2")).to_have_text(HOSTILE)
+        assert page.evaluate("window.pwned") is None, path
+        assert page.locator("img[src=x]").count() == 0, path
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto("/blog/e2e/0")
+    assert page.evaluate("window.pwned") is None and not dialogs
+
+
+@pytest.mark.parametrize("width", [360, 1280])
+def test_every_page_fits_the_width_and_names_its_controls(page, new_page, width):
+    page.goto("/")
+    sign_in(page, ADMIN, admin=True)
+    paths = _populate(page)
+    api(page, "POST", "/api/numbers")
+    phone = new_page(viewport={"width": width, "height": 800}, is_mobile=width < 600, has_touch=width < 600)
+    phone.goto("/signin")
+    phone.get_by_label("Email").fill(ADMIN)
+    phone.get_by_label("Sign in as an admin").check()
+    phone.get_by_role("button", name="Sign in").click()
+    phone.wait_for_url("**/")
+    for path in paths:
+        response = phone.goto(path)
+        assert response.ok, path
+        overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"{path} is {overflow}px wider than a {width}px screen"
+        assert phone.evaluate(UNNAMED_CONTROLS) == [], path
+        expect(phone.get_by_role("navigation", name="Main")).to_be_visible()
