@@ -13,8 +13,6 @@ post_entry transaction each: the benchmark is about reading them, and a post's c
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.blog [--rounds 3 --seconds 8]`.
 """
 import http.client
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +23,7 @@ from bench import harness
 from blog import service
 from blog.markup import render_markdown
 from blog.models import BlogEntry, BlogIndex
-from devstack.services import REPO, _die_with_parent, _port_open, free_port
+from devstack.serving import Gunicorn
 
 BLOG = "bench"
 ENTRIES = 10_000
@@ -85,26 +83,6 @@ def measure_paging(rounds):
     return {key: harness.median(v) for key, v in times.items()}
 
 
-class Server:
-    """gunicorn serving main:app on a free loopback port, as `make run` and App Engine do."""
-
-    def __init__(self, env):
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--threads", "8",
-             "--log-level", "warning", "main:app"],
-            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + 30
-        while not _port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gunicorn did not start")
-            time.sleep(0.1)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=20)
-
-
 def load(port, path, seconds, expect):
     """CLIENTS threads GET `path` for `seconds` on keep-alive connections; (requests/s, latencies, failures)."""
     latencies, failures, lock = [], [0], threading.Lock()
@@ -139,7 +117,7 @@ def load(port, path, seconds, expect):
 
 def measure_front_page(stack, rounds, seconds):
     base = dict(stack.env(), SECRET_KEY="bench", LOG_LEVEL="WARNING")
-    servers = {"memcache": Server(base), "datastore": Server(dict(base, MEMCACHED_HOSTS=""))}
+    servers = {"memcache": Gunicorn(base), "datastore": Gunicorn(dict(base, MEMCACHED_HOSTS=""))}
     path, expect = f"/blog/{BLOG}", f"Entry {ENTRIES - 1}<".encode()
     results = {name: [] for name in servers}
     try:

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 
-from devstack.services import REPO, DevstackError, Stack, _die_with_parent, _port_open, free_port
+from devstack.serving import Gunicorn, app_env
+from devstack.services import REPO, DevstackError, Stack, _port_open, free_port
 
 STATE = REPO / ".devstack"
 
@@ -56,23 +57,18 @@ def run(port):
     try:
         print("Starting memcached and the Datastore emulator...", flush=True)
         stack.start()
-        env = dict(os.environ, **stack.env(), SECRET_KEY=_dev_secret(),
-                   ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", ""), FLASK_APP="main:create_app",
-                   TASKS_BACKEND="http", TASKS_URL=url)
-        subprocess.run([sys.executable, "-m", "flask", "seed"], env=env, cwd=REPO, check=True)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "8",
-             "--access-logfile", "-", "main:app"], env=env, cwd=REPO, preexec_fn=_die_with_parent)
+        env = app_env(stack, url, _dev_secret())
+        subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
+        server = Gunicorn(env, port, access_log=True, wait=False)
         print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and memcached)\n", flush=True)
-        server.wait()
+        server.proc.wait()
     except KeyboardInterrupt:
         pass
     except DevstackError as e:
         sys.exit(str(e))
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            server.wait(timeout=20)
+        if server is not None:
+            server.stop()
         stack.stop()
         print("Stopped the app, the emulator and memcached.", flush=True)
 

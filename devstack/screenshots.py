@@ -11,7 +11,8 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from core.settings import Settings
-from devstack import Stack, e2e
+from devstack import Stack, serving
+from devstack.browser import launch
 from main import create_app, seed_demo
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -46,11 +47,11 @@ def _wait_done(page, job_id, timeout=120):
 
 def main():
     DOCS.mkdir(exist_ok=True)
-    with Stack(consistency=1.0) as stack, e2e.served(lambda url: _app(stack, url)) as (_app_, url), \
+    with Stack(consistency=1.0) as stack, serving.served(lambda url: _app(stack, url)) as (_app_, url), \
             sync_playwright() as playwright:
         print("Seeding the demo content...", flush=True)
         seed_demo()
-        browser = e2e.launch(playwright)
+        browser = launch(playwright)
         context = browser.new_context(base_url=url, viewport={"width": WIDTH, "height": 900})
         page = context.new_page()
         page.request.post("/api/session", data={"email": ADMIN, "admin": True})

@@ -10,7 +10,7 @@ from blog import service as blog_service
 from comments import service as comments_service
 from core import runtime, tasks
 from counters import service as counters
-from devstack import e2e
+from devstack import serving
 from main import create_app
 from mapper.models import MapperJob
 from tests.conftest import _settings, csrf_token
@@ -198,7 +198,7 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
 def served(stack):
     """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
     stack.emulator.reset()
-    with e2e.served(lambda url: create_app({"TESTING": True, "SETTINGS": _settings(
+    with serving.served(lambda url: create_app({"TESTING": True, "SETTINGS": _settings(
             stack, TASKS_BACKEND="http", TASKS_URL=url)})) as (app, url):
         yield app, url
 

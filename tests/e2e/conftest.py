@@ -12,7 +12,7 @@ from playwright.sync_api import sync_playwright
 
 from tests.conftest import _settings
 from core import runtime
-from devstack import e2e
+from devstack import browser as chromium, serving
 from main import create_app
 
 ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
@@ -21,7 +21,7 @@ ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
 @pytest.fixture(scope="session")
 def browser():
     with sync_playwright() as playwright:
-        browser = e2e.launch(playwright)
+        browser = chromium.launch(playwright)
         yield browser
         browser.close()
 
@@ -37,7 +37,7 @@ def site(stack):
         app = create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="http", TASKS_URL=url)})
         runtime.current().memcache_client.flush_all(noreply=False)
         return app
-    with e2e.served(make_app) as (_app, url):
+    with serving.served(make_app) as (_app, url):
         yield url
 
 

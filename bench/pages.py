@@ -1,0 +1,120 @@
+"""Benchmark: every page answers in under 200 ms (median) under `make run`'s set-up.
+
+The stack as `make run` starts it (the emulator at consistency 0.9, memcached, the demo content of `flask seed`, gunicorn
+with two workers of eight threads, the local HTTP task queue), one add_credit job run to the end so that the job pages
+have one to show. Each page is then fetched one request at a time, by a visitor and by a signed-in admin (whose pages
+carry the admin forms), a few warm-up requests first, then `--requests` per round over `--rounds` rounds.
+
+Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.pages [--rounds 3 --requests 10]`.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import requests
+
+from bench import harness
+from devstack import Stack
+from devstack.serving import Gunicorn, app_env
+from devstack.services import REPO, free_port
+
+TARGET_MS = 200
+ADMIN = "bench@example.com"
+WARMUP = 3
+PAGES = ("/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=29", "/blog/demo/{newest}",
+         "/blog/demo/{newest}?page=last", "/blog/demo/feed.atom", "/jobs", "/jobs/{job}", "/accounts", "/numbers",
+         "/signin", "/source/counters/service.py", "/healthz", "/api/counters", "/api/blogs/demo/entries",
+         "/api/blogs/demo/entries/{newest}/comments", "/api/jobs", "/api/jobs/{job}", "/api/accounts/summary",
+         "/api/numbers")
+
+
+def _wait(check, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{what}: not after {timeout} s")
+
+
+def _timed(session, url):
+    start = time.perf_counter()
+    response = session.get(url, timeout=30)
+    elapsed = time.perf_counter() - start
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {url}: {response.status_code}")
+    return elapsed
+
+
+def measure(base, rounds, per_round):
+    visitor, admin = requests.Session(), requests.Session()
+    admin.post(base + "/api/session", json={"email": ADMIN, "admin": True}).raise_for_status()
+    job = admin.post(base + "/api/jobs", json={"name": "add_credit", "params": {"amount": 1}}).json()["id"]
+    _wait(lambda: admin.get(f"{base}/api/jobs/{job}").json()["state"] == "done", "the demo job")
+    newest = admin.get(base + "/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
+    paths = [p.format(job=job, newest=newest) for p in PAGES]
+    times = {(p, who): [] for p in paths for who in ("visitor", "admin")}
+    for session in (visitor, admin):
+        for path in paths:
+            for _ in range(WARMUP):
+                _timed(session, base + path)
+    for r in range(rounds):
+        for path in paths:
+            for who, session in (("visitor", visitor), ("admin", admin)):
+                times[(path, who)] += [_timed(session, base + path) for _ in range(per_round)]
+        print(f"round {r + 1}: slowest median so far "
+              f"{max(harness.median(v) for v in times.values()) * 1000:.1f} ms", flush=True)
+    return paths, times
+
+
+def report(paths, times, rounds, per_round):
+    rows, ok = [], True
+    for path in paths:
+        medians = {who: harness.median(times[(path, who)]) * 1000 for who in ("visitor", "admin")}
+        p90 = max(harness.percentile(times[(path, who)], 90) for who in ("visitor", "admin")) * 1000
+        met = max(medians.values()) < TARGET_MS
+        ok &= met
+        rows.append([f"`{path}`", f"{medians['visitor']:.1f}", f"{medians['admin']:.1f}", f"{p90:.1f}",
+                     "met" if met else "**missed**"])
+    text = f"""# Pages: every page under {TARGET_MS} ms (median) under `make run`'s set-up
+
+{harness.machine_line()}. {rounds} rounds x {per_round} requests per page and person, one request at a time, after
+{WARMUP} warm-up requests; gunicorn 2 workers x 8 threads; emulator at consistency 0.9; the demo content of
+`flask seed` (60 entries, 60 comments, 1,000 accounts, 4 counters) and one finished add_credit job.
+
+{harness.markdown_table(["page", "visitor median ms", "admin median ms", "p90 ms (worse of the two)",
+                         f"< {TARGET_MS} ms"], rows)}
+"""
+    path = harness.write_result("pages", text)
+    print(text)
+    print(f"written: {path}")
+    return ok
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench.pages")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=10)
+    args = parser.parse_args(argv)
+    stack = Stack(consistency=0.9).start()
+    server = None
+    try:
+        port = free_port()
+        env = app_env(stack, f"http://127.0.0.1:{port}", "bench-pages", admins=ADMIN)
+        seeded = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO,
+                       check=True)
+        print(f"demo content seeded in {time.perf_counter() - seeded:.1f} s", flush=True)
+        server = Gunicorn(env, port)
+        paths, times = measure(server.url, args.rounds, args.requests)
+        return report(paths, times, args.rounds, args.requests)
+    finally:
+        if server is not None:
+            server.stop()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

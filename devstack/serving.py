@@ -1,0 +1,66 @@
+"""The app served on loopback: in-process on threads (the browser tests, `make screenshots`), or by gunicorn as App
+Engine's entrypoint (`make run`, bench/pages.py)."""
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+from core import runtime
+from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
+
+
+def app_env(stack, url, secret, admins=None):
+    """The app's environment under `make run`: the stack's addresses, the local HTTP task queue delivering to `url`."""
+    return dict(**stack.env(), SECRET_KEY=secret, FLASK_APP="main:create_app", TASKS_BACKEND="http",
+                TASKS_URL=url, ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", "") if admins is None else admins)
+
+
+class Gunicorn:
+    """gunicorn serving main:app as App Engine's entrypoint does, two workers of eight threads, on a loopback port."""
+
+    def __init__(self, env, port=None, access_log=False, wait=True):
+        self.port = port or free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", "2", "--threads", "8",
+             *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), "main:app"],
+            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 30
+        while wait and not _port_open(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise DevstackError(f"gunicorn did not start on port {self.port}")
+            time.sleep(0.1)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_request(self, *args):  # a line per request would bury a failing test's output
+        pass
+
+
+@contextmanager
+def served(make_app):
+    """make_app(url) -> the app (with TASKS_BACKEND=http), served on a free loopback port on threads; yields
+    (app, url). The app learns its own URL before it is built, so that its local task queue delivers to it."""
+    port = free_port()
+    url = f"http://{LOOPBACK}:{port}"
+    app = make_app(url)
+    server = make_server(LOOPBACK, port, app, threaded=True, request_handler=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="served-app", daemon=True)
+    thread.start()
+    try:
+        yield app, url
+    finally:
+        server.shutdown()
+        thread.join()
+        runtime.current().tasks.wait()  # deliveries still on their way, before the stack goes
+        runtime.current().close()
