@@ -5,7 +5,8 @@ with two workers of eight threads, the local HTTP task queue), one add_credit jo
 have one to show. Each page is then fetched one request at a time, by a visitor and by a signed-in admin (whose pages
 carry the admin forms), a few warm-up requests first, then `--requests` per round over `--rounds` rounds.
 
-Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.pages [--rounds 3 --requests 10]`.
+Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.pages [--rounds 3 --requests 10]`; with
+`--url http://127.0.0.1:8080` it measures a running `make run` instead (its data as it is; it runs one job).
 """
 import argparse
 import os
@@ -23,6 +24,9 @@ from devstack.services import REPO, free_port
 TARGET_MS = 200
 ADMIN = "bench@example.com"
 WARMUP = 3
+OWN_STACK = ("A stack of its own, as `make run` starts it: gunicorn 2 workers x 8 threads, the emulator at consistency "
+             "0.9, the demo content of `flask seed` (60 entries, 60 comments, 1,000 accounts, 4 counters) and one "
+             "finished add_credit job.")
 PAGES = ("/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=29", "/blog/demo/{newest}",
          "/blog/demo/{newest}?page=last", "/blog/demo/feed.atom", "/jobs", "/jobs/{job}", "/accounts", "/numbers",
          "/signin", "/source/counters/service.py", "/healthz", "/api/counters", "/api/blogs/demo/entries",
@@ -69,7 +73,7 @@ def measure(base, rounds, per_round):
     return paths, times
 
 
-def report(paths, times, rounds, per_round):
+def report(paths, times, rounds, per_round, where):
     rows, ok = [], True
     for path in paths:
         medians = {who: harness.median(times[(path, who)]) * 1000 for who in ("visitor", "admin")}
@@ -81,8 +85,7 @@ def report(paths, times, rounds, per_round):
     text = f"""# Pages: every page under {TARGET_MS} ms (median) under `make run`'s set-up
 
 {harness.machine_line()}. {rounds} rounds x {per_round} requests per page and person, one request at a time, after
-{WARMUP} warm-up requests; gunicorn 2 workers x 8 threads; emulator at consistency 0.9; the demo content of
-`flask seed` (60 entries, 60 comments, 1,000 accounts, 4 counters) and one finished add_credit job.
+{WARMUP} warm-up requests. {where}
 
 {harness.markdown_table(["page", "visitor median ms", "admin median ms", "p90 ms (worse of the two)",
                          f"< {TARGET_MS} ms"], rows)}
@@ -97,7 +100,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.pages")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--url", help="measure this running app (e.g. make run's) instead of starting one")
     args = parser.parse_args(argv)
+    if args.url:
+        paths, times = measure(args.url.rstrip("/"), args.rounds, args.requests)
+        return report(paths, times, args.rounds, args.requests, f"Measured against a running app at {args.url}.")
     stack = Stack(consistency=0.9).start()
     server = None
     try:
@@ -109,7 +116,7 @@ def main(argv=None):
         print(f"demo content seeded in {time.perf_counter() - seeded:.1f} s", flush=True)
         server = Gunicorn(env, port)
         paths, times = measure(server.url, args.rounds, args.requests)
-        return report(paths, times, args.rounds, args.requests)
+        return report(paths, times, args.rounds, args.requests, OWN_STACK)
     finally:
         if server is not None:
             server.stop()

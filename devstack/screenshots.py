@@ -60,7 +60,8 @@ def main():
         newest = page.request.get("/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
         for name, path, height, full, ready in PAGES:
             page.set_viewport_size({"width": WIDTH, "height": height})
-            page.goto(path.format(job=job["id"], newest=newest))
+            page.goto(path.format(job=job["id"], newest=newest))  # once to fill the caches, as a visitor before
+            page.reload()
             page.wait_for_selector(ready)
             page.screenshot(path=DOCS / name, full_page=full)
             print(f"docs/{name}  {path}", flush=True)
