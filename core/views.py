@@ -1,4 +1,4 @@
-"""The app's own pages and routes: home, health, sign-in (page and API), the route every task is delivered to."""
+"""The app's own routes: health, sign-in (page and API), the route every task is delivered to."""
 from flask import Blueprint, flash, jsonify, redirect, render_template, request
 from google.cloud import ndb
 
