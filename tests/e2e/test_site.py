@@ -9,7 +9,7 @@ expect.set_options(timeout=15_000)
 
 HOSTILE = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">&amp; "quoted"'
 
-# Every controls that has no accessible name: no aria-label, no label, no labelledby, no text, no title.
+# Every control that has no accessible name: no aria-label, no label, no labelledby, no text, no title.
 UNNAMED_CONTROLS = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea, button')]
   .filter(el => {
     const by = el.getAttribute('aria-labelledby');
@@ -133,11 +133,8 @@ def test_every_page_fits_the_width_and_names_its_controls(page, new_page, width)
     paths = _populate(page)
     api(page, "POST", "/api/numbers")
     phone = new_page(viewport={"width": width, "height": 800}, is_mobile=width < 600, has_touch=width < 600)
-    phone.goto("/signin")
-    phone.get_by_label("Email").fill(ADMIN)
-    phone.get_by_label("Sign in as an admin").check()
-    phone.get_by_role("button", name="Sign in").click()
-    phone.wait_for_url("**/")
+    phone.goto("/")
+    sign_in(phone, ADMIN, admin=True)
     for path in paths:
         response = phone.goto(path)
         assert response.ok, path
