@@ -1,5 +1,6 @@
 """The tour: one live figure per lesson, read the way each lesson teaches (cached totals, gets by key, one query),
 and the lessons' source files, readable in the browser."""
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,8 @@ SOURCES = frozenset(
 
 def figures():
     """{lesson slug: its live figure}; None for a lesson with nothing to show yet (no demo content)."""
-    return {"counters": _counter(), "blog": _blog(), "comments": _comments(), "mapper": _last_job()}
+    index = blog.get_blog(blog.DEMO_BLOG)  # one get by key: the index entity knows how many entries there are
+    return {"counters": _counter(), "blog": _blog(index), "comments": _comments(index), "mapper": _last_job()}
 
 
 def _counter():
@@ -48,15 +50,13 @@ def _counter():
     return {"name": TOUR_COUNTER, "count": total.count, "num_shards": config.num_shards, "cached": total.cached}
 
 
-def _blog():
-    index = blog.get_blog(blog.DEMO_BLOG)  # one get by key: the index entity knows how many entries there are
+def _blog(index):
     return None if index is None else {"blog": blog.DEMO_BLOG, "entries": index.max_index + 1,
                                         "newest": index.max_index}
 
 
-def _comments():
+def _comments(index):
     """Comments on the demo blog's front page: its entries' comment counters, cached totals in one round trip."""
-    index = blog.get_blog(blog.DEMO_BLOG)
     if index is None:
         return None
     newest = range(index.max_index, max(-1, index.max_index - blog.PAGE_SIZE), -1)
@@ -73,6 +73,10 @@ def _last_job():
 
 def read_source(path):
     """The text of one of SOURCES, or None."""
-    if path not in SOURCES:
-        return None
+    return _read(path) if path in SOURCES else None
+
+
+@functools.cache  # only ever called with one of SOURCES, so the cache stays as small as that list
+def _read(path):
+    # Once per process: the deployed files do not change.
     return (REPO / path).read_text(encoding="utf-8")
