@@ -89,3 +89,14 @@ def test_sign_out_from_the_header_leads_home(client, auth):
     r = client.post("/signout", data={"csrf_token": csrf_token(client, "/numbers")})
     assert r.status_code == 302 and r.headers["Location"] == "/"
     assert client.get("/api/session").status_code == 401
+
+
+def test_each_lesson_page_links_to_its_source(client, auth):
+    auth.admin()
+    assert client.post("/api/blogs/demo/entries", json={"title": "t", "body": "b"}).status_code == 201
+    for page, path in (("/counters", "counters/service.py"), ("/blog/demo", "blog/service.py"),
+                       ("/blog/demo/0", "comments/service.py"), ("/jobs", "mapper/service.py"),
+                       ("/jobs", "mapper/keyrange.py"), ("/accounts", "accounts/service.py"),
+                       ("/numbers", "latency/service.py")):
+        assert f'href="/source/{path}"' in client.get(page).get_data(as_text=True), page
+        assert client.get(f"/source/{path}").status_code == 200
