@@ -18,7 +18,7 @@ import requests
 
 from bench import harness
 from devstack import Stack
-from devstack.serving import Gunicorn, app_env
+from devstack.serving import Gunicorn, app_env, wait_until
 from devstack.services import REPO, free_port
 
 TARGET_MS = 200
@@ -34,15 +34,6 @@ PAGES = ("/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=29", "/blog/
          "/api/numbers")
 
 
-def _wait(check, what, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"{what}: not after {timeout} s")
-
-
 def _timed(session, url):
     start = time.perf_counter()
     response = session.get(url, timeout=30)
@@ -56,7 +47,8 @@ def measure(base, rounds, per_round):
     visitor, admin = requests.Session(), requests.Session()
     admin.post(base + "/api/session", json={"email": ADMIN, "admin": True}).raise_for_status()
     job = admin.post(base + "/api/jobs", json={"name": "add_credit", "params": {"amount": 1}}).json()["id"]
-    _wait(lambda: admin.get(f"{base}/api/jobs/{job}").json()["state"] == "done", "the demo job")
+    wait_until(lambda: admin.get(f"{base}/api/jobs/{job}").json()["state"] == "done", "the demo job", timeout=120,
+               interval=0.5)
     newest = admin.get(base + "/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
     paths = [p.format(job=job, newest=newest) for p in PAGES]
     times = {(p, who): [] for p in paths for who in ("visitor", "admin")}

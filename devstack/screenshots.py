@@ -5,13 +5,13 @@ the app served on loopback, Debian's headless Chromium signed in as an admin; an
 the jobs pages have one to show.
 """
 import sys
-import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 from core.settings import Settings
 from devstack import Stack, serving
+from devstack.serving import wait_until
 from devstack.browser import launch
 from main import create_app, seed_demo
 
@@ -36,15 +36,6 @@ def _app(stack, url):
                                                            TASKS_BACKEND="http", TASKS_URL=url))})
 
 
-def _wait_done(page, job_id, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if page.request.get(f"/api/jobs/{job_id}").json()["state"] != "running":
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"job {job_id} still running after {timeout} s")
-
-
 def main():
     DOCS.mkdir(exist_ok=True)
     with Stack(consistency=1.0) as stack, serving.served(lambda url: _app(stack, url)) as (_app_, url), \
@@ -56,7 +47,8 @@ def main():
         page = context.new_page()
         page.request.post("/api/session", data={"email": ADMIN, "admin": True})
         job = page.request.post("/api/jobs", data={"name": "add_credit", "params": {"amount": 10}}).json()
-        _wait_done(page, job["id"])
+        wait_until(lambda: page.request.get(f"/api/jobs/{job['id']}").json()["state"] != "running", "the demo job",
+                   timeout=120, interval=0.5)
         newest = page.request.get("/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
         for name, path, height, full, ready in PAGES:
             page.set_viewport_size({"width": WIDTH, "height": height})

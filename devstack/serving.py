@@ -42,6 +42,18 @@ class Gunicorn:
             self.proc.wait(timeout=20)
 
 
+def wait_until(check, what, timeout=30.0, interval=0.2):
+    """Poll check() until it returns something true, at most `timeout` seconds; that value. `what` names the wait in
+    the error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise DevstackError(f"{what}: not after {timeout} s")
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_request(self, *args):  # a line per request would bury a failing test's output
         pass

@@ -4,7 +4,6 @@
 Every page a test opens may only fetch from the app itself (no CDN) and must raise no JavaScript error: both are
 checked when the test ends.
 """
-import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -107,14 +106,3 @@ def api(page, method, path, data=None):
     response = page.request.fetch(path, method=method, data=data)
     assert response.ok, f"{method} {path}: {response.status} {response.text()}"
     return response.json() if response.text() else None
-
-
-def wait_until(check, timeout=30.0, interval=0.2):
-    """Poll check() until it returns something true (bounded in time); that value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not true after {timeout} s: {check.__doc__ or check}")

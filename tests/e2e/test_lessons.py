@@ -3,7 +3,8 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import ADMIN, api, sign_in, wait_until
+from devstack.serving import wait_until
+from tests.e2e.conftest import ADMIN, api, sign_in
 
 expect.set_options(timeout=15_000)
 
@@ -124,10 +125,7 @@ def test_a_job_started_from_the_accounts_page_reaches_100_percent(page):
     sign_in(page, ADMIN, admin=True)
     api(page, "POST", "/api/accounts/seed", {"count": 450})
 
-    def seeded():
-        """all 450 accounts written by the seed tasks"""
-        return api(page, "GET", "/api/accounts/summary")["count"] == 450
-    wait_until(seeded)
+    wait_until(lambda: api(page, "GET", "/api/accounts/summary")["count"] == 450, "450 accounts seeded")
     page.reload()
     expect(page.locator("[data-field=count]")).to_have_text("450")
     page.get_by_label("Amount").fill("5")

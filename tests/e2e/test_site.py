@@ -3,7 +3,8 @@ widths, labelled controls."""
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import ADMIN, api, sign_in, wait_until
+from devstack.serving import wait_until
+from tests.e2e.conftest import ADMIN, api, sign_in
 
 expect.set_options(timeout=15_000)
 
@@ -29,9 +30,9 @@ def _populate(page):
     for n in range(3):
         api(page, "POST", "/api/blogs/demo/entries/11/comments", {"text": f"comment {n}, see https://example.com/{n}"})
     api(page, "POST", "/api/accounts/seed", {"count": 40})
-    wait_until(lambda: api(page, "GET", "/api/accounts/summary")["count"] == 40)
+    wait_until(lambda: api(page, "GET", "/api/accounts/summary")["count"] == 40, "40 accounts seeded")
     job = api(page, "POST", "/api/jobs", {"name": "add_credit", "params": {"amount": 1}})
-    wait_until(lambda: api(page, "GET", f"/api/jobs/{job['id']}")["state"] == "done")
+    wait_until(lambda: api(page, "GET", f"/api/jobs/{job['id']}")["state"] == "done", "the job done")
     return ["/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=1", "/blog/demo/11", "/jobs",
             f"/jobs/{job['id']}", "/accounts", "/numbers", "/signin", "/source/counters/service.py"]
 
