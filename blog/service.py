@@ -33,6 +33,8 @@ FEED_SIZE = 20
 MAX_INDEX = 10 ** 9  # bounds `start` and permalinks; far beyond any blog's entries
 PAGE_LIFETIME = 3600  # seconds; correctness never depends on it (the key is versioned), it only frees memory
 LIST_LIMIT = 100
+# The blog's own counters (an entry's views): only this feature writes them; the public counters API refuses them.
+COUNTERS = counters.owned("blog")
 
 
 @dataclass
@@ -81,10 +83,13 @@ def entry_dict(entry):
             "author": entry.author, "created": entry.created.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
+def _views(blog, index):
+    return f"{blog}.{index}.views"
+
+
 def views_counter(blog, index):
-    """The sharded counter of an entry's page views: adaptive, since most entries are read rarely (one shard) and a
-    few at once by many (it grows)."""
-    return f"blog.{blog}.{index}.views"
+    """The full name of an entry's page-view counter, for the page to show."""
+    return COUNTERS.name(_views(blog, index))
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
@@ -197,16 +202,18 @@ def list_blogs(limit=LIST_LIMIT):
 
 
 def record_view(blog, index):
-    """Count a view of an entry on its sharded counter (best effort: a view that cannot be counted must not cost the
-    reader the page); the total afterwards, cached, so it may trail a little."""
-    name = views_counter(blog, index)
-    counters.increment_best_effort(name)
-    return counters.totals([name])[name]
+    """Count a view of an existing entry on its sharded counter (best effort: a view that cannot be counted must not
+    cost the reader anything); the total afterwards, cached, so it may trail a little. A POST of its own, sent by the
+    entry page's script, not part of the page's GET: a GET never writes (prefetchers, crawlers and retries repeat
+    GETs freely), and only entries that exist get a counter."""
+    entry = get_entry(blog, index)
+    COUNTERS.increment(_views(blog, entry["index"]))
+    return view_count(blog, entry["index"])
 
 
 def view_count(blog, index):
-    name = views_counter(blog, index)
-    return counters.totals([name])[name]
+    short = _views(blog, index)
+    return COUNTERS.totals([short])[short]
 
 
 # --- demo content ---------------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ PAGE_SIZE = 20
 PAGE_MAX = 100
 RECENT_SESSION_KEY = "recent_comments"  # the ids of a person's latest comments, kept in their session cookie
 RECENT_KEEP = 5
+# The comments' own counters (an entry's comment count): only this feature writes them.
+COUNTERS = counters.owned("comments")
 
 
 @dataclass
@@ -64,8 +66,9 @@ def entry_ref(blog, index):
 
 
 def comments_counter(blog, index):
-    """The sharded counter of an entry's comments: adaptive, since a lively entry is commented on by many at once."""
-    return f"blog.{blog}.{index}.comments"
+    """The short name of an entry's comment counter (a sharded counter: adaptive, since a lively entry is commented
+    on by many at once)."""
+    return f"{blog}.{index}"
 
 
 def comment_dict(comment):
@@ -128,7 +131,7 @@ def count_comment(blog, index):
     a process dying between the two, or a counter that cannot be written (memcached away when the counter is first
     created), leaves the count one short; the comment itself is never lost. Best effort, like a view count.
     """
-    counters.increment_best_effort(comments_counter(blog, index))
+    COUNTERS.increment(comments_counter(blog, index))
 
 
 # --- the repair job: recount every entry's comment counter from its comments ----------------------------------------
@@ -142,7 +145,7 @@ def _recount_prepare(entry_keys, params):
     """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
     may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
     names = {key: comments_counter(*_entry_of(key)) for key in entry_keys}
-    current = counters.exact_totals(list(names.values()))
+    current = COUNTERS.exact_totals(list(names.values()))
     deltas = {}
     for key, name in names.items():
         actual = len(Comment.query(Comment.entry == entry_ref(*_entry_of(key))).fetch(keys_only=True))
@@ -155,7 +158,7 @@ def _recount_apply(entries, params, deltas):
     writes = []
     for entry in entries:
         if entry.key in deltas:
-            writes += counters.add_in_transaction(comments_counter(*_entry_of(entry.key)), deltas[entry.key])
+            writes += COUNTERS.add_in_transaction(comments_counter(*_entry_of(entry.key)), deltas[entry.key])
     return writes
 
 
@@ -226,7 +229,7 @@ def _merge_own(shown, own, ref, low, high):
 def comment_counts(blog, indexes):
     """{index: comment count} for entries of a blog, in one memcached round trip when their totals are cached."""
     names = {i: comments_counter(blog, i) for i in indexes}
-    found = counters.totals(list(names.values()))
+    found = COUNTERS.totals(list(names.values()))
     return {i: found[name] for i, name in names.items()}
 
 

@@ -22,11 +22,15 @@ from google.cloud import ndb
 from core import runtime, validate
 from core.cache import CACHE_DOWN
 from core.datastore import backoff, is_contention
-from core.errors import BadInput, Conflict, Unavailable, Unprocessable, found
+from core.errors import BadInput, Conflict, Forbidden, SignInRequired, Unavailable, Unprocessable, found
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
 log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+# A feature's own counters are named "<owner>:<name>". Public names cannot contain the ':' (NAME_PATTERN), so no name
+# anyone can create through the public API is ever one of them, whatever features are added later.
+OWNER_SEPARATOR = ":"
+OWNER_PATTERN = re.compile(r"[a-z]{1,20}")
 SIMPLE_SHARDS = 20
 DEFAULT_SHARDS = {"general": 20, "adaptive": 1}
 MAX_SHARDS = 1000
@@ -57,9 +61,21 @@ class Total:
 
 
 def validate_name(name):
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise BadInput("A counter name is 1 to 100 characters of letters, digits, '_', '.' and '-'.", "bad_name")
-    return name
+    """A public counter's name, or a feature's own ("<owner>:<name>", made by an OwnedCounters handle)."""
+    if isinstance(name, str):
+        owner, separator, rest = name.rpartition(OWNER_SEPARATOR)
+        if (not separator or OWNER_PATTERN.fullmatch(owner)) and NAME_PATTERN.fullmatch(rest):
+            return name
+    raise BadInput("A counter name is 1 to 100 characters of letters, digits, '_', '.' and '-'.", "bad_name")
+
+
+def public_name(name):
+    """`name` as the public API may use it: 403 for a feature's own counter, whoever asks (an admin too: only the
+    feature that owns it keeps it right), 400 for a malformed name."""
+    if isinstance(name, str) and OWNER_SEPARATOR in name:
+        raise Forbidden(f"Counter {name!r} is kept by the app itself; it cannot be read or changed here.",
+                        "reserved_counter")
+    return validate_name(name)
 
 
 def _whole_number(value, field, high):
@@ -183,8 +199,10 @@ def increase_shards(name, num_shards):
     return configure(name, config.mode, num_shards)
 
 
-def increment(name, idempotency_key=None, mode="general", listed=True):
-    """Add 1 to counter `name` (created in `mode`, `listed` or not, on first use).
+def increment(name, idempotency_key=None, mode="general", listed=True, create=True):
+    """Add 1 to counter `name` (created in `mode`, `listed` or not, on first use; with `create` False a counter that
+    does not exist is a SignInRequired and nothing is written: the public API lets anyone add to a counter, but only
+    a signed-in user create one, since an anonymous path that creates entities is a storage flood).
 
     With an idempotency key the increment is applied at most once however often the client retries: the marker entity
     is written in the same transaction as the shard, so both exist or neither does. A commit whose outcome is unknown
@@ -192,7 +210,11 @@ def increment(name, idempotency_key=None, mode="general", listed=True):
     """
     validate_name(name)
     validate.idempotency_key(idempotency_key)
-    config = get_config(name) or configure(name, mode, listed=listed)
+    config = get_config(name)
+    if config is None:
+        if not create:
+            raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
+        config = configure(name, mode, listed=listed)
     cache = runtime.cache()
     total_key = _total_cache_key(name)
     marker_key = AppliedIncrement.key_for(name, idempotency_key) if idempotency_key else None
@@ -227,19 +249,6 @@ def increment(name, idempotency_key=None, mode="general", listed=True):
     applied, attempts, shard = _commit_on_a_shard(
         config.num_shards, attempt, on_attempt if config.mode == "adaptive" else None)
     return Increment(applied, attempts, shard)
-
-
-def increment_best_effort(name, mode="adaptive", listed=False):
-    """+1 for a counter that another feature keeps beside its own writes (an entry's views or comments): True if it
-    counted. A count that cannot be made now (its counter's first increment while memcached is away, since configs are
-    a globally cached kind; contention beyond the retries) is logged and skipped, never an error for the reader or
-    writer whose request it rides on."""
-    try:
-        increment(name, mode=mode, listed=listed)
-        return True
-    except (Unavailable, *CACHE_DOWN) as e:
-        log.warning("counter %s not incremented: %r", name, e)
-        return False
 
 
 class ContentionWindow:
@@ -321,93 +330,130 @@ def shard_counts(config):
     return shard_counts_many([config])[0]
 
 
-def get_total(name, config=None):
-    """The counter's total: from memcached when cached, else the sum of its shards (then cached for a minute).
+def _cached_totals(names, configs=None, with_shards=False):
+    """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one memcached round
+    trip, the rest summed from their shards in one Datastore batch (by key: strongly consistent, no query) and then
+    cached. `configs` ({name: config or None}) when the caller has them; else the missing ones are read by key in one
+    batch. `with_shards` reads every counter's shards in that batch, and missing totals come from the same read.
 
-    `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting
-    it with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a
-    reader's shard read and its `add`, or whose `incr` is lost to a frozen memcached, is missing from the cached value
-    until it expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts`.
+    A counter that was never created counts 0, and that 0 is cached too: otherwise every page listing entries without
+    comments would ask Datastore for the missing configs again (ndb's global cache does not keep misses). Its first
+    increment incrs the cached 0 after committing, as for any cached total.
+
+    `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting it
+    with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's
+    shard read and its `add`, or whose `incr` is lost to a frozen memcached, is missing from the cached value until it
+    expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts` or `exact_totals`.
     """
     cache = runtime.cache()
-    key = _total_cache_key(validate_name(name))
-    cached = cache.get(key)
-    if cached is not None:
-        return Total(int(cached), True)
-    config = config or require_config(name)
-    count = sum(shard_counts(config))
-    cache.add(key, count, expire=TOTAL_LIFETIME)
-    return Total(count, False)
+    keys = {name: _total_cache_key(name) for name in names}
+    cached = cache.get_many(list(keys.values()))
+    to_sum = [n for n in names if with_shards or keys[n] not in cached]
+    if configs is None:
+        configs = dict(zip(to_sum, ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]))) if to_sum else {}
+    existing = [configs[n] for n in to_sum if configs.get(n) is not None]
+    shards = dict(zip((c.name for c in existing), shard_counts_many(existing)))
+    result = {}
+    for name in names:
+        if keys[name] in cached:
+            total = Total(int(cached[keys[name]]), True)
+        else:
+            total = Total(sum(shards.get(name, ())), False)
+            cache.add(keys[name], total.count, expire=TOTAL_LIFETIME)
+        result[name] = (total, shards.get(name) if with_shards else None)
+    return result
 
 
-def _summed(names):
-    """{name: sum of its shards} for those of `names` that exist: one batch of configs, one of shards (by key)."""
-    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in names]) if c is not None]
-    return {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
-
-
-def totals(names):
-    """{name: total} for counters that other features keep (an entry's views or comments), 0 for one never created:
-    cached totals in one memcached round trip, the rest from one batch of configs and one of shards (then cached)."""
-    cache = runtime.cache()
-    cached = cache.get_many([_total_cache_key(n) for n in names])
-    missing = [n for n in names if _total_cache_key(n) not in cached]
-    summed = _summed(missing)
-    # A counter never created is cached as 0 too: otherwise every page listing entries without comments would ask
-    # Datastore for the missing configs again (ndb's global cache does not keep misses). Its first increment incrs
-    # the cached 0 after committing, as for any cached total.
-    for name in missing:
-        cache.add(_total_cache_key(name), summed.get(name, 0), expire=TOTAL_LIFETIME)
-    return {n: int(cached[_total_cache_key(n)]) if _total_cache_key(n) in cached else summed.get(n, 0)
-            for n in names}
+def get_total(name, config=None):
+    """The counter's total: from memcached when cached, else the sum of its shards (then cached for a minute).
+    NotFound for a counter that does not exist; pass `config` when you have read it already."""
+    return _cached_totals([name], {name: config or require_config(name)})[name][0]
 
 
 def exact_totals(names):
     """{name: total} summed from the shards, never from the cache, 0 for a counter never created: for a repair job
     that compares a counter with the truth."""
-    summed = _summed(names)
+    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in names]) if c is not None]
+    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
     return {n: summed.get(n, 0) for n in names}
 
 
-def add_in_transaction(name, delta, mode="adaptive", listed=False):
-    """Inside the caller's transaction: add `delta` (negative too) to the counter's first shard, creating the counter
-    when it does not exist. Returns the entities for the caller to put with its own; the cached total is dropped once
-    the transaction commits. Two entity groups (config and shard): the caller's transaction must have room for them."""
-    config = ndb.Key(CounterConfig, validate_name(name)).get()
-    writes = []
-    if config is None:
-        config = CounterConfig(id=name, mode=mode, num_shards=DEFAULT_SHARDS[mode], listed=listed)
-        writes.append(config)
-    shard = CounterShard.key_for(name, 0).get() or CounterShard(key=CounterShard.key_for(name, 0))
-    shard.count += delta
-    writes.append(shard)
-    ndb.get_context().call_on_commit(lambda: runtime.cache().delete(_total_cache_key(name)))
-    return writes
-
-
 def list_counters(limit=LIST_LIMIT, with_shards=False):
-    """The first `limit` counters by name as (config, total, shard counts or None): cached totals in one memcached
-    round trip, the others summed from their shards in one Datastore batch (and then cached). `with_shards` reads
-    every counter's shards in that batch, and the missing totals come from the same read.
+    """The first `limit` public counters by name as (config, total, shard counts or None), totals as
+    `_cached_totals` reads them.
 
     A query, eventually consistent: a counter created a moment ago may be missing from the list for a moment. Equality
     on one property ordered by key needs no composite index: the property's built-in index is sorted that way.
+    A feature's own counters are created unlisted; the name check keeps them out even if one ever were not.
     """
-    cache = runtime.cache()
-    configs = CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
-    cached = cache.get_many([_total_cache_key(c.name) for c in configs])
-    to_read = configs if with_shards else [c for c in configs if _total_cache_key(c.name) not in cached]
-    shards = dict(zip((c.name for c in to_read), shard_counts_many(to_read)))
-    result = []
-    for config in configs:
-        value = cached.get(_total_cache_key(config.name))
-        if value is not None:
-            total = Total(int(value), True)
-        else:
-            total = Total(sum(shards[config.name]), False)
-            cache.add(_total_cache_key(config.name), total.count, expire=TOTAL_LIFETIME)
-        result.append((config, total, shards.get(config.name) if with_shards else None))
-    return result
+    configs = [c for c in CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
+               if OWNER_SEPARATOR not in c.name]
+    totals = _cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards)
+    return [(c, *totals[c.name]) for c in configs]
+
+
+class OwnedCounters:
+    """A feature's own counters (an entry's views, its comments), under the reserved name "<owner>:<name>".
+
+    The feature that owns them is the only writer: the public API refuses their names (403) and never lists them, so
+    nobody can forge an entry's comment count. Adaptive and unlisted: most are written rarely (one shard) and a few by
+    many at once (they grow). Everything here takes and returns the feature's own short names.
+    """
+
+    def __init__(self, owner):
+        if not OWNER_PATTERN.fullmatch(owner):
+            raise ValueError(f"an owner is 1 to 20 lowercase letters, not {owner!r}")
+        self.prefix = f"{owner}{OWNER_SEPARATOR}"
+
+    def name(self, short):
+        """The counter's full name; `short` is the feature's own (e.g. "demo.59.views")."""
+        return validate_name(self.prefix + short)
+
+    def increment(self, short):
+        """+1, best effort: True if it counted. A count that cannot be made now (the counter's first increment while
+        memcached is away, since configs are a globally cached kind; contention beyond the retries) is logged and
+        skipped, never an error for the reader or writer whose request it rides on."""
+        name = self.name(short)
+        try:
+            increment(name, mode="adaptive", listed=False)
+            return True
+        except (Unavailable, *CACHE_DOWN) as e:
+            log.warning("counter %s not incremented: %r", name, e)
+            return False
+
+    def totals(self, shorts):
+        """{short: total}, 0 for a counter never created; cached totals (see `_cached_totals`)."""
+        names = {short: self.name(short) for short in shorts}
+        found = _cached_totals(list(names.values()))
+        return {short: found[name][0].count for short, name in names.items()}
+
+    def exact_totals(self, shorts):
+        """{short: total} summed from the shards, never from the cache."""
+        names = {short: self.name(short) for short in shorts}
+        found = exact_totals(list(names.values()))
+        return {short: found[name] for short, name in names.items()}
+
+    def add_in_transaction(self, short, delta):
+        """Inside the caller's transaction: add `delta` (negative too) to the counter's first shard, creating the
+        counter when it does not exist. Returns the entities for the caller to put with its own; the cached total is
+        dropped once the transaction commits. Two entity groups (config and shard): the caller's transaction must have
+        room for them."""
+        name = self.name(short)
+        config = ndb.Key(CounterConfig, name).get()
+        writes = []
+        if config is None:
+            config = CounterConfig(id=name, mode="adaptive", num_shards=DEFAULT_SHARDS["adaptive"], listed=False)
+            writes.append(config)
+        shard = CounterShard.key_for(name, 0).get() or CounterShard(key=CounterShard.key_for(name, 0))
+        shard.count += delta
+        writes.append(shard)
+        ndb.get_context().call_on_commit(lambda: runtime.cache().delete(_total_cache_key(name)))
+        return writes
+
+
+def owned(owner):
+    """The handle through which the feature `owner` keeps its own counters."""
+    return OwnedCounters(owner)
 
 
 def burst(name, writers, increments):

@@ -9,6 +9,14 @@ from counters import service
 bp = Blueprint("counters", __name__)
 
 
+@bp.url_value_preprocessor
+def public_names_only(endpoint, values):
+    """Every route with a counter name in its URL takes public names only: a feature's own counter (an entry's
+    views, its comments) is a 403 for everyone, before any other check, so nobody can forge or even probe one."""
+    if values and "name" in values:
+        service.public_name(values["name"])
+
+
 def _counter_json(config, total, shards=None):
     data = {"name": config.name, "mode": config.mode, "count": total.count, "num_shards": config.num_shards,
             "cached": total.cached}
@@ -42,10 +50,15 @@ def increment_simple_form():
     return redirect(url_for("counters.index") + "#simple")
 
 
+def _increment(name, idempotency_key=None):
+    """+1 on a public counter; only a signed-in user's first increment creates it."""
+    return service.increment(name, idempotency_key, create=identity.current_user() is not None)
+
+
 @bp.post("/counters/<name>/increment")
 def increment_form(name):
-    """A named counter's +1 button."""
-    service.increment(name)
+    """A named counter's +1 button (its token makes a resent form, or the script's fallback, count once)."""
+    _increment(name, request.form.get("idempotency_key") or None)
     return redirect(url_for("counters.index") + f"#counter-{name}")
 
 
@@ -53,7 +66,7 @@ def increment_form(name):
 def create_form():
     """Admin: create a counter."""
     identity.require_admin()
-    name = request.form.get("name", "").strip()
+    name = service.public_name(request.form.get("name", "").strip())
     num_shards = _form_int("num_shards") if request.form.get("num_shards") else None
     service.configure(name, request.form.get("mode", ""), num_shards)
     flash(f"Counter {name} is ready.", "info")
@@ -73,7 +86,8 @@ def shards_form(name):
 def burst_form(name):
     """Admin: many concurrent increments at once, to watch contention and growth."""
     identity.require_admin()
-    done, attempts, num_shards = service.burst(name, _form_int("writers"), _form_int("increments"))
+    done, attempts, num_shards = service.burst(name, _form_int("writers"),
+                                               _form_int("increments"))
     flash(f"{name}: {done} increments from {request.form['writers']} writers took {attempts / done:.2f} attempts "
           f"each; it has {num_shards} shards now.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
@@ -98,8 +112,8 @@ def api_get(name):
 
 @bp.post("/api/counters/<name>/increment")
 def api_increment(name):
-    """+1, at most once per Idempotency-Key."""
-    result = service.increment(name, request.headers.get("Idempotency-Key"))
+    """+1, at most once per Idempotency-Key; creating a counter needs a signed-in user."""
+    result = _increment(name, request.headers.get("Idempotency-Key"))
     return jsonify(name=name, applied=result.applied, attempts=result.attempts)
 
 

@@ -15,8 +15,9 @@ def _stored(kind):
         return kind.query().fetch(keys_only=True)
 
 
-def test_increment_then_read(client):
+def test_increment_then_read(client, auth):
     assert client.get("/api/counters/visits").status_code == 404
+    auth.sign_in()  # creating a counter needs a signed-in user (tests/test_integrity.py)
     r = client.post("/api/counters/visits/increment")
     assert r.status_code == 200 and r.get_json()["applied"] is True and r.get_json()["name"] == "visits"
     data = client.get("/api/counters/visits?shards=1").get_json()
@@ -35,7 +36,8 @@ def test_simple_counter_api(client):
     assert data["count"] == 3 and sum(data["shards"]) == 3 and len(data["shards"]) == 20
 
 
-def test_idempotency_key_retried_five_times_counts_once(client):
+def test_idempotency_key_retried_five_times_counts_once(client, auth):
+    auth.sign_in()
     answers = [client.post("/api/counters/pay/increment", headers={"Idempotency-Key": "req-1"}).get_json()["applied"]
                for _ in range(5)]
     assert answers == [True, False, False, False, False]
@@ -119,7 +121,7 @@ def test_shard_changes_need_an_admin(client, auth):
     auth.sign_in("someone@example.com", admin=False)
     r = client.put("/api/counters/x", json={"mode": "general"})
     assert r.status_code == 403 and r.get_json()["error"]["code"] == "forbidden"
-    client.post("/api/counters/x/increment")  # anyone may increment (and so create) a counter
+    client.post("/api/counters/x/increment")  # a signed-in user may create a counter by incrementing it
     assert client.post("/api/counters/x/shards", json={"num_shards": 50}).status_code == 403
     assert client.get("/api/counters/x").get_json()["num_shards"] == 20
 
@@ -134,7 +136,8 @@ def test_wrong_method_is_405_json(client):
 expected_cache_warnings = pytest.mark.filterwarnings("ignore:Error connecting to global cache:RuntimeWarning")
 
 @expected_cache_warnings
-def test_memcached_stopped_mid_test(client, stack):
+def test_memcached_stopped_mid_test(client, auth, stack):
+    auth.sign_in()
     for _ in range(3):
         client.post("/api/counters/m/increment")
     assert client.get("/api/counters/m").get_json() == {"name": "m", "mode": "general", "count": 3, "num_shards": 20,
@@ -158,8 +161,9 @@ def test_memcached_stopped_mid_test(client, stack):
 
 
 @expected_cache_warnings
-def test_memcached_frozen_costs_bounded_time(client, stack, monkeypatch):
+def test_memcached_frozen_costs_bounded_time(client, auth, stack, monkeypatch):
     monkeypatch.setattr(counters_service, "TOTAL_LIFETIME", 2)
+    auth.sign_in()
     client.post("/api/counters/f/increment")
     assert client.get("/api/counters/f").get_json()["count"] == 1  # now cached
     stack.memcached.pause()
@@ -202,7 +206,8 @@ def test_cached_config_is_never_stale_after_memcached_returns(client, auth, stac
 
 # --- the HTML page and its forms ------------------------------------------------------------------------------------
 
-def test_counters_page_shows_totals_shards_and_cache_source(client):
+def test_counters_page_shows_totals_shards_and_cache_source(client, auth):
+    auth.sign_in()
     for _ in range(2):
         client.post("/api/counters/shown/increment")
     html = client.get("/counters").get_data(as_text=True)
@@ -212,7 +217,8 @@ def test_counters_page_shows_totals_shards_and_cache_source(client):
     assert "from memcache" in html
 
 
-def test_increment_form_needs_csrf_token(client):
+def test_increment_form_needs_csrf_token(client, auth):
+    auth.sign_in()
     r = client.post("/counters/formed/increment")
     assert r.status_code == 400 and "out of date" in r.get_data(as_text=True)
     assert _stored(CounterConfig) == []
@@ -239,8 +245,8 @@ def test_admin_forms(client, auth):
 
 
 def test_non_admin_sees_no_admin_forms(client, auth):
-    client.post("/api/counters/seen/increment")
     auth.sign_in("someone@example.com")
+    client.post("/api/counters/seen/increment")
     html = client.get("/counters").get_data(as_text=True)
     assert "New counter" not in html and "Raise" not in html
     token = csrf_token(client)

@@ -147,12 +147,13 @@ def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
             for i in range(n):
                 comments_service.post_comment("rc", index, USER, f"comment {i}")
         # break the counters: one too high, one never counted, one counting comments that do not exist
-        counters.increment_best_effort(comments_service.comments_counter("rc", 0))
+        own = comments_service.COUNTERS
+        own.increment(comments_service.comments_counter("rc", 0))
         for name in (comments_service.comments_counter("rc", 1), comments_service.comments_counter("rc", 2)):
-            counters.increment_best_effort(name)
+            own.increment(name)
         for _ in range(4):
-            counters.increment_best_effort(comments_service.comments_counter("rc", 2))
-        ndb.Key("CounterShard", comments_service.comments_counter("rc", 1) + "|0").delete()
+            own.increment(comments_service.comments_counter("rc", 2))
+        ndb.Key("CounterShard", own.name(comments_service.comments_counter("rc", 1)) + "|0").delete()
     auth.admin()
     job = client.post("/api/jobs", json={"name": "recount_comments", "params": {}}).get_json()
     task_queue.drain(workers=2)
@@ -161,7 +162,7 @@ def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
         r = client.get(f"/api/blogs/rc/entries/{index}").get_json()
         assert r["comment_count"] == expected, (index, r["comment_count"])
     with runtime.current().datastore.context():
-        assert counters.exact_totals([comments_service.comments_counter("other", 0)]) == {"blog.other.0.comments": 0}
+        assert own.exact_totals([comments_service.comments_counter("other", 0)]) == {"other.0": 0}
 
 
 # --- pages ------------------------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_views_are_counted_on_an_unlisted_adaptive_counter(ndb_context):
     assert service.view_count("b", 0) == 0
     assert [service.record_view("b", 0) for _ in range(3)][-1] == 3
     from counters import service as counters
-    assert counters.get_config("blog.b.0.views").mode == "adaptive"
+    assert counters.get_config("blog:b.0.views").mode == "adaptive"
     assert [c.name for c, _, _ in counters.list_counters()] == []
 
 

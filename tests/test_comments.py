@@ -23,7 +23,7 @@ def _entry(blog="b", count=1):
 
 
 def _exact_count(blog, index):
-    config = counters.get_config(service.comments_counter(blog, index))
+    config = counters.get_config(service.COUNTERS.name(service.comments_counter(blog, index)))
     return sum(counters.shard_counts(config)) if config else 0
 
 
