@@ -42,20 +42,18 @@ def render_index(blog, page, form=None):
 
 @bp.get("/blog/<blog>/<int:index>")
 def entry(blog, index):
-    """One entry by its permalink, with a page of its comments (`?after=`/`?before=<id>`, `?page=last`); each view
-    is counted on a sharded counter."""
+    """One entry by its permalink, with a page of its comments (`?after=`/`?before=<id>`, `?page=last`); the page's
+    script counts the view (POST .../views)."""
     return render_entry(blog, index)
 
 
 def render_entry(blog, index, comment_form=None, status=200):
-    """The entry page; after a rejected comment, `comment_form` refills the form (and the view is not counted again)."""
+    """The entry page; after a rejected comment, `comment_form` refills the form."""
     entry = service.get_entry(blog, index)
     args = request.args
     page = comments.get_comments(blog, index, args.get("after"), args.get("before"),
                                  last=args.get("page") == "last", own=session.get(comments.RECENT_SESSION_KEY, ()))
-    # Counted only once the request has proved valid (a bad bookmark is a 400 that changes nothing).
-    views = service.view_count(blog, index) if comment_form else service.record_view(blog, index)
-    return render_template("blog/entry.html", blog=blog, entry=entry, views=views,
+    return render_template("blog/entry.html", blog=blog, entry=entry, views=service.view_count(blog, index),
                            max_index=service.require_blog(blog).max_index,
                            views_counter=service.views_counter(blog, index), comments=page,
                            comment_count=comments.comment_counts(blog, [index])[index],
@@ -125,6 +123,12 @@ def api_post(blog):
 def api_entries(blog):
     """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
     return jsonify(_page_json(service.get_page(blog, request.args.get("start"), request.args.get("limit"))))
+
+
+@bp.post("/api/blogs/<blog>/entries/<index>/views")
+def api_view(blog, index):
+    """Count one view of the entry (sent by its page's script; anyone may) -> its view count."""
+    return jsonify(views=service.record_view(blog, index))
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>")

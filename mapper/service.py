@@ -170,7 +170,7 @@ def run_task(payload, attempt=0):
     for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
         _enqueue(job.id, child)
     if record.returned:
-        _maybe_finish(job, record.returned)
+        _maybe_finish(job, record.returned, attempt + 1 >= tasks.MAX_ATTEMPTS)
     return {"processed": record.processed, "children": len(record.children)}
 
 
@@ -284,14 +284,24 @@ def _derive(job):
     return status
 
 
-def _maybe_finish(job, returned):
+def _maybe_finish(job, returned, last_attempt):
     """After a task returned credit: finish the job if every credit is back. memcached keeps a running sum so that
-    only the last task pays for summing the records; without it (down, evicted) every such task sums them."""
+    only the last task pays for summing the records; without it (down, evicted) every such task sums them.
+
+    The records are summed by a query (each record is its own entity group), which is eventually consistent: the
+    last task may not see its own record, or a sibling's, yet. When memcached's sum says every credit is back but the
+    query does not, this task raises, so that the queue delivers it again later (a retry re-reads its finished record
+    and comes straight back here) until the records agree. A job that still cannot finish this way (memcached down as
+    well, or the retries spent) is finished by an admin (`finish_job`); reads never finish a job, a GET never writes.
+    """
     total = runtime.cache().incr(_returned_key(job.id), returned)
     if total is None or total >= TOTAL_CREDIT:
         current = _derive(job)
         if current.returned == TOTAL_CREDIT:
             _finalize(job, "done", current)
+        elif total is not None and not last_attempt:
+            raise Conflict("Every range has reported back, but not every record is visible yet; try later.",
+                           "records_lagging")
 
 
 def _finalize(job, outcome, status=None):
@@ -320,18 +330,29 @@ def _finished(job):
 
 
 def status(job):
-    """The job's state and figures. Finished jobs answer from the job; a running one sums its records (and is
-    finished here if every credit is back: a task that returned the last credit may have died before noticing)."""
+    """The job's state and figures, read only: a finished job answers from itself, a running one sums its records."""
     if job.finished:
         return Status(job.outcome, **(job.summary or {}))
-    if job.cancelled:
-        return dataclasses.replace(_derive(job), state="cancelled")
     current = _derive(job)
-    if current.returned == TOTAL_CREDIT or current.failed:
-        finished = _finalize(job, "failed" if current.failed else "done", current) or job.key.get()
-        if finished.finished:
-            return Status(finished.outcome, **(finished.summary or {}))
+    if job.cancelled:
+        current.state = "cancelled"
     return current
+
+
+def finish_job(job_id):
+    """Admin: finish a running job whose tasks have all reported back (every credit returned, or one failed for good)
+    but that was not marked finished: its last task died before noticing, or could not see every record. Conflict
+    while ranges are still out."""
+    job = get_job(job_id)
+    if job.finished:
+        return job
+    if job.cancelled:
+        raise Conflict("The job was cancelled.", "job_cancelled")
+    current = _derive(job)
+    if not current.failed and current.returned < TOTAL_CREDIT:
+        raise Conflict(f"The job is still running: {current.progress:.0%} of its key range has reported back.",
+                       "job_running")
+    return _finalize(job, "failed" if current.failed else "done", current) or job.key.get()
 
 
 def job_dict(job):

@@ -1,7 +1,8 @@
 """Jobs: the /jobs pages (start a job, watch its progress) and the /api/jobs routes."""
-from flask import Blueprint, jsonify, redirect, render_template, request, url_for
+from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 
 from core import identity
+from core.errors import Conflict
 from core.web import json_body, submit_form
 from mapper import service
 
@@ -41,6 +42,17 @@ def job(job_id):
                            job_def=service.registered().get(job.name))
 
 
+@bp.post("/jobs/<job_id>/finish")
+def finish_form(job_id):
+    """Finish a job whose tasks have all reported back."""
+    identity.require_admin()
+    try:
+        service.finish_job(job_id)
+    except Conflict as e:
+        flash(e.message, "error")
+    return redirect(url_for("mapper.job", job_id=job_id))
+
+
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_form(job_id):
     """Cancel a running job."""
@@ -70,6 +82,13 @@ def api_list():
 def api_get(job_id):
     """A job's state, processed count, progress (0..1), tasks and tree depth."""
     return jsonify(service.job_dict(service.get_job(job_id)))
+
+
+@bp.post("/api/jobs/<job_id>/finish")
+def api_finish(job_id):
+    """Finish a job whose tasks have all reported back (409 while ranges are still out)."""
+    identity.require_admin()
+    return jsonify(service.job_dict(service.finish_job(job_id)))
 
 
 @bp.post("/api/jobs/<job_id>/cancel")

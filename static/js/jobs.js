@@ -10,8 +10,7 @@
       else if (field === "state") { el.textContent = job.state; el.className = "badge state-" + job.state; }
       else el.textContent = job[field];
     });
-    var cancel = card.querySelector("form");
-    if (cancel && job.state !== "running") cancel.remove();
+    if (job.state !== "running") card.querySelectorAll("form").forEach(function (form) { form.remove(); });
   }
   function poll() {
     fetch(card.getAttribute("data-job-url"), {headers: {"Accept": "application/json"}})
