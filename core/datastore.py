@@ -8,6 +8,7 @@ import time
 from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import ndb
+from werkzeug.wsgi import ClosingIterator
 
 from core.errors import Unavailable
 
@@ -92,13 +93,34 @@ class Datastore:
 
 
 class NdbContextMiddleware:
-    """WSGI middleware: every request runs inside its own ndb context, entered and left around the whole response."""
+    """WSGI middleware: every request runs inside its own ndb context (one per request, as The Blue Alliance does).
+
+    The view runs inside the context; the body is handed back as it comes (a streamed body is not buffered), each
+    chunk produced, and `close()` run, with that same context current again, so a generator or a `call_on_close`
+    callback can still use ndb. Between chunks no context is left behind on the thread, so a server that reads
+    the body late, or never closes it, cannot make the thread's next request find a context already there.
+    """
 
     def __init__(self, wsgi_app, datastore):
         self.wsgi_app = wsgi_app
         self.datastore = datastore
 
     def __call__(self, environ, start_response):
-        with self.datastore.context():
-            # Materialize the body inside the context: a streamed response would otherwise run outside it.
-            return list(self.wsgi_app(environ, start_response))
+        with self.datastore.context() as context:
+            body = self.wsgi_app(environ, start_response)
+
+        def close():
+            if hasattr(body, "close"):
+                with context.use():
+                    body.close()
+        return ClosingIterator(_chunks_in(context, body), close)
+
+
+def _chunks_in(context, body):
+    chunks = iter(body)
+    while True:
+        with context.use():
+            chunk = next(chunks, None)
+        if chunk is None:
+            return
+        yield chunk
