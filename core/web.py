@@ -3,6 +3,7 @@ import datetime
 import logging
 
 from flask import flash, jsonify, render_template, request
+from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
 from werkzeug.exceptions import HTTPException
@@ -12,6 +13,18 @@ from core.errors import AppError, BadInput
 
 log = logging.getLogger(__name__)
 csrf = CSRFProtect()
+# Every page's scripts and styles are files under /static: no inline script or style, no event-handler attributes,
+# nothing from another origin. So a comment or title that slipped past escaping still could not run.
+CONTENT_SECURITY_POLICY = {
+    "default-src": "'self'",
+    "script-src": "'self'",
+    "style-src": "'self'",
+    "img-src": "'self' data:",  # data: for the empty favicon (no favicon request)
+    "object-src": "'none'",
+    "base-uri": "'none'",
+    "form-action": "'self'",
+    "frame-ancestors": "'none'",
+}
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 # Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
@@ -76,6 +89,15 @@ def when(iso):
 
 def init_app(app):
     csrf.init_app(app)
+    on_app_engine = app.config["SETTINGS"].on_app_engine
+    # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
+    # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
+    # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
+    # One Talisman per app: it keeps its options (HSTS or not) on itself, and a process may build several apps.
+    app.extensions["talisman"] = Talisman(
+        app, force_https=False, frame_options="DENY", content_security_policy=CONTENT_SECURITY_POLICY,
+        referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
+        session_cookie_secure=on_app_engine)
     app.add_template_filter(when)
     app.before_request(_check_unsafe_request)
 
