@@ -5,7 +5,7 @@ import os
 import click
 from flask import Flask
 
-from core import identity, runtime, web
+from core import identity, openapi, runtime, web
 from core.datastore import NdbContextMiddleware
 from core.settings import Settings
 
@@ -40,6 +40,7 @@ def create_app(config=None):
     app.register_blueprint(core_bp)
     for feature in FEATURES:
         app.register_blueprint(__import__(f"{feature}.views", fromlist=["bp"]).bp)
+    app.extensions["openapi"] = openapi.build(app)  # once per process: GET /api/openapi.json serves it as it is
 
     @app.context_processor
     def inject_user():

@@ -1,5 +1,5 @@
 """The app's own routes: health, sign-in (page and API), the route every task is delivered to."""
-from flask import Blueprint, flash, jsonify, redirect, render_template, request
+from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request
 from google.cloud import ndb
 
 from core import identity, runtime, tasks
@@ -19,6 +19,12 @@ def healthz():
     except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
         return jsonify(datastore="down", memcache=memcache), 503
     return jsonify(datastore="ok", memcache=memcache)
+
+
+@bp.get("/api/openapi.json")
+def openapi_document():
+    """The OpenAPI 3.1 document of the JSON API (core/openapi.py)."""
+    return jsonify(current_app.extensions["openapi"])
 
 
 @bp.route("/signin", methods=("GET", "POST"))

@@ -1,0 +1,49 @@
+"""The OpenAPI 3.1 document of the JSON API, merged once per process from core/openapi.yaml (what every feature
+shares) and the openapi.yaml beside each registered blueprint (the paths that feature serves), and served at
+GET /api/openapi.json.
+
+Written as YAML beside the code it describes rather than generated from the views: the routes take their input
+from Flask's request and validate it in the services, so there is nothing for a generator (apispec, flask-smorest)
+to read the schemas from without rewriting every view around marshmallow. The tests keep the document honest: every
+/api response the suite sees is validated against it, every /api route must be in it, and schemathesis fuzzes it.
+"""
+from pathlib import Path
+
+import yaml
+
+FILE = "openapi.yaml"
+# API.md's conventions, true of every operation: a refused request is a 4xx with the error shape and writes nothing;
+# 503 when Datastore does not answer (or contention outlasts the retries).
+ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/components/responses/Error"}}
+
+
+def _load(folder):
+    path = Path(folder) / FILE
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _merge(into, part, where):
+    for name, value in part.items():
+        if name in into:
+            raise ValueError(f"OpenAPI: {where}/{name} is defined twice")
+        into[name] = value
+
+
+def build(app):
+    """The document for `app`: core's part, then each blueprint's, in the order they were registered."""
+    document = _load(Path(__file__).parent)
+    seen = {Path(__file__).parent}
+    for blueprint in app.blueprints.values():
+        folder = Path(blueprint.root_path)
+        part = None if folder in seen else _load(folder)
+        seen.add(folder)
+        if not part:
+            continue
+        _merge(document["paths"], part.get("paths", {}), "paths")
+        for section, entries in part.get("components", {}).items():
+            _merge(document["components"].setdefault(section, {}), entries, f"components/{section}")
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for status, response in ERRORS.items():
+                operation["responses"].setdefault(status, response)
+    return document
