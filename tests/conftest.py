@@ -3,21 +3,79 @@ started here on free loopback ports and stopped at the end. Every test starts fr
 
 Nothing here, or in any test, stands in for Datastore or memcached: fault tests stop or freeze the real processes.
 """
+import json
 import os
 import re
 
 import pytest
+from flask import request
+from openapi_core import OpenAPI
+from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
 from core import runtime, tasks
 from core.settings import Settings
 from devstack import Stack
 from main import create_app
 
+RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # Flask's <int:index> is OpenAPI's {index}
+
 
 def _settings(stack, **overrides):
     env = dict(stack.env(), SECRET_KEY="test-secret", ADMIN_EMAILS="boss@example.com", TASKS_BACKEND="queue")
     env.update(overrides)
     return Settings.from_env(env)
+
+
+class _RequestWithoutBody(FlaskOpenAPIRequest):
+    """The request as openapi-core needs it to find the operation a response answers: its body is not needed (and
+    reading a body the app refused as too large would only raise the 413 again)."""
+
+    @property
+    def body(self):
+        return None
+
+
+class ContractCheck:
+    """Every response the app gives to a documented operation is validated against its OpenAPI document (openapi-core),
+    and every /api route must be documented; what does not match is kept for the test's teardown to fail on."""
+    _validators = {}  # document as JSON -> its validator: built once per session, not once per app
+
+    def __init__(self, app):
+        self.document = app.extensions["openapi"]
+        key = json.dumps(self.document, sort_keys=True)
+        if key not in self._validators:
+            self._validators[key] = OpenAPI.from_dict(self.document)
+        self.validator = self._validators[key]
+        self.breaches = []
+        self.checked = 0
+        app.after_request(self)
+
+    def __call__(self, response):
+        if request.url_rule is None:  # no route matched (404, 405): no operation to hold it to
+            return response
+        path = RULE_PARAMETER.sub(r"{\1}", request.url_rule.rule)
+        operation = self.document["paths"].get(path, {}).get(request.method.lower())
+        where = f"{request.method} {request.full_path.rstrip('?')} -> {response.status_code}"
+        if operation is None:
+            if path.startswith("/api/"):
+                self.breaches.append(f"{where}: the route is not in the OpenAPI document")
+            return response
+        try:
+            self.validator.validate_response(_RequestWithoutBody(request), FlaskOpenAPIResponse(response))
+            self.checked += 1
+        except Exception as e:  # noqa: BLE001 - every kind of mismatch is reported, with its cause
+            self.breaches.append(f"{where}: {e}; {e.__cause__ or ''} {getattr(e.__cause__, 'schema_errors', '')}")
+        return response
+
+    def assert_kept(self):
+        assert not self.breaches, "responses that do not match the OpenAPI document:\n" + "\n".join(self.breaches)
+
+
+def contract_checked(app):
+    """`app`, its responses checked against its OpenAPI document; `app.extensions["contract"].assert_kept()` at the
+    end of the test."""
+    app.extensions["contract"] = ContractCheck(app)
+    return app
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +89,11 @@ def app(stack):
     stack.emulator.reset()
     if not stack.memcached.healthy():  # a fault test that failed half way may have left it stopped
         stack.memcached.restart()
-    app = create_app({"TESTING": True, "SETTINGS": _settings(stack)})
+    app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack)}))
     runtime.current().memcache_client.flush_all(noreply=False)
     yield app
     runtime.current().close()
+    app.extensions["contract"].assert_kept()
 
 
 @pytest.fixture
@@ -115,9 +174,10 @@ def weak_stack():
 
 @pytest.fixture
 def weak_app(weak_stack):
-    app = create_app({"TESTING": True, "SETTINGS": _settings(weak_stack)})
+    app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(weak_stack)}))
     yield app
     runtime.current().close()
+    app.extensions["contract"].assert_kept()
 
 
 def pytest_report_header(config):

@@ -1,8 +1,8 @@
 """The browser tests: the app served over HTTP on loopback (the local HTTP task queue delivering to it, as under
 `make run`), on the session's real emulator and memcached, driven by Playwright in Debian's headless Chromium.
 
-Every page a test opens may only fetch from the app itself (no CDN) and must raise no JavaScript error: both are
-checked when the test ends.
+Every page a test opens may only fetch from the app itself (no CDN), must raise no JavaScript error and must break
+none of its Content-Security-Policy: all three are checked when the test ends.
 """
 from urllib.parse import urlsplit
 
@@ -47,6 +47,12 @@ class Watched:
         self.origin = urlsplit(site).netloc
         self.foreign, self.errors = [], []
 
+    def page(self, page):
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        # What the Content-Security-Policy blocks is reported on the console, not raised: it counts as an error too.
+        page.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text
+                and self.errors.append(m.text))
+
     def request(self, request):
         parts = urlsplit(request.url)
         if parts.scheme in ("http", "https", "ws", "wss") and parts.netloc != self.origin:
@@ -57,7 +63,7 @@ def _context(browser, site, watched, **options):
     context = browser.new_context(base_url=site, **options)
     context.set_default_timeout(15_000)
     context.on("request", watched.request)
-    context.on("page", lambda page: page.on("pageerror", lambda e: watched.errors.append(str(e))))
+    context.on("page", watched.page)
     return context
 
 

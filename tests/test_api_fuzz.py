@@ -1,0 +1,102 @@
+"""schemathesis fuzzes every operation of the OpenAPI document against the app served over HTTP on loopback, signed in
+as a user and as an admin: no answer may be a server error (5xx), and every answer must match the document (status,
+content type, headers, body schema). Bounded: EXAMPLES per operation (fewer for the costly ones), one deadline per
+request; derandomized, so that CI runs the same cases each time.
+
+Each operation draws from three sources: schema-valid input (positive), schema-invalid input (negative: wrong types,
+missing fields, bad bodies), and valid input aimed at resources that exist (the demo blog's entry 0, a counter, a job),
+so that the fuzzing reaches past the 404s.
+"""
+import collections
+import time
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import checks as schemathesis_checks
+from schemathesis.generation import GenerationMode
+
+from core import runtime
+from devstack import serving
+from main import create_app
+from tests.conftest import _settings, contract_checked
+
+EXAMPLES = 30
+# Each example of these does real work (up to 500 concurrent increments; a whole latency measurement).
+COSTLY = {"burstCounter": 6, "measureNumbers": 4}
+DEADLINE_MS = 20_000
+CHECKS = [schemathesis_checks.not_a_server_error, schemathesis_checks.status_code_conformance,
+          schemathesis_checks.content_type_conformance, schemathesis_checks.response_headers_conformance,
+          schemathesis_checks.response_schema_conformance]
+USERS = {"user": ("fuzz-user@example.com", False), "admin": ("boss@example.com", True)}
+
+
+@pytest.fixture
+def served_app(stack):
+    """The app on a loopback port, over a fresh datastore and cache, with demo resources to aim at. Its task queue only
+    holds tasks (nothing delivers them), so fuzzed seeds and jobs cost nothing."""
+    stack.emulator.reset()
+    if not stack.memcached.healthy():
+        stack.memcached.restart()
+
+    def make_app(url):
+        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="queue")}))
+        runtime.current().memcache_client.flush_all(noreply=False)
+        return app
+    with serving.served(make_app) as (app, url):
+        yield app, url
+    app.extensions["contract"].assert_kept()
+
+
+def _sign_in(url, role):
+    email, admin = USERS[role]
+    session = requests.Session()
+    session.post(f"{url}/api/session", json={"email": email, "admin": admin}, timeout=10).raise_for_status()
+    return session.cookies.get_dict()
+
+
+def _resources(url, admin_cookies):
+    """A blog entry with a comment, a counter and a job: their ids for the aimed cases."""
+    with requests.Session() as s:
+        s.cookies.update(admin_cookies)
+        s.post(f"{url}/api/blogs/demo/entries", json={"title": "Fuzzed", "body": "An entry to aim at."},
+               timeout=10).raise_for_status()
+        comment = s.post(f"{url}/api/blogs/demo/entries/0/comments", json={"text": "hello"}, timeout=10)
+        comment.raise_for_status()
+        s.put(f"{url}/api/counters/likes", json={"mode": "adaptive"}, timeout=10).raise_for_status()
+        s.post(f"{url}/api/accounts/seed", json={"count": 1}, timeout=10).raise_for_status()
+        job = s.post(f"{url}/api/jobs", json={"name": "recount_comments"}, timeout=10)
+        job.raise_for_status()
+    return {"blog": "demo", "index": "0", "name": "likes", "job_id": job.json()["id"]}
+
+
+@pytest.mark.parametrize("role", ["user", "admin"])
+def test_every_operation_fuzzed_without_server_errors_or_contract_breaches(served_app, role):
+    app, url = served_app
+    schema = schemathesis.openapi.from_dict(app.extensions["openapi"])
+    cookies = _sign_in(url, role)
+    known = _resources(url, _sign_in(url, "admin"))
+    cases = collections.Counter()
+    started = time.monotonic()
+    operations = [result.ok() for result in schema.get_all_operations()]
+    for operation in operations:
+        label = operation.definition.raw.get("operationId", operation.label)
+        aimed = {name: value for name, value in known.items()
+                 if name in {p.name for p in operation.path_parameters}}
+        strategy = st.one_of(operation.as_strategy(GenerationMode.POSITIVE),
+                             operation.as_strategy(GenerationMode.NEGATIVE),
+                             operation.as_strategy(GenerationMode.POSITIVE, path_parameters=aimed))
+
+        @settings(max_examples=COSTLY.get(label, EXAMPLES), deadline=DEADLINE_MS, derandomize=True, database=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @given(case=strategy)
+        def run(case):
+            response = case.call(base_url=url, cookies=cookies, timeout=30)
+            case.validate_response(response, checks=CHECKS)
+            cases[label] += 1
+        run()
+    print(f"\nschemathesis as {role}: {sum(cases.values())} cases over {len(cases)} operations in "
+          f"{time.monotonic() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(cases.items())))
+    assert len(cases) == len(operations)  # every operation was exercised
