@@ -1,8 +1,6 @@
 """Debian's Chromium driven by Playwright, for the browser tests and `make screenshots` (never a browser Playwright
 downloads: the machine has no internet for it)."""
-import os
-
-from devstack.services import DevstackError
+from devstack.services import debian_binary
 
 CHROMIUM = "/usr/bin/chromium"
 # Headless as root; and nothing that phones home: on a closed network Chromium's background connections fail, many at
@@ -12,7 +10,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 def launch(playwright):
-    """Headless Debian Chromium under Playwright's control."""
-    if not os.access(CHROMIUM, os.X_OK):
-        raise DevstackError(f"Chromium is not installed at {CHROMIUM}: `apt-get install chromium` (as root), then again.")
-    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    """Headless Debian Chromium under Playwright's control (installed from Debian's package when missing, as root)."""
+    return playwright.chromium.launch(executable_path=debian_binary(CHROMIUM, "chromium"), headless=True,
+                                      args=CHROMIUM_ARGS)

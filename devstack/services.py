@@ -138,19 +138,31 @@ def emulator_binary():
                         "(gcloud components install cloud-datastore-emulator, or apt-get install google-cloud-cli-datastore-emulator).")
 
 
-def memcached_binary():
-    """Path of memcached; installs Debian's package when missing and running as root."""
-    found = shutil.which("memcached")
+def debian_binary(command, package):
+    """Path of `command` (a name on PATH, or an absolute path); installs Debian's `package` when it is missing and this
+    runs as root, as `make run` and `make test` must set up a fresh machine themselves. Otherwise a DevstackError
+    that says what to install."""
+    def find():
+        if os.path.isabs(command):
+            return command if os.access(command, os.X_OK) else None
+        return shutil.which(command)
+    found = find()
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"devstack: installing Debian's {package} (apt-get)...", flush=True)
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "memcached"], check=False, env=env)
-        found = shutil.which("memcached")
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=False, env=env, stdout=subprocess.DEVNULL)
+        found = find()
         if found:
             return found
-    raise DevstackError("memcached is not installed: install the Debian package 'memcached' (sudo apt-get install memcached).")
+    raise DevstackError(f"{command} is not installed: install the Debian package '{package}' "
+                        f"(sudo apt-get install {package}).")
+
+
+def memcached_binary():
+    return debian_binary("memcached", "memcached")
 
 
 class Emulator:
