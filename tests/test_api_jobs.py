@@ -9,7 +9,6 @@ from accounts.models import Account
 from blog import service as blog_service
 from comments import service as comments_service
 from core import runtime, tasks
-from counters import service as counters
 from devstack import serving
 from main import create_app
 from mapper.models import MapperJob

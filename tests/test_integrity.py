@@ -12,7 +12,6 @@ from comments import service as comments
 from core import runtime
 from counters.models import CounterConfig, CounterShard
 from main import create_app
-from mapper import service as mapper
 from mapper.models import MapperJob
 from tests.conftest import _settings, csrf_token
 
