@@ -1,5 +1,9 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# DATASTORE=legacy (default: the legacy Datastore emulator, which enforces index.yaml) or DATASTORE=firestore (the
+# Firestore emulator in Datastore mode, what App Engine apps use today) for run, test and bench.
 PYTHON ?= python3
+DATASTORE ?= legacy
+export DATASTORE
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

@@ -18,6 +18,7 @@ from pathlib import Path
 from core import runtime
 from core.settings import Settings
 from devstack import Stack
+from devstack.services import backend_from_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -39,9 +40,9 @@ def main(prog, argv, run, seconds=8.0, extra=None):
         stack.stop()
 
 
-def start_stack():
-    """A fresh stack and this process's runtime pointed at it."""
-    stack = Stack(consistency=1.0).start()
+def start_stack(backend=None):
+    """A fresh stack (`backend`, else DATASTORE's) and this process's runtime pointed at it."""
+    stack = Stack(consistency=1.0, backend=backend or backend_from_env()).start()
     # Tasks wait in a queue the benchmark drains itself (core.tasks.DrainedQueue).
     runtime.configure(Settings.from_env(dict(stack.env(), SECRET_KEY="bench", TASKS_BACKEND="queue")))
     return stack

@@ -19,7 +19,7 @@ import requests
 from bench import harness
 from devstack import Stack
 from devstack.serving import Gunicorn, app_env, wait_until
-from devstack.services import REPO, free_port
+from devstack.services import REPO, backend_from_env, free_port
 
 TARGET_MS = 200
 ADMIN = "bench@example.com"
@@ -97,7 +97,7 @@ def main(argv=None):
     if args.url:
         paths, times = measure(args.url.rstrip("/"), args.rounds, args.requests)
         return report(paths, times, args.rounds, args.requests, f"Measured against a running app at {args.url}.")
-    stack = Stack(consistency=0.9).start()
+    stack = Stack(consistency=0.9, backend=backend_from_env()).start()
     server = None
     try:
         port = free_port()

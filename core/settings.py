@@ -13,6 +13,10 @@ def on_app_engine():
 class Settings:
     project: str
     emulator_host: str | None
+    # "firestore": Firestore in Datastore mode, what App Engine apps use today (pessimistic locks, server-side
+    # increments); "legacy": the legacy Datastore emulator (optimistic, aborts at once; no server-side increments).
+    backend: str = "legacy"
+    namespace: str | None = None  # the Datastore namespace every context uses (tests isolate themselves by it)
     memcached_hosts: tuple = ()
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
@@ -37,9 +41,14 @@ class Settings:
             raise RuntimeError("TASKS_BACKEND must be cloud-tasks, http or queue.")
         if backend == "cloud-tasks" and not env.get("TASKS_LOCATION"):
             raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
+        datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
+        if datastore_backend not in ("legacy", "firestore"):
+            raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")
         return cls(
             project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
             emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
+            backend=datastore_backend,
+            namespace=env.get("DATASTORE_NAMESPACE") or None,
             memcached_hosts=tuple(h for h in env.get("MEMCACHED_HOSTS", "").replace(",", " ").split() if h),
             secret_key=secret or DEV_SECRET,
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from devstack.serving import Gunicorn, app_env
-from devstack.services import REPO, DevstackError, Stack, _port_open, free_port
+from devstack.services import REPO, DevstackError, Stack, _port_open, backend_from_env, free_port
 
 STATE = REPO / ".devstack"
 
@@ -47,15 +47,19 @@ def run(port):
     lock.write(url)
     lock.flush()
 
-    # consistency 0.9, the emulator's default: non-ancestor queries lag a little, as they do in production.
-    stack = Stack(consistency=0.9, data_dir=STATE / "datastore")
+    # Legacy: consistency 0.9, the emulator's default: non-ancestor queries lag a little, as Datastore's did.
+    backend = backend_from_env()
+    stack = Stack(consistency=0.9, data_dir=STATE / "datastore", backend=backend)
     server = None
     # Ctrl-C and `kill` both stop everything; SIGINT set explicitly, since a shell that starts us in the background
     # makes Python ignore it.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        print("Starting memcached and the Datastore emulator...", flush=True)
+        print(f"Starting memcached and the {stack.emulator.name}...", flush=True)
+        if backend == "firestore":
+            print("Note: the Firestore emulator keeps no data across restarts in Datastore mode, so the demo content is "
+                  "seeded afresh at every start (DATASTORE=legacy keeps yours in .devstack/).", flush=True)
         stack.start()
         env = app_env(stack, url, _dev_secret())
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
@@ -70,7 +74,7 @@ def run(port):
         if server is not None:
             server.stop()
         stack.stop()
-        print("Stopped the app, the emulator and memcached.", flush=True)
+        print(f"Stopped the app, the {stack.emulator.name} and memcached.", flush=True)
 
 
 def main():

@@ -12,6 +12,7 @@ from playwright.sync_api import sync_playwright
 from core.settings import Settings
 from devstack import Stack, serving
 from devstack.serving import wait_until
+from devstack.services import backend_from_env
 from devstack.browser import launch
 from main import create_app, seed_demo
 
@@ -38,7 +39,7 @@ def _app(stack, url):
 
 def main():
     DOCS.mkdir(exist_ok=True)
-    with Stack(consistency=1.0) as stack, serving.served(lambda url: _app(stack, url)) as (_app_, url), \
+    with Stack(consistency=1.0, backend=backend_from_env()) as stack, serving.served(lambda url: _app(stack, url)) as (_app_, url), \
             sync_playwright() as playwright:
         print("Seeding the demo content...", flush=True)
         seed_demo()

@@ -107,20 +107,10 @@ def _stop_group(proc, timeout=10):
             continue
 
 
-def emulator_command():
-    """The command that runs the emulator: java on the CLI's jar, started directly rather than through the CLI's shell
-    launcher, so that the process we stop (and that dies with us) is the emulator itself."""
-    launcher = emulator_binary()
-    jar = launcher.parent / "CloudDatastore.jar"
-    if not jar.exists():
-        return [str(launcher)]
-    return [shutil.which("java"), "-cp", str(jar), "com.google.cloud.datastore.emulator.CloudDatastore"]
-
-
-def emulator_binary():
-    """Path of the emulator launcher from the Google Cloud CLI, or a DevstackError saying what to install."""
+def sdk_component(folder, file, component):
+    """Path of `file` in the Google Cloud CLI's platform/`folder`, or a DevstackError saying what to install."""
     if shutil.which("java") is None:
-        raise DevstackError("Java 11 or newer is needed for the Datastore emulator: install a JDK (apt-get install default-jre-headless).")
+        raise DevstackError("Java 11 or newer is needed for the emulators: install a JDK (apt-get install default-jre-headless).")
     roots = [os.environ.get("CLOUDSDK_ROOT", "")]
     if shutil.which("gcloud"):
         try:
@@ -131,11 +121,27 @@ def emulator_binary():
             pass
     roots += SDK_FALLBACKS
     for root in filter(None, roots):
-        binary = Path(root) / "platform" / "cloud-datastore-emulator" / "cloud_datastore_emulator"
-        if binary.exists():
-            return binary
-    raise DevstackError("The Datastore emulator was not found: install the Google Cloud CLI and its component "
-                        "(gcloud components install cloud-datastore-emulator, or apt-get install google-cloud-cli-datastore-emulator).")
+        path = Path(root) / "platform" / folder / file
+        if path.exists():
+            return path
+    raise DevstackError(f"The {component} was not found: install the Google Cloud CLI and its component "
+                        f"(gcloud components install {component}, or apt-get install google-cloud-cli-{component}).")
+
+
+def emulator_command():
+    """The command that runs the legacy emulator: java on the CLI's jar, started directly rather than through the
+    CLI's shell launcher, so that the process we stop (and that dies with us) is the emulator itself."""
+    launcher = sdk_component("cloud-datastore-emulator", "cloud_datastore_emulator", "cloud-datastore-emulator")
+    jar = launcher.parent / "CloudDatastore.jar"
+    if not jar.exists():
+        return [str(launcher)]
+    return [shutil.which("java"), "-cp", str(jar), "com.google.cloud.datastore.emulator.CloudDatastore"]
+
+
+def firestore_command():
+    jar = sdk_component("cloud-firestore-emulator", "cloud-firestore-emulator.jar", "cloud-firestore-emulator")
+    return [shutil.which("java"), "-Duser.language=en", "-cp", str(jar),
+            "com.google.cloud.datastore.emulator.firestore.CloudFirestore"]
 
 
 def debian_binary(command, package):
@@ -165,17 +171,13 @@ def memcached_binary():
     return debian_binary("memcached", "memcached")
 
 
-class Emulator:
-    """One Cloud Datastore emulator process.
+class _JavaEmulator:
+    """An emulator process on a loopback port: started, waited for, stopped with everything it started."""
+    backend = None
+    name = None
 
-    Started with --require_indexes and the repo's index.yaml, so a query without its composite index fails here as it
-    would in production, and with SCATTERED ids as production assigns them.
-    """
-
-    def __init__(self, project="scalable-demo", consistency=1.0, data_dir=None, port=None, log_dir=None):
+    def __init__(self, project="scalable-demo", port=None, log_dir=None):
         self.project = project
-        self.consistency = consistency
-        self.data_dir = Path(data_dir) if data_dir else None  # None: in memory only
         self.port = port
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="devstack-"))
         self.proc = None
@@ -191,21 +193,12 @@ class Emulator:
     def start(self, timeout=90):
         return _on_a_free_port(self, lambda: self._start_once(timeout))
 
+    def _args(self):
+        raise NotImplementedError
+
     def _start_once(self, timeout):
-        command = emulator_command()
-        if self.data_dir:
-            project_dir = self.data_dir
-        else:
-            project_dir = self.log_dir / "emulator-project"
-        if not (project_dir / "WEB-INF").exists():
-            project_dir.mkdir(parents=True, exist_ok=True)
-            subprocess.run(command + ["create", str(project_dir)], check=True, capture_output=True, timeout=120)
-        args = command + ["start", f"--host={LOOPBACK}", f"--port={self.port}",
-                f"--consistency={self.consistency}", "--require_indexes", f"--index_file={INDEX_FILE}",
-                "--auto_id_policy=SCATTERED", "--store_index_configuration_on_disk=false"]
-        args.append("--store_on_disk=true" if self.data_dir else "--store_on_disk=false")
-        args.append(str(project_dir))
-        self.log_path = self.log_dir / f"emulator-{self.port}.log"
+        args = self._args()
+        self.log_path = self.log_dir / f"{self.backend}-emulator-{self.port}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_die_with_parent)
@@ -213,13 +206,13 @@ class Emulator:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.proc = None
-                raise _exited_at_start("The Datastore emulator", self.port,
+                raise _exited_at_start(self.name, self.port,
                                        f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}")
             if self.healthy():
                 return self
             time.sleep(0.2)
         self.stop()
-        raise DevstackError(f"The Datastore emulator did not answer on {self.url} within {timeout}s; "
+        raise DevstackError(f"The {self.name} did not answer on {self.url} within {timeout}s; "
                             f"see {self.log_path}:\n{_log_tail(self.log_path)}")
 
     def healthy(self):
@@ -229,6 +222,36 @@ class Emulator:
         except (urllib.error.URLError, OSError):
             return False
 
+    def stop(self):
+        _stop_group(self.proc)
+        self.proc = None
+
+
+class Emulator(_JavaEmulator):
+    """The legacy Cloud Datastore emulator.
+
+    Started with --require_indexes and the repo's index.yaml, so a query without its composite index fails here as it
+    would in production, and with SCATTERED ids as production assigns them. `consistency` below 1.0 makes
+    non-ancestor queries lag as Datastore's did before Firestore: only this emulator can show eventual consistency.
+    """
+    backend, name = "legacy", "Datastore emulator"
+
+    def __init__(self, project="scalable-demo", consistency=1.0, data_dir=None, port=None, log_dir=None):
+        super().__init__(project, port, log_dir)
+        self.consistency = consistency
+        self.data_dir = Path(data_dir) if data_dir else None  # None: in memory only
+
+    def _args(self):
+        command = emulator_command()
+        project_dir = self.data_dir or self.log_dir / "emulator-project"
+        if not (project_dir / "WEB-INF").exists():
+            project_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(command + ["create", str(project_dir)], check=True, capture_output=True, timeout=120)
+        return command + ["start", f"--host={LOOPBACK}", f"--port={self.port}",
+                          f"--consistency={self.consistency}", "--require_indexes", f"--index_file={INDEX_FILE}",
+                          "--auto_id_policy=SCATTERED", "--store_index_configuration_on_disk=false",
+                          "--store_on_disk=true" if self.data_dir else "--store_on_disk=false", str(project_dir)]
+
     def reset(self):
         """Drop every entity (in-memory emulators only): tests start each case from nothing."""
         req = urllib.request.Request(self.url + "/reset", data=b"", method="POST")
@@ -236,9 +259,7 @@ class Emulator:
             r.read()
 
     def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 # /shutdown lets the emulator flush its on-disk store before it exits.
                 req = urllib.request.Request(self.url + "/shutdown", data=b"", method="POST")
@@ -246,8 +267,25 @@ class Emulator:
                 self.proc.wait(timeout=15)
             except (urllib.error.URLError, OSError, subprocess.TimeoutExpired):
                 pass
-        _stop_group(self.proc)
-        self.proc = None
+        super().stop()
+
+
+class FirestoreEmulator(_JavaEmulator):
+    """The Firestore emulator in Datastore mode: the database App Engine apps use today, spoken to through the same
+    Datastore API (ndb works unchanged through DATASTORE_EMULATOR_HOST).
+
+    What it does not have (Cloud SDK 528): --require_indexes (only the legacy emulator proves index.yaml), __scatter__
+    (such a query returns nothing), /reset and __kind__ queries (tests isolate themselves by namespace instead), a
+    consistency setting (every query is strongly consistent, as in production), and persistence across restarts in
+    Datastore mode. What it shows as production does: pessimistic locks, so contended transactions wait and then fail
+    with "Transaction lock timeout" instead of aborting at once.
+    """
+    backend, name = "firestore", "Firestore emulator"
+    keeps_data = False
+
+    def _args(self):
+        return firestore_command() + ["start", f"--host={LOOPBACK}", f"--port={self.port}",
+                                      "--database-mode=datastore-mode", f"--project_id={self.project}"]
 
 
 class Memcached:
@@ -309,11 +347,28 @@ class Memcached:
         return self.start()
 
 
-class Stack:
-    """The emulator plus memcached, and the environment the app reads to find them."""
+BACKENDS = ("legacy", "firestore")
 
-    def __init__(self, consistency=1.0, data_dir=None, project="scalable-demo"):
-        self.emulator = Emulator(project=project, consistency=consistency, data_dir=data_dir)
+
+def backend_from_env(env=None):
+    """The backend `make run/test/bench DATASTORE=...` asks for: legacy (the default, the one that enforces
+    index.yaml) or firestore."""
+    backend = (os.environ if env is None else env).get("DATASTORE") or "legacy"
+    if backend not in BACKENDS:
+        raise DevstackError(f"DATASTORE must be one of {', '.join(BACKENDS)}, not {backend!r}.")
+    return backend
+
+
+class Stack:
+    """An emulator (legacy Datastore or Firestore in Datastore mode) plus memcached, and the environment the app reads
+    to find them."""
+
+    def __init__(self, consistency=1.0, data_dir=None, project="scalable-demo", backend="legacy"):
+        if backend == "firestore":
+            self.emulator = FirestoreEmulator(project=project)  # always strongly consistent; keeps nothing on disk
+        else:
+            self.emulator = Emulator(project=project, consistency=consistency, data_dir=data_dir)
+        self.backend = backend
         self.memcached = Memcached()
 
     def start(self):
@@ -334,6 +389,7 @@ class Stack:
             "DATASTORE_EMULATOR_HOST": self.emulator.host,
             "DATASTORE_DATASET": self.emulator.project,
             "GOOGLE_CLOUD_PROJECT": self.emulator.project,
+            "DATASTORE_BACKEND": self.backend,
             "MEMCACHED_HOSTS": self.memcached.host,
         }
 

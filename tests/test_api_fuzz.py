@@ -21,7 +21,7 @@ from schemathesis.generation import GenerationMode
 from core import runtime
 from devstack import serving
 from main import create_app
-from tests.conftest import _settings, contract_checked
+from tests.conftest import _settings, contract_checked, fresh_stack
 
 EXAMPLES = 30
 # Each example of these does real work (up to 500 concurrent increments; a whole latency measurement).
@@ -37,12 +37,11 @@ USERS = {"user": ("fuzz-user@example.com", False), "admin": ("boss@example.com",
 def served_app(stack):
     """The app on a loopback port, over a fresh datastore and cache, with demo resources to aim at. Its task queue only
     holds tasks (nothing delivers them), so fuzzed seeds and jobs cost nothing."""
-    stack.emulator.reset()
-    if not stack.memcached.healthy():
-        stack.memcached.restart()
+    fresh = fresh_stack(stack)
 
     def make_app(url):
-        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="queue")}))
+        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="queue",
+                                                                                   **fresh)}))
         runtime.current().memcache_client.flush_all(noreply=False)
         return app
     with serving.served(make_app) as (app, url):

@@ -12,7 +12,7 @@ from core import runtime, tasks
 from devstack import serving
 from main import create_app
 from mapper.models import MapperJob
-from tests.conftest import _settings, csrf_token
+from tests.conftest import _settings, csrf_token, fresh_stack
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -197,9 +197,9 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
 @pytest.fixture
 def served(stack):
     """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
-    stack.emulator.reset()
+    fresh = fresh_stack(stack)
     with serving.served(lambda url: create_app({"TESTING": True, "SETTINGS": _settings(
-            stack, TASKS_BACKEND="http", TASKS_URL=url)})) as (app, url):
+            stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)})) as (app, url):
         yield app, url
 
 

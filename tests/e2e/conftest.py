@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.conftest import _settings
+from tests.conftest import _settings, contract_checked, fresh_stack
 from core import runtime
 from devstack import browser as chromium, serving
 from main import create_app
@@ -28,16 +28,16 @@ def browser():
 @pytest.fixture
 def site(stack):
     """The base URL of a freshly served app on an empty datastore and cache."""
-    stack.emulator.reset()
-    if not stack.memcached.healthy():
-        stack.memcached.restart()
+    fresh = fresh_stack(stack)
 
     def make_app(url):
-        app = create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="http", TASKS_URL=url)})
+        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(
+            stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)}))
         runtime.current().memcache_client.flush_all(noreply=False)
         return app
-    with serving.served(make_app) as (_app, url):
+    with serving.served(make_app) as (app, url):
         yield url
+    app.extensions["contract"].assert_kept()
 
 
 class Watched:
