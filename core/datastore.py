@@ -1,5 +1,6 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import concurrent.futures
+import datetime
 import logging
 import os
 import random
@@ -53,14 +54,14 @@ def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too 
 def make_client(settings):
     """Built once per process: it holds the gRPC channel that every request reuses."""
     if not settings.emulator_host:
-        return ndb.Client(project=settings.project)
+        return ndb.Client(project=settings.project, namespace=settings.namespace)
     # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
     # another emulator than the process environment (tests run two), so set it for exactly this call.
     saved = os.environ.get("DATASTORE_EMULATOR_HOST")
     os.environ["DATASTORE_EMULATOR_HOST"] = settings.emulator_host
     try:
         # The emulator needs no credentials; looking for them would fail on a machine without gcloud auth.
-        return ndb.Client(project=settings.project, credentials=AnonymousCredentials())
+        return ndb.Client(project=settings.project, namespace=settings.namespace, credentials=AnonymousCredentials())
     finally:
         if saved is None:
             del os.environ["DATASTORE_EMULATOR_HOST"]
@@ -68,12 +69,79 @@ def make_client(settings):
             os.environ["DATASTORE_EMULATOR_HOST"] = saved
 
 
-class Datastore:
-    """The process's ndb client plus the global cache every context uses."""
+class ServerIncrements:
+    """Server-side increments (`PropertyTransform.increment`) in one non-transactional commit, through the Datastore
+    API itself (google.cloud.datastore_v1): Firestore in Datastore mode only.
 
-    def __init__(self, client, global_cache=None):
+    A blind increment reads nothing, so it takes no lock: under Firestore's pessimistic concurrency a read-modify-write
+    transaction on a busy entity waits for the lock and then fails ("Transaction lock timeout"), while increments
+    keep committing (measured on the Firestore emulator: 8 writers on one entity, about 0.3 transactions/s against
+    1,130 blind increments/s, exact). All mutations of one commit apply together or not at all, so an insert beside
+    the increment (an idempotency marker) makes it happen at most once: a second commit with the same marker fails
+    with ALREADY_EXISTS and changes nothing.
+
+    The legacy Datastore emulator accepts such a commit and silently drops the increment (and the masked upsert wipes
+    the entity's other properties): it is never sent there (`Settings.backend`), and every commit is checked for the
+    transform's result, so an increment the backend did not apply is never counted.
+    """
+
+    def __init__(self, settings):
+        from google.cloud import datastore_v1
+        from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
+        self.types = datastore_v1
+        self.project = settings.project
+        if settings.emulator_host:
+            import grpc
+            transport = DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host))
+            self.api = datastore_v1.DatastoreClient(transport=transport)
+        else:
+            self.api = datastore_v1.DatastoreClient()
+
+    def _key(self, key):
+        """An ndb key as the Datastore API's."""
+        path = [self.types.Key.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else {"name": ident}))
+                for kind, ident in key.pairs()]
+        return self.types.Key(partition_id=self.types.PartitionId(project_id=self.project,
+                                                                   namespace_id=key.namespace() or ""), path=path)
+
+    def _value(self, value):
+        if isinstance(value, datetime.datetime):
+            return self.types.Value(timestamp_value=value, exclude_from_indexes=True)
+        return self.types.Value(string_value=value, exclude_from_indexes=True)
+
+    def commit(self, key, field, delta=1, insert=None):
+        """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert
+        `insert` = (key, {property: str or datetime}) in the same commit when given. The field's new value.
+        AlreadyExists when `insert`'s entity exists already (then nothing was written)."""
+        types = self.types
+        mutations = []
+        if insert is not None:
+            insert_key, properties = insert
+            mutations.append(types.Mutation(insert=types.Entity(
+                key=self._key(insert_key), properties={k: self._value(v) for k, v in properties.items()})))
+        mutations.append(types.Mutation(
+            upsert=types.Entity(key=self._key(key)),
+            property_mask=types.PropertyMask(paths=[]),  # an upsert that changes no property but the transformed one
+            property_transforms=[types.PropertyTransform(property=field,
+                                                         increment=types.Value(integer_value=delta))]))
+        response = self.api.commit(request=types.CommitRequest(
+            project_id=self.project, mode=types.CommitRequest.Mode.NON_TRANSACTIONAL, mutations=mutations),
+            timeout=10)
+        results = response.mutation_results[-1].transform_results
+        if not results:
+            raise RuntimeError("The datastore did not apply a server-side increment (the legacy Datastore emulator "
+                               "drops them): DATASTORE_BACKEND must be firestore only where it is.")
+        return results[0].integer_value
+
+
+class Datastore:
+    """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
+    increments."""
+
+    def __init__(self, client, global_cache=None, increments=None):
         self.client = client
         self.global_cache = global_cache
+        self.increments = increments  # ServerIncrements where the backend applies them, else None
 
     def context(self):
         """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""

@@ -16,7 +16,8 @@ class Runtime:
         self.cache = cache_module.Cache(self.memcache_client)
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(settings),
-            cache_module.make_global_cache(self.memcache_client))
+            cache_module.make_global_cache(self.memcache_client),
+            datastore_module.ServerIncrements(settings) if settings.backend == "firestore" else None)
         self.tasks = tasks_module.make_queue(settings, self.cache)
 
     def close(self):

@@ -9,6 +9,7 @@ Three kinds live here:
 - named `general` counters: a CounterConfig with `num_shards`, the total cached in memcached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 """
+import datetime
 import itertools
 import logging
 import random
@@ -17,6 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import runtime, validate
@@ -94,7 +96,8 @@ def _total_cache_key(name):
 
 
 def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_ATTEMPTS):
-    """Run `attempt(shard_index)` as a transaction on a random shard; on contention, another shard at once.
+    """Run `attempt(shard_index)` (one commit: see `_shard_adder`) on a random shard; on contention, another shard
+    at once.
 
     ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
     counter: any other shard is an equally good place for the +1 and is probably free right now. For the same reason
@@ -108,7 +111,7 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
     shard = random.randrange(num_shards)
     for attempts in range(1, max_attempts + 1):
         try:
-            result = ndb.transaction(lambda: attempt(shard), retries=0)
+            result = attempt(shard)
         except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
             if not is_contention(e):
                 raise
@@ -125,6 +128,57 @@ def _commit_on_a_shard(num_shards, attempt, on_attempt=None, max_attempts=MAX_AT
     raise Unavailable("The counter is too contended right now; try again.", "contention")
 
 
+def _shard_adder(shard_key, model, total_key=None, marker_key=None):
+    """attempt(index) for `_commit_on_a_shard`: +1 on shard `shard_key(index)` in one commit; True when it counted
+    (False: the Idempotency-Key's marker was written before, by another call). Then memcached's cached total `incr`ed,
+    only after the commit and only once (inside a retried transaction an incr could run for an attempt that then
+    aborts); incr never creates the key (pymemcache returns None for a missing one): a missing total is rebuilt from
+    the shards on the next read.
+
+    Where the two backends differ (see README, "Two backends"):
+    - Firestore in Datastore mode (`ServerIncrements`): a blind server-side increment, no read, so no lock to wait on.
+      The marker is inserted in the same commit; if it exists, nothing was written and the marker says whose it is.
+    - Legacy Datastore: a read-modify-write transaction (the legacy emulator drops server-side increments). Optimistic
+      concurrency: a collision aborts at commit, at once, and the loop moves to another shard. The marker is read and
+      written in the same transaction.
+    `token` names this call, so its own retry after a commit of unknown outcome still answers "applied".
+    """
+    cache = runtime.cache()
+    increments = runtime.current().datastore.increments
+    token = uuid.uuid4().hex
+
+    def counted():
+        if total_key:
+            cache.incr(total_key)
+        return True
+
+    def blind(index):
+        marker = (marker_key, {"token": token, "created": datetime.datetime.now(datetime.timezone.utc)})
+        try:
+            increments.commit(shard_key(index), "count", 1, insert=marker if marker_key else None)
+        except core_exceptions.AlreadyExists:
+            found = marker_key.get(use_cache=False, use_global_cache=False)
+            return found is not None and found.token == token  # our own earlier attempt committed after all
+        return counted()
+
+    def transaction(index):
+        def txn():
+            if marker_key is not None:
+                marker = marker_key.get(retries=0)
+                if marker is not None:
+                    return marker.token == token
+                AppliedIncrement(key=marker_key, token=token).put()
+            key = shard_key(index)
+            shard = key.get(retries=0) or model(key=key)  # created on its first increment
+            shard.count += 1
+            shard.put()
+            ndb.get_context().call_on_commit(counted)
+            return True
+        return ndb.transaction(txn, retries=0)
+
+    return blind if increments is not None else transaction
+
+
 # --- the simple counter -------------------------------------------------------------------------------------------
 
 def _simple_key(index):
@@ -133,12 +187,7 @@ def _simple_key(index):
 
 def increment_simple():
     """Add 1 to the talk's twenty-shard counter."""
-    def attempt(index):
-        key = _simple_key(index)
-        shard = key.get(retries=0) or SimpleCounterShard(key=key)  # created on their first increment
-        shard.count += 1
-        shard.put()
-    _, attempts, shard = _commit_on_a_shard(SIMPLE_SHARDS, attempt)
+    _, attempts, shard = _commit_on_a_shard(SIMPLE_SHARDS, _shard_adder(_simple_key, SimpleCounterShard))
     return Increment(True, attempts, shard)
 
 
@@ -215,26 +264,9 @@ def increment(name, idempotency_key=None, mode="general", listed=True, create=Tr
         if not create:
             raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
         config = configure(name, mode, listed=listed)
-    cache = runtime.cache()
-    total_key = _total_cache_key(name)
     marker_key = AppliedIncrement.key_for(name, idempotency_key) if idempotency_key else None
-    token = uuid.uuid4().hex
-
-    def attempt(index):
-        if marker_key is not None:
-            marker = marker_key.get(retries=0)
-            if marker is not None:
-                return marker.token == token  # our own earlier attempt committed after all
-            AppliedIncrement(key=marker_key, token=token).put()
-        key = CounterShard.key_for(name, index)
-        shard = key.get(retries=0) or CounterShard(key=key)
-        shard.count += 1
-        shard.put()
-        # Only after the commit, and only once: inside the retried transaction an incr could run for an attempt
-        # that then aborts. incr never creates the key (pymemcache returns None for a missing one): a missing
-        # total is rebuilt from the shards on the next read.
-        ndb.get_context().call_on_commit(lambda: cache.incr(total_key))
-        return True
+    attempt = _shard_adder(lambda index: CounterShard.key_for(name, index), CounterShard, _total_cache_key(name),
+                           marker_key)
 
     def on_attempt(num_shards, collided):
         factor = _contention.observe(name, num_shards, collided)
