@@ -18,5 +18,7 @@ class Measurement(ndb.Model):
 
     measured = ndb.DateTimeProperty(indexed=False)
     by = ndb.TextProperty()
+    backend = ndb.TextProperty()  # which datastore was measured: "legacy" or "firestore"
+    backend_name = ndb.TextProperty()  # said in words: an emulator, or the real database
     runs = ndb.IntegerProperty(indexed=False)
     operations = ndb.JsonProperty()

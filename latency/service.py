@@ -102,6 +102,15 @@ def _time(fn):
             "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3), "runs": len(times)}
 
 
+BACKEND_NAMES = {"legacy": "the legacy Datastore emulator", "firestore": "the Firestore emulator in Datastore mode"}
+
+
+def _backend():
+    settings = runtime.current().settings
+    name = BACKEND_NAMES[settings.backend] if settings.emulator_host else "Firestore in Datastore mode"
+    return settings.backend, name
+
+
 def measure(by):
     """Time every operation now, keep the result as the latest measurement and return it. 409 while another
     measurement runs (memcached holds the claim; when memcached is away, measurements are not kept apart)."""
@@ -120,8 +129,10 @@ def measure(by):
             else:
                 timing = _time(calls[op.name])
             rows.append({"name": op.name, **timing})
+        backend, backend_name = _backend()
         measurement = Measurement(id=LATEST, measured=datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
-                                  by=by, runs=RUNS, operations=rows)
+                                  by=by, backend=backend, backend_name=backend_name, runs=RUNS,
+                                  operations=rows)
         measurement.put()
         return measurement_dict(measurement)
     finally:
@@ -145,6 +156,8 @@ def measurement_dict(measurement):
                            "per_item_ms": per_item, "runs": row["runs"], "talk": op.talk, "talk_ms": op.talk_ms})
     write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
     return {"measured": measurement.measured.strftime("%Y-%m-%dT%H:%M:%SZ"), "by": measurement.by,
+            "backend": measurement.backend or "legacy",
+            "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,
             # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
             "write_read_ratio": round(write / read, 1) if write and read else None}
