@@ -130,7 +130,7 @@ def post_entry(blog, title, body, author, idempotency_key=None):
                 lambda: [cache.delete(_page_cache_key(blog, index - 1, n)) for n in (PAGE_SIZE, FEED_SIZE)])
         return Posted(entry_dict(entry), True)
 
-    return transact(txn, busy_message="The blog is taking many posts at once; try again.")
+    return transact(txn, busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
 
 
 # --- reading --------------------------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def post_comment(blog, index, user, text, idempotency_key=None):
         ndb.put_multi([sequence, comment])
         return True, comment_dict(comment)
 
-    fresh, comment = transact(txn, busy_message="You are commenting very fast; try again.")
+    fresh, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
     if fresh:
         count_comment(blog, index)
     return comment

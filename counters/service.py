@@ -23,7 +23,7 @@ from google.cloud import ndb
 
 from core import runtime, validate
 from core.cache import CACHE_DOWN
-from core.datastore import backoff, is_contention
+from core.datastore import backoff, is_contention, transact
 from core.errors import BadInput, Conflict, Forbidden, SignInRequired, Unavailable, Unprocessable, found
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
@@ -220,10 +220,10 @@ def configure(name, mode, num_shards=None, listed=True):
     if num_shards is not None:
         validate_num_shards(num_shards)
 
-    @ndb.transactional()
+    key = ndb.Key(CounterConfig, name)
+
     def txn():
-        key = ndb.Key(CounterConfig, name)
-        config = key.get()
+        config = key.get(retries=0)
         if config is None:
             config = CounterConfig(key=key, mode=mode, num_shards=num_shards or DEFAULT_SHARDS[mode], listed=listed)
             config.put()
@@ -233,7 +233,9 @@ def configure(name, mode, num_shards=None, listed=True):
             config.num_shards = num_shards
             config.put()
         return config
-    return txn()
+    # Many first uses of one counter race to create it (every commenter on a new entry): on Firestore, transactions
+    # creating one entity at once wait on each other's locks, so they queue in this process and retry with jitter.
+    return transact(txn, busy_message="The counter is being set up by many at once; try again.", hot_key=key)
 
 
 def increase_shards(name, num_shards):

@@ -196,11 +196,11 @@ def _process(job, job_def, record, payload):
     if record.page_end is None:  # first delivery: fix the page (one more key says whether any remain)
         keys = _page_query(job.kind, resume, hi).fetch(job.page_size + 1, keys_only=True)
         page, more = keys[:job.page_size], len(keys) > job.page_size
-        page_end = page[-1] if page else None
+        page_start, page_end = (page[0], page[-1]) if page else (None, None)
     else:  # a retry: the rest of the page its first delivery fixed
-        page_end, more = record.page_end, record.more
+        page_start, page_end, more = record.page_start, record.page_end, record.more
         page = _page_query(job.kind, resume, page_end).fetch(job.page_size, keys_only=True)
-    children = _split(job, payload, page_end, hi, record.credit) if more else []
+    children = _split(job, payload, page_start, page_end, hi, record.credit) if more else []
     prepared = job_def.prepare(page, job.params) if job_def.prepare else None
     chunks = [page[i:i + job_def.chunk] for i in range(0, len(page), job_def.chunk)] or [[]]
     expected = record.last_key
@@ -216,7 +216,7 @@ def _process(job, job_def, record, payload):
             entities = [e for e in entities if e is not None]  # deleted since the query: skipped
             writes = job_def.apply(entities, job.params, prepared) if entities else []
             if current.page_end is None:
-                current.page_end, current.more = page_end, more
+                current.page_start, current.page_end, current.more = page_start, page_end, more
             if chunk:
                 current.last_key = chunk[-1]
             current.processed += len(entities)
@@ -230,13 +230,13 @@ def _process(job, job_def, record, payload):
     return record
 
 
-def _split(job, payload, page_end, hi, credit):
+def _split(job, payload, page_start, page_end, hi, credit):
     """The payloads of the tasks the rest of the range (page_end, hi] splits into; one child when it cannot split.
-    Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained), so
-    a retry splits exactly as the first delivery did."""
+    Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained, and
+    its ends are in the record), so a retry splits exactly as the first delivery did."""
     parts = keyrange.parts_needed(_key(payload["lo"]), page_end, hi, job.page_size, job.page_size, job.fanout,
                                   job.samples)
-    points = keyrange.split_points(page_end, hi, parts, job.samples) if parts > 1 else []
+    points = keyrange.split_points(page_end, hi, parts, job.samples, page_start) if parts > 1 else []
     bounds = [page_end] + points + [hi]
     count = len(bounds) - 1
     share, remainder = divmod(credit, count)
@@ -317,7 +317,7 @@ def _finalize(job, outcome, status=None):
         current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth}
         current.put()
         return current
-    finished = transact(txn)
+    finished = transact(txn, hot_key=job.key)
     if finished is not None:
         _finished(finished)
     return finished
