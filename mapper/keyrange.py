@@ -15,6 +15,7 @@ from google.cloud import ndb
 # Datastore's scattered ids lie below 2**53 (they stay exact in JavaScript); arithmetic toward "any id" aims there.
 ID_CEILING = 2 ** 53
 NAME_WIDTH = 8  # characters of a name that key arithmetic looks at
+GALLOP_ROOM = 2  # characters of a common prefix that galloping may carry into
 CLASSES = ((ord("0"), ord("9")), (ord("a"), ord("z")), (ord("A"), ord("Z")))
 
 
@@ -41,15 +42,20 @@ def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
     return max(1, min(k, math.ceil(2 * remaining / page_size)))
 
 
-def split_points(lo, hi, k, samples=()):
+def split_points(lo, hi, k, samples=(), page_start=None):
     """Up to k-1 keys p1 < p2 < ... strictly between lo and hi, cutting (lo, hi] into ranges (lo, p1], (p1, p2], ...
     (pn, hi] of about equal size: sample quantiles when the range holds at least k-1 samples, else key arithmetic.
-    `samples` must be sorted by `order`. Fewer points (none) when the keys leave no room between them."""
+    `samples` must be sorted by `order`. Fewer points (none) when the keys leave no room between them.
+
+    Where arithmetic cannot aim at hi (another kind, or a parent's children, lie between), and `page_start` (the first
+    key of the page that ended at lo) is given, the points gallop on from the page instead (see `gallop`)."""
     within = inside(samples, lo, hi)
     if len(within) >= k - 1:
         points = [within[len(within) * j // k] for j in range(1, k)]
     else:
         points = [between(lo, hi, j / k) for j in range(1, k)]
+        if page_start is not None and not any(points):
+            points = gallop(page_start, lo, k)
     result, last = [], order(lo)
     for p in points:  # strictly increasing, strictly inside: arithmetic rounds, quantiles may repeat
         if p is not None and last < order(p) < order(hi):
@@ -86,6 +92,27 @@ def between(a, b, fraction):
     return ndb.Key(pairs=prefix + [element], project=a.project(), namespace=a.namespace())
 
 
+def gallop(start, end, k):
+    """Up to k-1 keys after `end`, spaced like the page [start, end] just read and growing fourfold: one page on, then
+    five, then twenty-one. For a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the
+    Firestore emulator has none): the page says how densely keys lie here, so the first children get a page or a few
+    each and the last the unknown rest, which gallops on in turn, a tree of logarithmic depth rather than a chain.
+    Only between keys that differ in their last element, of one kind and one type (ids, or names)."""
+    pa, pb = start.pairs(), end.pairs()
+    if len(pa) != len(pb) or pa[:-1] != pb[:-1] or pa[-1][0] != pb[-1][0]:
+        return []
+    kind, low, high = pb[-1][0], pa[-1][1], pb[-1][1]
+    steps = [sum(4 ** i for i in range(j + 1)) for j in range(k - 1)]  # 1, 5, 21, 85 pages on
+    if isinstance(low, int) and isinstance(high, int) and low < high:
+        ids = [high + (high - low) * m for m in steps]
+        elements = [(kind, i) for i in ids if i < ID_CEILING]
+    elif isinstance(low, str) and isinstance(high, str) and low < high:
+        elements = [(kind, n) for n in (_name_beyond(low, high, m) for m in steps) if n is not None]
+    else:
+        return []
+    return [ndb.Key(pairs=list(pb[:-1]) + [e], project=end.project(), namespace=end.namespace()) for e in elements]
+
+
 def _element_between(kind, low, high, fraction):
     """(kind, id or name) between low and high (None: the kind's first / past its last), or None."""
     if high is None:
@@ -108,9 +135,31 @@ def _element_between(kind, low, high, fraction):
 def _name_between(low, high, fraction):
     """A name between two names (low < high): past their common prefix, the next NAME_WIDTH characters read as
     digits in a base fitted to the characters the two use (digits, lowercase, uppercase or their code point span)."""
+    prefix, na, nb, to_name = _name_numbers(low, high)
+    point = na + int((nb - na) * fraction)
+    if not na < point < nb:
+        return None
+    name = to_name(point)
+    return name if low < name < high else None
+
+
+def _name_beyond(low, high, times):
+    """The name `times` (low..high) spans past high, in the same digits; None past the digits' end. The arithmetic
+    starts GALLOP_ROOM characters before the names part, so that it can carry past the end of their common prefix
+    ("acct-00999" on to "acct-01...")."""
+    prefix, na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
+    point = nb + (nb - na) * times
+    name = to_name(point)
+    return name if name is not None and name > high else None
+
+
+def _name_numbers(low, high, room=0):
+    """(common prefix, low as a number, high as a number, number -> name or None) for name arithmetic; the prefix
+    `room` characters shorter than the names' common one when asked."""
     common = 0
     while common < len(low) and common < len(high) and low[common] == high[common]:
         common += 1
+    common = max(0, common - room)
     prefix, ra, rb = low[:common], low[common:common + NAME_WIDTH], high[common:common + NAME_WIDTH]
     codes = [ord(c) for c in ra + rb]
     first, last = min(codes), max(codes)
@@ -127,21 +176,21 @@ def _name_between(low, high, fraction):
             value = value * base + d
         return value
 
-    na, nb = number(ra), number(rb)
-    point = na + int((nb - na) * fraction)
-    if not na < point < nb:
-        return None
-    digits = []
-    for _ in range(NAME_WIDTH):
-        point, d = divmod(point, base)
-        digits.append(d)
-    chars = []
-    for d in reversed(digits):
-        if d == 0:
-            break
-        code = first + d - 1
-        if 0xD800 <= code <= 0xDFFF:  # surrogates are not text; the next valid code point keeps the order
-            code = 0xE000
-        chars.append(chr(code))
-    name = prefix + "".join(chars)
-    return name if low < name < high else None
+    def to_name(point):
+        if point >= base ** NAME_WIDTH:
+            return None
+        digits = []
+        for _ in range(NAME_WIDTH):
+            point, d = divmod(point, base)
+            digits.append(d)
+        chars = []
+        for d in reversed(digits):
+            if d == 0:
+                break
+            code = first + d - 1
+            if 0xD800 <= code <= 0xDFFF:  # surrogates are not text; the next valid code point keeps the order
+                code = 0xE000
+            chars.append(chr(code))
+        return prefix + "".join(chars)
+
+    return prefix, number(ra), number(rb), to_name

@@ -49,6 +49,7 @@ class TaskRecord(ndb.Model):
     credit = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running")  # running | done | failed
     page_end = ndb.KeyProperty(indexed=False)  # the last key of this task's page, fixed by its first chunk
+    page_start = ndb.KeyProperty(indexed=False)  # and its first: how densely keys lie here, for splitting
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     processed = ndb.IntegerProperty(default=0, indexed=False)

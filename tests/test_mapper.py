@@ -93,6 +93,24 @@ def test_sample_quantiles_are_used_when_the_range_holds_enough(ndb_context):
     assert [p.id() for p in points] == [125, 150, 175]  # quantiles of the samples, not the middle of the ids
 
 
+def test_without_samples_a_range_ending_in_another_kind_gallops_from_its_page(ndb_context):
+    """No __scatter__ samples (the Firestore emulator has none) and a far end arithmetic cannot aim at (a parent's
+    children follow the names): the points go on from the page just read, spaced like it and growing fourfold, so the
+    range becomes a tree instead of a chain of one page per task."""
+    hi = ndb.Key("Zone", "z6", Thing, 5)  # a parent kind that sorts after Thing: its children follow every name
+    page_start, page_end = ndb.Key(Thing, "acct-00000"), ndb.Key(Thing, "acct-00099")
+    assert keyrange.split_points(page_end, hi, 4) == []  # arithmetic alone: no room it can see
+    points = keyrange.split_points(page_end, hi, 4, (), page_start)
+    # About 1, 5 and 21 pages on (the arithmetic's base is fitted to the characters, so not exactly decimal).
+    assert [p.id() for p in points] == ["acct-00187", "acct-0054", "acct-01870"]
+    assert "acct-00150" < points[0].id() < "acct-00250" < points[1].id() < "acct-00700" < points[2].id() < "acct-02500"
+    orders = [keyrange.order(k) for k in [page_end] + points + [hi]]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    ids = keyrange.gallop(ndb.Key(Thing, 100), ndb.Key(Thing, 300), 4)
+    assert [p.id() for p in ids] == [500, 1300, 4500]
+    assert keyrange.gallop(ndb.Key(Thing, 1), ndb.Key(Thing, "a"), 4) == []  # an id and a name: no spacing to copy
+
+
 # --- running jobs -----------------------------------------------------------------------------------------------------
 
 def start(client, auth, name="add_credit", params=None, expect="running", **extra):
