@@ -107,6 +107,12 @@ def stack():
 
 
 @pytest.fixture
+def backend(stack):
+    """"legacy" or "firestore": for the few assertions where the backends rightly differ (contention)."""
+    return stack.backend
+
+
+@pytest.fixture
 def app(stack):
     app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack, **fresh_stack(stack))}))
     runtime.current().memcache_client.flush_all(noreply=False)

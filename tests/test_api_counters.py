@@ -253,13 +253,16 @@ def test_non_admin_sees_no_admin_forms(client, auth):
     assert client.post("/counters/seen/shards", data={"csrf_token": token, "num_shards": "50"}).status_code == 403
 
 
-def test_burst_grows_an_adaptive_counter_and_counts_exactly(client, auth):
+def test_burst_grows_an_adaptive_counter_and_counts_exactly(client, auth, backend):
     auth.admin()
     client.put("/api/counters/surge", json={"mode": "adaptive"})
     r = client.post("/api/counters/surge/burst", json={"writers": 24, "increments": 480})
     data = r.get_json()
-    assert r.status_code == 200 and data["increments"] == 480 and data["attempts"] > 480  # they collided
-    assert data["num_shards"] > 1
+    assert r.status_code == 200 and data["increments"] == 480
+    if backend == "legacy":
+        assert data["attempts"] > 480 and data["num_shards"] > 1  # they collided, and it grew
+    else:
+        assert data["attempts"] == 480 and data["num_shards"] == 1  # blind increments never collide here
     assert client.get("/api/counters/surge?shards=1").get_json()["count"] == 480
 
 
