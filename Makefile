@@ -1,8 +1,8 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
-# DATASTORE=legacy (default: the legacy Datastore emulator, which enforces index.yaml) or DATASTORE=firestore (the
-# Firestore emulator in Datastore mode, what App Engine apps use today) for run, test and bench.
+# DATASTORE=legacy (the default for run and test: the legacy Datastore emulator, which enforces index.yaml) or
+# DATASTORE=firestore (the Firestore emulator in Datastore mode, what App Engine apps use today). `make bench` measures
+# both side by side unless DATASTORE names one.
 PYTHON ?= python3
-DATASTORE ?= legacy
 export DATASTORE
 VENV := .venv
 PY := $(VENV)/bin/python

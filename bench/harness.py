@@ -18,7 +18,7 @@ from pathlib import Path
 from core import runtime
 from core.settings import Settings
 from devstack import Stack
-from devstack.services import backend_from_env
+from devstack.services import BACKENDS, backend_from_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,6 +38,30 @@ def main(prog, argv, run, seconds=8.0, extra=None):
     finally:
         runtime.current().close()
         stack.stop()
+
+
+def main_per_backend(prog, argv, measure, report, seconds=8.0):
+    """A benchmark measured on each backend in one run, side by side: `--backends` (default: DATASTORE's when it is
+    set, else both); measure(args) on a fresh stack of each, then report(args, {backend: measured}) -> verdict."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
+                        help="legacy, firestore or both (comma-separated)")
+    args = parser.parse_args(argv)
+    measured = {}
+    for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
+        print(f"--- {prog} on {backend}", flush=True)
+        stack = start_stack(backend)
+        try:
+            measured[backend] = measure(args)
+        finally:
+            runtime.current().close()
+            stack.stop()
+    return report(args, measured)
+
+
+BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore emulator (Datastore mode)"}
 
 
 def start_stack(backend=None):
@@ -146,9 +170,10 @@ def markdown_table(headers, rows):
     return "\n".join(lines)
 
 
-def machine_line():
+def machine_line(backends=None):
+    where = " and ".join(BACKEND_NAMES[b] for b in backends) if backends else "Cloud Datastore emulator"
     return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, Cloud Datastore emulator + memcached on loopback")
+            f"Python {platform.python_version()}, {where} + memcached on loopback")
 
 
 def write_result(name, text):
