@@ -9,9 +9,11 @@ import threading
 import time
 import weakref
 
+import grpc
 from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import ndb
+from google.cloud import datastore_v1, ndb
+from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
 from werkzeug.wsgi import ClosingIterator
 
 from core.errors import Unavailable
@@ -121,12 +123,9 @@ class ServerIncrements:
     """
 
     def __init__(self, settings):
-        from google.cloud import datastore_v1
-        from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
         self.types = datastore_v1
         self.project = settings.project
         if settings.emulator_host:
-            import grpc
             transport = DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host))
             self.api = datastore_v1.DatastoreClient(transport=transport)
         else:

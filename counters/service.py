@@ -153,9 +153,10 @@ def _shard_adder(shard_key, model, total_key=None, marker_key=None):
         return True
 
     def blind(index):
-        marker = (marker_key, {"token": token, "created": datetime.datetime.now(datetime.timezone.utc)})
+        marker = (marker_key, {"token": token, "created": datetime.datetime.now(datetime.timezone.utc)}) \
+            if marker_key else None
         try:
-            increments.commit(shard_key(index), "count", 1, insert=marker if marker_key else None)
+            increments.commit(shard_key(index), "count", 1, insert=marker)
         except core_exceptions.AlreadyExists:
             found = marker_key.get(use_cache=False, use_global_cache=False)
             return found is not None and found.token == token  # our own earlier attempt committed after all
@@ -256,8 +257,8 @@ def increment(name, idempotency_key=None, mode="general", listed=True, create=Tr
     a signed-in user create one, since an anonymous path that creates entities is a storage flood).
 
     With an idempotency key the increment is applied at most once however often the client retries: the marker entity
-    is written in the same transaction as the shard, so both exist or neither does. A commit whose outcome is unknown
-    (an UNKNOWN error) is retried too; without a key such a retry could count twice, with one it cannot.
+    is written in the same commit as the shard's increment, so both exist or neither does. A commit whose outcome is
+    unknown (an UNKNOWN error) is retried too; without a key such a retry could count twice, with one it cannot.
     """
     validate_name(name)
     validate.idempotency_key(idempotency_key)

@@ -220,7 +220,8 @@ def test_no_template_has_inline_script_or_style():
 
 def _snapshot():
     """Every entity of every kind the app's models define, by key, read in a fresh context (no cache): a GET must
-    leave this exactly as it was. (Kinds from the models, not a __kind__ query: the Firestore emulator refuses those.)"""
+    leave this exactly as it was. (Kinds from the models, not a __kind__ query: the Firestore emulator refuses
+    those.)"""
     with runtime.current().datastore.context():
         return {entity.key: entity.to_dict() for kind in sorted(ndb.Model._kind_map)
                 for entity in ndb.Query(kind=kind).fetch()}
