@@ -124,6 +124,9 @@ def _section(backend, results, lost):
 
 def report(args, measured):
     sections, checks = [], []
+    harness.bar_chart("comments", list(measured), VARIANTS,
+                      {(b, v): harness.median([x.per_second for x in measured[b][0][v]]) for b in measured
+                       for v in VARIANTS}, f"comments/s, {WRITERS} writers (log; higher is better)", log=True)
     for backend, (results, lost) in measured.items():
         text, backend_checks = _section(backend, results, lost)
         sections.append(text)

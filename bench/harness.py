@@ -181,3 +181,26 @@ def write_result(name, text):
     path = RESULTS / f"{name}.md"
     path.write_text(text)
     return path
+
+
+def bar_chart(name, groups, series, values, title, log=False):
+    """A grouped bar chart in bench/results/<name>.svg: for each group (a backend), one bar per series;
+    values[(group, series)]."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(series)
+    for n, label in enumerate(series):
+        xs = [i + (n - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [max(values[(g, label)], 0.01) for g in groups], width, label=label)
+    ax.set_xticks(range(len(groups)), [BACKEND_NAMES.get(g, g) for g in groups])
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    fig.savefig(RESULTS / f"{name}.svg")
+

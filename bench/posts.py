@@ -58,6 +58,11 @@ def measure(args):
 
 def report(args, measured):
     rows, checks = [], []
+    harness.bar_chart("posts", list(measured), ("burst of 20", "sustained, 8 writers"),
+                      {**{(b, "burst of 20"): BURST / harness.median([x[0] for x in m[0]])
+                          for b, m in measured.items()},
+                       **{(b, "sustained, 8 writers"): harness.median([x.per_second for x in m[1]])
+                          for b, m in measured.items()}}, "posts/s to one blog (higher is better)")
     for backend, (bursts, loads) in measured.items():
         burst_s = harness.median([b[0] for b in bursts])
         rows.append([harness.BACKEND_NAMES[backend], f"{burst_s:.2f}", f"{BURST / burst_s:.1f}",
