@@ -151,7 +151,8 @@ twice), plus, where the count is kept, any difference between the comment count 
 
 
 def main(argv=None):
-    return harness.main_per_backend("bench.comments", argv, lambda args: measure(args.rounds, args.seconds), report)
+    return harness.main_per_backend("bench.comments", argv, lambda args, stack: measure(args.rounds, args.seconds),
+                                    report)
 
 
 if __name__ == "__main__":

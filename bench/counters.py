@@ -230,7 +230,7 @@ def chart(meds):
     fig.savefig(harness.RESULTS / "counters.svg")
 
 
-def measure(args):
+def measure(args, stack):
     results, exact, shards = measure_writes(args.rounds, args.seconds)
     return results, exact, shards, measure_reads(args.rounds)
 

@@ -40,21 +40,24 @@ def main(prog, argv, run, seconds=8.0, extra=None):
         stack.stop()
 
 
-def main_per_backend(prog, argv, measure, report, seconds=8.0):
+def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
     """A benchmark measured on each backend in one run, side by side: `--backends` (default: DATASTORE's when it is
-    set, else both); measure(args) on a fresh stack of each, then report(args, {backend: measured}) -> verdict."""
+    set, else both); measure(args, stack) on a fresh stack of each, then report(args, {backend: measured}) -> verdict.
+    `extra(parser)` adds the benchmark's own arguments."""
     parser = argparse.ArgumentParser(prog=f"python -m {prog}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=seconds)
     parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
                         help="legacy, firestore or both (comma-separated)")
+    if extra:
+        extra(parser)
     args = parser.parse_args(argv)
     measured = {}
     for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
         print(f"--- {prog} on {backend}", flush=True)
         stack = start_stack(backend)
         try:
-            measured[backend] = measure(args)
+            measured[backend] = measure(args, stack)
         finally:
             runtime.current().close()
             stack.stop()
