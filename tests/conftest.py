@@ -201,6 +201,17 @@ def legacy_stack(stack):
         yield s
 
 
+@pytest.fixture(scope="session")
+def firestore_stack(stack):
+    """A Firestore emulator in Datastore mode: the session's own under DATASTORE=firestore, else one of its own, for
+    what only Firestore does (server-side increments)."""
+    if stack.backend == "firestore":
+        yield stack
+        return
+    with Stack(backend="firestore") as s:
+        yield s
+
+
 @pytest.fixture
 def legacy_app(legacy_stack):
     app = create_app({"TESTING": True, "SETTINGS": _settings(legacy_stack, **fresh_stack(legacy_stack))})
