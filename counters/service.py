@@ -401,8 +401,9 @@ def _cached_totals(names, configs=None, with_shards=False):
 
 def get_total(name, config=None):
     """The counter's total: from memcached when cached, else the sum of its shards (then cached for a minute).
-    NotFound for a counter that does not exist; pass `config` when you have read it already."""
-    return _cached_totals([name], {name: config or require_config(name)})[name][0]
+    Without `config`, the config is read only when the total is not cached (and then, like any counter a total is
+    asked of, one that was never created counts 0)."""
+    return _cached_totals([validate_name(name)], None if config is None else {name: config})[name][0]
 
 
 def exact_totals(names):
