@@ -63,7 +63,9 @@ def _prepare(variant, tag):
             ndb.put_multi([sequence, Comment(key=ndb.Key(UserSequence, users[w]["id"], Comment, key_name),
                                              entry=f"{blog}/0", sort_key=key_name, text="a comment",
                                              author=f"w{w}", created=now)])
-        transact(txn, max_attempts=100, base=0.25, cap=4.0)
+        # At most 10 attempts: on Firestore each collision costs a 2.3 s lock timeout, and an operation still running
+        # when the window closes holds up the whole run. Gave up = an error, counted.
+        transact(txn, max_attempts=10, base=0.25, cap=1.0)
     return shared, [f"{blog}/0"]
 
 
@@ -99,7 +101,7 @@ def measure(rounds, seconds):
 TARGET_VS_SHARED = {"legacy": 2, "firestore": 5}
 
 
-def _section(backend, results, lost):
+def _section(backend, results, lost, seconds):
     med = {v: {"rate": harness.median([x.per_second for x in loads]),
                "p50": harness.median([x.pct(50) for x in loads]) * 1000,
                "p99": harness.median([x.pct(99) for x in loads]) * 1000,
@@ -109,9 +111,12 @@ def _section(backend, results, lost):
     d, s, c = med["designed"], med["shared"], med["ceiling"]
     target = TARGET_VS_SHARED[backend]
     vs_shared = d["rate"] / s["rate"] if s["rate"] else float("inf")
+    # A variant that committed nothing in its window has no latency to take a percentile of: the window, at least.
+    shared_p99 = s["p99"] if s["rate"] else 1000 * (WARMUP + seconds)
     checks = [
         (f"{backend}: designed / shared sequence, comments/s", vs_shared, f">= {target}", vs_shared >= target),
-        (f"{backend}: designed p99 / shared sequence p99", d["p99"] / s["p99"], "<= 0.2", d["p99"] / s["p99"] <= 0.2),
+        (f"{backend}: designed p99 / shared sequence p99", d["p99"] / shared_p99, "<= 0.2",
+         d["p99"] / shared_p99 <= 0.2),
         (f"{backend}: designed / ceiling, comments/s", d["rate"] / c["rate"], ">= 0.8", d["rate"] / c["rate"] >= 0.8),
         (f"{backend}: comments lost or doubled (designed, all rounds)", lost["designed"], "0", lost["designed"] == 0),
     ]
@@ -128,7 +133,7 @@ def report(args, measured):
                       {(b, v): harness.median([x.per_second for x in measured[b][0][v]]) for b in measured
                        for v in VARIANTS}, f"comments/s, {WRITERS} writers (log; higher is better)", log=True)
     for backend, (results, lost) in measured.items():
-        text, backend_checks = _section(backend, results, lost)
+        text, backend_checks = _section(backend, results, lost, args.seconds)
         sections.append(text)
         checks += backend_checks
     text = f"""# Comments benchmark
