@@ -23,23 +23,6 @@ from devstack.services import BACKENDS, backend_from_env
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def main(prog, argv, run, seconds=8.0, extra=None):
-    """A benchmark's command line: `--rounds`, `--seconds` (and what extra(parser) adds); run(args, stack) on a
-    stack of its own, stopped after. Returns run's verdict (True when every target was met)."""
-    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=seconds)
-    if extra:
-        extra(parser)
-    args = parser.parse_args(argv)
-    stack = start_stack()
-    try:
-        return run(args, stack)
-    finally:
-        runtime.current().close()
-        stack.stop()
-
-
 def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
     """A benchmark measured on each backend in one run, side by side: `--backends` (default: DATASTORE's when it is
     set, else both); measure(args, stack) on a fresh stack of each, then report(args, {backend: measured}) -> verdict.
