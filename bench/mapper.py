@@ -89,7 +89,8 @@ def fan_out(app, fanout):
                                           headers=tasks.local_headers(token, task))
         return response.status_code < 300
     runtime.tasks().drain(deliver, workers=WORKERS, timeout=1800)
-    status = mapper.status(job.key.get())
+    # Past the context cache: this context wrote the job when it started it, and the tasks finished it since.
+    status = mapper.status(job.key.get(use_cache=False))
     records = TaskRecord.query(TaskRecord.job == job.id).fetch()
     # each task's page query reads its page plus one key to learn whether more remain
     rows = sum(r.processed for r in records) + sum(1 for r in records if r.more)
