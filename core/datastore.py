@@ -123,7 +123,6 @@ class ServerIncrements:
     """
 
     def __init__(self, settings):
-        self.types = datastore_v1
         self.project = settings.project
         if settings.emulator_host:
             transport = DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host))
@@ -133,33 +132,34 @@ class ServerIncrements:
 
     def _key(self, key):
         """An ndb key as the Datastore API's."""
-        path = [self.types.Key.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else {"name": ident}))
+        path = [datastore_v1.Key.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else
+                                                            {"name": ident}))
                 for kind, ident in key.pairs()]
-        return self.types.Key(partition_id=self.types.PartitionId(project_id=self.project,
+        return datastore_v1.Key(partition_id=datastore_v1.PartitionId(project_id=self.project,
                                                                    namespace_id=key.namespace() or ""), path=path)
 
     def _value(self, value):
         if isinstance(value, datetime.datetime):
-            return self.types.Value(timestamp_value=value, exclude_from_indexes=True)
-        return self.types.Value(string_value=value, exclude_from_indexes=True)
+            return datastore_v1.Value(timestamp_value=value, exclude_from_indexes=True)
+        return datastore_v1.Value(string_value=value, exclude_from_indexes=True)
 
     def commit(self, key, field, delta=1, insert=None):
         """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert
         `insert` = (key, {property: str or datetime}) in the same commit when given. The field's new value.
         AlreadyExists when `insert`'s entity exists already (then nothing was written)."""
-        types = self.types
         mutations = []
         if insert is not None:
             insert_key, properties = insert
-            mutations.append(types.Mutation(insert=types.Entity(
+            mutations.append(datastore_v1.Mutation(insert=datastore_v1.Entity(
                 key=self._key(insert_key), properties={k: self._value(v) for k, v in properties.items()})))
-        mutations.append(types.Mutation(
-            upsert=types.Entity(key=self._key(key)),
-            property_mask=types.PropertyMask(paths=[]),  # an upsert that changes no property but the transformed one
-            property_transforms=[types.PropertyTransform(property=field,
-                                                         increment=types.Value(integer_value=delta))]))
-        response = self.api.commit(request=types.CommitRequest(
-            project_id=self.project, mode=types.CommitRequest.Mode.NON_TRANSACTIONAL, mutations=mutations),
+        mutations.append(datastore_v1.Mutation(
+            upsert=datastore_v1.Entity(key=self._key(key)),
+            # An upsert that changes no property but the transformed one.
+            property_mask=datastore_v1.PropertyMask(paths=[]),
+            property_transforms=[datastore_v1.PropertyTransform(property=field,
+                                                                increment=datastore_v1.Value(integer_value=delta))]))
+        response = self.api.commit(request=datastore_v1.CommitRequest(
+            project_id=self.project, mode=datastore_v1.CommitRequest.Mode.NON_TRANSACTIONAL, mutations=mutations),
             timeout=10)
         results = response.mutation_results[-1].transform_results
         if not results:
