@@ -5,21 +5,29 @@ import os
 import click
 from flask import Flask
 
-from core import identity, openapi, runtime, web
-from core.datastore import NdbContextMiddleware
+import accounts
+import blog
+import comments
+import counters
+import latency
+import mapper
+import tour
+from core import features, identity, openapi, web
+from core import views as core_views
+from core.runtime import RequestMiddleware, Runtime
 from core.settings import Settings
 
-# Each a package with views.bp, and service.seed_demo() when it has demo content (seeded in this order: the numbers
-# page measures last, on a stack that has its demo data).
-FEATURES = ("counters", "blog", "comments", "mapper", "accounts", "tour", "latency")
+# The one list of features, each a package with init_app(app). Registered, and their demo content seeded, in this
+# order: a feature comes after those it builds on, and the numbers page measures last, on a stack with demo data.
+FEATURES = (counters, blog, comments, mapper, accounts, tour, latency)
 
 
-def create_app(config=None):
-    """Build the app. `config` overrides Flask settings; SETTINGS in it replaces the environment's."""
+def create_app(config=None, task_queue=None):
+    """Build the app. `config` overrides Flask settings; SETTINGS in it replaces the environment's. `task_queue`
+    replaces the settings' queue (tests and benchmarks deliver tasks themselves: devstack.taskqueue)."""
     app = Flask(__name__)
     settings = (config or {}).get("SETTINGS") or Settings.from_env()
     app.config.update(
-        SETTINGS=settings,
         SECRET_KEY=settings.secret_key,
         MAX_CONTENT_LENGTH=256 * 1024,  # the largest legitimate body (a blog entry) is far smaller
         SESSION_COOKIE_HTTPONLY=True,
@@ -28,42 +36,34 @@ def create_app(config=None):
         WTF_CSRF_CHECK_DEFAULT=False,  # web.init_app checks forms; the JSON API is protected by its content type
         WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the session: a page left open still posts
     )
-    app.config.update(config or {})
+    app.config.update({k: v for k, v in (config or {}).items() if k != "SETTINGS"})
 
-    # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, the IAP keys.
-    rt = runtime.configure(settings)
+    # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, the IAP keys. The
+    # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
+    rt = app.extensions["runtime"] = Runtime(settings, task_queue)
     app.extensions["iap_keys"] = identity.IapKeys()
-    app.wsgi_app = NdbContextMiddleware(app.wsgi_app, rt.datastore)
+    app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
-    from core.views import bp as core_bp
-    app.register_blueprint(core_bp)
+    app.register_blueprint(core_views.bp)
     for feature in FEATURES:
-        app.register_blueprint(__import__(f"{feature}.views", fromlist=["bp"]).bp)
+        feature.init_app(app)
+    features.of(app).complete()
     app.extensions["openapi"] = openapi.build(app)  # once per process: GET /api/openapi.json serves it as it is
-
-    @app.context_processor
-    def inject_user():
-        return {"current_user": identity.current_user()}
 
     @app.cli.command("seed")
     def seed():
         """Add the demo content of each feature that has none yet."""
-        for feature, created in seed_demo():
-            click.echo(f"{feature}: {'seeded' if created else 'already has content'}")
+        for name, created in seed_demo(app):
+            click.echo(f"{name}: {'seeded' if created else 'already has content'}")
 
     return app
 
 
-def seed_demo():
-    """Each feature's demo content, where it has none yet (in the process's runtime): [(feature, seeded?)]."""
-    seeded = []
-    with runtime.current().datastore.context():
-        for feature in FEATURES:
-            seed = getattr(__import__(f"{feature}.service", fromlist=["seed_demo"]), "seed_demo", None)
-            if seed is not None:
-                seeded.append((feature, seed()))
-    return seeded
+def seed_demo(app):
+    """Each feature's demo content, where it has none yet: [(feature, seeded?)]."""
+    with app.extensions["runtime"].context():
+        return [(name, seed()) for name, seed in features.of(app).seeds()]
 
 
 def __getattr__(name):

@@ -5,7 +5,7 @@ import secrets
 from google.cloud import ndb
 
 from accounts.models import Account
-from core import runtime, tasks
+from core import runtime
 from core.errors import BadInput
 from core.validate import whole_number
 from mapper import service as mapper
@@ -14,7 +14,6 @@ MAX_SEED = 100_000
 SEED_BATCH = 500  # accounts per seed task: one put_multi
 SEED_HANDLER = "accounts.seed"
 MAX_AMOUNT = 1_000_000
-DEMO_ACCOUNTS = 1_000
 SUMMARY_KEY = "accounts:summary"
 # The summary comes from a non-ancestor query, eventually consistent: a total read a moment after a seed task may miss
 # some of its accounts and be cached so. Dropping the entry after every seed task and job bounds that to this lifetime.
@@ -39,7 +38,6 @@ def seed(count):
     return {"seed": seed_id, "count": count, "tasks": -(-count // SEED_BATCH)}
 
 
-@tasks.handler(SEED_HANDLER)
 def seed_batch(payload, attempt=0):
     """One seed task: the accounts of its numbers that do not exist yet (a retry must not zero a credited one)."""
     keys = [account_key(payload["seed"], n) for n in range(payload["start"], payload["stop"])]
@@ -85,18 +83,9 @@ def _credit(accounts, params, prepared):
     return accounts
 
 
-ADD_CREDIT = mapper.register(mapper.Job(
+ADD_CREDIT = mapper.Job(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
     apply=_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),),
     on_done=forget_summary,
-    chunk=mapper.MAX_GROUPS - 1))  # the accounts and the task's record: as many as one transaction may touch
-
-
-def seed_demo():
-    """The demo's accounts, written directly (no server runs yet when `flask seed` does)."""
-    if Account.query().fetch(1, keys_only=True):
-        return False
-    for start in range(0, DEMO_ACCOUNTS, SEED_BATCH):
-        seed_batch({"seed": "demo", "start": start, "stop": min(start + SEED_BATCH, DEMO_ACCOUNTS)})
-    return True
+    chunk=mapper.MAX_GROUPS - 1)  # the accounts and the task's record: as many as one transaction may touch

@@ -197,7 +197,7 @@ medians. `memcache`: the app as deployed (the page's entries from memcached, the
     return all(ok for *_, ok in checks)
 
 
-def measure(args, stack):
+def measure(args, stack, app):
     started = time.perf_counter()
     harness.in_context(seed)()
     print(f"seeded {ENTRIES} entries in {time.perf_counter() - started:.1f} s", flush=True)

@@ -156,7 +156,7 @@ twice), plus, where the count is kept, any difference between the comment count 
 
 
 def main(argv=None):
-    return harness.main_per_backend("bench.comments", argv, lambda args, stack: measure(args.rounds, args.seconds),
+    return harness.main_per_backend("bench.comments", argv, lambda args, stack, app: measure(args.rounds, args.seconds),
                                     report)
 
 

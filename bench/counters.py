@@ -234,7 +234,7 @@ def chart(meds):
     fig.savefig(harness.RESULTS / "counters.svg")
 
 
-def measure(args, stack):
+def measure(args, stack, app):
     results, exact, shards = measure_writes(args.rounds, args.seconds)
     return results, exact, shards, measure_reads(args.rounds)
 

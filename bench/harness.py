@@ -19,6 +19,8 @@ from core import runtime
 from core.settings import Settings
 from devstack import Stack
 from devstack.services import BACKENDS, backend_from_env
+from devstack.taskqueue import DrainedQueue
+from main import create_app
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,11 +40,13 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
     measured = {}
     for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
         print(f"--- {prog} on {backend}", flush=True)
-        stack = start_stack(backend)
+        stack, app = start_stack(backend)
+        rt = app.extensions["runtime"]
         try:
-            measured[backend] = measure(args, stack)
+            with rt.activated():
+                measured[backend] = measure(args, stack, app)
         finally:
-            runtime.current().close()
+            rt.close()
             stack.stop()
     return report(args, measured)
 
@@ -51,16 +55,17 @@ BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore 
 
 
 def start_stack(backend=None):
-    """A fresh stack (`backend`, else DATASTORE's) and this process's runtime pointed at it."""
+    """A fresh stack (`backend`, else DATASTORE's) and an app on it: (stack, app). Its tasks wait in a queue the
+    benchmark drains itself (devstack.taskqueue.DrainedQueue)."""
     stack = Stack(consistency=1.0, backend=backend or backend_from_env()).start()
-    # Tasks wait in a queue the benchmark drains itself (core.tasks.DrainedQueue).
-    runtime.configure(Settings.from_env(dict(stack.env(), SECRET_KEY="bench", TASKS_BACKEND="queue")))
-    return stack
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(dict(stack.env(), SECRET_KEY="bench"))},
+                     task_queue=DrainedQueue())
+    return stack, app
 
 
 def in_context(fn):
-    """fn wrapped to run in its own ndb context, as one request does."""
-    return runtime.current().datastore.in_context(fn)
+    """fn wrapped to run in its own ndb context, with the benchmark's runtime current, as one request does."""
+    return runtime.current().in_context(fn)
 
 
 @dataclass

@@ -82,13 +82,13 @@ def page_query_costs(keys):
 
 def fan_out(app, fanout):
     job = mapper.start_job("add_credit", {"amount": 1}, page_size=PAGE, fanout=fanout)
-    token = tasks.local_token(app.config["SETTINGS"].secret_key)
+    token = tasks.local_token(runtime.current().settings.secret_key)
 
     def deliver(task):
         response = app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
                                           headers=tasks.local_headers(token, task))
         return response.status_code < 300
-    runtime.tasks().drain(deliver, workers=WORKERS, timeout=1800)
+    runtime.tasks().queue.drain(deliver, workers=WORKERS, timeout=1800)
     # Past the context cache: this context wrote the job when it started it, and the tasks finished it since.
     status = mapper.status(job.key.get(use_cache=False))
     records = TaskRecord.query(TaskRecord.job == job.id).fetch()
@@ -124,11 +124,9 @@ def check(keys, expected):
         raise AssertionError(f"{wrong} accounts do not have balance {expected}")
 
 
-def measure(args, stack):
-    from main import create_app
-    app = create_app({"TESTING": True, "SETTINGS": runtime.current().settings})
-    datastore = runtime.current().datastore
-    with datastore.context():
+def measure(args, stack, app):
+    rt = app.extensions["runtime"]
+    with rt.context():
         print(f"seeding {args.accounts} accounts...", flush=True)
         keys = seed(args.accounts)
     results = {"fan-out": [], "cursor walk": []}
@@ -136,7 +134,7 @@ def measure(args, stack):
     for round_number in range(args.rounds):
         order = ("fan-out", "cursor walk") if round_number % 2 == 0 else ("cursor walk", "fan-out")
         for variant in order:
-            with datastore.context():
+            with rt.context():
                 start = time.perf_counter()
                 figures = fan_out(app, args.fanout) if variant == "fan-out" else cursor_walk()
                 figures["seconds"] = time.perf_counter() - start
@@ -145,7 +143,7 @@ def measure(args, stack):
             results[variant].append(figures)
             print(f"round {round_number + 1}: {variant} {figures['seconds']:.1f} s, {figures['tasks']} tasks, "
                   f"depth {figures['depth']}", flush=True)
-    with datastore.context():
+    with rt.context():
         offset = offset_estimate(args.accounts)
         costs = page_query_costs(keys)
     return results, offset, costs

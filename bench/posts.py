@@ -39,7 +39,7 @@ def _burst(tag):
     return elapsed, done.count(False), indexes == list(range(BURST))
 
 
-def measure(args, stack):
+def measure(args, stack, app):
     bursts, loads = [], []
     for r in range(args.rounds):
         bursts.append(_burst(f"r{r}"))

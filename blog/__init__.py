@@ -1,0 +1,14 @@
+"""The blog, the second lesson: service.py (posting by a transactional index, pages by index), models.py (with
+EntryRef, an entry's identity), pages.py (its HTML pages and the hook other features add to entries through),
+views.py (/blog and /api/blogs). The blog builds on the counters and knows nothing of what adds to its entries.
+"""
+from blog import demo, views
+from core import features
+
+
+def init_app(app):
+    app.register_blueprint(views.bp)
+    features.add(app, features.Feature(
+        name="blog", nav=("blog.blogs", "Blog"),
+        lesson=features.Lesson("blog", "2. A blog paged by index", ("blog/service.py", "blog/models.py"), demo.figure),
+        seed=demo.seed))

@@ -7,6 +7,8 @@ entries are children of their BlogIndex: the bump and the entry commit together 
 over the blog is strongly consistent. The price is one entity group per blog, about one post per second sustained,
 which is plenty for a blog (comments, written by many, do not live in this group: see comments/).
 """
+from dataclasses import dataclass
+
 from google.cloud import ndb
 
 
@@ -43,7 +45,43 @@ class BlogEntry(ndb.Model):
 
     @staticmethod
     def key_for(blog, index):
-        return ndb.Key(BlogIndex, blog, BlogEntry, f"{blog}:{index}")
+        return EntryRef(blog, index).key
+
+
+@dataclass(frozen=True, order=True)
+class EntryRef:
+    """One entry's identity, and the only code that spells its names. Every feature that refers to an entry holds one
+    (blog/service.py's `entry_ref` checks a blog and index from outside and makes it).
+
+    The spellings are each fixed by data already stored, so they stay as they are: the BlogEntry key name
+    "<blog>:<index>", the reference other entities store ("<blog>/<index>", the shape of its URL), and the stem of its
+    counters' names ("<blog>.<index>", counter names allow no ':' or '/').
+    """
+    blog: str
+    index: int
+
+    @property
+    def key(self):
+        return ndb.Key(BlogIndex, self.blog, BlogEntry, f"{self.blog}:{self.index}")
+
+    @classmethod
+    def from_key(cls, key):
+        blog, _, index = key.id().rpartition(":")
+        return cls(blog, int(index))
+
+    @property
+    def path(self):
+        """What another entity stores to point at this entry (an indexed string: a query can match it)."""
+        return f"{self.blog}/{self.index}"
+
+    @classmethod
+    def from_path(cls, path):
+        blog, _, index = path.rpartition("/")
+        return cls(blog, int(index))
+
+    def counter_name(self, suffix=None):
+        """The short name of one of the entry's counters, under its owner's prefix (counters.owned)."""
+        return f"{self.blog}.{self.index}" + (f".{suffix}" if suffix else "")
 
 
 class PostMarker(ndb.Model):

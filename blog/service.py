@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from google.cloud import ndb
 
 from blog.markup import render_markdown
-from blog.models import BlogEntry, BlogIndex, PostMarker
-from core import runtime, validate
+from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
+from core import clock, runtime, validate
 from core.datastore import transact
 from core.errors import BadInput, Unprocessable, found
+from core.paging import Page
 from counters import service as counters
 
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
@@ -38,10 +39,9 @@ COUNTERS = counters.owned("blog")
 
 
 @dataclass
-class Page:
-    entries: list  # dicts with index, title, body, body_html, author, created (ISO 8601, UTC)
-    next: int | None  # `start` of the older page, None on the last page
-    newer: int | None  # `start` of the newer page; None on the front page
+class BlogPage(Page):
+    """`items`: entry dicts (index, title, body, body_html, author, created), newest first; `next` the older page's
+    `start` (None on the last page), `prev` the newer page's (None on the front page)."""
     max_index: int
     cached: bool
 
@@ -78,18 +78,20 @@ def validate_body(value):
     return validate.text(value, "body", BODY_MAX)
 
 
+def entry_ref(blog, index):
+    """The reference of entry `index` of `blog`, both as they come in a URL or a request: 400 when either is malformed
+    (whether the entry exists is `require_entry`'s question)."""
+    return EntryRef(validate_blog(blog), validate_index(index))
+
+
 def entry_dict(entry):
     return {"index": entry.index, "title": entry.title, "body": entry.body, "body_html": entry.body_html,
-            "author": entry.author, "created": entry.created.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "author": entry.author, "created": clock.iso(entry.created)}
 
 
-def _views(blog, index):
-    return f"{blog}.{index}.views"
-
-
-def views_counter(blog, index):
+def views_counter(ref):
     """The full name of an entry's page-view counter, for the page to show."""
-    return COUNTERS.name(_views(blog, index))
+    return COUNTERS.name(ref.counter_name("views"))
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
@@ -116,12 +118,12 @@ def post_entry(blog, title, body, author, idempotency_key=None):
         # transaction instead, which is what a collision on the BlogIndex calls for.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
         if marker is not None:
-            return Posted(entry_dict(BlogEntry.key_for(blog, marker.index).get(retries=0)), marker.token == token)
+            return Posted(entry_dict(EntryRef(blog, marker.index).key.get(retries=0)), marker.token == token)
         index = 0 if blog_index is None else blog_index.max_index + 1
         if blog_index is None:
             blog_index = BlogIndex(key=blog_key, max_index=index)
         blog_index.max_index = index
-        entry = BlogEntry(key=BlogEntry.key_for(blog, index), index=index, title=title, body=body,
+        entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
                           body_html=body_html, author=author)
         ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, token=token)])
         if index:
@@ -143,10 +145,14 @@ def require_blog(blog):
     return found(get_blog(blog), f"There is no blog named {blog!r}.", "no_such_blog")
 
 
+def require_entry(ref):
+    """The entry `ref` names, by key: no query, strongly consistent. NotFound if there is none."""
+    return entry_dict(found(ref.key.get(), f"Blog {ref.blog!r} has no entry {ref.index}.", "no_such_entry"))
+
+
 def get_entry(blog, index):
-    """One entry by key: no query, strongly consistent. NotFound if there is none."""
-    entry = BlogEntry.key_for(validate_blog(blog), validate_index(index)).get()
-    return entry_dict(found(entry, f"Blog {blog!r} has no entry {index}.", "no_such_entry"))
+    """One entry, by its blog and index as a URL gives them."""
+    return require_entry(entry_ref(blog, index))
 
 
 def _page_cache_key(blog, max_index, limit):
@@ -185,14 +191,14 @@ def get_page(blog, start=None, limit=PAGE_SIZE):
         cached = cache.get(key)
         if cached is not None:
             entries, next_start = json.loads(zlib.decompress(cached))
-            return Page(entries, next_start, newer, top, True)
+            return BlogPage(entries, next_start, newer, top, True)
     entries, next_start = query_page(blog_index.key, start, limit)
     entries = [entry_dict(e) for e in entries]
     if key:
         # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
         # the add fails quietly and the page is simply not cached).
         cache.add(key, zlib.compress(json.dumps([entries, next_start]).encode()), expire=PAGE_LIFETIME)
-    return Page(entries, next_start, newer, top, False)
+    return BlogPage(entries, next_start, newer, top, False)
 
 
 def list_blogs(limit=LIST_LIMIT):
@@ -201,49 +207,16 @@ def list_blogs(limit=LIST_LIMIT):
     return [(b.name, b.max_index + 1) for b in BlogIndex.query().order(BlogIndex.key).fetch(limit)]
 
 
-def record_view(blog, index):
+def record_view(ref):
     """Count a view of an existing entry on its sharded counter (best effort: a view that cannot be counted must not
     cost the reader anything); the total afterwards, cached, so it may trail a little. A POST of its own, sent by the
     entry page's script, not part of the page's GET: a GET never writes (prefetchers, crawlers and retries repeat
     GETs freely), and only entries that exist get a counter."""
-    entry = get_entry(blog, index)
-    COUNTERS.increment(_views(blog, entry["index"]))
-    return view_count(blog, entry["index"])
+    require_entry(ref)
+    COUNTERS.increment(ref.counter_name("views"))
+    return view_count(ref)
 
 
-def view_count(blog, index):
-    short = _views(blog, index)
+def view_count(ref):
+    short = ref.counter_name("views")
     return COUNTERS.totals([short])[short]
-
-
-# --- demo content ---------------------------------------------------------------------------------------------------
-
-DEMO_BLOG = "demo"
-DEMO_ENTRIES = 60
-_TOPICS = [
-    ("Why a counter is not one entity", "An entity group commits about once a second under sustained load. "
-     "A counter that many people bump is split into **shards**; see [the counters](/counters)."),
-    ("Pages by index, not by offset", "`fetch(10, offset=5000)` reads and throws away 5,000 rows. A page here is "
-     "`index <= start ORDER BY index DESC`, one scan at any depth."),
-    ("Caching the front page", "Everyone asks for the same first page. It is cached in memcache under a key that "
-     "names the blog's `max_index`, so a new post retires it at once."),
-    ("Entity groups and transactions", "A transaction is atomic within entity groups. Entries are children of "
-     "their `BlogIndex`, so the index bump and the entry commit together."),
-    ("Strong and eventual consistency", "Gets by key and ancestor queries are strongly consistent; other queries "
-     "may trail the latest writes for a moment."),
-]
-
-
-def seed_demo():
-    """A demo blog with enough entries for several pages; does nothing when the blog exists."""
-    if get_blog(DEMO_BLOG) is not None:
-        return False
-    for i in range(DEMO_ENTRIES):
-        title, text = _TOPICS[i % len(_TOPICS)]
-        body = (f"{text}\n\nThis is demo entry number {i}, posted by `flask seed`. Its index was given out by the "
-                f"blog's index entity in the same transaction that wrote it.\n\n"
-                f"- entry index: **{i}**\n- page: {(DEMO_ENTRIES - 1 - i) // PAGE_SIZE + 1} of "
-                f"{(DEMO_ENTRIES + PAGE_SIZE - 1) // PAGE_SIZE}\n\n```python\nentries = (BlogEntry.query(ancestor=blog)"
-                f"\n           .filter(BlogEntry.index <= {i}).order(-BlogEntry.index).fetch(11))\n```\n")
-        post_entry(DEMO_BLOG, f"{title} (#{i})", body, "seed@example.com")
-    return True

@@ -1,10 +1,7 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
-import uuid
+from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
 
-from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, session, url_for
-
-from blog import service
-from comments import service as comments
+from blog import pages, service
 from core import identity
 from core.web import json_body, submit_form
 
@@ -12,13 +9,8 @@ bp = Blueprint("blog", __name__)
 
 
 def _page_json(page):
-    return {"entries": page.entries, "next": page.next, "newer": page.newer, "max_index": page.max_index,
+    return {"entries": page.items, "next": page.next, "newer": page.prev, "max_index": page.max_index,
             "cached": page.cached}
-
-
-@bp.app_template_global()
-def new_post_token():
-    return uuid.uuid4().hex
 
 
 # --- pages ----------------------------------------------------------------------------------------------------------
@@ -32,32 +24,14 @@ def blogs():
 @bp.get("/blog/<blog>")
 def index(blog):
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
-    return render_index(blog, service.get_page(blog, request.args.get("start")))
-
-
-def render_index(blog, page, form=None):
-    counts = comments.comment_counts(blog, [e["index"] for e in page.entries])
-    return render_template("blog/index.html", blog=blog, page=page, form=form or {}, comment_counts=counts)
+    return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
 
 
 @bp.get("/blog/<blog>/<int:index>")
 def entry(blog, index):
-    """One entry by its permalink, with a page of its comments (`?after=`/`?before=<id>`, `?page=last`); the page's
-    script counts the view (POST .../views)."""
-    return render_entry(blog, index)
-
-
-def render_entry(blog, index, comment_form=None, status=200):
-    """The entry page; after a rejected comment, `comment_form` refills the form."""
-    entry = service.get_entry(blog, index)
-    args = request.args
-    page = comments.get_comments(blog, index, args.get("after"), args.get("before"),
-                                 last=args.get("page") == "last", own=session.get(comments.RECENT_SESSION_KEY, ()))
-    return render_template("blog/entry.html", blog=blog, entry=entry, views=service.view_count(blog, index),
-                           max_index=service.require_blog(blog).max_index,
-                           views_counter=service.views_counter(blog, index), comments=page,
-                           comment_count=comments.comment_counts(blog, [index])[index],
-                           comment_form=comment_form or {}, comment_max=comments.TEXT_MAX), status
+    """One entry by its permalink, with what the entry addons show under it (comments: a page of them, paged by
+    `?after=`/`?before=<id>`, `?page=last`); the page's script counts the view (POST .../views)."""
+    return pages.render_entry(service.entry_ref(blog, index))
 
 
 @bp.get("/blog/<blog>/feed.atom")
@@ -96,7 +70,7 @@ def start_blog_form():
 @bp.post("/blog/<blog>/entries")
 def post_form(blog):
     """Admin: post an entry from the form on the blog's page."""
-    return _post_from_form(blog, lambda form: render_index(blog, service.get_page(blog), form))
+    return _post_from_form(blog, lambda form: pages.render_index(blog, service.get_page(blog), form))
 
 
 # --- JSON API -------------------------------------------------------------------------------------------------------
@@ -128,12 +102,12 @@ def api_entries(blog):
 @bp.post("/api/blogs/<blog>/entries/<index>/views")
 def api_view(blog, index):
     """Count one view of the entry (sent by its page's script; anyone may) -> its view count."""
-    return jsonify(views=service.record_view(blog, index))
+    return jsonify(views=service.record_view(service.entry_ref(blog, index)))
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>")
 def api_entry(blog, index):
-    """One entry by index, with its view count."""
-    entry = service.get_entry(blog, index)
-    return jsonify({**entry, "views": service.view_count(blog, entry["index"]),
-                    "comment_count": comments.comment_counts(blog, [entry["index"]])[entry["index"]]})
+    """One entry by index, with its view count and what the entry addons add (comments: its comment count)."""
+    ref = service.entry_ref(blog, index)
+    entry = service.require_entry(ref)
+    return jsonify({**entry, "views": service.view_count(ref), **pages.summaries([ref])[ref]})

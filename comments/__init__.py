@@ -1,0 +1,18 @@
+"""Comments, the third lesson: service.py (the operations and the recount job), models.py, views.py (their section
+under each entry, the form, /api/.../comments). Comments build on the blog and the counters; neither knows them.
+"""
+from blog import pages as blog_pages
+from comments import demo, service, views
+from core import features
+from mapper import service as mapper
+
+
+def init_app(app):
+    app.register_blueprint(views.bp)
+    blog_pages.add_entry_addon(app, views.ENTRY_ADDON)
+    mapper.register(app, service.RECOUNT)
+    features.add(app, features.Feature(
+        name="comments",
+        lesson=features.Lesson("comments", "3. Comments by composite key", ("comments/service.py", "comments/models.py"),
+                               demo.figure),
+        seed=demo.seed))

@@ -10,18 +10,17 @@ Time alone is not unique; time|user is not either (one user, two tabs). All thre
 Pages move both ways by that key: `after=<id>` is `sort_key > id ASC`, `before=<id>` is `sort_key < id DESC`, reversed;
 each fetches one more than it shows to know whether there is a further page. Never an offset.
 """
-import datetime
 import re
 import uuid
-from dataclasses import dataclass
 
 from google.cloud import ndb
 
 from blog import service as blog_service
 from comments.models import Comment, UserSequence
-from core import validate
+from core import clock, validate
 from core.datastore import transact
 from core.errors import BadInput, SignInRequired
+from core.paging import Page
 from counters import service as counters
 from mapper import service as mapper
 
@@ -35,13 +34,6 @@ RECENT_SESSION_KEY = "recent_comments"  # the ids of a person's latest comments,
 RECENT_KEEP = 5
 # The comments' own counters (an entry's comment count): only this feature writes them.
 COUNTERS = counters.owned("comments")
-
-
-@dataclass
-class Page:
-    comments: list  # dicts: id, text, author, created; oldest first
-    next: str | None  # after=<next> is the following page
-    prev: str | None  # before=<prev> is the page before
 
 
 def sort_key(when, user_id, seq):
@@ -61,19 +53,14 @@ def comment_key(comment_id):
     return ndb.Key(UserSequence, match.group(2), Comment, comment_id)
 
 
-def entry_ref(blog, index):
-    return f"{blog}/{index}"
-
-
-def comments_counter(blog, index):
+def comments_counter(ref):
     """The short name of an entry's comment counter (a sharded counter: adaptive, since a lively entry is commented
     on by many at once)."""
-    return f"{blog}.{index}"
+    return ref.counter_name()
 
 
 def comment_dict(comment):
-    return {"id": comment.sort_key, "text": comment.text, "author": comment.author,
-            "created": comment.created.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return {"id": comment.sort_key, "text": comment.text, "author": comment.author, "created": clock.iso(comment.created)}
 
 
 def display_name(email):
@@ -81,8 +68,8 @@ def display_name(email):
     return email.split("@", 1)[0]
 
 
-def post_comment(blog, index, user, text, idempotency_key=None):
-    """Write `user`'s comment on an entry, then count it.
+def post_comment(ref, user, text, idempotency_key=None):
+    """Write `user`'s comment on the entry `ref` names, then count it.
 
     The transaction touches only the user's UserSequence and the new comment, both in the user's own entity group:
     nothing another user's comment writes, so comments from many users never contend. ndb's retry is not used
@@ -93,8 +80,7 @@ def post_comment(blog, index, user, text, idempotency_key=None):
     """
     if user is None:
         raise SignInRequired("Sign in to comment.")
-    blog_service.get_entry(blog, index)  # the entry exists (404 otherwise); validates blog and index
-    index = int(index)
+    blog_service.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
     validate.idempotency_key(idempotency_key)
     user_id, author = user["id"], display_name(user["email"])
@@ -108,21 +94,21 @@ def post_comment(blog, index, user, text, idempotency_key=None):
             # sent before. Answer with that comment; write nothing, count nothing.
             return False, comment_dict(ndb.Key(UserSequence, user_id, Comment, sequence.last_comment).get(retries=0))
         sequence.seq += 1
-        now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+        now = clock.now()
         key_name = sort_key(now, user_id, sequence.seq)
         sequence.last_token, sequence.last_comment = token, key_name
-        comment = Comment(key=ndb.Key(UserSequence, user_id, Comment, key_name), entry=entry_ref(blog, index),
+        comment = Comment(key=ndb.Key(UserSequence, user_id, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
         ndb.put_multi([sequence, comment])
         return True, comment_dict(comment)
 
     fresh, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
     if fresh:
-        count_comment(blog, index)
+        count_comment(ref)
     return comment
 
 
-def count_comment(blog, index):
+def count_comment(ref):
     """+1 on the entry's comment counter, after the comment's own transaction has committed.
 
     Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's
@@ -131,26 +117,22 @@ def count_comment(blog, index):
     a process dying between the two, or a counter that cannot be written (memcached away when the counter is first
     created), leaves the count one short; the comment itself is never lost. Best effort, like a view count.
     """
-    COUNTERS.increment(comments_counter(blog, index))
+    COUNTERS.increment(comments_counter(ref))
 
 
 # --- the repair job: recount every entry's comment counter from its comments ----------------------------------------
 
-def _entry_of(key):
-    blog, _, index = key.id().rpartition(":")  # BlogEntry key names are "<blog>:<index>"
-    return blog, int(index)
-
-
 def _recount_prepare(entry_keys, params):
     """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
     may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
-    names = {key: comments_counter(*_entry_of(key)) for key in entry_keys}
-    current = COUNTERS.exact_totals(list(names.values()))
+    refs = {key: blog_service.EntryRef.from_key(key) for key in entry_keys}
+    current = COUNTERS.exact_totals([comments_counter(ref) for ref in refs.values()])
     deltas = {}
-    for key, name in names.items():
-        actual = len(Comment.query(Comment.entry == entry_ref(*_entry_of(key))).fetch(keys_only=True))
-        if actual != current[name]:
-            deltas[key] = actual - current[name]
+    for key, ref in refs.items():
+        actual = len(Comment.query(Comment.entry == ref.path).fetch(keys_only=True))
+        counted = current[comments_counter(ref)]
+        if actual != counted:
+            deltas[key] = actual - counted
     return deltas
 
 
@@ -158,11 +140,12 @@ def _recount_apply(entries, params, deltas):
     writes = []
     for entry in entries:
         if entry.key in deltas:
-            writes += COUNTERS.add_in_transaction(comments_counter(*_entry_of(entry.key)), deltas[entry.key])
+            writes += COUNTERS.add_in_transaction(
+                comments_counter(blog_service.EntryRef.from_key(entry.key)), deltas[entry.key])
     return writes
 
 
-RECOUNT = mapper.register(mapper.Job(
+RECOUNT = mapper.Job(
     name="recount_comments", kind="BlogEntry", title="Recount comment counters",
     description="Sets every entry's comment counter to the number of its comments (counts are best effort: a process "
                 "that dies between a comment and its +1 leaves the counter one short). Exact when nobody comments "
@@ -170,7 +153,7 @@ RECOUNT = mapper.register(mapper.Job(
     apply=_recount_apply, prepare=_recount_prepare,
     # Per entry: its counter's config and first shard, two entity groups; with the blog's group and the task's record,
     # 10 entries stay under the 25 groups a transaction may touch.
-    chunk=10, page_size=50))
+    chunk=10, page_size=50)
 
 
 def _bookmark(comment_id, ref, field):
@@ -178,12 +161,12 @@ def _bookmark(comment_id, ref, field):
     consistent) and not another entry's. Anything else is a 400, never an empty or wrong page."""
     key = comment_key(comment_id)
     comment = key.get() if key is not None else None
-    if comment is None or comment.entry != ref:
+    if comment is None or comment.entry != ref.path:
         raise BadInput(f"{field} is not a comment of this entry.", f"bad_{field}")
     return comment_id
 
 
-def get_comments(blog, index, after=None, before=None, limit=None, last=False, own=()):
+def get_comments(ref, after=None, before=None, limit=None, last=False, own=()):
     """A page of an entry's comments, oldest first: the first page, the one after `after`, the one before `before`, or
     with `last` the newest page.
 
@@ -191,12 +174,11 @@ def get_comments(blog, index, after=None, before=None, limit=None, last=False, o
     from it for a moment. `own` are the ids of the reader's own latest comments (from the session): those that belong
     on this page are read by key (strongly consistent) and merged in, so a person always sees what they just posted.
     """
-    blog_service.get_entry(blog, index)
-    ref = entry_ref(blog, int(index))
+    blog_service.require_entry(ref)
     limit = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     if after is not None and before is not None:
         raise BadInput("Give after or before, not both.", "bad_bookmark")
-    query = Comment.query(Comment.entry == ref)
+    query = Comment.query(Comment.entry == ref.path)
     if before is not None or last:
         if before is not None:
             query = query.filter(Comment.sort_key < _bookmark(before, ref, "before"))
@@ -221,40 +203,13 @@ def get_comments(blog, index, after=None, before=None, limit=None, last=False, o
 def _merge_own(shown, own, ref, low, high):
     have = {c.sort_key for c in shown}
     keys = [k for k in map(comment_key, own or ()) if k is not None and k.id() not in have]
-    mine = [c for c in ndb.get_multi(keys) if c is not None and c.entry == ref
+    mine = [c for c in ndb.get_multi(keys) if c is not None and c.entry == ref.path
             and (low is None or c.sort_key > low) and (high is None or c.sort_key < high)] if keys else []
     return sorted(shown + mine, key=lambda c: c.sort_key) if mine else shown
 
 
-def comment_counts(blog, indexes):
-    """{index: comment count} for entries of a blog, in one memcached round trip when their totals are cached."""
-    names = {i: comments_counter(blog, i) for i in indexes}
+def comment_counts(refs):
+    """{ref: comment count} for entries, in one memcached round trip when their totals are cached."""
+    names = {ref: comments_counter(ref) for ref in refs}
     found = COUNTERS.totals(list(names.values()))
-    return {i: found[name] for i, name in names.items()}
-
-
-# --- demo content ---------------------------------------------------------------------------------------------------
-
-DEMO_USERS = ("ann", "bo", "chen", "dara", "eli")
-_DEMO_LINES = [
-    "Is this the same as the talk's example? https://www.youtube.com/results?search_query=building+scalable+web+apps",
-    "Why does the sort key need the user id at all?",
-    "Two comments in the same microsecond would still sort: the user id and the sequence break the tie.",
-    "Paging backwards from here gives exactly the page I came from.",
-    "My comment showed up at once, even though the listing query is eventually consistent.",
-    "Each of us writes to our own entity group, so nobody waits for anybody.",
-]
-
-
-def seed_demo():
-    """Comments from several users on the demo blog's newest entries; nothing when they have any."""
-    blog, newest = blog_service.DEMO_BLOG, blog_service.get_blog(blog_service.DEMO_BLOG)
-    if newest is None or Comment.query().get(keys_only=True) is not None:
-        return False
-    top = newest.max_index
-    for index, count in ((top, 45), (top - 1, 12), (top - 2, 3)):
-        for n in range(count):
-            name = DEMO_USERS[n % len(DEMO_USERS)]
-            user = {"id": f"demo-{name}", "email": f"{name}@example.com"}
-            post_comment(blog, index, user, f"{_DEMO_LINES[n % len(_DEMO_LINES)]} (comment {n + 1})")
-    return True
+    return {ref: found[name] for ref, name in names.items()}

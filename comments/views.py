@@ -1,13 +1,16 @@
-"""Comments: the form on an entry's page and the /api/blogs/<blog>/entries/<index>/comments routes.
+"""Comments: their section under each entry, the comment form and the /api/blogs/<blog>/entries/<index>/comments
+routes.
 
-The entry page itself (the comments listed under the entry) is blog.views.render_entry.
+The entry page is the blog's (blog/pages.py); comments add to it through the `ENTRY_ADDON` registered in init_app:
+the count on each entry's meta line and in its JSON, and the section below the entry.
 """
 import re
 
-from flask import Blueprint, jsonify, redirect, request, session, url_for
+from flask import Blueprint, jsonify, redirect, render_template, request, session, url_for
 from markupsafe import Markup, escape
 
-from blog import views as blog_views
+from blog import pages as blog_pages
+from blog import service as blog_service
 from comments import service
 from core import identity
 from core.web import json_body, submit_form
@@ -39,14 +42,34 @@ def _remember(comment):
     session[service.RECENT_SESSION_KEY] = (recent + [comment["id"]])[-service.RECENT_KEEP:]
 
 
+def _summaries(refs):
+    return {ref: {"comment_count": n} for ref, n in service.comment_counts(refs).items()}
+
+
+def _section(ref, summary, form):
+    """The comments under an entry on its page: a page of them (`?after=`, `?before=`, `?page=last`), and the form,
+    refilled with `form` after a refused comment."""
+    args = request.args
+    page = service.get_comments(ref, args.get("after"), args.get("before"), last=args.get("page") == "last",
+                                own=session.get(service.RECENT_SESSION_KEY, ()))
+    return Markup(render_template("comments/_section.html", ref=ref, comments=page,
+                                  comment_count=summary["comment_count"], comment_form=form or {},
+                                  comment_max=service.TEXT_MAX))
+
+
+ENTRY_ADDON = blog_pages.EntryAddon(name="comments", summaries=_summaries, meta_template="comments/_meta.html",
+                                    section=_section)
+
+
 @bp.post("/blog/<blog>/<int:index>/comments")
 def post_form(blog, index):
     """A signed-in person's comment from the form under an entry."""
     user = identity.require_user()
+    ref = blog_service.entry_ref(blog, index)
     comment, refused = submit_form(
-        lambda: service.post_comment(blog, index, user, request.form.get("text", ""),
+        lambda: service.post_comment(ref, user, request.form.get("text", ""),
                                      request.form.get("comment_token") or None),
-        lambda status: blog_views.render_entry(blog, index, comment_form=request.form, status=status))
+        lambda status: blog_pages.render_entry(ref, status, state={"comments": request.form}))
     if refused:
         return refused
     _remember(comment)
@@ -57,7 +80,7 @@ def post_form(blog, index):
 def api_post(blog, index):
     """Signed in: {"text": 1..2000 characters} comments on the entry."""
     user = identity.require_user()
-    comment = service.post_comment(blog, index, user, json_body().get("text"),
+    comment = service.post_comment(blog_service.entry_ref(blog, index), user, json_body().get("text"),
                                    request.headers.get("Idempotency-Key"))
     _remember(comment)
     return jsonify(comment), 201
@@ -68,6 +91,7 @@ def api_list(blog, index):
     """A page of the entry's comments, oldest first: `?after=<id>` or `?before=<id>`, `?limit=1..100`,
     `?page=last` for the newest page."""
     args = request.args
-    page = service.get_comments(blog, index, args.get("after"), args.get("before"), args.get("limit"),
-                                last=args.get("page") == "last", own=session.get(service.RECENT_SESSION_KEY, ()))
-    return jsonify(comments=page.comments, next=page.next, prev=page.prev)
+    page = service.get_comments(blog_service.entry_ref(blog, index), args.get("after"), args.get("before"),
+                                args.get("limit"), last=args.get("page") == "last",
+                                own=session.get(service.RECENT_SESSION_KEY, ()))
+    return jsonify(comments=page.items, next=page.next, prev=page.prev)

@@ -15,6 +15,7 @@ from flask import current_app, g, request, session
 from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
 
+from core import runtime
 from core.errors import BadInput, Forbidden, NotFound, SignInRequired, Unavailable
 
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
@@ -61,7 +62,7 @@ def make_user(user_id, email, admin):
     """A user dict; `admin=None` means: decided by ADMIN_EMAILS."""
     email = email.lower()
     if admin is None:
-        admin = email in current_app.config["SETTINGS"].admin_emails
+        admin = email in runtime.current().settings.admin_emails
     # Ids go into composite keys joined by '|' (comments): they must never contain it.
     return {"id": user_id.replace("|", ":"), "email": email, "admin": bool(admin)}
 
@@ -73,7 +74,7 @@ def dev_user_id(email):
 def current_user():
     """The signed-in user for this request, or None. Worked out once per request."""
     if "user" not in g:
-        settings = current_app.config["SETTINGS"]
+        settings = runtime.current().settings
         if settings.on_app_engine:
             g.user = verify_iap_token(request.headers.get(IAP_HEADER), settings.iap_audience,
                                       current_app.extensions["iap_keys"])
@@ -98,7 +99,7 @@ def require_admin():
 
 def dev_sign_in(email, admin):
     """Sign in locally as `email`; refused on App Engine, where IAP says who is who."""
-    if current_app.config["SETTINGS"].on_app_engine:
+    if runtime.current().settings.on_app_engine:
         raise NotFound("Dev sign-in does not exist on App Engine.")
     if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise BadInput("Give a valid email address.", "bad_email")

@@ -1,46 +1,80 @@
-"""What a process builds once and every request reuses: settings, the ndb client, the memcached client, the task queue.
+"""What a process builds once and every request reuses: settings, the ndb client, the memcached client, the task queue,
+and the registries the features fill when the app is built (task handlers, mapper jobs).
 
-`create_app` configures it; scripts (bench/, the seed command) do the same. Service modules read it through
-`current()` so they stay free of Flask.
+`create_app` builds one `Runtime` and keeps it on the app (`app.extensions["runtime"]`); each request makes it current
+(`RequestMiddleware`), and service modules reach it through `current()`, so they stay free of Flask. Scripts and tests
+make one current with `Runtime.activated()` / `Runtime.context()`. Nothing here is process-wide: two apps in one
+process (the tests build several) each keep their own.
 """
+import concurrent.futures
+import contextlib
+import contextvars
+
+from werkzeug.wsgi import ClosingIterator
+
 from core import cache as cache_module
 from core import datastore as datastore_module
 from core import tasks as tasks_module
 from core.settings import Settings
 
+_current = contextvars.ContextVar("runtime")
+
 
 class Runtime:
-    def __init__(self, settings):
-        self.settings = settings
-        self.memcache_client = cache_module.make_client(settings.memcached_hosts)
+    def __init__(self, settings=None, task_queue=None):
+        self.settings = settings or Settings.from_env()
+        self.memcache_client = cache_module.make_client(self.settings.memcached_hosts)
         self.cache = cache_module.Cache(self.memcache_client)
         self.datastore = datastore_module.Datastore(
-            datastore_module.make_client(settings),
+            datastore_module.make_client(self.settings),
             cache_module.make_global_cache(self.memcache_client),
-            datastore_module.ServerIncrements(settings) if settings.backend == "firestore" else None)
-        self.tasks = tasks_module.make_queue(settings, self.cache)
+            datastore_module.ServerIncrements(self.settings) if self.settings.backend == "firestore" else None)
+        self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
+        self._registries = {}
+
+    def registry(self, name):
+        """A dict the features fill while the app is built (e.g. the mapper's jobs by name), read by services."""
+        return self._registries.setdefault(name, {})
+
+    @contextlib.contextmanager
+    def activated(self):
+        """This runtime is `current()` inside the block (on this thread, in this context)."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    @contextlib.contextmanager
+    def context(self):
+        """Current, with a fresh ndb context: what one request, one worker thread or one script step runs in."""
+        with self.activated(), self.datastore.context() as context:
+            yield context
+
+    def in_context(self, fn):
+        """`fn` wrapped to run in `context()` of its own, as one request does (for threads and scripts)."""
+        def wrapped(*args):
+            with self.context():
+                return fn(*args)
+        return wrapped
+
+    def map_in_threads(self, fn, items):
+        """fn(item) for every item, all at once on threads of their own, each in its own context; the results."""
+        items = list(items)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+            return list(pool.map(self.in_context(fn), items))
 
     def close(self):
         if self.memcache_client is not None:
             self.memcache_client.close()
 
 
-_current = None
-
-
-def configure(settings=None):
-    """Build the process's runtime (replacing any earlier one) and return it."""
-    global _current
-    if _current is not None:
-        _current.close()
-    _current = Runtime(settings or Settings.from_env())
-    return _current
-
-
 def current():
-    if _current is None:
-        raise RuntimeError("core.runtime.configure() has not run in this process")
-    return _current
+    """The runtime of the request (or script, or test) being served."""
+    rt = _current.get(None)
+    if rt is None:
+        raise RuntimeError("no runtime is current: serve a request of an app, or use Runtime.activated()/context()")
+    return rt
 
 
 def cache():
@@ -49,3 +83,43 @@ def cache():
 
 def tasks():
     return current().tasks
+
+
+class RequestMiddleware:
+    """WSGI middleware: every request runs with its app's runtime current and inside its own ndb context (one per
+    request, as The Blue Alliance does).
+
+    The view runs inside both; the body is handed back as it comes (a streamed body is not buffered), each chunk
+    produced, and `close()` run, with the runtime and that same ndb context current again, so a generator or a
+    `call_on_close` callback can still use them. Between chunks nothing is left behind on the thread, so a server that
+    reads the body late, or never closes it, cannot make the thread's next request find a context already there.
+    """
+
+    def __init__(self, wsgi_app, rt):
+        self.wsgi_app = wsgi_app
+        self.runtime = rt
+
+    def __call__(self, environ, start_response):
+        with self.runtime.context() as context:
+            body = self.wsgi_app(environ, start_response)
+
+        @contextlib.contextmanager
+        def again():
+            with self.runtime.activated(), context.use():
+                yield
+
+        def close():
+            if hasattr(body, "close"):
+                with again():
+                    body.close()
+        return ClosingIterator(_chunks_in(again, body), close)
+
+
+def _chunks_in(again, body):
+    chunks = iter(body)
+    while True:
+        with again():
+            chunk = next(chunks, None)
+        if chunk is None:
+            return
+        yield chunk

@@ -22,7 +22,8 @@ class Settings:
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
     iap_audience: str | None = None
-    # Task queues (core/tasks.py): "cloud-tasks" on App Engine, "http" for `make run`, "queue" in tests.
+    # Task queues (core/tasks.py): "cloud-tasks" on App Engine, "http" for `make run` (tests and benchmarks hand
+    # create_app a queue of their own instead).
     tasks_backend: str = "http"
     tasks_url: str = "http://127.0.0.1:8080"
     tasks_location: str | None = None
@@ -37,8 +38,8 @@ class Settings:
             # A known key on a public deployment would let anyone forge a session cookie.
             raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager).")
         backend = env.get("TASKS_BACKEND") or ("cloud-tasks" if gae else "http")
-        if backend not in ("cloud-tasks", "http", "queue"):
-            raise RuntimeError("TASKS_BACKEND must be cloud-tasks, http or queue.")
+        if backend not in ("cloud-tasks", "http"):
+            raise RuntimeError("TASKS_BACKEND must be cloud-tasks or http.")
         if backend == "cloud-tasks" and not env.get("TASKS_LOCATION"):
             raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")

@@ -1,15 +1,16 @@
 """Task dispatch: one interface, three backends, one route every task arrives at.
 
-A feature registers a handler by name (`@handler("mapper.run")`) and enqueues named tasks (`enqueue(name, payload,
-task_name)`). Every backend delivers a task as an HTTP POST of its JSON payload to `/api/tasks/<name>` (core/views.py),
-so the code a task runs is the same everywhere:
+A feature registers its handlers by name when the app is built (`runtime.tasks.register("mapper.run", fn)` in its
+`init_app`) and enqueues named tasks (`runtime.current().tasks.enqueue(name, payload, task_name)`). Every backend
+delivers a task as an HTTP POST of its JSON payload to `/api/tasks/<name>` (core/views.py), so the code a task runs is
+the same everywhere:
 
 - `CloudTasksQueue` on App Engine: google-cloud-tasks with an App Engine HTTP target. The task name makes enqueueing
   idempotent (ALREADY_EXISTS is success), and Cloud Tasks retries a delivery until it answers 2xx.
 - `HttpQueue` locally (`make run`): threads in this process POST to the app's own URL, retry with backoff, and drop a
   name already enqueued (memcached `add` across processes, a set within one).
-- `DrainedQueue` in tests: tasks wait in a list until the test delivers them, one at a time or on threads, and may
-  make a delivery fail.
+- in tests and benchmarks, `devstack.taskqueue.DrainedQueue`, handed to `create_app`: tasks wait in a list until the
+  test delivers them through the same route, one at a time or on threads.
 
 Handlers must be idempotent: every backend delivers at least once, and twice at the same time now and then.
 """
@@ -37,21 +38,6 @@ RETRY_HEADER = "X-CloudTasks-TaskRetryCount"
 NAME_HEADER = "X-CloudTasks-TaskName"
 MAX_ATTEMPTS = 10  # the local queues' give-up point; queue.yaml sets the same for Cloud Tasks
 
-_handlers = {}
-
-
-def handler(name):
-    """Register fn(payload, attempt) as the handler of tasks named `name` (attempt counts from 0)."""
-    def register(fn):
-        _handlers[name] = fn
-        return fn
-    return register
-
-
-def get_handler(name):
-    return _handlers.get(name)
-
-
 def local_token(secret_key):
     """What a local queue shows the task route instead of App Engine's queue header: derived from the app's secret,
     so nobody outside the app can call the route."""
@@ -77,11 +63,33 @@ class Task(collections.namedtuple("Task", "handler payload name attempt")):
         return json.dumps(self.payload, separators=(",", ":")).encode()
 
 
-def _check(name, task_name):
-    if name not in _handlers:
-        raise ValueError(f"no task handler is registered as {name!r}")
-    if not TASK_NAME_PATTERN.fullmatch(task_name):
-        raise ValueError(f"bad task name {task_name!r}")
+class TaskRouter:
+    """The app's task handlers by name, and the queue that delivers to them. One per runtime: the features register
+    their handlers while the app is built, never by being imported."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self._handlers = {}
+
+    def register(self, name, fn):
+        """fn(payload, attempt) handles the tasks named `name` (attempt counts from 0)."""
+        if name in self._handlers:
+            raise ValueError(f"a task handler is registered as {name!r} already")
+        self._handlers[name] = fn
+
+    def handler(self, name):
+        return self._handlers.get(name)
+
+    def enqueue(self, name, payload, task_name):
+        if name not in self._handlers:
+            raise ValueError(f"no task handler is registered as {name!r}")
+        if not TASK_NAME_PATTERN.fullmatch(task_name):
+            raise ValueError(f"bad task name {task_name!r}")
+        self.queue.enqueue(name, payload, task_name)
+
+    def wait(self):
+        """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
+        self.queue.wait()
 
 
 class CloudTasksQueue:
@@ -95,7 +103,6 @@ class CloudTasksQueue:
 
     def enqueue(self, name, payload, task_name):
         from google.api_core import exceptions
-        _check(name, task_name)
         task = {
             "name": f"{self.parent}/tasks/{task_name}",
             "app_engine_http_request": {
@@ -109,6 +116,9 @@ class CloudTasksQueue:
             self.client.create_task(parent=self.parent, task=task)
         except exceptions.AlreadyExists:
             pass  # the same named task was enqueued before (by a retry of the task that enqueues it): done already
+
+    def wait(self):
+        """Cloud Tasks delivers on its own schedule: nothing here to wait for."""
 
 
 class HttpQueue:
@@ -134,7 +144,6 @@ class HttpQueue:
         return self.cache is None or self.cache.claim(f"task-name:{task_name}", expire=3600)
 
     def enqueue(self, name, payload, task_name):
-        _check(name, task_name)
         if self._first_time(task_name):
             with self._lock:
                 while len(self._threads) < self.workers:  # started on first use: no threads in processes that never
@@ -170,74 +179,7 @@ class HttpQueue:
         log.error("task %s given up after %d attempts", task.name, self.max_attempts)
 
 
-class DrainedQueue:
-    """For tests: enqueued tasks wait here until `drain` delivers them (through the app's task route)."""
-
-    def __init__(self):
-        self.pending = collections.deque()
-        self.names = set()
-        self.lock = threading.Lock()
-
-    def enqueue(self, name, payload, task_name):
-        _check(name, task_name)
-        with self.lock:
-            if task_name in self.names:
-                return
-            self.names.add(task_name)
-            self.pending.append(Task(name, payload, task_name, 0))
-
-    def take(self):
-        with self.lock:
-            return self.pending.popleft() if self.pending else None
-
-    def wait(self):
-        """Nothing is ever on its way here: tasks wait until a test drains them."""
-
-    def drain(self, deliver, workers=1, max_deliveries=10_000, timeout=300):
-        """Deliver until no task is left: deliver(task) -> True when it succeeded; a failed task goes to the back of
-        the line with attempt + 1 (as a queue retries it). Bounded in deliveries and time: tasks left when the time
-        runs out are an error, tasks left after `max_deliveries` are not. Returns the number of deliveries."""
-        deadline, count, count_lock = time.monotonic() + timeout, [0], threading.Lock()
-        busy = [0]
-
-        def worker():
-            while time.monotonic() < deadline:
-                with count_lock:
-                    if count[0] >= max_deliveries:
-                        return
-                    task = self.take()
-                    if task is None:
-                        if busy[0] == 0:
-                            return
-                    else:
-                        count[0] += 1
-                        busy[0] += 1
-                if task is None:
-                    time.sleep(0.01)  # another worker's task may still enqueue children
-                    continue
-                try:
-                    ok = deliver(task)
-                except Exception:  # noqa: BLE001 - a delivery that raised failed, as a 500 would
-                    log.exception("task %s failed", task.name)
-                    ok = False
-                with count_lock:
-                    if not ok:  # back in line before this worker stops counting as busy
-                        with self.lock:
-                            self.pending.append(task._replace(attempt=task.attempt + 1))
-                    busy[0] -= 1
-        threads = [threading.Thread(target=worker) for _ in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if self.pending and count[0] < max_deliveries:
-            raise RuntimeError(f"queue not drained: {len(self.pending)} tasks left after {count[0]} deliveries")
-        return count[0]
-
-
 def make_queue(settings, cache):
     if settings.tasks_backend == "cloud-tasks":
         return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue)
-    if settings.tasks_backend == "http":
-        return HttpQueue(settings.tasks_url, local_token(settings.secret_key), cache)
-    return DrainedQueue()
+    return HttpQueue(settings.tasks_url, local_token(settings.secret_key), cache)

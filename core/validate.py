@@ -20,15 +20,19 @@ def text(value, field, high, strip=False):
     return value
 
 
-def whole_number(value, field, low, high, default=None):
-    """An int from JSON or a query string ("12", digits only) within low..high, else a 400 naming `field`.
-    None gives `default` when there is one."""
+def whole_number(value, field, low, high, default=None, from_json=False):
+    """An int within low..high, else an error naming `field`. None gives `default` when there is one.
+
+    From a URL or a form (the default) a string of digits counts, and a wrong value is a 400: the request itself is
+    malformed. `from_json`: a value in a JSON body must be a JSON number (not a bool, not "12"), and a wrong one is a
+    422: the body parsed, its content is what cannot be done."""
     if value is None and default is not None:
         return default
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)):
+    if not from_json and isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadInput(f"{field} must be a whole number from {low} to {high}.", f"bad_{field}")
+        error = Unprocessable if from_json else BadInput
+        raise error(f"{field} must be a whole number from {low} to {high}.", f"bad_{field}")
     return value
 
 

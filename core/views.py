@@ -82,7 +82,7 @@ def run_task(name):
     else makes the queue deliver it again later."""
     if not tasks.is_from_queue(request.headers, runtime.current().settings):
         raise Forbidden("Only the app's task queue may call this.", "not_from_queue")
-    fn = tasks.get_handler(name)
+    fn = runtime.tasks().handler(name)
     if fn is None:
         raise NotFound(f"No task handler is named {name!r}.", "no_such_task")
     attempt = request.headers.get(tasks.RETRY_HEADER, "0")

@@ -1,13 +1,14 @@
 """HTTP plumbing shared by every blueprint: JSON bodies, the API's error shape, error pages, CSRF for forms."""
-import datetime
 import logging
+import uuid
 
-from flask import flash, jsonify, render_template, request
+from flask import current_app, flash, jsonify, render_template, request
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
 from werkzeug.exceptions import HTTPException
 
+from core import clock, features, identity, runtime
 from core.cache import CACHE_DOWN
 from core.errors import AppError, BadInput
 
@@ -82,14 +83,26 @@ def submit_form(action, rerender):
 def when(iso):
     """"2026-11-21T10:30:00Z" as "21 Nov 2026, 10:30 UTC" (times are stored and cached as ISO 8601 UTC)."""
     try:
-        return datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").strftime("%-d %b %Y, %H:%M UTC")
+        return clock.parse_iso(iso).strftime("%-d %b %Y, %H:%M UTC")
     except (TypeError, ValueError):
         return iso
 
 
+def new_form_token():
+    """A fresh token for a form's hidden idempotency field: a resend of the same form is then a no-op."""
+    return uuid.uuid4().hex
+
+
+def _page_globals():
+    """What every page's template may use: who is signed in, the settings, and the features' navigation."""
+    return {"current_user": identity.current_user(), "settings": runtime.current().settings,
+            "nav": features.of(current_app).nav()}
+
+
 def init_app(app):
+    """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
-    on_app_engine = app.config["SETTINGS"].on_app_engine
+    on_app_engine = app.extensions["runtime"].settings.on_app_engine
     # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
     # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
@@ -99,6 +112,8 @@ def init_app(app):
         referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
         session_cookie_secure=on_app_engine)
     app.add_template_filter(when)
+    app.add_template_global(new_form_token)
+    app.context_processor(_page_globals)
     app.before_request(_check_unsafe_request)
 
     @app.errorhandler(AppError)

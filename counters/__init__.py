@@ -1,0 +1,15 @@
+"""Sharded counters, the first lesson: service.py (the operations), models.py, views.py (pages and /api/counters).
+
+Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
+"""
+from core import features
+from counters import demo, views
+
+
+def init_app(app):
+    app.register_blueprint(views.bp)
+    features.add(app, features.Feature(
+        name="counters", nav=("counters.index", "Counters"),
+        lesson=features.Lesson("counters", "1. Sharded counters", ("counters/service.py", "counters/models.py"),
+                               demo.figure),
+        seed=demo.seed))

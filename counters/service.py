@@ -80,15 +80,8 @@ def public_name(name):
     return validate_name(name)
 
 
-def _whole_number(value, field, high):
-    """`value` if it is an int (not a bool, not a string of digits) from 1 to `high`, else a 422 naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise Unprocessable(f"{field} must be a whole number from 1 to {high}.", f"bad_{field}")
-    return value
-
-
 def validate_num_shards(value):
-    return _whole_number(value, "num_shards", MAX_SHARDS)
+    return validate.whole_number(value, "num_shards", 1, MAX_SHARDS, from_json=True)
 
 
 def _total_cache_key(name):
@@ -496,28 +489,11 @@ def burst(name, writers, increments):
     """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
     watch an adaptive counter grow. Each thread has its own ndb context, as each request would.
     Returns (increments, attempts, num_shards afterwards)."""
-    _whole_number(writers, "writers", BURST_MAX_WRITERS)
-    _whole_number(increments, "increments", BURST_MAX_INCREMENTS)
+    validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
+    validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
     require_config(name)
     shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
-    batches = runtime.current().datastore.map_in_threads(
+    batches = runtime.current().map_in_threads(
         lambda count: [increment(name).attempts for _ in range(count)], shares)
     attempts = [a for batch in batches for a in batch]
     return len(attempts), sum(attempts), get_config(name).num_shards
-
-
-def seed_demo():
-    """Demo counters for a fresh `make run`; does nothing when any counter exists."""
-    if CounterConfig.query(CounterConfig.listed == True).get(keys_only=True) is not None:  # noqa: E712
-        return False
-    configure("page-views", "general")
-    configure("likes", "adaptive")
-    configure("downloads", "general", 8)
-    for name, times in (("page-views", 120), ("downloads", 25)):
-        for _ in range(times):
-            increment(name)
-    burst("likes", 32, 320)  # concurrent, so the adaptive counter has (almost surely) grown by the time anyone looks
-    for _ in range(30):
-        increment_simple()
-    return True
-

@@ -39,10 +39,10 @@ def _app(stack, url):
 
 def main():
     DOCS.mkdir(exist_ok=True)
-    with Stack(consistency=1.0, backend=backend_from_env()) as stack, serving.served(lambda url: _app(stack, url)) as (_app_, url), \
-            sync_playwright() as playwright:
+    with Stack(consistency=1.0, backend=backend_from_env()) as stack, \
+            serving.served(lambda url: _app(stack, url)) as (app, url), sync_playwright() as playwright:
         print("Seeding the demo content...", flush=True)
-        seed_demo()
+        seed_demo(app)
         browser = launch(playwright)
         context = browser.new_context(base_url=url, viewport={"width": WIDTH, "height": 900})
         page = context.new_page()

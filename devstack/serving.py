@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from core import runtime
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
 
 
@@ -74,5 +73,6 @@ def served(make_app):
     finally:
         server.shutdown()
         thread.join()
-        runtime.current().tasks.wait()  # deliveries still on their way, before the stack goes
-        runtime.current().close()
+        rt = app.extensions["runtime"]
+        rt.tasks.wait()  # deliveries still on their way, before the stack goes
+        rt.close()

@@ -1,0 +1,9 @@
+"""The numbers page: what each Datastore and memcache operation costs on this stack, beside the talk's figures.
+service.py (measuring), models.py, views.py (/numbers and /api/numbers)."""
+from core import features
+from latency import demo, views
+
+
+def init_app(app):
+    app.register_blueprint(views.bp)
+    features.add(app, features.Feature(name="latency", nav=("latency.index", "Numbers"), seed=demo.seed))

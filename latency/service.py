@@ -4,14 +4,13 @@ thumb. The package is not called `numbers`: that would shadow Python's standard 
 Bounded work: RUNS timed calls of each operation (plus one untimed warm-up), each operation cut short after
 TIME_LIMIT seconds, one measurement at a time; the probes are overwritten by the next measurement, never added to.
 """
-import datetime
 import statistics
 import time
 from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import runtime
+from core import clock, runtime
 from core.datastore import transact
 from core.errors import Conflict
 from latency.models import Measurement, Probe
@@ -130,7 +129,7 @@ def measure(by):
                 timing = _time(calls[op.name])
             rows.append({"name": op.name, **timing})
         backend, backend_name = _backend()
-        measurement = Measurement(id=LATEST, measured=datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None),
+        measurement = Measurement(id=LATEST, measured=clock.now(),
                                   by=by, backend=backend, backend_name=backend_name, runs=RUNS,
                                   operations=rows)
         measurement.put()
@@ -155,17 +154,9 @@ def measurement_dict(measurement):
         operations.append({"name": op.name, "label": op.label, "median_ms": row["median_ms"], "p90_ms": row["p90_ms"],
                            "per_item_ms": per_item, "runs": row["runs"], "talk": op.talk, "talk_ms": op.talk_ms})
     write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
-    return {"measured": measurement.measured.strftime("%Y-%m-%dT%H:%M:%SZ"), "by": measurement.by,
+    return {"measured": clock.iso(measurement.measured), "by": measurement.by,
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,
             # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
             "write_read_ratio": round(write / read, 1) if write and read else None}
-
-
-def seed_demo():
-    """A first measurement, so that the page has figures before an admin measures again."""
-    if latest() is not None:
-        return False
-    measure("seed")
-    return True

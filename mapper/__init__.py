@@ -1,0 +1,15 @@
+"""The mapper, the fourth lesson: a tree of tasks over key ranges. service.py (starting, running, finishing jobs),
+keyrange.py (splitting a key range), models.py, views.py (/jobs and /api/jobs). Features register their jobs with
+`service.register(app, job)` from their own init_app; the mapper knows none of them.
+"""
+from core import features
+from mapper import demo, service, views
+
+
+def init_app(app):
+    app.register_blueprint(views.bp)
+    app.extensions["runtime"].tasks.register(service.TASK_HANDLER, service.run_task)
+    features.add(app, features.Feature(
+        name="mapper", nav=("mapper.jobs", "Jobs"),
+        lesson=features.Lesson("mapper", "4. Adaptive sharding: a mapper", ("mapper/service.py", "mapper/keyrange.py"),
+                               demo.figure)))

@@ -10,8 +10,8 @@ that dies half way is retried from where its record says, and a second delivery 
 moved on and steps back. A finished record keeps the children it split into; a retry enqueues those same named
 tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
 
-Jobs are registered by name (`register(Job(...))` in the feature that owns the kind); a task carries the job's name
-and JSON params, never code.
+Jobs are registered by name, by the feature that owns the kind, from its init_app (`register(app, Job(...))`): each
+app keeps its own (on its runtime), and a task carries the job's name and JSON params, never code.
 """
 import dataclasses
 import datetime
@@ -23,7 +23,7 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import runtime, tasks
+from core import clock, runtime, tasks
 from core.datastore import transact
 from core.errors import BadInput, Conflict, found
 from core.validate import whole_number
@@ -66,7 +66,7 @@ class Job:
     fanout: int = 4
 
 
-_jobs = {}
+JOBS = "mapper.jobs"  # the runtime's registry of this app's jobs by name
 
 
 def _no_params(params):
@@ -75,21 +75,30 @@ def _no_params(params):
     return {}
 
 
-def register(job):
+def register(app, job):
+    """Make `job` one that `app` can run (from the init_app of the feature that owns its kind)."""
     if not 1 <= job.chunk < MAX_GROUPS:
         raise ValueError(f"{job.name}: a chunk of {job.chunk} does not fit a transaction")
-    _jobs[job.name] = job
+    jobs = app.extensions["runtime"].registry(JOBS)
+    if job.name in jobs:
+        raise ValueError(f"a job named {job.name!r} is registered already")
+    jobs[job.name] = job
     return job
 
 
+def _jobs():
+    return runtime.current().registry(JOBS)
+
+
 def registered():
-    return dict(sorted(_jobs.items()))
+    return dict(sorted(_jobs().items()))
 
 
 def definition(name):
-    if not isinstance(name, str) or name not in _jobs:
-        raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(_jobs))}.", "no_such_job")
-    return _jobs[name]
+    jobs = _jobs()
+    if not isinstance(name, str) or name not in jobs:
+        raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
+    return jobs[name]
 
 
 class Superseded(Exception):
@@ -117,7 +126,7 @@ def start_job(name, params=None, page_size=None, fanout=None):
     job = MapperJob(id=secrets.token_hex(8), name=name, params=params, kind=job_def.kind, page_size=page_size,
                     fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
     if not last:  # nothing to visit: done at once
-        job.finished, job.outcome, job.summary = _now(), "done", {"processed": 0, "tasks": 0, "depth": 0}
+        job.finished, job.outcome, job.summary = clock.now(), "done", {"processed": 0, "tasks": 0, "depth": 0}
         job.put()
         _finished(job)
         return job
@@ -136,19 +145,16 @@ def _returned_key(job_id):
     return f"mapper-returned:{job_id}"
 
 
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
 
 
 # --- one task --------------------------------------------------------------------------------------------------------
 
-@tasks.handler(TASK_HANDLER)
 def run_task(payload, attempt=0):
     """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
     job = MapperJob.get_by_id(payload["job"])
     if job is None or job.cancelled or job.finished:
         return {"skipped": "the job is gone, cancelled or finished"}
-    job_def = _jobs.get(job.name)
+    job_def = _jobs().get(job.name)
     record_key = ndb.Key(TaskRecord, f"{job.id}-{payload['task']}")
     # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
     # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
@@ -313,7 +319,7 @@ def _finalize(job, outcome, status=None):
         current = job.key.get()
         if current.finished or current.cancelled:
             return None
-        current.finished, current.outcome = _now(), outcome
+        current.finished, current.outcome = clock.now(), outcome
         current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth}
         current.put()
         return current
@@ -324,7 +330,7 @@ def _finalize(job, outcome, status=None):
 
 
 def _finished(job):
-    job_def = _jobs.get(job.name)
+    job_def = _jobs().get(job.name)
     if job_def and job_def.on_done:
         job_def.on_done(job)
 
@@ -357,10 +363,10 @@ def finish_job(job_id):
 
 def job_dict(job):
     s = status(job)
-    end = job.finished or _now()
+    end = job.finished or clock.now()
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
             "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
-            "page_size": job.page_size, "created": job.created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "page_size": job.page_size, "created": clock.iso(job.created),
             "elapsed": round((end - job.created).total_seconds(), 1)}
 
 

@@ -4,12 +4,12 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from tests.conftest import csrf_token
+from tests.support import csrf_token
 from core import runtime
 
 
 def _stored(kind):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return kind.query().fetch(keys_only=True)
 
 

@@ -4,12 +4,12 @@ import re
 import pytest
 
 from comments.models import Comment, UserSequence
-from tests.conftest import csrf_token
+from tests.support import csrf_token
 from core import runtime
 
 
 def _stored(kind):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return kind.query().fetch(keys_only=True)
 
 

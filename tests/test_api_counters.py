@@ -4,14 +4,14 @@ import time
 import pytest
 from google.cloud import ndb
 
-from tests.conftest import csrf_token
+from tests.support import csrf_token
 from core import runtime
 from counters import service as counters_service
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
 
 
 def _stored(kind):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return kind.query().fetch(keys_only=True)
 
 
@@ -197,7 +197,7 @@ def test_cached_config_is_never_stale_after_memcached_returns(client, auth, stac
         assert r.status_code == 503
     finally:
         stack.memcached.resume()
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         assert ndb.Key(CounterConfig, "cfg").get(use_global_cache=False).num_shards == 4
     assert client.get("/api/counters/cfg").get_json()["num_shards"] == 4
     assert client.post("/api/counters/cfg/shards", json={"num_shards": 9}).get_json()["num_shards"] == 9

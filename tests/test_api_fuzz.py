@@ -18,10 +18,8 @@ from hypothesis import strategies as st
 from schemathesis import checks as schemathesis_checks
 from schemathesis.generation import GenerationMode
 
-from core import runtime
 from devstack import serving
-from main import create_app
-from tests.conftest import _settings, contract_checked, fresh_stack
+from tests.support import fresh_stack, make_app
 
 EXAMPLES = 30
 # Each example of these does real work (up to 500 concurrent increments; a whole latency measurement).
@@ -39,12 +37,11 @@ def served_app(stack):
     holds tasks (nothing delivers them), so fuzzed seeds and jobs cost nothing."""
     fresh = fresh_stack(stack)
 
-    def make_app(url):
-        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(stack, TASKS_BACKEND="queue",
-                                                                                   **fresh)}))
-        runtime.current().memcache_client.flush_all(noreply=False)
+    def on(url):
+        app = make_app(stack, **fresh)
+        app.extensions["runtime"].memcache_client.flush_all(noreply=False)
         return app
-    with serving.served(make_app) as (app, url):
+    with serving.served(on) as (app, url):
         yield app, url
     app.extensions["contract"].assert_kept()
 

@@ -4,21 +4,23 @@ import time
 import pytest
 from google.cloud import ndb
 
+from accounts import demo as accounts_demo
 from accounts import service as accounts_service
 from accounts.models import Account
 from blog import service as blog_service
+from blog.models import EntryRef
 from comments import service as comments_service
 from core import runtime, tasks
 from devstack import serving
 from main import create_app
 from mapper.models import MapperJob
-from tests.conftest import _settings, csrf_token, fresh_stack
+from tests.support import settings_for, csrf_token, fresh_stack
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
 
 def job_count():
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return len(MapperJob.query().fetch(keys_only=True))
 
 
@@ -84,7 +86,7 @@ def test_the_task_route_only_answers_the_queue(client, auth, app):
     assert client.post("/api/tasks/mapper.run", json=payload).status_code == 403
     assert client.post("/api/tasks/mapper.run", json=payload,
                        headers={tasks.TOKEN_HEADER: "forged"}).status_code == 403
-    good = {tasks.TOKEN_HEADER: tasks.local_token(app.config["SETTINGS"].secret_key)}
+    good = {tasks.TOKEN_HEADER: tasks.local_token(app.extensions["runtime"].settings.secret_key)}
     assert client.post("/api/tasks/nothing", json=payload, headers=good).status_code == 404
     r = client.post("/api/tasks/mapper.run", json=payload, headers=good)
     assert r.status_code == 200 and "skipped" in r.get_json()  # no such job: nothing to do, and no retry
@@ -128,7 +130,7 @@ def test_credit_then_summary(client, auth, task_queue):
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"
     # the finished job dropped the cached summary
     assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 4200}
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         Account(id=1, balance=5).put()  # written behind the app's back: the cached summary does not see it
     assert client.get("/api/accounts/summary").get_json() == {"count": 600, "total_balance": 4200}
     runtime.cache().delete(accounts_service.SUMMARY_KEY)
@@ -138,21 +140,21 @@ def test_credit_then_summary(client, auth, task_queue):
 # --- the comment recount ------------------------------------------------------------------------------------------
 
 def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         for title in ("a", "b", "c"):
             blog_service.post_entry("rc", title, "body", "boss@example.com")
         blog_service.post_entry("other", "x", "body", "boss@example.com")
         for index, n in ((0, 3), (1, 5)):
             for i in range(n):
-                comments_service.post_comment("rc", index, USER, f"comment {i}")
+                comments_service.post_comment(EntryRef("rc", index), USER, f"comment {i}")
         # break the counters: one too high, one never counted, one counting comments that do not exist
         own = comments_service.COUNTERS
-        own.increment(comments_service.comments_counter("rc", 0))
-        for name in (comments_service.comments_counter("rc", 1), comments_service.comments_counter("rc", 2)):
+        own.increment(comments_service.comments_counter(EntryRef("rc", 0)))
+        for name in (comments_service.comments_counter(EntryRef("rc", 1)), comments_service.comments_counter(EntryRef("rc", 2))):
             own.increment(name)
         for _ in range(4):
-            own.increment(comments_service.comments_counter("rc", 2))
-        ndb.Key("CounterShard", own.name(comments_service.comments_counter("rc", 1)) + "|0").delete()
+            own.increment(comments_service.comments_counter(EntryRef("rc", 2)))
+        ndb.Key("CounterShard", own.name(comments_service.comments_counter(EntryRef("rc", 1))) + "|0").delete()
     auth.admin()
     job = client.post("/api/jobs", json={"name": "recount_comments", "params": {}}).get_json()
     task_queue.drain(workers=2)
@@ -160,8 +162,8 @@ def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
     for index, expected in ((0, 3), (1, 5), (2, 0)):
         r = client.get(f"/api/blogs/rc/entries/{index}").get_json()
         assert r["comment_count"] == expected, (index, r["comment_count"])
-    with runtime.current().datastore.context():
-        assert own.exact_totals([comments_service.comments_counter("other", 0)]) == {"other.0": 0}
+    with runtime.current().context():
+        assert own.exact_totals([comments_service.comments_counter(EntryRef("other", 0))]) == {"other.0": 0}
 
 
 # --- pages ------------------------------------------------------------------------------------------------------------
@@ -198,7 +200,7 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
 def served(stack):
     """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
     fresh = fresh_stack(stack)
-    with serving.served(lambda url: create_app({"TESTING": True, "SETTINGS": _settings(
+    with serving.served(lambda url: create_app({"TESTING": True, "SETTINGS": settings_for(
             stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)})) as (app, url):
         yield app, url
 
@@ -223,7 +225,6 @@ def test_http_queue_runs_a_job_to_the_end(served):
 DELIVERED = []
 
 
-@tasks.handler("test.record")
 def _record(payload, attempt):
     DELIVERED.append((payload["n"], attempt))
     if payload.get("fail_first") and attempt == 0:
@@ -233,9 +234,11 @@ def _record(payload, attempt):
 def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
     app, url = served
     DELIVERED.clear()
-    queue = runtime.current().tasks
+    rt = app.extensions["runtime"]
+    rt.tasks.register("test.record", _record)
+    queue = rt.tasks
     # another process's queue: the same memcached tells it the name is taken
-    other = tasks.HttpQueue(url, tasks.local_token(app.config["SETTINGS"].secret_key), runtime.cache())
+    other = tasks.HttpQueue(url, tasks.local_token(rt.settings.secret_key), rt.cache)
     for _ in range(3):
         queue.enqueue("test.record", {"n": 1}, "record-1")
     other.enqueue("test.record", {"n": 1}, "record-1")
@@ -248,8 +251,8 @@ def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
 
 
 def test_demo_accounts_are_seeded_once(app, client):
-    with runtime.current().datastore.context():
-        assert accounts_service.seed_demo() is True
-        assert accounts_service.seed_demo() is False  # it has accounts now
-    assert client.get("/api/accounts/summary").get_json() == {"count": accounts_service.DEMO_ACCOUNTS,
+    with runtime.current().context():
+        assert accounts_demo.seed() is True
+        assert accounts_demo.seed() is False  # it has accounts now
+    assert client.get("/api/accounts/summary").get_json() == {"count": accounts_demo.DEMO_ACCOUNTS,
                                                               "total_balance": 0}

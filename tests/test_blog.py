@@ -3,8 +3,9 @@ import pytest
 from google.cloud import ndb
 
 from blog import service
+from blog.models import EntryRef
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from tests.conftest import in_threads
+from tests.support import in_threads
 from core import runtime
 from core.cache import CACHE_DOWN
 from core.errors import NotFound
@@ -27,7 +28,7 @@ def test_first_post_creates_the_blog_with_index_zero(ndb_context):
 def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
     entries = in_threads(20, lambda i: service.post_entry("b", f"t{i}", f"body {i}", "boss@example.com").entry)
     assert sorted(e["index"] for e in entries) == list(range(20))
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         assert service.get_blog("b").max_index == 19
         stored = BlogEntry.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()
         assert sorted(e.index for e in stored) == list(range(20))
@@ -46,11 +47,11 @@ def test_paging_walks_every_entry_once_newest_first(ndb_context, count, limit):
     while True:
         page = service.get_page("b", start, limit)
         pages += 1
-        assert 1 <= len(page.entries) <= limit
-        seen += [e["index"] for e in page.entries]
+        assert 1 <= len(page.items) <= limit
+        seen += [e["index"] for e in page.items]
         if page.next is None:
             break
-        assert page.next == page.entries[-1]["index"] - 1  # the next marker is exactly the first entry not shown
+        assert page.next == page.items[-1]["index"] - 1  # the next marker is exactly the first entry not shown
         start = page.next
     assert seen == list(range(count - 1, -1, -1))
     assert pages == -(-count // limit)
@@ -61,21 +62,21 @@ def test_newer_marker_leads_back_to_the_same_pages(ndb_context):
     first = service.get_page("b", None, 10)
     second = service.get_page("b", first.next, 10)
     third = service.get_page("b", second.next, 10)
-    assert [len(p.entries) for p in (first, second, third)] == [10, 10, 5] and third.next is None
-    assert first.newer is None and second.newer == 24 and third.newer == 14
-    assert service.get_page("b", third.newer, 10).entries == second.entries
+    assert [len(p.items) for p in (first, second, third)] == [10, 10, 5] and third.next is None
+    assert first.prev is None and second.prev == 24 and third.prev == 14
+    assert service.get_page("b", third.prev, 10).items == second.items
     # a start beyond the newest entry is the front page
-    assert service.get_page("b", 10 ** 6, 10).entries == first.entries
+    assert service.get_page("b", 10 ** 6, 10).items == first.items
 
 
 def test_front_page_is_cached_and_shows_a_new_post_at_once(ndb_context):
     _post(3)
     assert service.get_page("b").cached is False
     again = service.get_page("b")
-    assert again.cached is True and [e["index"] for e in again.entries] == [2, 1, 0]
+    assert again.cached is True and [e["index"] for e in again.items] == [2, 1, 0]
     _post(1, start=3)
     page = service.get_page("b")
-    assert [e["index"] for e in page.entries] == [3, 2, 1, 0]
+    assert [e["index"] for e in page.items] == [3, 2, 1, 0]
     assert service.get_page("b").cached is True
 
 
@@ -88,7 +89,7 @@ def test_a_reader_that_read_before_a_post_cannot_cache_an_old_front_page(ndb_con
     # the slow reader stores the page it read before the post, under the key it computed then
     runtime.cache().add(old_key, b"stale", expire=60)
     page = service.get_page("b")
-    assert [e["index"] for e in page.entries] == [2, 1, 0] and page.cached is False
+    assert [e["index"] for e in page.items] == [2, 1, 0] and page.cached is False
 
 
 def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack):
@@ -96,14 +97,14 @@ def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack)
     stack.memcached.stop()
     try:
         page = service.get_page("b")
-        assert [e["index"] for e in page.entries] == [1, 0] and page.cached is False
+        assert [e["index"] for e in page.items] == [1, 0] and page.cached is False
         # a post needs memcached (BlogIndex is a globally cached kind): it fails whole, no index consumed
         with pytest.raises(CACHE_DOWN):
             _post(1, start=2)
     finally:
         stack.memcached.start()
     assert service.require_blog("b").max_index == 1
-    assert [e["index"] for e in service.get_page("b").entries] == [1, 0]
+    assert [e["index"] for e in service.get_page("b").items] == [1, 0]
 
 
 def test_idempotency_key_posts_once(ndb_context):
@@ -143,25 +144,25 @@ def test_markdown_keeps_safe_formatting(ndb_context):
 
 def test_views_are_counted_on_an_unlisted_adaptive_counter(ndb_context):
     _post(1)
-    assert service.view_count("b", 0) == 0
-    assert [service.record_view("b", 0) for _ in range(3)][-1] == 3
+    assert service.view_count(EntryRef("b", 0)) == 0
+    assert [service.record_view(EntryRef("b", 0)) for _ in range(3)][-1] == 3
     from counters import service as counters
     assert counters.get_config("blog:b.0.views").mode == "adaptive"
     assert [c.name for c, _, _ in counters.list_counters()] == []
 
 
 def test_blog_pages_are_strongly_consistent_at_emulator_consistency_0_9(weak_app):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         for round_ in range(3):  # several rounds: at 0.9 a lagging query would show within a few
             posted = service.post_entry("w", f"t{round_}", "body", "boss@example.com").entry
             page = service.get_page("w", None, 2)
-            assert page.entries[0]["index"] == posted["index"] == round_
+            assert page.items[0]["index"] == posted["index"] == round_
             assert service.get_entry("w", round_)["title"] == f"t{round_}"
         _post(12, blog="w", start=3)
         seen, start = [], None
         while True:
             page = service.get_page("w", start, 4)
-            seen += [e["index"] for e in page.entries]
+            seen += [e["index"] for e in page.items]
             if page.next is None:
                 break
             start = page.next

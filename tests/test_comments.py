@@ -4,10 +4,12 @@ import datetime
 import pytest
 from google.cloud import ndb
 
+from blog import demo as blog_demo
 from blog import service as blog_service
+from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from tests.conftest import in_threads
+from tests.support import in_threads
 from core import runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import service as counters
@@ -23,14 +25,14 @@ def _entry(blog="b", count=1):
 
 
 def _exact_count(blog, index):
-    config = counters.get_config(service.COUNTERS.name(service.comments_counter(blog, index)))
+    config = counters.get_config(service.COUNTERS.name(service.comments_counter(EntryRef(blog, index))))
     return sum(counters.shard_counts(config)) if config else 0
 
 
 def _walk_forward(limit, **kw):
     pages, after = [], None
     while True:
-        page = service.get_comments("b", 0, after=after, limit=limit, **kw)
+        page = service.get_comments(EntryRef("b", 0), after=after, limit=limit, **kw)
         pages.append(page)
         if page.next is None:
             return pages
@@ -38,15 +40,15 @@ def _walk_forward(limit, **kw):
 
 
 def test_sixteen_users_by_ten_concurrently(app):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         _entry()
     users = [_user(f"u{i}") for i in range(16)]
 
     def post_ten(i):
-        return [service.post_comment("b", 0, users[i], f"comment {n} of {i}")["id"] for n in range(10)]
+        return [service.post_comment(EntryRef("b", 0), users[i], f"comment {n} of {i}")["id"] for n in range(10)]
     ids = [c for batch in in_threads(16, post_ten) for c in batch]
     assert len(ids) == 160 and len(set(ids)) == 160
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         stored = Comment.query(Comment.entry == "b/0").fetch()
         assert sorted(c.sort_key for c in stored) == sorted(ids)
         for user in users:
@@ -54,7 +56,7 @@ def test_sixteen_users_by_ten_concurrently(app):
             assert seqs == list(range(1, 11)), user  # dense: no sequence number skipped or repeated
             assert ndb.Key(UserSequence, user["id"]).get().seq == 10
         assert _exact_count("b", 0) == 160
-        assert service.comment_counts("b", [0]) == {0: 160}
+        assert service.comment_counts([EntryRef("b", 0)]) == {EntryRef("b", 0): 160}
 
 
 def _insert(entry, when, user_id, seq, text="x"):
@@ -71,39 +73,39 @@ def test_paging_forward_then_backward_gives_the_same_pages(ndb_context, limit):
     same_time = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901)
     ids = [_insert("b/0", same_time, f"user{u}", s) for u in range(4) for s in range(1, 4)]  # 12 at one instant
     ids += [_insert("b/0", same_time + datetime.timedelta(microseconds=1), "user0", 4)]
-    ids += [service.post_comment("b", 0, _user(f"p{i % 3}"), f"posted {i}")["id"] for i in range(12)]
+    ids += [service.post_comment(EntryRef("b", 0), _user(f"p{i % 3}"), f"posted {i}")["id"] for i in range(12)]
     expected = sorted(ids)
     pages = _walk_forward(limit)
-    walked = [c["id"] for p in pages for c in p.comments]
+    walked = [c["id"] for p in pages for c in p.items]
     assert walked == expected  # oldest first, every comment exactly once
-    assert all(len(p.comments) == limit for p in pages[:-1]) and 1 <= len(pages[-1].comments) <= limit
+    assert all(len(p.items) == limit for p in pages[:-1]) and 1 <= len(pages[-1].items) <= limit
     assert pages[0].prev is None and pages[-1].next is None
     for earlier, later in zip(pages, pages[1:]):
         assert later.prev is not None
-        back = service.get_comments("b", 0, before=later.prev, limit=limit)
-        assert back.comments == earlier.comments and back.next == earlier.next and back.prev == earlier.prev
-    last = service.get_comments("b", 0, limit=limit, last=True)
-    assert [c["id"] for c in last.comments] == expected[-limit:] and last.next is None
+        back = service.get_comments(EntryRef("b", 0), before=later.prev, limit=limit)
+        assert back.items == earlier.items and back.next == earlier.next and back.prev == earlier.prev
+    last = service.get_comments(EntryRef("b", 0), limit=limit, last=True)
+    assert [c["id"] for c in last.items] == expected[-limit:] and last.next is None
     assert last.prev == (expected[-limit] if len(expected) > limit else None)
 
 
 def test_own_comments_are_merged_only_into_the_page_they_belong_on(ndb_context):
     _entry()
-    ids = [service.post_comment("b", 0, _user(f"u{i % 4}"), f"c{i}")["id"] for i in range(17)]
-    plain = [[c["id"] for c in p.comments] for p in _walk_forward(5)]
-    with_own = [[c["id"] for c in p.comments] for p in _walk_forward(5, own=ids + ["garbage", "1|2|3"])]
+    ids = [service.post_comment(EntryRef("b", 0), _user(f"u{i % 4}"), f"c{i}")["id"] for i in range(17)]
+    plain = [[c["id"] for c in p.items] for p in _walk_forward(5)]
+    with_own = [[c["id"] for c in p.items] for p in _walk_forward(5, own=ids + ["garbage", "1|2|3"])]
     assert with_own == plain  # the query already has them all: merging adds nothing and moves nothing
 
 
 def test_own_comment_is_seen_at_once_at_consistency_0_9(weak_app):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         _entry()
         user, own = _user("me"), []
         for i in range(15):
-            comment = service.post_comment("b", 0, user, f"mine {i}")
+            comment = service.post_comment(EntryRef("b", 0), user, f"mine {i}")
             own = (own + [comment["id"]])[-service.RECENT_KEEP:]
-            page = service.get_comments("b", 0, last=True, own=own)
-            assert page.comments[-1]["id"] == comment["id"]
+            page = service.get_comments(EntryRef("b", 0), last=True, own=own)
+            assert page.items[-1]["id"] == comment["id"]
 
 
 @pytest.mark.parametrize("bookmark", ["garbage", "", "20260101T000000.000000Z|u|1",  # well formed, no such comment
@@ -111,61 +113,61 @@ def test_own_comment_is_seen_at_once_at_consistency_0_9(weak_app):
                                       "20260101T000000.000000Z|a|b|0000000001"])
 def test_forged_bookmarks_are_400(ndb_context, bookmark):
     _entry()
-    service.post_comment("b", 0, _user("u"), "hello")
+    service.post_comment(EntryRef("b", 0), _user("u"), "hello")
     for kw in ({"after": bookmark}, {"before": bookmark}):
         with pytest.raises(BadInput):
-            service.get_comments("b", 0, **kw)
+            service.get_comments(EntryRef("b", 0), **kw)
 
 
 def test_truncated_and_foreign_bookmarks_are_400(ndb_context):
     _entry(count=2)
-    mine = service.post_comment("b", 0, _user("u"), "on entry 0")["id"]
-    foreign = service.post_comment("b", 1, _user("u"), "on entry 1")["id"]
-    assert service.get_comments("b", 0, after=mine).comments == []
+    mine = service.post_comment(EntryRef("b", 0), _user("u"), "on entry 0")["id"]
+    foreign = service.post_comment(EntryRef("b", 1), _user("u"), "on entry 1")["id"]
+    assert service.get_comments(EntryRef("b", 0), after=mine).items == []
     for bad in (mine[:-1], mine[:20], foreign):
         with pytest.raises(BadInput):
-            service.get_comments("b", 0, after=bad)
+            service.get_comments(EntryRef("b", 0), after=bad)
     with pytest.raises(BadInput):
-        service.get_comments("b", 0, after=mine, before=mine)
+        service.get_comments(EntryRef("b", 0), after=mine, before=mine)
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t", "x" * 2001, "nul\x00", 5, None, ["list"]])
 def test_bad_text_writes_nothing(ndb_context, text):
     _entry()
     with pytest.raises(Unprocessable):
-        service.post_comment("b", 0, _user("u"), text)
+        service.post_comment(EntryRef("b", 0), _user("u"), text)
     assert Comment.query().fetch(keys_only=True) == [] and UserSequence.query().fetch(keys_only=True) == []
-    assert counters.get_config(service.comments_counter("b", 0)) is None
+    assert counters.get_config(service.comments_counter(EntryRef("b", 0))) is None
 
 
 def test_anonymous_and_unknown_entries(ndb_context):
     _entry()
     with pytest.raises(SignInRequired):
-        service.post_comment("b", 0, None, "hi")
+        service.post_comment(EntryRef("b", 0), None, "hi")
     with pytest.raises(NotFound):
-        service.post_comment("b", 5, _user("u"), "hi")
+        service.post_comment(EntryRef("b", 5), _user("u"), "hi")
     with pytest.raises(NotFound):
-        service.get_comments("nope", 0)
+        service.get_comments(EntryRef("nope", 0))
     assert Comment.query().fetch(keys_only=True) == []
 
 
 def test_a_resent_comment_is_written_and_counted_once(ndb_context):
     _entry()
-    first = service.post_comment("b", 0, _user("u"), "once", "form-token-1")
-    again = service.post_comment("b", 0, _user("u"), "once", "form-token-1")
+    first = service.post_comment(EntryRef("b", 0), _user("u"), "once", "form-token-1")
+    again = service.post_comment(EntryRef("b", 0), _user("u"), "once", "form-token-1")
     assert again == first
     assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
-    service.post_comment("b", 0, _user("u"), "twice", "form-token-2")
+    service.post_comment(EntryRef("b", 0), _user("u"), "twice", "form-token-2")
     assert _exact_count("b", 0) == 2
 
 
 def test_comments_survive_memcached_down(ndb_context, stack):
     _entry()
-    service.post_comment("b", 0, _user("u"), "first")  # creates the count's counter while memcached is up
+    service.post_comment(EntryRef("b", 0), _user("u"), "first")  # creates the count's counter while memcached is up
     stack.memcached.stop()
     try:
-        service.post_comment("b", 0, _user("u"), "while memcached is away")
-        assert [c["text"] for c in service.get_comments("b", 0).comments] == ["first", "while memcached is away"]
+        service.post_comment(EntryRef("b", 0), _user("u"), "while memcached is away")
+        assert [c["text"] for c in service.get_comments(EntryRef("b", 0)).items] == ["first", "while memcached is away"]
     finally:
         stack.memcached.start()
     assert _exact_count("b", 0) == 2
@@ -182,10 +184,11 @@ def test_sort_key_is_fixed_width_and_rejects_the_separator():
 def test_demo_seed_gives_pages_of_comments(app):
     output = app.test_cli_runner().invoke(args=["seed"]).output
     assert "blog: seeded" in output and "comments: seeded" in output
-    with runtime.current().datastore.context():
-        top = blog_service.get_blog(blog_service.DEMO_BLOG).max_index
-        assert top == blog_service.DEMO_ENTRIES - 1
-        first = service.get_comments("demo", top)
-        assert len(first.comments) == service.PAGE_SIZE and first.next is not None
-        assert len({c["author"] for c in first.comments}) >= 3
-        assert service.comment_counts("demo", [top, top - 1]) == {top: 45, top - 1: 12}
+    with runtime.current().context():
+        top = blog_service.get_blog(blog_demo.DEMO_BLOG).max_index
+        assert top == blog_demo.DEMO_ENTRIES - 1
+        first = service.get_comments(EntryRef("demo", top))
+        assert len(first.items) == service.PAGE_SIZE and first.next is not None
+        assert len({c["author"] for c in first.items}) >= 3
+        assert service.comment_counts([EntryRef("demo", top), EntryRef("demo", top - 1)]) == {
+            EntryRef("demo", top): 45, EntryRef("demo", top - 1): 12}

@@ -8,7 +8,8 @@ from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
 
-from tests.conftest import csrf_token
+from devstack.taskqueue import DrainedQueue
+from tests.support import csrf_token, running
 from core import identity, runtime
 from core.settings import Settings
 from devstack import DevstackError, Stack, services
@@ -101,7 +102,7 @@ def test_index_yaml_is_enforced(legacy_app):
         a = ndb.IntegerProperty()
         b = ndb.IntegerProperty()
 
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         IndexProbe(a=1, b=2).put()
         assert len(IndexProbe.query(IndexProbe.a == 1).fetch()) == 1  # built-in single-property index
         with pytest.raises(core_exceptions.GoogleAPICallError) as info:
@@ -145,11 +146,11 @@ class StaticKeys:
 @pytest.fixture
 def gae_client(stack, iap_key):
     env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", ADMIN_EMAILS="boss@example.com",
-               IAP_AUDIENCE=AUDIENCE, TASKS_BACKEND="queue")
-    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)})
+               IAP_AUDIENCE=AUDIENCE, TASKS_LOCATION="us-central1")
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)}, task_queue=DrainedQueue())
     app.extensions["iap_keys"] = StaticKeys(iap_key[1])
-    yield app.test_client()
-    runtime.current().close()
+    with running(app):
+        yield app.test_client()
 
 
 def test_iap_identity_on_app_engine(gae_client, iap_key):

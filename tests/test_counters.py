@@ -4,7 +4,7 @@ import time
 import pytest
 from google.cloud import ndb
 
-from tests.conftest import in_threads
+from tests.support import in_threads
 from core import runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import service
@@ -179,7 +179,7 @@ def test_bad_shard_counts_are_refused(ndb_context, shards):
 
 def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
     """Gets by key are strongly consistent: at consistency 0.9 every read still sees every increment."""
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         service.configure("weak", "adaptive")
         for n in range(1, 41):
             service.increment("weak")
@@ -214,7 +214,7 @@ def test_seed_command_seeds_once(app):
     first, second = runner.invoke(args=["seed"]).output, runner.invoke(args=["seed"]).output
     for feature in ("counters", "blog", "comments"):
         assert f"{feature}: seeded" in first and f"{feature}: already has content" in second
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         names = sorted(c.name for c in CounterConfig.query(CounterConfig.listed == True).fetch())  # noqa: E712
         assert names == ["downloads", "likes", "page-views"]
         likes = service.get_config("likes")

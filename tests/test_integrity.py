@@ -12,7 +12,7 @@ from core import runtime
 from counters.models import CounterConfig, CounterShard
 from main import create_app
 from mapper.models import MapperJob
-from tests.conftest import _settings, csrf_token
+from tests.support import csrf_token, running, settings_for
 
 FEATURE_COUNTERS = ("comments:b.0", "blog:b.0.views")
 
@@ -31,7 +31,7 @@ def _comment_count(client):
 
 
 def _entities(kind):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return ndb.Query(kind=kind).fetch(keys_only=True)
 
 
@@ -60,7 +60,7 @@ def test_nobody_can_forge_an_entrys_comment_or_view_count(client, auth):
         assert r.status_code == 403 and "kept by the app" in r.get_data(as_text=True)
     assert _comment_count(client) == 3
     assert len(_entities("CounterShard")) == shards_before
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         assert ndb.Key(CounterConfig, "comments:b.0").get().num_shards == 1  # not grown by the refused PUT/shards
     listed = client.get("/api/counters").get_json()["counters"]
     assert listed == []
@@ -191,21 +191,17 @@ def test_security_headers_on_pages_json_errors_and_static_files(client, auth):
 
 
 def test_hsts_only_on_app_engine(stack):
-    settings = _settings(stack)
+    settings = settings_for(stack)
     gae = create_app({"TESTING": True, "SETTINGS": type(settings)(**{**settings.__dict__, "on_app_engine": True})})
-    try:
+    with running(gae):
         r = gae.test_client().get("/healthz", base_url="https://example.appspot.com")
         assert r.headers["Strict-Transport-Security"].startswith("max-age=31556926")
         _assert_secured(r, "App Engine")
         assert gae.config["SESSION_COOKIE_SECURE"] is True
-    finally:
-        runtime.current().close()
     local = create_app({"TESTING": True, "SETTINGS": settings})
-    try:
+    with running(local):
         r = local.test_client().get("/healthz", base_url="https://localhost")
         assert "Strict-Transport-Security" not in r.headers
-    finally:
-        runtime.current().close()
 
 
 def test_no_template_has_inline_script_or_style():
@@ -222,7 +218,7 @@ def _snapshot():
     """Every entity of every kind the app's models define, by key, read in a fresh context (no cache): a GET must
     leave this exactly as it was. (Kinds from the models, not a __kind__ query: the Firestore emulator refuses
     those.)"""
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return {entity.key: entity.to_dict() for kind in sorted(ndb.Model._kind_map)
                 for entity in ndb.Query(kind=kind).fetch()}
 
@@ -235,7 +231,7 @@ def test_gets_leave_the_datastore_unchanged(client, auth, task_queue):
     task_queue.drain()
     # A job whose every range has reported back but that was never marked finished (its last task died before
     # noticing): reading it used to finish it.
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         stuck = MapperJob.get_by_id(job["id"])
         stuck.finished, stuck.outcome, stuck.summary = None, None, None
         stuck.put()
@@ -263,7 +259,7 @@ def test_a_job_is_finished_by_its_last_task_or_by_an_admin_never_by_a_read(clien
     assert client.post(f"/api/jobs/{job['id']}/finish").status_code == 409  # ranges still out
     task_queue.drain()
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"  # the last task finished it
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         stuck = MapperJob.get_by_id(job["id"])
         stuck.finished = None
         stuck.put()
@@ -298,7 +294,7 @@ def test_the_entry_page_counts_its_view_by_post_not_by_get(client, auth):
 # --- the middleware keeps close() --------------------------------------------------------------------------------
 
 def test_the_middleware_streams_in_the_requests_context_and_runs_close(app):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         CounterShard(id="probe|0", count=7).put()
     seen = []
 

@@ -138,7 +138,7 @@ def watch(client, job_id, stop):
 
 
 def test_every_account_credited_exactly_once(app, client, auth, task_queue):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         scattered = put_in_batches([Account() for _ in range(5000)])
         named = put_in_batches([Account(id=f"acct-{n:05d}") for n in range(1000)])
         under_branches = put_in_batches([Account(parent=ndb.Key(Branch, f"b{n % 7}")) for n in range(70)])
@@ -157,7 +157,7 @@ def test_every_account_credited_exactly_once(app, client, auth, task_queue):
         watcher.join()
     final = job_status(client, job_id)
 
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         balances = [a.balance for a in ndb.get_multi(accounts)]
         assert balances == [10] * len(accounts)
         assert [s.total for s in ndb.get_multi(statements)] == [1] * len(statements)
@@ -191,23 +191,31 @@ def _flaky_credit(accounts, params, prepared):
 
 
 DONE = []
-service.register(service.Job(name="test_flaky_credit", kind="Account", title="t", description="t",
-                             apply=_flaky_credit, parse_params=ADD_CREDIT.parse_params, on_done=DONE.append))
-service.register(service.Job(name="test_always_fails", kind="Account", title="t", description="t",
-                             apply=lambda *a: 1 / 0))
+TEST_JOBS = (service.Job(name="test_flaky_credit", kind="Account", title="t", description="t",
+                         apply=_flaky_credit, parse_params=ADD_CREDIT.parse_params, on_done=DONE.append),
+             service.Job(name="test_always_fails", kind="Account", title="t", description="t",
+                         apply=lambda *a: 1 / 0))
+
+
+@pytest.fixture
+def extra_jobs(app):
+    """The app, with the jobs above registered as a feature's init_app registers its own."""
+    for job in TEST_JOBS:
+        service.register(app, job)
+    return app
 
 
 def seed_accounts(count):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return sorted(put_in_batches([Account() for _ in range(count)]), key=keyrange.order)
 
 
 def balances(keys):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return [a.balance for a in ndb.get_multi(keys)]
 
 
-def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(app, client, auth, task_queue):
+def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs, client, auth, task_queue):
     keys = seed_accounts(300)
     FAULTS.update(fail_at=keys[50], failures=0)  # the root's page is the first 100: chunks 0-1 commit, chunk 2 dies
     job_id = start(client, auth, "test_flaky_credit", page_size=100)
@@ -215,14 +223,14 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(app, clien
     assert FAULTS["failures"] == 1
     root = [(status, body) for task, status, body in task_queue.responses if task.name == f"{job_id}-0"]
     assert [status for status, _ in root] == [500, 200]  # failed once, then finished from where it stopped
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         record = TaskRecord.get_by_id(f"{job_id}-0")
         assert record.processed == 100 and record.state == "done"
     assert balances(keys) == [10] * 300
     assert job_status(client, job_id)["processed"] == 300
 
 
-def test_duplicate_deliveries_at_once_credit_once_and_finish_once(app, client, auth, task_queue):
+def test_duplicate_deliveries_at_once_credit_once_and_finish_once(extra_jobs, client, auth, task_queue):
     keys = seed_accounts(400)
     DONE.clear()
     job_id = start(client, auth, "test_flaky_credit", page_size=40, fanout=4)
@@ -244,7 +252,7 @@ def test_duplicate_deliveries_at_once_credit_once_and_finish_once(app, client, a
     assert statuses <= {200, 409}
 
 
-def test_a_task_that_keeps_failing_fails_the_job(app, client, auth, task_queue):
+def test_a_task_that_keeps_failing_fails_the_job(extra_jobs, client, auth, task_queue):
     seed_accounts(30)
     job_id = start(client, auth, "test_always_fails", params={})
     task_queue.drain()
@@ -259,7 +267,7 @@ def test_arithmetic_alone_still_splits_into_a_shallow_tree(app, client, auth, ta
     monkeypatch.setattr(service, "SAMPLES", 0)  # as on a kind too new to have __scatter__ samples
     keys = seed_accounts(1500)
     job_id = start(client, auth, page_size=50, fanout=4)
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         assert MapperJob.get_by_id(job_id).samples == []
     task_queue.drain(workers=2)
     final = job_status(client, job_id)

@@ -3,14 +3,14 @@ import threading
 
 from google.cloud import ndb
 
-from tests.conftest import csrf_token
+from tests.support import csrf_token
 from core import runtime
-from latency import service
+from latency import demo, service
 from latency.models import Measurement, Probe
 
 
 def _stored(kind):
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         return kind.query().fetch(keys_only=True)
 
 
@@ -99,11 +99,11 @@ def test_measures_while_memcached_is_down(client, auth, stack):
         assert "unreachable" in html
     finally:
         stack.memcached.start()
-    with runtime.current().datastore.context():
+    with runtime.current().context():
         assert ndb.Key(Measurement, service.LATEST).get() is not None
 
 
 def test_seed_measures_once(app, ndb_context):
-    assert service.seed_demo() is True
+    assert demo.seed() is True
     assert service.latest()["by"] == "seed"
-    assert service.seed_demo() is False
+    assert demo.seed() is False

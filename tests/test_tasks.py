@@ -8,9 +8,10 @@ import pytest
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from core import runtime, tasks
+from core import tasks
 from core.settings import Settings
 from main import create_app
+from tests.support import running
 
 
 @pytest.fixture
@@ -39,16 +40,19 @@ def cloud_tasks():
 
 
 @pytest.fixture
-def gae_app(stack):
-    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", TASKS_BACKEND="queue")
-    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)})
-    yield app
-    runtime.current().close()
+def gae_app(stack, cloud_tasks):
+    """The app as on App Engine, its tasks sent to the loopback Cloud Tasks server."""
+    client, _ = cloud_tasks
+    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", TASKS_LOCATION="us-central1")
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)},
+                     task_queue=tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client))
+    with running(app):
+        yield app
 
 
 def test_cloud_tasks_queue_sends_named_app_engine_tasks_once(cloud_tasks, gae_app):
     client, received = cloud_tasks
-    queue = tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client)
+    queue = gae_app.extensions["runtime"].tasks
     payload = {"seed": "abc", "start": 0, "stop": 3}
     queue.enqueue("accounts.seed", payload, "seed-abc-0")
     queue.enqueue("accounts.seed", payload, "seed-abc-0")  # ALREADY_EXISTS: success, not an error
@@ -70,9 +74,9 @@ def test_cloud_tasks_queue_sends_named_app_engine_tasks_once(cloud_tasks, gae_ap
     assert delivered.status_code == 200 and delivered.get_json() == {"created": 3}
 
 
-def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks):
+def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks, gae_app):
     client, received = cloud_tasks
-    queue = tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client)
+    queue = gae_app.extensions["runtime"].tasks
     with pytest.raises(ValueError):
         queue.enqueue("no.such.handler", {}, "t-1")
     with pytest.raises(ValueError):

@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from tests.conftest import csrf_token
-from tour import service as tour
+from tests.support import csrf_token
+from core import features
 
 
 def _figure(html, lesson):
@@ -13,13 +13,13 @@ def _figure(html, lesson):
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", match.group(1))).strip()
 
 
-def test_empty_datastore_tour_says_there_is_nothing_yet(client):
+def test_empty_datastore_tour_says_there_is_nothing_yet(app, client):
     html = client.get("/").get_data(as_text=True)
     assert _figure(html, "counters") == "No demo counter yet."
     assert _figure(html, "blog") == "No demo blog yet."
     assert _figure(html, "comments") == "No comments yet."
     assert _figure(html, "mapper") == "No job has run yet."
-    for lesson in tour.LESSONS.values():
+    for lesson in features.of(app).lessons().values():
         assert lesson.title in html
         for path in lesson.sources:
             assert f'href="/source/{path}"' in html

@@ -1,6 +1,7 @@
-"""The tour: the home page (one card per lesson, each with a live figure) and the lessons' source files."""
-from flask import Blueprint, render_template
+"""The tour: the home page (one card per lesson, each with a live figure) and the app's source files."""
+from flask import Blueprint, current_app, render_template
 
+from core import features
 from core.errors import found
 from tour import service
 
@@ -10,11 +11,13 @@ bp = Blueprint("tour", __name__)
 @bp.get("/")
 def home():
     """The tour of the lessons."""
-    return render_template("tour/home.html", lessons=service.LESSONS, figures=service.figures())
+    lessons = features.of(current_app).lessons()
+    return render_template("tour/home.html", lessons=lessons, figures=service.figures(lessons))
 
 
 @bp.get("/source/<path:path>")
 def source(path):
-    """One of the lessons' source files, as text."""
-    text = found(service.read_source(path), f"{path!r} is not one of the app's source files.", "no_such_source")
+    """One of the app's source files, as text."""
+    text = found(service.read_source(path, features.of(current_app).source_files),
+                 f"{path!r} is not one of the app's source files.", "no_such_source")
     return render_template("tour/source.html", path=path, lines=text.splitlines())

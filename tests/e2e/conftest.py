@@ -9,8 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.conftest import _settings, contract_checked, fresh_stack
-from core import runtime
+from tests.support import settings_for, contract_checked, fresh_stack
 from devstack import browser as chromium, serving
 from main import create_app
 
@@ -31,9 +30,9 @@ def site(stack):
     fresh = fresh_stack(stack)
 
     def make_app(url):
-        app = contract_checked(create_app({"TESTING": True, "SETTINGS": _settings(
+        app = contract_checked(create_app({"TESTING": True, "SETTINGS": settings_for(
             stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)}))
-        runtime.current().memcache_client.flush_all(noreply=False)
+        app.extensions["runtime"].memcache_client.flush_all(noreply=False)
         return app
     with serving.served(make_app) as (app, url):
         yield url

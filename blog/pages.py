@@ -1,0 +1,63 @@
+"""The blog's HTML pages, and the hook through which other features add to its entries without the blog knowing them.
+
+The entry page is the blog's. A feature that has something to say about every entry (comments: a count on each
+entry's meta line, a section under the entry on its page, a field in the entry's JSON) describes it as an
+`EntryAddon` and registers it from its own init_app (`add_entry_addon`). The blog calls its addons; it never imports
+them, so dependencies run one way: comments -> blog -> counters.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flask import current_app, render_template
+
+from blog import service
+
+EXTENSION = "blog.entry_addons"
+
+
+@dataclass(frozen=True)
+class EntryAddon:
+    name: str
+    # {ref: {field: value}} for a page of entries: one call per page (one memcached round trip, not one per entry).
+    # The fields join each entry's JSON and are what `meta_template` and `section` are given.
+    summaries: Callable[[list], dict]
+    # A partial for each entry's meta line, given `ref`, `summary` and `on_entry_page`.
+    meta_template: str | None = None
+    # (ref, summary, state) -> the HTML under the entry on its page. `state` is what the addon's own route passed to
+    # render_entry (comments: the refused form, to show again), else None.
+    section: Callable | None = None
+
+
+def add_entry_addon(app, addon):
+    app.extensions.setdefault(EXTENSION, []).append(addon)
+
+
+def _addons():
+    return current_app.extensions.get(EXTENSION, [])
+
+
+def summaries(refs):
+    """{ref: the fields every addon has for it}."""
+    merged = {ref: {} for ref in refs}
+    for addon in _addons():
+        for ref, fields in addon.summaries(refs).items():
+            merged[ref].update(fields)
+    return merged
+
+
+def render_index(blog, page, form=None):
+    refs = [service.EntryRef(blog, e["index"]) for e in page.items]
+    return render_template("blog/index.html", blog=blog, page=page, form=form or {}, refs=refs,
+                           summaries=summaries(refs), addons=_addons())
+
+
+def render_entry(ref, status=200, state=None):
+    """The entry page, with each addon's section below the entry; `state` ({addon name: its state}) lets an addon's
+    own route show the page again after refusing its input, with `status`."""
+    entry = service.require_entry(ref)
+    summary = summaries([ref])[ref]
+    sections = [addon.section(ref, summary, (state or {}).get(addon.name)) for addon in _addons() if addon.section]
+    return render_template("blog/entry.html", blog=ref.blog, entry=entry, ref=ref, views=service.view_count(ref),
+                           max_index=service.require_blog(ref.blog).max_index,
+                           views_counter=service.views_counter(ref), summary=summary, addons=_addons(),
+                           sections=sections), status

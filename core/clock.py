@@ -1,0 +1,18 @@
+"""Time as the app stores and shows it: naive UTC datetimes in Datastore, ISO 8601 UTC strings in JSON and caches."""
+import datetime
+
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def now():
+    """The current time as Datastore stores it: UTC, without tzinfo (ndb refuses aware datetimes by default)."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+def iso(when):
+    """A stored (naive UTC) datetime as ISO 8601: "2026-11-21T10:30:00Z"."""
+    return when.strftime(ISO_FORMAT)
+
+
+def parse_iso(text):
+    return datetime.datetime.strptime(text, ISO_FORMAT)

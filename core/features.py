@@ -1,0 +1,68 @@
+"""The features an app is built from, as each one's `init_app` describes itself: its nav entry, its lesson (title, the
+source files it shows, its live figure on the tour), and its demo content.
+
+`create_app` calls every feature's `init_app(app)` from its one list; each registers its blueprint, task handlers and
+mapper jobs there, and adds its `Feature` here. Nothing registers by being imported, and the tour, the nav and
+`flask seed` read this registry instead of naming features themselves.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXTENSION = "features"
+
+
+@dataclass(frozen=True)
+class Lesson:
+    slug: str
+    title: str
+    sources: tuple  # the files the lesson is about, shown on its tour card
+    figure: Callable[[], dict | None]  # its live figure for the tour, read the way the lesson teaches; None: no demo
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str  # its package: every .py file in its folder is readable at /source/<path>
+    nav: tuple | None = None  # (endpoint, label) in the top navigation
+    lesson: Lesson | None = None
+    seed: Callable[[], bool] | None = None  # adds its demo content where there is none yet -> whether it did
+
+
+@dataclass
+class Features:
+    """app.extensions["features"]: the features in the order they were added (the order of `create_app`'s list)."""
+    all: list = field(default_factory=list)
+    source_files: frozenset = frozenset()  # set by `complete`, once all are added
+
+    def complete(self):
+        """Once every feature is added (create_app): no more come, and what is derived from them is derived now,
+        once per process, not per request."""
+        self.all = tuple(self.all)
+        self.source_files = self.sources()
+
+    def nav(self):
+        return [f.nav for f in self.all if f.nav]
+
+    def lessons(self):
+        return {f.lesson.slug: f.lesson for f in self.all if f.lesson}
+
+    def seeds(self):
+        return [(f.name, f.seed) for f in self.all if f.seed]
+
+    def sources(self):
+        """The files a visitor may read at /source/: the plumbing's and each feature's modules, and the deploy files.
+        A fixed set, found once: no path a visitor types can reach anything else."""
+        folders = ["core"] + [f.name for f in self.all]
+        return frozenset(
+            str(p.relative_to(REPO)) for folder in folders
+            for p in sorted((REPO / folder).glob("*.py")) if p.name != "__init__.py"
+        ) | {"index.yaml", "app.yaml", "queue.yaml", "main.py"}
+
+
+def of(app):
+    return app.extensions.setdefault(EXTENSION, Features())
+
+
+def add(app, feature):
+    of(app).all.append(feature)  # a tuple once complete: adding later fails loudly

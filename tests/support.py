@@ -1,0 +1,164 @@
+"""What the tests share besides their fixtures (conftest.py): the settings of a test's app, a fresh datastore, the
+OpenAPI contract check, the task queue a test drains, sign-in, CSRF tokens, threads. Public names: test modules import
+them from here, never from conftest.
+"""
+import contextlib
+import json
+import re
+import uuid
+
+from flask import request
+from openapi_core import OpenAPI
+from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
+
+from core import runtime, tasks
+from core.settings import Settings
+from devstack.taskqueue import DrainedQueue
+from main import create_app
+
+RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # Flask's <int:index> is OpenAPI's {index}
+
+
+def settings_for(stack, **overrides):
+    """The settings of a test's app on `stack`; `overrides` are environment variables."""
+    env = dict(stack.env(), SECRET_KEY="test-secret", ADMIN_EMAILS="boss@example.com")
+    env.update(overrides)
+    return Settings.from_env(env)
+
+
+def fresh_datastore(stack):
+    """An empty datastore for the next test: the legacy emulator is reset; the Firestore emulator has no reset in
+    Datastore mode, so the test gets a namespace of its own. Returns the settings overrides that select it."""
+    if stack.backend == "legacy":
+        stack.emulator.reset()
+        return {}
+    return {"DATASTORE_NAMESPACE": f"t{uuid.uuid4().hex[:16]}"}
+
+
+def fresh_stack(stack):
+    """`fresh_datastore`, and memcached running (a fault test that failed half way may have left it stopped)."""
+    overrides = fresh_datastore(stack)
+    if not stack.memcached.healthy():
+        stack.memcached.restart()
+    return overrides
+
+
+class _RequestWithoutBody(FlaskOpenAPIRequest):
+    """The request as openapi-core needs it to find the operation a response answers: its body is not needed (and
+    reading a body the app refused as too large would only raise the 413 again)."""
+
+    @property
+    def body(self):
+        return None
+
+
+class ContractCheck:
+    """Every response the app gives to a documented operation is validated against its OpenAPI document (openapi-core),
+    and every /api route must be documented; what does not match is kept for the test's teardown to fail on."""
+    _validators = {}  # document as JSON -> its validator: built once per session, not once per app
+
+    def __init__(self, app):
+        self.document = app.extensions["openapi"]
+        key = json.dumps(self.document, sort_keys=True)
+        if key not in self._validators:
+            self._validators[key] = OpenAPI.from_dict(self.document)
+        self.validator = self._validators[key]
+        self.breaches = []
+        self.checked = 0
+        app.after_request(self)
+
+    def __call__(self, response):
+        if request.url_rule is None:  # no route matched (404, 405): no operation to hold it to
+            return response
+        path = RULE_PARAMETER.sub(r"{\1}", request.url_rule.rule)
+        operation = self.document["paths"].get(path, {}).get(request.method.lower())
+        where = f"{request.method} {request.full_path.rstrip('?')} -> {response.status_code}"
+        if operation is None:
+            if path.startswith("/api/"):
+                self.breaches.append(f"{where}: the route is not in the OpenAPI document")
+            return response
+        try:
+            self.validator.validate_response(_RequestWithoutBody(request), FlaskOpenAPIResponse(response))
+            self.checked += 1
+        except Exception as e:  # noqa: BLE001 - every kind of mismatch is reported, with its cause
+            self.breaches.append(f"{where}: {e}; {e.__cause__ or ''} {getattr(e.__cause__, 'schema_errors', '')}")
+        return response
+
+    def assert_kept(self):
+        assert not self.breaches, "responses that do not match the OpenAPI document:\n" + "\n".join(self.breaches)
+
+
+def contract_checked(app):
+    """`app`, its responses checked against its OpenAPI document; `app.extensions["contract"].assert_kept()` at the
+    end of the test."""
+    app.extensions["contract"] = ContractCheck(app)
+    return app
+
+
+def make_app(stack, checked=True, **overrides):
+    """A test's app on `stack` (settings_for(stack, **overrides)), its tasks waiting in a DrainedQueue for the test
+    to deliver, its responses held to the OpenAPI document when `checked`."""
+    app = create_app({"TESTING": True, "SETTINGS": settings_for(stack, **overrides)}, task_queue=DrainedQueue())
+    return contract_checked(app) if checked else app
+
+
+@contextlib.contextmanager
+def running(app, flush=False):
+    """The app's runtime current while the test runs (its services are called directly, as a request would), closed
+    after; the responses' contract checked at the end."""
+    rt = app.extensions["runtime"]
+    if flush:
+        rt.memcache_client.flush_all(noreply=False)
+    with rt.activated():
+        yield app
+    rt.close()
+    if "contract" in app.extensions:
+        app.extensions["contract"].assert_kept()
+
+
+class Tasks:
+    """The test's task queue (devstack.taskqueue.DrainedQueue): tasks wait until `drain` delivers them through the
+    app's task route, as a real queue would, on `workers` threads; `fail(task)` may make a delivery fail first."""
+
+    def __init__(self, app):
+        self.app = app
+        rt = app.extensions["runtime"]
+        self.queue = rt.tasks.queue
+        self.token = tasks.local_token(rt.settings.secret_key)
+        self.responses = []
+
+    def deliver(self, task):
+        response = self.app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
+                                               headers=tasks.local_headers(self.token, task))
+        self.responses.append((task, response.status_code, response.get_json()))
+        return 200 <= response.status_code < 300
+
+    def drain(self, workers=1, deliver=None, **limits):
+        return self.queue.drain(deliver or self.deliver, workers=workers, **limits)
+
+
+class Auth:
+    def __init__(self, client):
+        self.client = client
+
+    def sign_in(self, email="user@example.com", admin=False):
+        r = self.client.post("/api/session", json={"email": email, "admin": admin})
+        assert r.status_code == 200, r.get_data(as_text=True)
+        return r.get_json()["user"]
+
+    def admin(self):
+        return self.sign_in("boss@example.com", admin=True)
+
+    def sign_out(self):
+        assert self.client.delete("/api/session").status_code == 204
+
+
+def csrf_token(client, path="/counters"):
+    """The CSRF token a page's forms carry."""
+    html = client.get(path).get_data(as_text=True)
+    return re.search(r'name="csrf-token" content="([^"]+)"', html).group(1)
+
+
+def in_threads(count, fn):
+    """Run fn(i) for i in range(count) on `count` threads at once, each in its own ndb context; their results."""
+    return runtime.current().map_in_threads(fn, range(count))
