@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench screenshots deploy clean seed
+.PHONY: run test lint bench screenshots deploy clean seed
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,14 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) -m devstack run
 
-## test: the whole suite on a fresh in-memory emulator and memcached, started and stopped by the tests
-test: $(STAMP)
+## test: the lint below, then the whole suite on a fresh in-memory emulator and memcached, started and stopped by the tests
+test: lint
 	$(PY) -m pytest
+
+## lint: ruff (style, pyproject.toml) and import-linter (the layout's dependency rules, pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-logo
 
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)

@@ -41,7 +41,7 @@ def seed(count):
 def seed_batch(payload, attempt=0):
     """One seed task: the accounts of its numbers that do not exist yet (a retry must not zero a credited one)."""
     keys = [account_key(payload["seed"], n) for n in range(payload["start"], payload["stop"])]
-    missing = [k for k, a in zip(keys, ndb.get_multi(keys)) if a is None]
+    missing = [k for k, a in zip(keys, ndb.get_multi(keys), strict=True) if a is None]
     ndb.put_multi([Account(key=k, balance=0) for k in missing])
     forget_summary()
     return {"created": len(missing)}

@@ -121,7 +121,7 @@ def measure_front_page(stack, rounds, seconds):
     path, expect = f"/blog/{BLOG}", f"Entry {ENTRIES - 1}<".encode()
     results = {name: [] for name in servers}
     try:
-        for name, server in servers.items():  # warm both: imports, connections, the cached page
+        for server in servers.values():  # warm both: imports, connections, the cached page
             load(server.port, path, 1.0, expect)
         for r in range(rounds):
             for name in (list(servers) if r % 2 == 0 else list(reversed(servers))):

@@ -13,7 +13,6 @@ Each run counts the comments stored afterwards: a comment acknowledged but not s
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.comments [--rounds 3 --seconds 8]`.
 """
-import datetime
 import sys
 
 from google.cloud import ndb
@@ -22,6 +21,7 @@ from bench import harness
 from blog import service as blog_service
 from comments import service
 from comments.models import Comment, UserSequence
+from core import clock
 from core.datastore import transact
 
 VARIANTS = ("designed", "shared", "ceiling")
@@ -58,7 +58,7 @@ def _prepare(variant, tag):
         def txn():
             sequence = seq_key.get(retries=0) or SharedSequence(key=seq_key)
             sequence.seq += 1
-            now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+            now = clock.now()
             key_name = f"{sequence.seq:012d}"
             ndb.put_multi([sequence, Comment(key=ndb.Key(UserSequence, users[w]["id"], Comment, key_name),
                                              entry=f"{blog}/0", sort_key=key_name, text="a comment",
@@ -80,7 +80,7 @@ def _counted(refs):
 
 def measure(rounds, seconds):
     results = {v: [] for v in VARIANTS}
-    lost = {v: 0 for v in VARIANTS}
+    lost = dict.fromkeys(VARIANTS, 0)
     for r in range(rounds):
         for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             op, refs = harness.in_context(_prepare)(variant, f"r{r}-{variant}")

@@ -76,7 +76,7 @@ def _prepare(variant, tag, writers):
 
 def measure_writes(rounds, seconds):
     results = {(v, w): [] for v in VARIANTS for w in WRITERS}
-    exact = {key: True for key in results}
+    exact = dict.fromkeys(results, True)
     shards_reached = {}
     for r in range(rounds):
         for writers in WRITERS:
@@ -90,7 +90,7 @@ def measure_writes(rounds, seconds):
                 results[(variant, writers)].append(load)
                 if variant == "adaptive":
                     shards_reached.setdefault(writers, []).append(
-                        harness.in_context(lambda: service.require_config(name).num_shards)())
+                        harness.in_context(lambda name=name: service.require_config(name).num_shards)())
                 print(f"round {r + 1} {variant:>8} x{writers:<2}: {load.per_second:7.1f} commits/s, "
                       f"{load.attempts_per_commit:5.2f} attempts/commit, p99 {load.pct(99) * 1000:7.1f} ms, "
                       f"errors {load.errors}, exact {total == load.commits + load.warm_commits}", flush=True)
@@ -196,7 +196,8 @@ variants side by side in each round, their order rotating from round to round; f
 `exact`: after every run (warm-up included), the shards summed to the number of committed increments. `errors`:
 increments that gave up (ndb's after its 3 retries; `txn` after 10 attempts; the app's counters after 100), summed
 over the rounds;
-`attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's counters take a transaction per increment on
+`attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's counters take a
+transaction per increment on
 legacy and a blind server-side increment on Firestore (counters/service.py, `_shard_adder`).
 
 {chr(10).join(sections)}
@@ -218,7 +219,7 @@ def chart(meds):
 
     fig, axes = plt.subplots(len(meds), 2, figsize=(10, 4.2 * len(meds)), squeeze=False)
     width = 0.11
-    for (backend, med), (left, right) in zip(meds.items(), axes):
+    for (backend, med), (left, right) in zip(meds.items(), axes, strict=True):
         for n, variant in enumerate(VARIANTS):
             xs = [i + (n - (len(VARIANTS) - 1) / 2) * width for i in range(len(WRITERS))]
             left.bar(xs, [max(med[(variant, w)]["rate"], 0.01) for w in WRITERS], width, label=variant)

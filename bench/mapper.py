@@ -110,7 +110,7 @@ def offset_estimate(count):
         assert keys, page
     # linear interpolation between sampled pages
     total = 0.0
-    for a, b in zip(sampled, sampled[1:]):
+    for a, b in zip(sampled, sampled[1:], strict=False):
         for p in range(a, b):
             total += times[a] + (times[b] - times[a]) * (p - a) / (b - a)
     total += times[sampled[-1]]

@@ -1,9 +1,9 @@
 """Benchmark: every page answers in under 200 ms (median) under `make run`'s set-up.
 
-The stack as `make run` starts it (the emulator at consistency 0.9, memcached, the demo content of `flask seed`, gunicorn
-with two workers of eight threads, the local HTTP task queue), one add_credit job run to the end so that the job pages
-have one to show. Each page is then fetched one request at a time, by a visitor and by a signed-in admin (whose pages
-carry the admin forms), a few warm-up requests first, then `--requests` per round over `--rounds` rounds.
+The stack as `make run` starts it (the emulator at consistency 0.9, memcached, the demo content of `flask seed`,
+gunicorn with two workers of eight threads, the local HTTP task queue), one add_credit job run to the end so that the
+job pages have one to show. Each page is then fetched one request at a time, by a visitor and by a signed-in admin
+(whose pages carry the admin forms), a few warm-up requests first, then `--requests` per round over `--rounds` rounds.
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.pages [--rounds 3 --requests 10]`; with
 `--url http://127.0.0.1:8080` it measures a running `make run` instead (its data as it is; it runs one job).
@@ -18,8 +18,8 @@ import requests
 
 from bench import harness
 from devstack import Stack
-from devstack.serving import Gunicorn, app_env, wait_until
 from devstack.services import REPO, backend_from_env, free_port
+from devstack.serving import Gunicorn, app_env, wait_until
 
 TARGET_MS = 200
 ADMIN = "bench@example.com"

@@ -45,7 +45,7 @@ def measure(args, stack, app):
         bursts.append(_burst(f"r{r}"))
         blog, counter = f"steady-r{r}", iter(range(10 ** 9))
         harness.in_context(service.post_entry)(blog, "first", "body", "bench@example.com")
-        loads.append(harness.run_writers(WRITERS, lambda w: service.post_entry(
+        loads.append(harness.run_writers(WRITERS, lambda w, blog=blog, counter=counter: service.post_entry(
             blog, f"post {next(counter)}", "body", "bench@example.com") and None, args.seconds))
         page = harness.in_context(service.get_blog)(blog)
         dense = page.max_index + 1 == 1 + loads[-1].commits

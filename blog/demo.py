@@ -26,7 +26,8 @@ def seed():
         body = (f"{text}\n\nThis is demo entry number {i}, posted by `flask seed`. Its index was given out by the "
                 f"blog's index entity in the same transaction that wrote it.\n\n"
                 f"- entry index: **{i}**\n- page: {(DEMO_ENTRIES - 1 - i) // service.PAGE_SIZE + 1} of "
-                f"{(DEMO_ENTRIES + service.PAGE_SIZE - 1) // service.PAGE_SIZE}\n\n```python\nentries = (BlogEntry.query(ancestor=blog)"
+                f"{(DEMO_ENTRIES + service.PAGE_SIZE - 1) // service.PAGE_SIZE}\n\n"
+                f"```python\nentries = (BlogEntry.query(ancestor=blog)"
                 f"\n           .filter(BlogEntry.index <= {i}).order(-BlogEntry.index).fetch(11))\n```\n")
         service.post_entry(DEMO_BLOG, f"{title} (#{i})", body, "seed@example.com")
     return True

@@ -60,7 +60,8 @@ def comments_counter(ref):
 
 
 def comment_dict(comment):
-    return {"id": comment.sort_key, "text": comment.text, "author": comment.author, "created": clock.iso(comment.created)}
+    return {"id": comment.sort_key, "text": comment.text, "author": comment.author,
+            "created": clock.iso(comment.created)}
 
 
 def display_name(email):
@@ -111,12 +112,11 @@ def post_comment(ref, user, text, idempotency_key=None):
 def count_comment(ref):
     """+1 on the entry's comment counter, after the comment's own transaction has committed.
 
-    Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's
-    write too, and every comment would span two entity groups. Measured with 32 writers on one entry (bench/comments.py):
-    counting inside the transaction reached 0.65 of the uncontended ceiling, counting after it 0.81. The price is that
-    a process dying between the two, or a counter that cannot be written (memcached away when the counter is first
-    created), leaves the count one short; the comment itself is never lost. Best effort, like a view count.
-    """
+    Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's write
+    too, and every comment would span two entity groups. Measured with 32 writers on one entry (bench/comments.py):
+    counting inside the transaction reached 0.65 of the uncontended ceiling, counting after it 0.81. The price is that a
+    process dying between the two, or a counter that cannot be written (memcached away when the counter is first
+    created), leaves the count one short; the comment itself is never lost. Best effort, like a view count."""
     COUNTERS.increment(comments_counter(ref))
 
 

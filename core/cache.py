@@ -23,8 +23,8 @@ def make_client(hosts):
     if not hosts:
         return None
     servers = [_parse(h) for h in hosts]
-    common = dict(connect_timeout=CONNECT_TIMEOUT, timeout=IO_TIMEOUT, max_pool_size=POOL_SIZE,
-                  default_noreply=False)  # noreply would hide a failed write: we want to know
+    common = {"connect_timeout": CONNECT_TIMEOUT, "timeout": IO_TIMEOUT, "max_pool_size": POOL_SIZE,
+              "default_noreply": False}  # noreply would hide a failed write: we want to know
     if len(servers) == 1:
         return pymemcache.PooledClient(servers[0], **common)
     # Several servers: keys spread by rendezvous hash; a dead server is retried after 5 s.

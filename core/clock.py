@@ -6,7 +6,7 @@ ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 def now():
     """The current time as Datastore stores it: UTC, without tzinfo (ndb refuses aware datetimes by default)."""
-    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
 
 
 def iso(when):

@@ -1,5 +1,4 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
-import concurrent.futures
 import contextlib
 import datetime
 import logging
@@ -14,7 +13,6 @@ from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
-from werkzeug.wsgi import ClosingIterator
 
 from core.errors import Unavailable
 

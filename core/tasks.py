@@ -15,6 +15,7 @@ the same everywhere:
 Handlers must be idempotent: every backend delivers at least once, and twice at the same time now and then.
 """
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -112,10 +113,9 @@ class CloudTasksQueue:
                 "body": Task(name, payload, task_name, 0).body(),
             },
         }
-        try:
+        # AlreadyExists: the same named task was enqueued before (by a retry of the task that enqueues it): done.
+        with contextlib.suppress(exceptions.AlreadyExists):
             self.client.create_task(parent=self.parent, task=task)
-        except exceptions.AlreadyExists:
-            pass  # the same named task was enqueued before (by a retry of the task that enqueues it): done already
 
     def wait(self):
         """Cloud Tasks delivers on its own schedule: nothing here to wait for."""

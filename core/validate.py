@@ -28,7 +28,8 @@ def whole_number(value, field, low, high, default=None, from_json=False):
     422: the body parsed, its content is what cannot be done."""
     if value is None and default is not None:
         return default
-    if not from_json and isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)):
+    digits = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high))
+    if digits and not from_json:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         error = Unprocessable if from_json else BadInput

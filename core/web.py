@@ -122,7 +122,8 @@ def init_app(app):
 
     @app.errorhandler(CSRFError)
     def csrf_error(e):
-        return error_response(400, "csrf", "The form was out of date or not from this site; reload the page and try again.")
+        return error_response(400, "csrf",
+                              "The form was out of date or not from this site; reload the page and try again.")
 
     @app.errorhandler(HTTPException)
     def http_error(e):

@@ -146,7 +146,7 @@ def _shard_adder(shard_key, model, total_key=None, marker_key=None):
         return True
 
     def blind(index):
-        marker = (marker_key, {"token": token, "created": datetime.datetime.now(datetime.timezone.utc)}) \
+        marker = (marker_key, {"token": token, "created": datetime.datetime.now(datetime.UTC)}) \
             if marker_key else None
         try:
             increments.commit(shard_key(index), "count", 1, insert=marker)
@@ -378,9 +378,10 @@ def _cached_totals(names, configs=None, with_shards=False):
     cached = cache.get_many(list(keys.values()))
     to_sum = [n for n in names if with_shards or keys[n] not in cached]
     if configs is None:
-        configs = dict(zip(to_sum, ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]))) if to_sum else {}
+        found = ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]) if to_sum else []
+        configs = dict(zip(to_sum, found, strict=True))
     existing = [configs[n] for n in to_sum if configs.get(n) is not None]
-    shards = dict(zip((c.name for c in existing), shard_counts_many(existing)))
+    shards = dict(zip((c.name for c in existing), shard_counts_many(existing), strict=True))
     result = {}
     for name in names:
         if keys[name] in cached:
@@ -403,7 +404,7 @@ def exact_totals(names):
     """{name: total} summed from the shards, never from the cache, 0 for a counter never created: for a repair job
     that compares a counter with the truth."""
     configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in names]) if c is not None]
-    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs))}
+    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs), strict=True)}
     return {n: summed.get(n, 0) for n in names}
 
 

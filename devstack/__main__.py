@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 
-from devstack.serving import Gunicorn, app_env
 from devstack.services import REPO, DevstackError, Stack, _port_open, backend_from_env, free_port
+from devstack.serving import Gunicorn, app_env
 
 STATE = REPO / ".devstack"
 
@@ -32,13 +32,14 @@ def _interrupt(*_):
 
 def run(port):
     STATE.mkdir(exist_ok=True)
-    lock = open(STATE / "run.lock", "a+")
+    lock = open(STATE / "run.lock", "a+")  # noqa: SIM115 - held open while this process runs: the lock lives with it
     try:
         # The on-disk datastore belongs to one emulator at a time.
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.seek(0)
-        sys.exit(f"make run is already running here ({lock.read().strip() or 'see the other terminal'}); stop it first.")
+        where = lock.read().strip() or "see the other terminal"
+        sys.exit(f"make run is already running here ({where}); stop it first.")
     if port is None:
         port = 8080 if not _port_open(8080) else free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -58,8 +59,8 @@ def run(port):
     try:
         print(f"Starting memcached and the {stack.emulator.name}...", flush=True)
         if backend == "firestore":
-            print("Note: the Firestore emulator keeps no data across restarts in Datastore mode, so the demo content is "
-                  "seeded afresh at every start (DATASTORE=legacy keeps yours in .devstack/).", flush=True)
+            print("Note: the Firestore emulator keeps no data across restarts in Datastore mode, so the demo content "
+                  "is seeded afresh at every start (DATASTORE=legacy keeps yours in .devstack/).", flush=True)
         stack.start()
         env = app_env(stack, url, _dev_secret())
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)

@@ -11,9 +11,9 @@ from playwright.sync_api import sync_playwright
 
 from core.settings import Settings
 from devstack import Stack, serving
-from devstack.serving import wait_until
-from devstack.services import backend_from_env
 from devstack.browser import launch
+from devstack.services import backend_from_env
+from devstack.serving import wait_until
 from main import create_app, seed_demo
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

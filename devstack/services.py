@@ -4,6 +4,7 @@ Both are real servers, started here as child processes on free loopback ports, s
 (`make test` while `make run` is serving) never clashes with the first. Used by `make run` (devstack.__main__),
 by tests/conftest.py and by the benchmarks.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -110,15 +111,14 @@ def _stop_group(proc, timeout=10):
 def sdk_component(folder, file, component):
     """Path of `file` in the Google Cloud CLI's platform/`folder`, or a DevstackError saying what to install."""
     if shutil.which("java") is None:
-        raise DevstackError("Java 11 or newer is needed for the emulators: install a JDK (apt-get install default-jre-headless).")
+        raise DevstackError("Java 11 or newer is needed for the emulators: install a JDK "
+                            "(apt-get install default-jre-headless).")
     roots = [os.environ.get("CLOUDSDK_ROOT", "")]
     if shutil.which("gcloud"):
-        try:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # then the fallbacks below
             roots.append(subprocess.run(
                 ["gcloud", "info", "--format=value(installation.sdk_root)"],
                 capture_output=True, text=True, timeout=60).stdout.strip())
-        except (OSError, subprocess.TimeoutExpired):
-            pass
     roots += SDK_FALLBACKS
     for root in filter(None, roots):
         path = Path(root) / "platform" / folder / file
@@ -334,10 +334,8 @@ class Memcached:
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         _stop_group(self.proc)
         self.proc = None
 

@@ -13,7 +13,8 @@ class Probe(ndb.Model):
 
 class Measurement(ndb.Model):
     """The last measurement (one root entity, id "latest"): the page reads it by key instead of measuring again.
-    Not in ndb's global cache: its writes would then fail while memcached is down, and measuring is most telling then."""
+    Not in ndb's global cache: its writes would then fail while memcached is down, and measuring is most telling
+    then."""
     _use_global_cache = False
 
     measured = ndb.DateTimeProperty(indexed=False)

@@ -39,7 +39,8 @@ class Operation:
 
 OPERATIONS = (
     Operation("txn_write", "Transactional write of one entity",
-              "About 10 ms: a write is a disk seek, so ~100 a second at most (\u201cWrites are expensive!\u201d)", 10.0),
+              "About 10 ms: a write is a disk seek, so ~100 a second at most "
+              "(\u201cWrites are expensive!\u201d)", 10.0),
     Operation("batch_put", f"Batch put of {BATCH} entities",
               "\u201cDo work in batches\u201d: one call for many entities instead of a call each", entities=BATCH),
     Operation("get", "Get one entity by key",

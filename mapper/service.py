@@ -14,7 +14,7 @@ Jobs are registered by name, by the feature that owns the kind, from its init_ap
 app keeps its own (on its runtime), and a task carries the job's name and JSON params, never code.
 """
 import dataclasses
-import datetime
+import functools
 import logging
 import re
 import secrets
@@ -166,7 +166,7 @@ def run_task(payload, attempt=0):
                 raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
             record = _process(job, job_def, record, payload)
         except Superseded:
-            raise Conflict("Another delivery of this task is running it; try later.", "superseded")
+            raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
         except Exception as e:
             if attempt + 1 < tasks.MAX_ATTEMPTS:
                 raise
@@ -209,30 +209,27 @@ def _process(job, job_def, record, payload):
     children = _split(job, payload, page_start, page_end, hi, record.credit) if more else []
     prepared = job_def.prepare(page, job.params) if job_def.prepare else None
     chunks = [page[i:i + job_def.chunk] for i in range(0, len(page), job_def.chunk)] or [[]]
-    expected = record.last_key
-    for number, chunk in enumerate(chunks):
-        final = number == len(chunks) - 1
+    def txn(record, chunk, expected, final):
+        current, *entities = ndb.get_multi([record.key] + chunk)  # one lookup for the record and the chunk
+        if current is None and not expected and record.page_end is None:  # no delivery has written it yet
+            current = _new_record(record.key, job, payload)
+        elif current is None or current.state != "running" or current.last_key != expected:
+            raise Superseded()
+        entities = [e for e in entities if e is not None]  # deleted since the query: skipped
+        writes = job_def.apply(entities, job.params, prepared) if entities else []
+        if current.page_end is None:
+            current.page_start, current.page_end, current.more = page_start, page_end, more
+        if chunk:
+            current.last_key = chunk[-1]
+        current.processed += len(entities)
+        if final:
+            current.state, current.children = "done", children
+            current.returned = 0 if children else current.credit
+        ndb.put_multi([*writes, current])
+        return current
 
-        def txn():
-            current, *entities = ndb.get_multi([record.key] + chunk)  # one lookup for the record and the chunk
-            if current is None and not expected and record.page_end is None:  # no delivery has written it yet
-                current = _new_record(record.key, job, payload)
-            elif current is None or current.state != "running" or current.last_key != expected:
-                raise Superseded()
-            entities = [e for e in entities if e is not None]  # deleted since the query: skipped
-            writes = job_def.apply(entities, job.params, prepared) if entities else []
-            if current.page_end is None:
-                current.page_start, current.page_end, current.more = page_start, page_end, more
-            if chunk:
-                current.last_key = chunk[-1]
-            current.processed += len(entities)
-            if final:
-                current.state, current.children = "done", children
-                current.returned = 0 if children else current.credit
-            ndb.put_multi(list(writes) + [current])
-            return current
-        record = transact(txn)
-        expected = record.last_key
+    for number, chunk in enumerate(chunks):
+        record = transact(functools.partial(txn, record, chunk, record.last_key, number == len(chunks) - 1))
     return record
 
 

@@ -4,8 +4,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
-from tests.support import csrf_token
 from core import runtime
+from tests.support import csrf_token
 
 
 def _stored(kind):
@@ -56,7 +56,8 @@ def test_unknown_blog_and_entry_are_404(client, auth):
     assert client.get("/blog/news/5").status_code == 404
 
 
-@pytest.mark.parametrize("query,code", [("start=-1", "bad_start"), ("start=abc", "bad_start"), ("start=1.5", "bad_start"),
+@pytest.mark.parametrize("query,code", [
+    ("start=-1", "bad_start"), ("start=abc", "bad_start"), ("start=1.5", "bad_start"),
                                         ("start=99999999999", "bad_start"), ("limit=0", "bad_limit"),
                                         ("limit=51", "bad_limit"), ("limit=x", "bad_limit")])
 def test_bad_paging_parameters_are_400(client, auth, query, code):

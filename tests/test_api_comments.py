@@ -4,8 +4,8 @@ import re
 import pytest
 
 from comments.models import Comment, UserSequence
-from tests.support import csrf_token
 from core import runtime
+from tests.support import csrf_token
 
 
 def _stored(kind):
@@ -30,14 +30,16 @@ def test_post_and_page_over_the_api(client, auth, entry):
     r = _comment(client, "first!")
     assert r.status_code == 201, r.get_data(as_text=True)
     c = r.get_json()
-    assert c["text"] == "first!" and c["author"] == "ann" and re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z\|[^|]+\|0000000001", c["id"])
+    assert c["text"] == "first!" and c["author"] == "ann"
+    assert re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z\|[^|]+\|0000000001", c["id"])
     for i in range(4):
         _comment(client, f"more {i}")
     first = client.get("/api/blogs/news/entries/0/comments?limit=2").get_json()
     assert [x["text"] for x in first["comments"]] == ["first!", "more 0"] and first["prev"] is None
-    second = client.get("/api/blogs/news/entries/0/comments", query_string={"limit": 2, "after": first["next"]}).get_json()
+    listing = "/api/blogs/news/entries/0/comments"
+    second = client.get(listing, query_string={"limit": 2, "after": first["next"]}).get_json()
     assert [x["text"] for x in second["comments"]] == ["more 1", "more 2"]
-    back = client.get("/api/blogs/news/entries/0/comments", query_string={"limit": 2, "before": second["prev"]}).get_json()
+    back = client.get(listing, query_string={"limit": 2, "before": second["prev"]}).get_json()
     assert back == first
     assert client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 5
     assert client.get("/api/blogs/news/entries/1").get_json()["comment_count"] == 0
@@ -83,7 +85,8 @@ def test_comment_form_and_entry_page(client, auth, entry):
                                                        "comment_token": f"t{i}"})
         assert r.status_code == 302 and r.headers["Location"].endswith("/blog/news/0?page=last#comments-end")
     # sent twice (a double click): one comment
-    client.post("/blog/news/0/comments", data={"csrf_token": token, "text": "comment number 22", "comment_token": "t22"})
+    client.post("/blog/news/0/comments",
+                data={"csrf_token": token, "text": "comment number 22", "comment_token": "t22"})
     last = client.get("/blog/news/0?page=last").get_data(as_text=True)
     assert "comment number 22" in last and "comment number 2<" not in last and "Older comments" in last
     first = client.get("/blog/news/0").get_data(as_text=True)

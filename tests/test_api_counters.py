@@ -4,10 +4,10 @@ import time
 import pytest
 from google.cloud import ndb
 
-from tests.support import csrf_token
 from core import runtime
 from counters import service as counters_service
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
+from tests.support import csrf_token
 
 
 def _stored(kind):
@@ -85,7 +85,8 @@ def test_bad_configure_bodies_are_4xx_and_write_nothing(client, auth, body, stat
     assert _stored(CounterConfig) == []
 
 
-@pytest.mark.parametrize("body", [{"num_shards": 0}, {"num_shards": 1001}, {"num_shards": None}, {}, {"num_shards": "9"}])
+@pytest.mark.parametrize("body", [{"num_shards": 0}, {"num_shards": 1001}, {"num_shards": None}, {},
+                                  {"num_shards": "9"}])
 def test_bad_shard_counts_are_422_and_change_nothing(client, auth, body):
     auth.admin()
     client.put("/api/counters/x", json={"mode": "general", "num_shards": 4})

@@ -88,7 +88,7 @@ def test_every_operation_fuzzed_without_server_errors_or_contract_breaches(serve
         @settings(max_examples=COSTLY.get(label, EXAMPLES), deadline=DEADLINE_MS, derandomize=True, database=None,
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck))
         @given(case=strategy)
-        def run(case):
+        def run(case, label=label):
             response = case.call(base_url=url, cookies=cookies, timeout=30)
             case.validate_response(response, checks=CHECKS)
             cases[label] += 1

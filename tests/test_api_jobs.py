@@ -14,7 +14,7 @@ from core import runtime, tasks
 from devstack import serving
 from main import create_app
 from mapper.models import MapperJob
-from tests.support import settings_for, csrf_token, fresh_stack
+from tests.support import csrf_token, fresh_stack, settings_for
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -150,7 +150,8 @@ def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
         # break the counters: one too high, one never counted, one counting comments that do not exist
         own = comments_service.COUNTERS
         own.increment(comments_service.comments_counter(EntryRef("rc", 0)))
-        for name in (comments_service.comments_counter(EntryRef("rc", 1)), comments_service.comments_counter(EntryRef("rc", 2))):
+        for name in (comments_service.comments_counter(EntryRef("rc", 1)),
+                     comments_service.comments_counter(EntryRef("rc", 2))):
             own.increment(name)
         for _ in range(4):
             own.increment(comments_service.comments_counter(EntryRef("rc", 2)))

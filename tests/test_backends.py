@@ -42,6 +42,5 @@ def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
     with running(_app(legacy_stack)):
         assert runtime.current().datastore.increments is None  # the app never sends them to legacy
         increments = ServerIncrements(runtime.current().settings)  # as if misconfigured
-        with runtime.current().context():
-            with pytest.raises(RuntimeError, match="did not apply a server-side increment"):
-                increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")
+        with runtime.current().context(), pytest.raises(RuntimeError, match="did not apply a server-side increment"):
+            increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")

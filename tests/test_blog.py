@@ -3,12 +3,11 @@ import pytest
 from google.cloud import ndb
 
 from blog import service
-from blog.models import EntryRef
-from blog.models import BlogEntry, BlogIndex, PostMarker
-from tests.support import in_threads
+from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from core import runtime
 from core.cache import CACHE_DOWN
 from core.errors import NotFound
+from tests.support import in_threads
 
 
 def _post(n, blog="b", start=0):
@@ -36,7 +35,8 @@ def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
         assert {e.index: e.title for e in stored} == {e["index"]: e["title"] for e in entries}
 
 
-@pytest.mark.parametrize("count,limit", [(0, 10), (1, 10), (9, 10), (10, 10), (11, 10), (20, 10), (21, 10), (7, 3), (6, 1)])
+@pytest.mark.parametrize("count,limit", [(0, 10), (1, 10), (9, 10), (10, 10), (11, 10), (20, 10), (21, 10), (7, 3),
+                                         (6, 1)])
 def test_paging_walks_every_entry_once_newest_first(ndb_context, count, limit):
     if count == 0:
         with pytest.raises(NotFound):

@@ -9,10 +9,10 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from tests.support import in_threads
 from core import runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import service as counters
+from tests.support import in_threads
 
 
 def _user(name):
@@ -80,7 +80,7 @@ def test_paging_forward_then_backward_gives_the_same_pages(ndb_context, limit):
     assert walked == expected  # oldest first, every comment exactly once
     assert all(len(p.items) == limit for p in pages[:-1]) and 1 <= len(pages[-1].items) <= limit
     assert pages[0].prev is None and pages[-1].next is None
-    for earlier, later in zip(pages, pages[1:]):
+    for earlier, later in zip(pages, pages[1:], strict=False):
         assert later.prev is not None
         back = service.get_comments(EntryRef("b", 0), before=later.prev, limit=limit)
         assert back.items == earlier.items and back.next == earlier.next and back.prev == earlier.prev

@@ -8,12 +8,12 @@ from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
 
-from devstack.taskqueue import DrainedQueue
-from tests.support import csrf_token, running
 from core import identity, runtime
 from core.settings import Settings
 from devstack import DevstackError, Stack, services
+from devstack.taskqueue import DrainedQueue
 from main import create_app
+from tests.support import csrf_token, running
 
 
 def test_healthz(client):
@@ -86,7 +86,8 @@ def test_html_errors_are_pages_and_api_errors_are_json(client):
     r = client.get("/no/such/page")
     assert r.status_code == 404 and r.content_type.startswith("text/html") and b"There is nothing here" in r.data
     r = client.get("/api/no/such/thing")
-    assert r.status_code == 404 and r.get_json() == {"error": {"code": "not_found", "message": "There is nothing here."}}
+    assert r.status_code == 404
+    assert r.get_json() == {"error": {"code": "not_found", "message": "There is nothing here."}}
 
 
 def test_home_page(client):
@@ -246,6 +247,7 @@ def test_contention_is_told_from_an_outage():
 
 def test_a_port_taken_before_the_bind_is_chosen_again(monkeypatch):
     import socket
+
     from devstack.services import Memcached
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

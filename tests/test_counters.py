@@ -4,11 +4,11 @@ import time
 import pytest
 from google.cloud import ndb
 
-from tests.support import in_threads
 from core import runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import service
 from counters.models import CounterConfig, CounterShard, SimpleCounterShard
+from tests.support import in_threads
 
 THREADS, EACH = 32, 50
 

@@ -2,9 +2,9 @@
 the entry page's title, security headers, GETs that wrote, and the middleware dropping `close()`."""
 from html.parser import HTMLParser
 
+from flask import Response, stream_with_context
 from google.cloud import ndb
 from google.cloud.ndb import context as context_module
-from flask import Response, stream_with_context
 
 from blog import service as blog
 from comments import service as comments

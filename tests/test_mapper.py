@@ -62,7 +62,7 @@ def test_arithmetic_splits_names_inside_and_in_order(ndb_context):
     assert names[0] < points[0].id() < points[1].id() < points[2].id() < names[-1]
     # each of the four ranges holds a fair share of the names
     cuts = [names[0]] + [p.id() for p in points] + [names[-1] + "~"]
-    shares = [sum(a < n <= b for n in names) for a, b in zip(cuts, cuts[1:])]
+    shares = [sum(a < n <= b for n in names) for a, b in zip(cuts, cuts[1:], strict=False)]
     assert min(shares) >= 100, shares
 
 

@@ -3,10 +3,10 @@ import threading
 
 from google.cloud import ndb
 
-from tests.support import csrf_token
 from core import runtime
 from latency import demo, service
 from latency.models import Measurement, Probe
+from tests.support import csrf_token
 
 
 def _stored(kind):

@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from tests.support import csrf_token
 from core import features
+from tests.support import csrf_token
 
 
 def _figure(html, lesson):

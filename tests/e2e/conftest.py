@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.support import settings_for, contract_checked, fresh_stack
-from devstack import browser as chromium, serving
+from devstack import browser as chromium
+from devstack import serving
 from main import create_app
+from tests.support import contract_checked, fresh_stack, settings_for
 
 ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
 
