@@ -19,6 +19,7 @@ from google.cloud import ndb
 
 from bench import harness
 from blog import service as blog_service
+from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
 from core import clock
@@ -48,10 +49,10 @@ def _prepare(variant, tag):
         blog_service.post_entry(blog, f"entry {i}", "body", "bench@example.com")
     users = _users(tag)
     if variant == "designed":
-        return lambda w: service.post_comment(blog, 0, users[w], "a comment") and None, [f"{blog}/0"]
+        return lambda w: service.post_comment(EntryRef(blog, 0), users[w], "a comment") and None, [EntryRef(blog, 0)]
     if variant == "ceiling":
-        return (lambda w: service.post_comment(blog, w, users[w], "a comment") and None,
-                [f"{blog}/{i}" for i in range(WRITERS)])
+        return (lambda w: service.post_comment(EntryRef(blog, w), users[w], "a comment") and None,
+                [EntryRef(blog, i) for i in range(WRITERS)])
     seq_key = ndb.Key(SharedSequence, blog)
 
     def shared(w):
@@ -61,20 +62,20 @@ def _prepare(variant, tag):
             now = clock.now()
             key_name = f"{sequence.seq:012d}"
             ndb.put_multi([sequence, Comment(key=ndb.Key(UserSequence, users[w]["id"], Comment, key_name),
-                                             entry=f"{blog}/0", sort_key=key_name, text="a comment",
+                                             entry=EntryRef(blog, 0).path, sort_key=key_name, text="a comment",
                                              author=f"w{w}", created=now)])
         # At most 10 attempts: on Firestore each collision costs a 2.3 s lock timeout, and an operation still running
         # when the window closes holds up the whole run. Gave up = an error, counted.
         transact(txn, max_attempts=10, base=0.25, cap=1.0)
-    return shared, [f"{blog}/0"]
+    return shared, [EntryRef(blog, 0)]
 
 
 def _stored(refs):
-    return sum(len(Comment.query(Comment.entry == ref).fetch(keys_only=True)) for ref in refs)
+    return sum(len(Comment.query(Comment.entry == ref.path).fetch(keys_only=True)) for ref in refs)
 
 
 def _counted(refs):
-    names = [service.comments_counter(*ref.split("/")) for ref in refs]
+    names = [service.comments_counter(ref) for ref in refs]
     return sum(service.COUNTERS.totals(names).values())
 
 
@@ -143,16 +144,8 @@ def report(args, measured):
 `errors`: comments that gave up, summed over the rounds. `lost`: comments acknowledged but not stored (or stored
 twice), plus, where the count is kept, any difference between the comment count and the comments.
 
-{chr(10).join(sections)}
-## Targets
-
-{harness.markdown_table(["claim", "measured", "target", ""],
-                        [[w, f"{v:.2f}", t, "met" if ok else "**missed**"] for w, v, t, ok in checks])}
-"""
-    path = harness.write_result("comments", text)
-    print(text)
-    print(f"written: {path}")
-    return all(ok for *_, ok in checks)
+{chr(10).join(sections)}"""
+    return harness.publish("comments", text, [harness.target(*check) for check in checks])
 
 
 def main(argv=None):

@@ -186,8 +186,8 @@ def report(args, measured):
         text, backend_checks, meds[backend] = _section(backend, data, args.rounds, args.seconds)
         sections.append(text)
         checks += backend_checks
-    check_rows = [[what, f"{value:.2f}", target, "met" if (value >= bound if higher else value <= bound) else
-                   "**missed**"] for what, value, target, bound, higher in checks]
+    check_rows = [harness.target(what, value, target, value >= bound if higher else value <= bound)
+                  for what, value, target, bound, higher in checks]
     text = f"""# Counters benchmark
 
 {harness.machine_line(list(measured))}. {args.rounds} rounds x {args.seconds} s per variant and concurrency, after
@@ -195,21 +195,13 @@ def report(args, measured):
 variants side by side in each round, their order rotating from round to round; figures are medians over the rounds.
 `exact`: after every run (warm-up included), the shards summed to the number of committed increments. `errors`:
 increments that gave up (ndb's after its 3 retries; `txn` after 10 attempts; the app's counters after 100), summed
-over the rounds;
-`attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's counters take a
-transaction per increment on
-legacy and a blind server-side increment on Firestore (counters/service.py, `_shard_adder`).
+over the rounds; `attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's
+counters take a transaction per increment on legacy and a blind server-side increment on Firestore
+(counters/service.py, `_shard_adder`).
 
-{chr(10).join(sections)}
-## Targets
-
-{harness.markdown_table(["claim", "measured", "target", ""], check_rows)}
-"""
-    path = harness.write_result("counters", text)
+{chr(10).join(sections)}"""
     chart(meds)
-    print(text)
-    print(f"written: {path}")
-    return all(r[-1] == "met" for r in check_rows)
+    return harness.publish("counters", text, check_rows)
 
 
 def chart(meds):

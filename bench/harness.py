@@ -174,6 +174,21 @@ def write_result(name, text):
     return path
 
 
+def target(claim, measured, wanted, met):
+    """One row of a benchmark's targets: the claim, the figure measured, the target it had to reach, the verdict."""
+    return [claim, measured if isinstance(measured, str) else f"{measured:.2f}", wanted, "met" if met else "**missed**"]
+
+
+def publish(name, text, targets):
+    """bench/results/<name>.md: `text`, then its targets (rows of `target`) as a table; printed too. Whether every
+    target was met."""
+    text += f"\n## Targets\n\n{markdown_table(['claim', 'measured', 'target', ''], targets)}\n"
+    path = write_result(name, text)
+    print(text)
+    print(f"written: {path}")
+    return all(row[-1] == "met" for row in targets)
+
+
 def bar_chart(name, groups, series, values, title, log=False):
     """A grouped bar chart in bench/results/<name>.svg: for each group (a backend), one bar per series;
     values[(group, series)]."""

@@ -10,5 +10,7 @@ def init_app(app):
     app.register_blueprint(views.bp)
     features.add(app, features.Feature(
         name="blog", nav=("blog.blogs", "Blog"),
-        lesson=features.Lesson("blog", "2. A blog paged by index", ("blog/service.py", "blog/models.py"), demo.figure),
+        lesson=features.Lesson(
+            slug="blog", title="2. A blog paged by index", sources=("blog/service.py", "blog/models.py"),
+            figure=demo.figure, card="blog/_lesson.html"),
         seed=demo.seed))

@@ -13,6 +13,7 @@ def init_app(app):
     mapper.register(app, service.RECOUNT)
     features.add(app, features.Feature(
         name="comments",
-        lesson=features.Lesson("comments", "3. Comments by composite key",
-                               ("comments/service.py", "comments/models.py"), demo.figure),
+        lesson=features.Lesson(
+            slug="comments", title="3. Comments by composite key",
+            sources=("comments/service.py", "comments/models.py"), figure=demo.figure, card="comments/_lesson.html"),
         seed=demo.seed))

@@ -19,6 +19,7 @@ class Lesson:
     title: str
     sources: tuple  # the files the lesson is about, shown on its tour card
     figure: Callable[[], dict | None]  # its live figure for the tour, read the way the lesson teaches; None: no demo
+    card: str  # the template of its card on the tour, given `lesson` and its figure `f`
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ def init_app(app):
     app.register_blueprint(views.bp)
     features.add(app, features.Feature(
         name="counters", nav=("counters.index", "Counters"),
-        lesson=features.Lesson("counters", "1. Sharded counters", ("counters/service.py", "counters/models.py"),
-                               demo.figure),
+        lesson=features.Lesson(
+            slug="counters", title="1. Sharded counters", sources=("counters/service.py", "counters/models.py"),
+            figure=demo.figure, card="counters/_lesson.html"),
         seed=demo.seed))

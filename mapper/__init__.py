@@ -11,5 +11,6 @@ def init_app(app):
     app.extensions["runtime"].tasks.register(service.TASK_HANDLER, service.run_task)
     features.add(app, features.Feature(
         name="mapper", nav=("mapper.jobs", "Jobs"),
-        lesson=features.Lesson("mapper", "4. Adaptive sharding: a mapper", ("mapper/service.py", "mapper/keyrange.py"),
-                               demo.figure)))
+        lesson=features.Lesson(
+            slug="mapper", title="4. Adaptive sharding: a mapper", sources=("mapper/service.py", "mapper/keyrange.py"),
+            figure=demo.figure, card="mapper/_lesson.html")))
