@@ -22,9 +22,10 @@ from core.settings import Settings
 FEATURES = (counters, blog, comments, mapper, accounts, tour, latency)
 
 
-def create_app(config=None, task_queue=None):
+def create_app(config=None, task_queue=None, features_list=FEATURES):
     """Build the app. `config` overrides Flask settings; SETTINGS in it replaces the environment's. `task_queue`
-    replaces the settings' queue (tests and benchmarks deliver tasks themselves: devstack.taskqueue)."""
+    replaces the settings' queue (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list`
+    is FEATURES, or a part of it that keeps each feature's dependencies (the tests show blog standing alone)."""
     app = Flask(__name__)
     settings = (config or {}).get("SETTINGS") or Settings.from_env()
     app.config.update(
@@ -46,7 +47,7 @@ def create_app(config=None, task_queue=None):
 
     web.init_app(app)
     app.register_blueprint(core_views.bp)
-    for feature in FEATURES:
+    for feature in features_list:
         feature.init_app(app)
     features.of(app).complete()
     app.extensions["openapi"] = openapi.build(app)  # once per process: GET /api/openapi.json serves it as it is

@@ -29,10 +29,21 @@ def _merge(into, part, where):
         into[name] = value
 
 
+def _extend(schemas, extensions, where):
+    """A part's `x-extends`: properties and required fields it adds to a schema another part defines, the way a
+    feature adds to another's JSON through a hook (comments to the blog's entries) without that part naming it."""
+    for name, extension in extensions.items():
+        if name not in schemas:
+            raise ValueError(f"OpenAPI: {where} extends {name}, which no registered part defines")
+        _merge(schemas[name].setdefault("properties", {}), extension.get("properties", {}), f"{name}/properties")
+        schemas[name].setdefault("required", []).extend(extension.get("required", []))
+
+
 def build(app):
     """The document for `app`: core's part, then each blueprint's, in the order they were registered."""
     document = _load(Path(__file__).parent)
     seen = {Path(__file__).parent}
+    extensions = []
     for blueprint in app.blueprints.values():
         folder = Path(blueprint.root_path)
         part = None if folder in seen else _load(folder)
@@ -42,6 +53,9 @@ def build(app):
         _merge(document["paths"], part.get("paths", {}), "paths")
         for section, entries in part.get("components", {}).items():
             _merge(document["components"].setdefault(section, {}), entries, f"components/{section}")
+        extensions.append((folder.name, part.get("x-extends", {})))
+    for where, extension in extensions:
+        _extend(document["components"]["schemas"], extension, where)
     for operations in document["paths"].values():
         for operation in operations.values():
             for status, response in ERRORS.items():
