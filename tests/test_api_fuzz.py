@@ -68,6 +68,18 @@ def _resources(url, admin_cookies):
     return {"blog": "demo", "index": "0", "name": "likes", "job_id": job.json()["id"]}
 
 
+def _fuzzer(label, strategy, url, cookies, cases):
+    """The hypothesis test of one operation: each case called on the served app and held to the document."""
+    @settings(max_examples=COSTLY.get(label, EXAMPLES), deadline=DEADLINE_MS, derandomize=True, database=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def run(case):
+        response = case.call(base_url=url, cookies=cookies, timeout=30)
+        case.validate_response(response, checks=CHECKS)
+        cases[label] += 1
+    return run
+
+
 @pytest.mark.parametrize("role", ["user", "admin"])
 def test_every_operation_fuzzed_without_server_errors_or_contract_breaches(served_app, role):
     app, url = served_app
@@ -85,14 +97,7 @@ def test_every_operation_fuzzed_without_server_errors_or_contract_breaches(serve
                              operation.as_strategy(GenerationMode.NEGATIVE),
                              operation.as_strategy(GenerationMode.POSITIVE, path_parameters=aimed))
 
-        @settings(max_examples=COSTLY.get(label, EXAMPLES), deadline=DEADLINE_MS, derandomize=True, database=None,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-        @given(case=strategy)
-        def run(case, label=label):
-            response = case.call(base_url=url, cookies=cookies, timeout=30)
-            case.validate_response(response, checks=CHECKS)
-            cases[label] += 1
-        run()
+        _fuzzer(label, strategy, url, cookies, cases)()
     print(f"\nschemathesis as {role}: {sum(cases.values())} cases over {len(cases)} operations in "
           f"{time.monotonic() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(cases.items())))
     assert len(cases) == len(operations)  # every operation was exercised
