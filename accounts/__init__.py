@@ -9,4 +9,5 @@ def init_app(app):
     app.register_blueprint(views.bp)
     app.extensions["runtime"].tasks.register(service.SEED_HANDLER, service.seed_batch)
     mapper.register(app, service.ADD_CREDIT)
+    mapper.register(app, service.AUDIT)
     features.add(app, features.Feature(name="accounts", nav=("accounts.index", "Accounts"), seed=demo.seed))

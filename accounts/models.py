@@ -1,10 +1,25 @@
-"""The mapper's demo kind."""
+"""The mapper's demo kind, and the results of auditing the figures the app keeps about it."""
 from google.cloud import ndb
 
 
 class Account(ndb.Model):
-    """A customer account. Written by the mapper in transactions of a chunk of accounts each; neither cache, as for
-    any kind that a batch job rewrites wholesale (the global cache would add a lock and a delete to every write)."""
+    """A customer account. Written in transactions of a chunk of accounts each (seeding, the mapper's credit); neither
+    cache, as for any kind that a batch job rewrites wholesale (the global cache would add a lock and a delete to every
+    write)."""
     _use_cache = False
     _use_global_cache = False
-    balance = ndb.IntegerProperty(default=0)  # indexed: the summary sums it with a projection query
+    balance = ndb.IntegerProperty(default=0)  # indexed: what a SUM aggregation query reads (the aggregation lesson)
+
+
+class AccountsAudit(ndb.Model):
+    """What an audit job found (each account counted once by the mapper) beside what the app kept; key name is the
+    job's id. Written once, when the job finishes."""
+    found_count = ndb.IntegerProperty(required=True, indexed=False)
+    found_balance = ndb.IntegerProperty(required=True, indexed=False)
+    kept_count = ndb.IntegerProperty(required=True, indexed=False)
+    kept_balance = ndb.IntegerProperty(required=True, indexed=False)
+    created = ndb.DateTimeProperty(auto_now_add=True)  # indexed: the newest audit is a one-entry index read
+
+    @property
+    def ok(self):
+        return (self.found_count, self.found_balance) == (self.kept_count, self.kept_balance)

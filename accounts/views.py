@@ -11,13 +11,14 @@ bp = Blueprint("accounts", __name__)
 
 @bp.get("/accounts")
 def index():
-    """How many accounts, their total balance, and (admins) forms to seed more and to credit every one."""
+    """How many accounts, their total balance, the latest audit of both, and (admins) forms to seed more, to credit
+    every one and to audit."""
     return _page()
 
 
 def _page(status=200):
-    return render_template("accounts/index.html", summary=service.summary(), max_seed=service.MAX_SEED,
-                           max_amount=service.MAX_AMOUNT), status
+    return render_template("accounts/index.html", summary=service.summary(), audit=service.latest_audit(),
+                           max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT), status
 
 
 @bp.post("/accounts/seed")
@@ -37,6 +38,20 @@ def credit_form():
     job, page = submit_form(lambda: mapper.start_job(service.ADD_CREDIT.name,
                                                      {"amount": request.form.get("amount")}), _page)
     return page or redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.post("/accounts/audit")
+def audit_form():
+    """Start the audit_accounts job."""
+    identity.require_admin()
+    job = mapper.start_job(service.AUDIT.name, {})
+    return redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.get("/api/accounts/audit")
+def api_audit():
+    """The latest audit's result: what it counted beside what the app keeps; null before any audit finished."""
+    return jsonify(audit=service.latest_audit())
 
 
 @bp.post("/api/accounts/seed")

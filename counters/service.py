@@ -463,18 +463,26 @@ class OwnedCounters:
         found = exact_totals(list(names.values()))
         return {short: found[name] for short, name in names.items()}
 
+    def configure(self, short, num_shards):
+        """Create the counter with `num_shards` shards when it does not exist (or grow it to that many): for one
+        that many transactions will add to at once (`add_in_transaction`), which must not race to create it."""
+        return configure(self.name(short), "adaptive", num_shards, listed=False)
+
     def add_in_transaction(self, short, delta):
-        """Inside the caller's transaction: add `delta` (negative too) to the counter's first shard, creating the
-        counter when it does not exist. Returns the entities for the caller to put with its own; the cached total is
-        dropped once the transaction commits. Two entity groups (config and shard): the caller's transaction must have
-        room for them."""
+        """Inside the caller's transaction: add `delta` (negative too) to a random one of the counter's shards,
+        creating the counter (one shard) when it does not exist. Returns the entities for the caller to put with its
+        own; the cached total is dropped once the transaction commits. Two entity groups (config and shard): the
+        caller's transaction must have room for them. The shard is random so that many transactions adding at once
+        (a mapper's chunks) rarely meet on one; they commit or abort with the caller's writes, so no add is lost or
+        made twice."""
         name = self.name(short)
         config = ndb.Key(CounterConfig, name).get()
         writes = []
         if config is None:
             config = CounterConfig(id=name, mode="adaptive", num_shards=DEFAULT_SHARDS["adaptive"], listed=False)
             writes.append(config)
-        shard = CounterShard.key_for(name, 0).get() or CounterShard(key=CounterShard.key_for(name, 0))
+        key = CounterShard.key_for(name, random.randrange(config.num_shards))
+        shard = key.get() or CounterShard(key=key)
         shard.count += delta
         writes.append(shard)
         ndb.get_context().call_on_commit(lambda: runtime.cache().delete(_total_cache_key(name)))

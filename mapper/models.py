@@ -28,7 +28,7 @@ class MapperJob(ndb.Model):
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
     outcome = ndb.TextProperty()  # "done" or "failed", set with `finished`
-    summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth
+    summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
 
     @property
     def id(self):
@@ -53,6 +53,7 @@ class TaskRecord(ndb.Model):
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     processed = ndb.IntegerProperty(default=0, indexed=False)
+    tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (Job.tally)
     children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into, enqueued again on a retry
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned: all of it if no children, else 0
     error = ndb.TextProperty()

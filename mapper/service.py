@@ -51,6 +51,9 @@ class Job:
     and returns the entities to write. `prepare(keys, params)`, if given, runs before, outside any transaction, for
     what a transaction may not do (queries without an ancestor); its result is passed to apply.
     `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them.
+    `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
+    to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
+    sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
     """
     name: str
     kind: str
@@ -60,6 +63,7 @@ class Job:
     parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
     on_done: Callable[[MapperJob], None] | None = None
+    tally: Callable[[list, dict], dict] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
     chunk: int = 20
     page_size: int = 100
@@ -222,6 +226,8 @@ def _process(job, job_def, record, payload):
         if chunk:
             current.last_key = chunk[-1]
         current.processed += len(entities)
+        if job_def.tally and entities:
+            current.tally = _summed(current.tally, job_def.tally(entities, job.params))
         if final:
             current.state, current.children = "done", children
             current.returned = 0 if children else current.credit
@@ -269,6 +275,7 @@ class Status:
     tasks: int = 0
     depth: int = 0
     failed: int = 0
+    tally: dict = dataclasses.field(default_factory=dict)
 
     @property
     def progress(self):
@@ -284,7 +291,12 @@ def _derive(job):
         status.tasks += 1
         status.depth = max(status.depth, record.depth + 1)
         status.failed += record.state == "failed"
+        status.tally = _summed(status.tally, record.tally or {})
     return status
+
+
+def _summed(tally, more):
+    return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
 
 
 def _maybe_finish(job, returned, last_attempt):
@@ -317,7 +329,8 @@ def _finalize(job, outcome, status=None):
         if current.finished or current.cancelled:
             return None
         current.finished, current.outcome = clock.now(), outcome
-        current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth}
+        current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
+                           "tally": status.tally}
         current.put()
         return current
     finished = transact(txn, hot_key=job.key)
@@ -363,7 +376,7 @@ def job_dict(job):
     end = job.finished or clock.now()
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
             "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
-            "page_size": job.page_size, "created": clock.iso(job.created),
+            "page_size": job.page_size, "created": clock.iso(job.created), "tally": s.tally,
             "elapsed": round((end - job.created).total_seconds(), 1)}
 
 

@@ -227,6 +227,8 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs
         record = TaskRecord.get_by_id(f"{job_id}-0")
         assert record.processed == 100 and record.state == "done"
     assert balances(keys) == [10] * 300
+    # the kept balance moved in the chunks' transactions: the chunk that died rolled it back with its accounts
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 3000
     assert job_status(client, job_id)["processed"] == 300
 
 
@@ -245,6 +247,7 @@ def test_duplicate_deliveries_at_once_credit_once_and_finish_once(extra_jobs, cl
         return all(results)  # a delivery that stepped back (409) makes the queue deliver it again
     task_queue.drain(workers=4, deliver=twice)
     assert balances(keys) == [10] * 400
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 4000  # each account counted once
     assert [job.id for job in DONE] == [job_id]  # the job finished exactly once
     final = job_status(client, job_id)
     assert (final["state"], final["processed"], final["progress"]) == ("done", 400, 1)
