@@ -16,9 +16,9 @@ def index():
     return _page()
 
 
-def _page(status=200):
+def _page(status=200, comparison=None):
     return render_template("accounts/index.html", summary=service.summary(), audit=service.latest_audit(),
-                           max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT), status
+                           comparison=comparison, max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT), status
 
 
 @bp.post("/accounts/seed")
@@ -46,6 +46,20 @@ def audit_form():
     identity.require_admin()
     job = mapper.start_job(service.AUDIT.name, {})
     return redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.post("/accounts/aggregation")
+def aggregation_form():
+    """Admin: the kept figures beside COUNT and SUM over the accounts, timed now, shown on the page."""
+    identity.require_admin()
+    return _page(comparison=service.compare_with_aggregation())
+
+
+@bp.post("/api/accounts/aggregation")
+def api_aggregation():
+    """Admin: the kept figures beside COUNT and SUM aggregation queries over the accounts, each timed now."""
+    identity.require_admin()
+    return jsonify(service.compare_with_aggregation())
 
 
 @bp.get("/api/accounts/audit")

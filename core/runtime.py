@@ -28,7 +28,8 @@ class Runtime:
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings),
             cache_module.make_global_cache(self.memcache_client),
-            datastore_module.ServerIncrements(self.settings) if self.settings.backend == "firestore" else None)
+            datastore_module.ServerIncrements(self.settings) if self.settings.backend == "firestore" else None,
+            datastore_module.Aggregations(self.settings))
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
         self._registries = {}
 

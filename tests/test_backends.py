@@ -1,5 +1,6 @@
 """What differs between the two backends, checked on both whichever one the suite runs on: server-side increments are
-applied by Firestore in Datastore mode and never counted where the backend drops them (the legacy emulator)."""
+applied by Firestore in Datastore mode and never counted where the backend drops them (the legacy emulator); only
+the legacy emulator limits a transaction to 25 entity groups; only Firestore answers aggregation queries."""
 import concurrent.futures
 import uuid
 
@@ -44,3 +45,31 @@ def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
         increments = ServerIncrements(runtime.current().settings)  # as if misconfigured
         with runtime.current().context(), pytest.raises(RuntimeError, match="did not apply a server-side increment"):
             increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")
+
+
+def _groups_in_one_transaction(count):
+    """Write `count` root entities (each its own entity group) in one transaction."""
+    keys = [ndb.Key("GroupProbe", f"g{i}") for i in range(count)]
+    ndb.transaction(lambda: ndb.put_multi([ndb.Expando(key=k, n=1) for k in keys]), retries=0)
+    return len([e for e in ndb.get_multi(keys, use_cache=False) if e is not None])
+
+
+def test_the_25_group_limit_is_the_legacy_emulators_only(legacy_stack, firestore_stack):
+    """Why the mapper's chunks and the seed transactions stop at 25 entity groups: Datastore before Firestore (the
+    legacy emulator) refuses a 26th; Firestore in Datastore mode does not."""
+    with running(_app(legacy_stack)), runtime.current().context():
+        assert _groups_in_one_transaction(25) == 25
+        with pytest.raises(core_exceptions.InvalidArgument, match="entity groups"):
+            _groups_in_one_transaction(26)
+    with running(_app(firestore_stack)), runtime.current().context():
+        assert _groups_in_one_transaction(60) == 60
+
+
+def test_aggregation_queries_are_firestores_only(legacy_stack, firestore_stack):
+    """COUNT and SUM over a kind: Firestore in Datastore mode answers them (by reading every index entry); the legacy
+    emulator has none."""
+    with running(_app(firestore_stack)), runtime.current().context():
+        ndb.put_multi([ndb.Expando(key=ndb.Key("Account", i + 1), balance=i) for i in range(30)])
+        assert runtime.current().datastore.aggregations.count_and_sum("Account", "balance") == (30, 435)
+    with running(_app(legacy_stack)), pytest.raises(core_exceptions.MethodNotImplemented):
+        runtime.current().datastore.aggregations.count_and_sum("Account", "balance")
