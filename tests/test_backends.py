@@ -47,10 +47,14 @@ def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
             increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")
 
 
+class GroupProbe(ndb.Model):
+    n = ndb.IntegerProperty()
+
+
 def _groups_in_one_transaction(count):
     """Write `count` root entities (each its own entity group) in one transaction."""
-    keys = [ndb.Key("GroupProbe", f"g{i}") for i in range(count)]
-    ndb.transaction(lambda: ndb.put_multi([ndb.Expando(key=k, n=1) for k in keys]), retries=0)
+    keys = [ndb.Key(GroupProbe, f"g{i}") for i in range(count)]
+    ndb.transaction(lambda: ndb.put_multi([GroupProbe(key=k, n=1) for k in keys]), retries=0)
     return len([e for e in ndb.get_multi(keys, use_cache=False) if e is not None])
 
 

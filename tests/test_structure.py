@@ -23,7 +23,8 @@ def test_each_app_keeps_its_own_runtime_and_registries(stack):
     second = make_app(stack, checked=False, DATASTORE_NAMESPACE="second-app")
     one, two = first.extensions["runtime"], second.extensions["runtime"]
     assert one is not two and one.registry(mapper.JOBS) is not two.registry(mapper.JOBS)
-    assert set(one.registry(mapper.JOBS)) == set(two.registry(mapper.JOBS)) == {"add_credit", "recount_comments"}
+    assert set(one.registry(mapper.JOBS)) == set(two.registry(mapper.JOBS)) == {"add_credit", "audit_accounts",
+                                                                                 "recount_comments"}
     with running(second):
         client = second.test_client()
         assert client.post("/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
