@@ -34,13 +34,18 @@ class Feature:
 class Features:
     """app.extensions["features"]: the features in the order they were added (the order of `create_app`'s list)."""
     all: list = field(default_factory=list)
-    source_files: frozenset = frozenset()  # set by `complete`, once all are added
+    # Set by `complete`, once all are added: what every page and the tour use, derived once per process.
+    source_files: frozenset = frozenset()
+    navigation: tuple = ()
+    lesson_index: dict = field(default_factory=dict)
 
     def complete(self):
         """Once every feature is added (create_app): no more come, and what is derived from them is derived now,
         once per process, not per request."""
         self.all = tuple(self.all)
         self.source_files = self.sources()
+        self.navigation = tuple(self.nav())
+        self.lesson_index = self.lessons()
 
     def nav(self):
         return [f.nav for f in self.all if f.nav]

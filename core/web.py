@@ -96,7 +96,7 @@ def new_form_token():
 def _page_globals():
     """What every page's template may use: who is signed in, the settings, and the features' navigation."""
     return {"current_user": identity.current_user(), "settings": runtime.current().settings,
-            "nav": features.of(current_app).nav()}
+            "nav": features.of(current_app).navigation}
 
 
 def init_app(app):

@@ -11,7 +11,7 @@ bp = Blueprint("tour", __name__)
 @bp.get("/")
 def home():
     """The tour of the lessons."""
-    lessons = features.of(current_app).lessons()
+    lessons = features.of(current_app).lesson_index
     return render_template("tour/home.html", lessons=lessons, figures=service.figures(lessons))
 
 
