@@ -22,7 +22,7 @@ from google.cloud import ndb
 from bench import harness
 from blog import service
 from blog.markup import render_markdown
-from blog.models import BlogEntry, BlogIndex
+from blog.models import BlogEntry, BlogIndex, EntryRef
 from devstack.serving import Gunicorn
 
 BLOG = "bench"
@@ -39,7 +39,7 @@ def seed():
     html = render_markdown(body)
     blog_key = ndb.Key(BlogIndex, BLOG)
     for low in range(0, ENTRIES, 500):
-        ndb.put_multi([BlogEntry(key=BlogEntry.key_for(BLOG, i), index=i, title=f"Entry {i}", body=body,
+        ndb.put_multi([BlogEntry(key=EntryRef(BLOG, i).key, index=i, title=f"Entry {i}", body=body,
                                  body_html=html, author="bench@example.com")
                        for i in range(low, min(low + 500, ENTRIES))], use_global_cache=False)
     BlogIndex(key=blog_key, max_index=ENTRIES - 1).put()

@@ -30,7 +30,7 @@ class BlogIndex(ndb.Model):
 
 
 class BlogEntry(ndb.Model):
-    """An entry; child of its BlogIndex, key name "<blog>:<index>", so a permalink is a get by key, never a query.
+    """An entry; child of its BlogIndex, key name "<blog>:<index>" (EntryRef.key), so a permalink is a get by key.
 
     `index` is the only indexed property: pages are `index <= start ORDER BY index DESC` within the blog (an ancestor
     query, with its composite index in index.yaml). `body_html` is rendered and sanitized once, when the entry is
@@ -43,9 +43,6 @@ class BlogEntry(ndb.Model):
     author = ndb.TextProperty(required=True)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
-    @staticmethod
-    def key_for(blog, index):
-        return EntryRef(blog, index).key
 
 
 @dataclass(frozen=True, order=True)
@@ -73,11 +70,6 @@ class EntryRef:
     def path(self):
         """What another entity stores to point at this entry (an indexed string: a query can match it)."""
         return f"{self.blog}/{self.index}"
-
-    @classmethod
-    def from_path(cls, path):
-        blog, _, index = path.rpartition("/")
-        return cls(blog, int(index))
 
     def counter_name(self, suffix=None):
         """The short name of one of the entry's counters, under its owner's prefix (counters.owned)."""
