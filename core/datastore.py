@@ -104,17 +104,21 @@ def make_client(settings):
             os.environ["DATASTORE_EMULATOR_HOST"] = saved
 
 
-class DatastoreApi:
-    """The Datastore API itself (google.cloud.datastore_v1), beside ndb, for what ndb does not offer."""
+def make_api(settings):
+    """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process."""
+    if settings.emulator_host:
+        return datastore_v1.DatastoreClient(
+            transport=DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host)))
+    return datastore_v1.DatastoreClient()
 
-    def __init__(self, settings):
+
+class DatastoreApi:
+    """The Datastore API beside ndb, for what ndb does not offer; `api` is the process's client (make_api)."""
+
+    def __init__(self, settings, api=None):
         self.project = settings.project
         self.namespace = settings.namespace or ""
-        if settings.emulator_host:
-            transport = DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host))
-            self.api = datastore_v1.DatastoreClient(transport=transport)
-        else:
-            self.api = datastore_v1.DatastoreClient()
+        self.api = api or make_api(settings)
 
 
 class Aggregations(DatastoreApi):

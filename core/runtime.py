@@ -25,11 +25,12 @@ class Runtime:
         self.settings = settings or Settings.from_env()
         self.memcache_client = cache_module.make_client(self.settings.memcached_hosts)
         self.cache = cache_module.Cache(self.memcache_client)
+        api = datastore_module.make_api(self.settings)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings),
             cache_module.make_global_cache(self.memcache_client),
-            datastore_module.ServerIncrements(self.settings) if self.settings.backend == "firestore" else None,
-            datastore_module.Aggregations(self.settings))
+            datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
+            datastore_module.Aggregations(self.settings, api))
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
         self._registries = {}
 
