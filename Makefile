@@ -1,9 +1,10 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 # DATASTORE=legacy (the default for run and test: the legacy Datastore emulator, which enforces index.yaml) or
 # DATASTORE=firestore (the Firestore emulator in Datastore mode, what App Engine apps use today). `make bench` measures
-# both side by side unless DATASTORE names one.
+# both side by side unless DATASTORE names one. CACHE=memcached (the default, the talk's) or CACHE=redis (Debian's
+# redis-server, standing in for Memorystore for Valkey) picks the cache the same way.
 PYTHON ?= python3
-export DATASTORE
+export DATASTORE CACHE
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

@@ -67,7 +67,7 @@ def measure(args, stack, app):
         print(f"seeded {size} accounts in {time.perf_counter() - started:.0f} s", flush=True)
         page = []
         for _ in range(args.rounds + 2):  # the first two warm up: connections, templates
-            rt.memcache_client.flush_all(noreply=False)
+            rt.cache.flush()
             start = time.perf_counter()
             response = client.get("/accounts")
             page.append(time.perf_counter() - start)

@@ -117,7 +117,7 @@ def load(port, path, seconds, expect):
 
 def measure_front_page(stack, rounds, seconds):
     base = dict(stack.env(), SECRET_KEY="bench", LOG_LEVEL="WARNING")
-    servers = {"memcache": Gunicorn(base), "datastore": Gunicorn(dict(base, MEMCACHED_HOSTS=""))}
+    servers = {"memcache": Gunicorn(base), "datastore": Gunicorn(dict(base, MEMCACHED_HOSTS="", REDIS_URL=""))}
     path, expect = f"/blog/{BLOG}", f"Entry {ENTRIES - 1}<".encode()
     results = {name: [] for name in servers}
     try:

@@ -1,4 +1,4 @@
-"""What a process builds once and every request reuses: settings, the ndb client, the memcached client, the task queue,
+"""What a process builds once and every request reuses: settings, the ndb client, the cache client, the task queue,
 and the registries the features fill when the app is built (task handlers, mapper jobs).
 
 `create_app` builds one `Runtime` and keeps it on the app (`app.extensions["runtime"]`); each request makes it current
@@ -23,12 +23,12 @@ _current = contextvars.ContextVar("runtime")
 class Runtime:
     def __init__(self, settings=None, task_queue=None):
         self.settings = settings or Settings.from_env()
-        self.memcache_client = cache_module.make_client(self.settings.memcached_hosts)
-        self.cache = cache_module.Cache(self.memcache_client)
+        self.cache_client = cache_module.make_client(self.settings)  # memcached or Redis/Valkey, or None
+        self.cache = cache_module.Cache(self.cache_client)
         api = datastore_module.make_api(self.settings)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings),
-            cache_module.make_global_cache(self.memcache_client),
+            cache_module.make_global_cache(self.cache_client),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
             datastore_module.Aggregations(self.settings, api))
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
@@ -67,8 +67,8 @@ class Runtime:
             return list(pool.map(self.in_context(fn), items))
 
     def close(self):
-        if self.memcache_client is not None:
-            self.memcache_client.close()
+        if self.cache_client is not None:
+            self.cache_client.close()
 
 
 def current():

@@ -17,7 +17,9 @@ class Settings:
     # increments); "legacy": the legacy Datastore emulator (optimistic, aborts at once; no server-side increments).
     backend: str = "legacy"
     namespace: str | None = None  # the Datastore namespace every context uses (tests isolate themselves by it)
+    # The cache (core/cache.py): memcached hosts ("host:port") or a Redis/Valkey URL, at most one; neither: no cache.
     memcached_hosts: tuple = ()
+    redis_url: str | None = None
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
@@ -45,12 +47,19 @@ class Settings:
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
             raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")
+        memcached_hosts = tuple(h for h in env.get("MEMCACHED_HOSTS", "").replace(",", " ").split() if h)
+        redis_url = env.get("REDIS_URL") or None
+        if memcached_hosts and redis_url:
+            raise RuntimeError("Set MEMCACHED_HOSTS or REDIS_URL, not both: the app uses one cache.")
+        if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise RuntimeError("REDIS_URL must be a redis://host:port[/db] URL (rediss:// for TLS).")
         return cls(
             project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
             emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
             backend=datastore_backend,
             namespace=env.get("DATASTORE_NAMESPACE") or None,
-            memcached_hosts=tuple(h for h in env.get("MEMCACHED_HOSTS", "").replace(",", " ").split() if h),
+            memcached_hosts=memcached_hosts,
+            redis_url=redis_url,
             secret_key=secret or DEV_SECRET,
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,

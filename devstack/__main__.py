@@ -1,7 +1,8 @@
 """`python -m devstack run`: what `make run` does.
 
-Starts memcached and the Datastore emulator (data kept on disk in .devstack/, git-ignored), seeds demo content when the
-datastore is empty, serves the web UI with gunicorn (the App Engine entrypoint), and stops all of it on exit.
+Starts the cache (memcached, or redis-server with CACHE=redis) and the Datastore emulator (data kept on disk in
+.devstack/, git-ignored), seeds demo content when the datastore is empty, serves the web UI with gunicorn (the App
+Engine entrypoint), and stops all of it on exit.
 """
 import argparse
 import fcntl
@@ -57,7 +58,7 @@ def run(port):
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        print(f"Starting memcached and the {stack.emulator.name}...", flush=True)
+        print(f"Starting {stack.cache.name} and the {stack.emulator.name}...", flush=True)
         if backend == "firestore":
             print("Note: the Firestore emulator keeps no data across restarts in Datastore mode, so the demo content "
                   "is seeded afresh at every start (DATASTORE=legacy keeps yours in .devstack/).", flush=True)
@@ -65,7 +66,7 @@ def run(port):
         env = app_env(stack, url, _dev_secret())
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
         server = Gunicorn(env, port, access_log=True, wait=False)
-        print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and memcached)\n", flush=True)
+        print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and {stack.cache.name})\n", flush=True)
         server.proc.wait()
     except KeyboardInterrupt:
         pass
@@ -75,7 +76,7 @@ def run(port):
         if server is not None:
             server.stop()
         stack.stop()
-        print(f"Stopped the app, the {stack.emulator.name} and memcached.", flush=True)
+        print(f"Stopped the app, the {stack.emulator.name} and {stack.cache.name}.", flush=True)
 
 
 def main():

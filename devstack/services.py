@@ -1,4 +1,5 @@
-"""The local services the app runs on: the Cloud Datastore emulator and memcached.
+"""The local services the app runs on: a Datastore emulator (legacy, or Firestore in Datastore mode) and a cache
+(memcached, or redis-server standing in for Memorystore for Valkey).
 
 Both are real servers, started here as child processes on free loopback ports, so a second copy of the stack
 (`make test` while `make run` is serving) never clashes with the first. Used by `make run` (devstack.__main__),
@@ -171,6 +172,10 @@ def memcached_binary():
     return debian_binary("memcached", "memcached")
 
 
+def redis_binary():
+    return debian_binary("redis-server", "redis-server")
+
+
 class _JavaEmulator:
     """An emulator process on a loopback port: started, waited for, stopped with everything it started."""
     backend = None
@@ -288,8 +293,9 @@ class FirestoreEmulator(_JavaEmulator):
                                       "--database-mode=datastore-mode", f"--project_id={self.project}"]
 
 
-class Memcached:
-    """One memcached process on a loopback port. Fault tests stop, pause and restart it on the same port."""
+class _CacheServer:
+    """One cache server process on a loopback port. Fault tests stop, pause and restart it on the same port."""
+    name = None
 
     def __init__(self, port=None, memory_mb=64):
         self.port = port
@@ -303,27 +309,31 @@ class Memcached:
     def start(self, timeout=20):
         return _on_a_free_port(self, lambda: self._start_once(timeout))
 
+    def _args(self):
+        raise NotImplementedError
+
+    def _answers(self):
+        raise NotImplementedError
+
     def _start_once(self, timeout):
-        binary = memcached_binary()
-        args = [binary, "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb), "-t", "2"]
-        if os.geteuid() == 0:
-            args += ["-u", "root"]  # memcached refuses to run as root without being told so
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace").strip()
-                self.proc = None
-                raise _exited_at_start("memcached", self.port, err)
-            if _memcached_answers(self.port):
-                return self
-            time.sleep(0.05)
+        # Its output to a file, not a pipe: nobody reads it once started, and it cannot fill up.
+        with tempfile.TemporaryFile() as output:
+            self.proc = subprocess.Popen(self._args(), stdin=subprocess.DEVNULL, stdout=output,
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    output.seek(0)
+                    self.proc = None
+                    raise _exited_at_start(self.name, self.port, output.read().decode(errors="replace").strip())
+                if self._answers():
+                    return self
+                time.sleep(0.05)
         self.stop()
-        raise DevstackError(f"memcached did not listen on {self.host} within {timeout}s")
+        raise DevstackError(f"{self.name} did not listen on {self.host} within {timeout}s")
 
     def healthy(self):
-        return self.proc is not None and self.proc.poll() is None and _memcached_answers(self.port)
+        return self.proc is not None and self.proc.poll() is None and self._answers()
 
     def pause(self):
         """Freeze the server (SIGSTOP): connections hang instead of failing, the hard case for timeouts."""
@@ -344,6 +354,65 @@ class Memcached:
         self.stop()
         return self.start()
 
+    def env(self):
+        """What the app reads to find this server (core/settings.py)."""
+        raise NotImplementedError
+
+
+class Memcached(_CacheServer):
+    """memcached, the talk's cache (Memorystore for Memcached on App Engine)."""
+    name = "memcached"
+
+    def _args(self):
+        args = [memcached_binary(), "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb),
+                "-t", "2"]
+        if os.geteuid() == 0:
+            args += ["-u", "root"]  # memcached refuses to run as root without being told so
+        return args
+
+    def _answers(self):
+        return _memcached_answers(self.port)
+
+    def env(self):
+        return {"MEMCACHED_HOSTS": self.host, "REDIS_URL": ""}
+
+
+class Redis(_CacheServer):
+    """Debian's redis-server standing in for Memorystore for Valkey (the same protocol): in memory only, evicting
+    the least recently used keys when full, as a cache should."""
+    name = "redis-server"
+
+    def _args(self):
+        return [redis_binary(), "--bind", LOOPBACK, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                "--maxmemory", f"{self.memory_mb}mb", "--maxmemory-policy", "allkeys-lru", "--daemonize", "no",
+                "--protected-mode", "yes", "--loglevel", "warning"]
+
+    def _answers(self):
+        try:
+            with socket.create_connection((LOOPBACK, self.port), timeout=0.5) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    @property
+    def url(self):
+        return f"redis://{self.host}/0"
+
+    def env(self):
+        return {"MEMCACHED_HOSTS": "", "REDIS_URL": self.url}
+
+
+CACHES = {"memcached": Memcached, "redis": Redis}
+
+
+def cache_from_env(env=None):
+    """The cache `make run/test/bench CACHE=...` asks for: memcached (the default, the talk's) or redis."""
+    cache = (os.environ if env is None else env).get("CACHE") or "memcached"
+    if cache not in CACHES:
+        raise DevstackError(f"CACHE must be one of {', '.join(CACHES)}, not {cache!r}.")
+    return cache
+
 
 BACKENDS = ("legacy", "firestore")
 
@@ -358,20 +427,20 @@ def backend_from_env(env=None):
 
 
 class Stack:
-    """An emulator (legacy Datastore or Firestore in Datastore mode) plus memcached, and the environment the app reads
-    to find them."""
+    """An emulator (legacy Datastore or Firestore in Datastore mode) plus a cache (memcached or Redis), and the
+    environment the app reads to find them."""
 
-    def __init__(self, consistency=1.0, data_dir=None, project="scalable-demo", backend="legacy"):
+    def __init__(self, consistency=1.0, data_dir=None, project="scalable-demo", backend="legacy", cache=None):
         if backend == "firestore":
             self.emulator = FirestoreEmulator(project=project)  # always strongly consistent; keeps nothing on disk
         else:
             self.emulator = Emulator(project=project, consistency=consistency, data_dir=data_dir)
         self.backend = backend
-        self.memcached = Memcached()
+        self.cache = CACHES[cache or cache_from_env()]()
 
     def start(self):
         try:
-            self.memcached.start()
+            self.cache.start()
             self.emulator.start()
         except BaseException:
             self.stop()
@@ -380,7 +449,7 @@ class Stack:
 
     def stop(self):
         self.emulator.stop()
-        self.memcached.stop()
+        self.cache.stop()
 
     def env(self):
         return {
@@ -388,7 +457,7 @@ class Stack:
             "DATASTORE_DATASET": self.emulator.project,
             "GOOGLE_CLOUD_PROJECT": self.emulator.project,
             "DATASTORE_BACKEND": self.backend,
-            "MEMCACHED_HOSTS": self.memcached.host,
+            **self.cache.env(),
         }
 
     def __enter__(self):

@@ -1,16 +1,17 @@
 """The real stack for the tests: one emulator (the legacy Datastore emulator in memory at consistency 1.0, or with
-DATASTORE=firestore the Firestore emulator in Datastore mode) and one memcached per session, started here on free
-loopback ports and stopped at the end. Every test starts from an empty datastore (reset, or a namespace of its own)
-and an empty cache. What the fixtures are built from is in tests/support.py.
+DATASTORE=firestore the Firestore emulator in Datastore mode) and one cache server per session (memcached, or with
+CACHE=redis redis-server), started here on free loopback ports and stopped at the end. Every test starts from an empty
+datastore (reset, or a namespace of its own) and an empty cache. What the fixtures are built from is in
+tests/support.py.
 
-Nothing here, or in any test, stands in for Datastore or memcached: fault tests stop or freeze the real processes.
+Nothing here, or in any test, stands in for Datastore or the cache: fault tests stop or freeze the real processes.
 """
 import os
 
 import pytest
 
 from devstack import Stack
-from devstack.services import backend_from_env
+from devstack.services import backend_from_env, cache_from_env
 from tests.support import Auth, Tasks, fresh_stack, make_app, running
 
 
@@ -98,4 +99,5 @@ def weak_app(weak_stack):
 
 
 def pytest_report_header(config):
-    return [f"real stack: Datastore emulator + memcached started by tests/conftest.py (pid {os.getpid()})"]
+    return [f"real stack: {backend_from_env()} Datastore emulator + {cache_from_env()} started by tests/conftest.py "
+            f"(pid {os.getpid()})"]

@@ -36,10 +36,10 @@ def fresh_datastore(stack):
 
 
 def fresh_stack(stack):
-    """`fresh_datastore`, and memcached running (a fault test that failed half way may have left it stopped)."""
+    """`fresh_datastore`, and the cache running (a fault test that failed half way may have left it stopped)."""
     overrides = fresh_datastore(stack)
-    if not stack.memcached.healthy():
-        stack.memcached.restart()
+    if not stack.cache.healthy():
+        stack.cache.restart()
     return overrides
 
 
@@ -108,7 +108,7 @@ def running(app, flush=False):
     after; the responses' contract checked at the end."""
     rt = app.extensions["runtime"]
     if flush:
-        rt.memcache_client.flush_all(noreply=False)
+        rt.cache.flush()
     with rt.activated():
         yield app
     rt.close()

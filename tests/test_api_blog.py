@@ -227,7 +227,7 @@ def test_pages_work_when_memcached_is_down(client, auth, stack):
     auth.admin()
     for i in range(3):
         _post(client, title=f"entry {i}")
-    stack.memcached.stop()
+    stack.cache.stop()
     try:
         assert "entry 2" in client.get("/blog/news").get_data(as_text=True)
         # the entry's first view cannot create its views counter (a cached kind): the page and the count answer all
@@ -238,7 +238,7 @@ def test_pages_work_when_memcached_is_down(client, auth, stack):
         r = _post(client, title="during outage")
         assert r.status_code == 503 and r.get_json()["error"]["code"] == "cache_unavailable"
     finally:
-        stack.memcached.start()
+        stack.cache.start()
     assert client.get("/api/blogs/news/entries").get_json()["entries"][0]["title"] == "entry 2"
 
 

@@ -143,7 +143,7 @@ def test_memcached_stopped_mid_test(client, auth, stack):
         client.post("/api/counters/m/increment")
     assert client.get("/api/counters/m").get_json() == {"name": "m", "mode": "general", "count": 3, "num_shards": 20,
                                                         "cached": False}
-    stack.memcached.stop()
+    stack.cache.stop()
     try:
         assert client.get("/healthz").get_json() == {"datastore": "ok", "memcache": "down"}
         for _ in range(4):
@@ -153,7 +153,7 @@ def test_memcached_stopped_mid_test(client, auth, stack):
         assert (data["count"], data["cached"]) == (7, False)  # summed from the shards while the cache is away
         assert client.get("/counters").status_code == 200
     finally:
-        stack.memcached.start()  # back on the same port, empty, as after a crash
+        stack.cache.start()  # back on the same port, empty, as after a crash
     assert client.get("/healthz").get_json()["memcache"] == "ok"
     assert client.get("/api/counters/m").get_json()["count"] == 7
     client.post("/api/counters/m/increment")
@@ -167,7 +167,7 @@ def test_memcached_frozen_costs_bounded_time(client, auth, stack, monkeypatch):
     auth.sign_in()
     client.post("/api/counters/f/increment")
     assert client.get("/api/counters/f").get_json()["count"] == 1  # now cached
-    stack.memcached.pause()
+    stack.cache.pause()
     try:
         start = time.monotonic()
         assert client.post("/api/counters/f/increment").status_code == 200
@@ -176,7 +176,7 @@ def test_memcached_frozen_costs_bounded_time(client, auth, stack, monkeypatch):
         assert (data["count"], data["cached"]) == (2, False)
         assert elapsed < 10, f"a frozen memcached held two requests for {elapsed:.1f}s"
     finally:
-        stack.memcached.resume()
+        stack.cache.resume()
     # The thawed server still holds the total from before, which missed the increment made while it was frozen: the
     # documented trade of a cached total. It is flagged as cached and lives no longer than TOTAL_LIFETIME.
     data = client.get("/api/counters/f").get_json()
@@ -192,12 +192,12 @@ def test_cached_config_is_never_stale_after_memcached_returns(client, auth, stac
     auth.admin()
     client.put("/api/counters/cfg", json={"mode": "general", "num_shards": 4})
     client.get("/api/counters/cfg")  # config now in ndb's global cache
-    stack.memcached.pause()
+    stack.cache.pause()
     try:
         r = client.post("/api/counters/cfg/shards", json={"num_shards": 9})
         assert r.status_code == 503
     finally:
-        stack.memcached.resume()
+        stack.cache.resume()
     with runtime.current().context():
         assert ndb.Key(CounterConfig, "cfg").get(use_global_cache=False).num_shards == 4
     assert client.get("/api/counters/cfg").get_json()["num_shards"] == 4

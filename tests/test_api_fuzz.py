@@ -39,7 +39,7 @@ def served_app(stack):
 
     def on(url):
         app = make_app(stack, **fresh)
-        app.extensions["runtime"].memcache_client.flush_all(noreply=False)
+        app.extensions["runtime"].cache.flush()
         return app
     with serving.served(on) as (app, url):
         yield app, url

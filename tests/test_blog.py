@@ -94,7 +94,7 @@ def test_a_reader_that_read_before_a_post_cannot_cache_an_old_front_page(ndb_con
 
 def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack):
     _post(2)
-    stack.memcached.stop()
+    stack.cache.stop()
     try:
         page = service.get_page("b")
         assert [e["index"] for e in page.items] == [1, 0] and page.cached is False
@@ -102,7 +102,7 @@ def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack)
         with pytest.raises(CACHE_DOWN):
             _post(1, start=2)
     finally:
-        stack.memcached.start()
+        stack.cache.start()
     assert service.require_blog("b").max_index == 1
     assert [e["index"] for e in service.get_page("b").items] == [1, 0]
 

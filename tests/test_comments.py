@@ -164,12 +164,12 @@ def test_a_resent_comment_is_written_and_counted_once(ndb_context):
 def test_comments_survive_memcached_down(ndb_context, stack):
     _entry()
     service.post_comment(EntryRef("b", 0), _user("u"), "first")  # creates the count's counter while memcached is up
-    stack.memcached.stop()
+    stack.cache.stop()
     try:
         service.post_comment(EntryRef("b", 0), _user("u"), "while memcached is away")
         assert [c["text"] for c in service.get_comments(EntryRef("b", 0)).items] == ["first", "while memcached is away"]
     finally:
-        stack.memcached.start()
+        stack.cache.start()
     assert _exact_count("b", 0) == 2
 
 

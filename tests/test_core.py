@@ -196,10 +196,10 @@ def test_app_engine_needs_a_secret_key():
 def test_a_second_stack_does_not_clash(stack):
     with Stack() as second:
         assert second.emulator.port != stack.emulator.port
-        assert second.memcached.port != stack.memcached.port
+        assert second.cache.port != stack.cache.port
         assert second.emulator.healthy() and stack.emulator.healthy()
     assert not second.emulator.healthy() and second.emulator.proc is None
-    assert stack.emulator.healthy() and stack.memcached.healthy()
+    assert stack.emulator.healthy() and stack.cache.healthy()
 
 
 def test_missing_java_is_one_clear_sentence(monkeypatch):

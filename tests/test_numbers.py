@@ -89,7 +89,7 @@ def test_one_measurement_at_a_time(app, auth, client):
 
 def test_measures_while_memcached_is_down(client, auth, stack):
     auth.admin()
-    stack.memcached.stop()
+    stack.cache.stop()
     try:
         r = client.post("/api/numbers")
         assert r.status_code == 201
@@ -98,7 +98,7 @@ def test_measures_while_memcached_is_down(client, auth, stack):
         html = client.get("/numbers").get_data(as_text=True)
         assert "unreachable" in html
     finally:
-        stack.memcached.start()
+        stack.cache.start()
     with runtime.current().context():
         assert ndb.Key(Measurement, service.LATEST).get() is not None
 

@@ -33,7 +33,7 @@ def site(stack):
     def make_app(url):
         app = contract_checked(create_app({"TESTING": True, "SETTINGS": settings_for(
             stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)}))
-        app.extensions["runtime"].memcache_client.flush_all(noreply=False)
+        app.extensions["runtime"].cache.flush()
         return app
     with serving.served(make_app) as (app, url):
         yield url
