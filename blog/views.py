@@ -3,9 +3,22 @@ from flask import Blueprint, flash, jsonify, make_response, redirect, render_tem
 
 from blog import pages, service
 from core import identity
+from core.errors import BadInput
 from core.web import json_body, submit_form
 
 bp = Blueprint("blog", __name__)
+
+
+def _use_cache():
+    """False for `?cache=bypass`, which only an admin may ask for: `make load`'s front-page scenario compares the page
+    with and without its cache on one deployment. Any other value is refused."""
+    value = request.args.get("cache")
+    if value is None:
+        return True
+    if value != "bypass":
+        raise BadInput("cache may only be 'bypass'.", "bad_cache")
+    identity.require_admin()
+    return False
 
 
 def _page_json(page):
@@ -24,7 +37,7 @@ def blogs():
 @bp.get("/blog/<blog>")
 def index(blog):
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
-    return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
+    return pages.render_index(blog, service.get_page(blog, request.args.get("start"), use_cache=_use_cache()))
 
 
 @bp.get("/blog/<blog>/<int:index>")
@@ -96,7 +109,8 @@ def api_post(blog):
 @bp.get("/api/blogs/<blog>/entries")
 def api_entries(blog):
     """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
-    return jsonify(_page_json(service.get_page(blog, request.args.get("start"), request.args.get("limit"))))
+    page = service.get_page(blog, request.args.get("start"), request.args.get("limit"), use_cache=_use_cache())
+    return jsonify(_page_json(page))
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/views")

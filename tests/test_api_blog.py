@@ -252,3 +252,26 @@ def test_blog_pages_when_datastore_is_down(weak_stack, weak_app):
     assert r.status_code == 503 and "Traceback" not in r.get_data(as_text=True)
     r = _post(client, title="x")
     assert r.status_code == 503 and r.get_json()["error"]["code"] == "datastore_unavailable"
+
+
+def test_only_an_admin_may_read_the_front_page_without_its_cache(client, auth):
+    """`?cache=bypass` (make load's front-page scenario): read as if there were no cache, storing nothing in it."""
+    auth.admin()
+    for i in range(3):
+        _post(client, title=f"entry {i}")
+    runtime.current().cache.flush()
+    bypassed = client.get("/api/blogs/news/entries?cache=bypass").get_json()
+    assert [e["index"] for e in bypassed["entries"]] == [2, 1, 0] and bypassed["cached"] is False
+    assert "read from Datastore" in client.get("/blog/news?cache=bypass").get_data(as_text=True)
+    # nothing was stored: the next ordinary read is the first to fill the cache, the one after it is served from it
+    assert client.get("/api/blogs/news/entries").get_json()["cached"] is False
+    assert client.get("/api/blogs/news/entries").get_json()["cached"] is True
+    assert client.get("/api/blogs/news/entries?cache=bypass").get_json()["cached"] is False
+    r = client.get("/api/blogs/news/entries?cache=off")
+    assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_cache"
+    auth.sign_in("reader@example.com")
+    assert client.get("/api/blogs/news/entries?cache=bypass").status_code == 403
+    assert client.get("/blog/news?cache=bypass").status_code == 403
+    auth.sign_out()
+    assert client.get("/api/blogs/news/entries?cache=bypass").status_code == 401
+    assert client.get("/api/blogs/news/entries").get_json()["cached"] is True  # the default: the cache, for anyone
