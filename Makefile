@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench screenshots deploy clean seed
+.PHONY: run test lint bench load screenshots deploy clean seed
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: $(STAMP)
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)
 	$(PY) -m bench
+
+## load: Locust against URL (default: make run's http://127.0.0.1:8080), SCENARIO=counters|frontpage|comments|all,
+## bounded (LOAD_ARGS="--users 16 --seconds 15 --rounds 3"); report in bench/results/load.md (bench/load.py)
+load: $(STAMP)
+	$(PY) -m bench.load $(if $(URL),--url "$(URL)") $(if $(SCENARIO),--scenario "$(SCENARIO)") $(LOAD_ARGS)
 
 ## screenshots: a PNG of each page under docs/ (its own stack with the demo content, Debian's headless Chromium)
 screenshots: $(STAMP)

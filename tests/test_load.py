@@ -1,0 +1,47 @@
+"""`make load` (bench/load.py) against the app served on loopback: the real Locust, briefly, each scenario's variants
+run and measured, and what the counters scenario acknowledged found again in the shards."""
+import pytest
+
+from bench import load
+from devstack import serving
+from tests.support import fresh_stack, make_app
+
+
+@pytest.fixture
+def site(stack):
+    fresh = fresh_stack(stack)
+    with serving.served(lambda url: make_app(stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)) as (app, url):
+        app.extensions["runtime"].cache.flush()
+        yield url
+    app.extensions["contract"].assert_kept()
+
+
+def test_the_load_kit_measures_every_scenario_and_loses_no_increment(site, tmp_path, capsys):
+    out = tmp_path / "load"
+    load.main(["--url", site, "--users", "4", "--seconds", "3", "--rounds", "1", "--out", str(out)])
+    report = (tmp_path / "load.md").read_text()
+    for ratio in ("sharded / one entity", "adaptive / one entity", "cached / uncached", "designed / shared"):
+        assert f"- {ratio}: **" in report
+    acknowledged = [line for line in report.splitlines() if "acknowledged" in line]
+    assert len(acknowledged) == 3 and not any("MISMATCH" in line for line in acknowledged), report
+    assert all(int(line.split(": ")[1].split()[0].replace(",", "")) > 0 for line in acknowledged), report
+    rows = (tmp_path / "load.csv").read_text().splitlines()
+    assert rows[0].startswith("scenario,variant,round") and len(rows) == 1 + 3 + 2 + 2
+    served = {row.split(",")[1]: float(row.split(",")[3]) for row in rows[1:]}
+    assert all(v > 0 for v in served.values()), served  # every variant was served, cached and bypassed alike
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--users", "65"], "must be 1 to 64"), (["--seconds", "301"], "must be 3 to 300"),
+    (["--rounds", "0"], "must be 1 to 5"), (["--scenario", "nope"], "unknown scenario nope"),
+])
+def test_the_load_kit_is_bounded(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load.main(["--url", "http://127.0.0.1:9"] + argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_load_kit_says_when_nothing_answers(capsys):
+    from devstack import free_port
+    with pytest.raises(SystemExit, match="does not answer /healthz"):
+        load.main(["--url", f"http://127.0.0.1:{free_port()}", "--seconds", "3", "--rounds", "1"])
