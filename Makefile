@@ -43,8 +43,10 @@ load: $(STAMP)
 screenshots: $(STAMP)
 	$(PY) -m devstack.screenshots
 
-## deploy: the app, its indexes and its task queue to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
-deploy: secret.yaml
+## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), then the app, its indexes and its
+## task queue to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+deploy: secret.yaml $(STAMP)
+	$(PY) -m devstack.deployfiles
 	gcloud app deploy app.yaml index.yaml queue.yaml
 
 # The session-signing key for App Engine, made once and kept out of git.

@@ -109,20 +109,24 @@ def _stop_group(proc, timeout=10):
             continue
 
 
-def sdk_component(folder, file, component):
-    """Path of `file` in the Google Cloud CLI's platform/`folder`, or a DevstackError saying what to install."""
-    if shutil.which("java") is None:
-        raise DevstackError("Java 11 or newer is needed for the emulators: install a JDK "
-                            "(apt-get install default-jre-headless).")
+def sdk_roots():
+    """Where the Google Cloud CLI may be installed, most likely first."""
     roots = [os.environ.get("CLOUDSDK_ROOT", "")]
     if shutil.which("gcloud"):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # then the fallbacks below
             roots.append(subprocess.run(
                 ["gcloud", "info", "--format=value(installation.sdk_root)"],
                 capture_output=True, text=True, timeout=60).stdout.strip())
-    roots += SDK_FALLBACKS
-    for root in filter(None, roots):
-        path = Path(root) / "platform" / folder / file
+    return [Path(root) for root in filter(None, roots + list(SDK_FALLBACKS))]
+
+
+def sdk_component(folder, file, component):
+    """Path of `file` in the Google Cloud CLI's platform/`folder`, or a DevstackError saying what to install."""
+    if shutil.which("java") is None:
+        raise DevstackError("Java 11 or newer is needed for the emulators: install a JDK "
+                            "(apt-get install default-jre-headless).")
+    for root in sdk_roots():
+        path = root / "platform" / folder / file
         if path.exists():
             return path
     raise DevstackError(f"The {component} was not found: install the Google Cloud CLI and its component "
