@@ -17,7 +17,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
-## run: start the emulator (data kept in .devstack/) and memcached, seed demo content when empty, serve the web UI
+## run: start the emulator (data kept in .devstack/; PERSIST=no: in memory) and the cache, seed demo content when
+## empty, serve the web UI
 run: $(STAMP)
 	$(PY) -m devstack run
 
@@ -54,5 +55,5 @@ secret.yaml:
 	umask 077 && $(PYTHON) -c "import secrets; print('env_variables:\n  SECRET_KEY: \'' + secrets.token_hex(32) + '\'')" > $@
 
 clean:
-	rm -rf $(VENV) .devstack .pytest_cache
+	rm -rf $(VENV) .venv-* .devstack .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

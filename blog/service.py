@@ -137,12 +137,12 @@ def post_entry(blog, title, body, author, idempotency_key=None):
 
 # --- reading --------------------------------------------------------------------------------------------------------
 
-def get_blog(blog, use_cache=True):
-    return ndb.Key(BlogIndex, validate_blog(blog)).get(use_cache=use_cache, use_global_cache=use_cache)
+def get_blog(blog):
+    return ndb.Key(BlogIndex, validate_blog(blog)).get()
 
 
-def require_blog(blog, use_cache=True):
-    return found(get_blog(blog, use_cache), f"There is no blog named {blog!r}.", "no_such_blog")
+def require_blog(blog):
+    return found(get_blog(blog), f"There is no blog named {blog!r}.", "no_such_blog")
 
 
 def require_entry(ref):
@@ -178,17 +178,15 @@ def query_page(blog_key, start, limit):
     return found[:limit], (found[limit].index if len(found) > limit else None)
 
 
-def get_page(blog, start=None, limit=PAGE_SIZE, use_cache=True):
-    """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around.
-    `use_cache=False` reads as if there were no cache (neither the page nor the BlogIndex from it, nothing stored):
-    the other side of the front page's comparison, for `make load` on a deployment that has a cache."""
-    blog_index = require_blog(blog, use_cache)
+def get_page(blog, start=None, limit=PAGE_SIZE):
+    """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
+    blog_index = require_blog(blog)
     limit = validate_limit(limit)
     top = blog_index.max_index
     start = top if start is None else min(validate_index(start, "start"), top)
     newer = None if start == top else min(start + limit, top)
     cache = runtime.cache()
-    key = _page_cache_key(blog, top, limit) if start == top and use_cache else None
+    key = _page_cache_key(blog, top, limit) if start == top else None
     if key:
         cached = cache.get(key)
         if cached is not None:

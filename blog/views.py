@@ -1,24 +1,27 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
+import contextlib
+
 from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
 
 from blog import pages, service
-from core import identity
+from core import identity, runtime
 from core.errors import BadInput
 from core.web import json_body, submit_form
 
 bp = Blueprint("blog", __name__)
 
 
-def _use_cache():
-    """False for `?cache=bypass`, which only an admin may ask for: `make load`'s front-page scenario compares the page
-    with and without its cache on one deployment. Any other value is refused."""
+def _cache_or_not():
+    """The block a page is read in: as usual, or for `?cache=bypass`, which only an admin may ask for, as if there
+    were no cache at all (make load's front-page scenario compares the two on one deployment). Any other value is
+    refused."""
     value = request.args.get("cache")
     if value is None:
-        return True
+        return contextlib.nullcontext()
     if value != "bypass":
         raise BadInput("cache may only be 'bypass'.", "bad_cache")
     identity.require_admin()
-    return False
+    return runtime.current().cache_bypassed()
 
 
 def _page_json(page):
@@ -37,7 +40,8 @@ def blogs():
 @bp.get("/blog/<blog>")
 def index(blog):
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
-    return pages.render_index(blog, service.get_page(blog, request.args.get("start"), use_cache=_use_cache()))
+    with _cache_or_not():
+        return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
 
 
 @bp.get("/blog/<blog>/<int:index>")
@@ -109,8 +113,8 @@ def api_post(blog):
 @bp.get("/api/blogs/<blog>/entries")
 def api_entries(blog):
     """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
-    page = service.get_page(blog, request.args.get("start"), request.args.get("limit"), use_cache=_use_cache())
-    return jsonify(_page_json(page))
+    with _cache_or_not():
+        return jsonify(_page_json(service.get_page(blog, request.args.get("start"), request.args.get("limit"))))
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/views")

@@ -7,6 +7,7 @@ speaks the Redis protocol, so the same app runs on either (settings: MEMCACHED_H
 The cache is an accelerator, never a source of truth: every helper here treats an unreachable or frozen server as a
 miss (bounded by the timeouts below), so a cache outage slows the site down instead of taking it down.
 """
+import contextvars
 import logging
 
 import pymemcache
@@ -23,6 +24,8 @@ CACHE_DOWN = (OSError, pymemcache.exceptions.MemcacheError, redis.RedisError)
 CONNECT_TIMEOUT = 0.25  # seconds; loopback or same-zone Memorystore answers in well under a millisecond
 IO_TIMEOUT = 0.25
 POOL_SIZE = 32  # one connection per concurrent request thread is plenty
+# True while a request runs as if there were no cache (Runtime.cache_bypassed): every call below a miss or a no-op.
+BYPASSED = contextvars.ContextVar("cache_bypassed", default=False)
 
 
 def make_client(settings):
@@ -124,7 +127,7 @@ class Cache:
         self.backend = backend_name(client)
 
     def _call(self, what, default, *args, **kwargs):
-        if self.client is None:
+        if self.client is None or BYPASSED.get():
             return default
         try:
             return getattr(self.client, what)(*args, **kwargs)

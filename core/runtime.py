@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 
+from google.cloud import ndb
 from werkzeug.wsgi import ClosingIterator
 
 from core import cache as cache_module
@@ -52,6 +53,18 @@ class Runtime:
         """Current, with a fresh ndb context: what one request, one worker thread or one script step runs in."""
         with self.activated(), self.datastore.context() as context:
             yield context
+
+    @contextlib.contextmanager
+    def cache_bypassed(self):
+        """Inside the block, the request runs as on a deployment without a cache: the explicit calls are misses and
+        no-ops, and ndb's global cache is off (a copy of the current ndb context without it). For reads only (make
+        load's uncached front page): a write of a cached kind made here would leave the cache's old copy in place."""
+        token = cache_module.BYPASSED.set(True)
+        try:
+            with ndb.get_context().new(global_cache=None).use():
+                yield
+        finally:
+            cache_module.BYPASSED.reset(token)
 
     def in_context(self, fn):
         """`fn` wrapped to run in `context()` of its own, as one request does (for threads and scripts)."""

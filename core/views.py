@@ -11,14 +11,16 @@ bp = Blueprint("core", __name__)
 
 @bp.get("/healthz")
 def healthz():
-    """Datastore and memcached reachability; 503 only when Datastore is down (memcached is optional)."""
-    memcache = "ok" if runtime.cache().ping() else "down"
+    """Datastore and cache reachability; 503 only when Datastore is down (the cache is optional). `memcache` is
+    API.md's name for the cache's state, whichever cache it is; `cache` says which."""
+    cache = runtime.cache()
+    memcache = "ok" if cache.ping() else "down"
     try:
         # A lookup by key that bypasses both caches: it proves Datastore itself answers.
         ndb.Key("Healthz", "ping").get(use_cache=False, use_global_cache=False, timeout=3, retries=0)
     except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
-        return jsonify(datastore="down", memcache=memcache), 503
-    return jsonify(datastore="ok", memcache=memcache)
+        return jsonify(datastore="down", memcache=memcache, cache=cache.backend), 503
+    return jsonify(datastore="ok", memcache=memcache, cache=cache.backend)
 
 
 @bp.get("/api/openapi.json")

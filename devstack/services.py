@@ -365,7 +365,7 @@ class _CacheServer:
 
 class Memcached(_CacheServer):
     """memcached, the talk's cache (Memorystore for Memcached on App Engine)."""
-    name = "memcached"
+    name = backend = "memcached"  # backend: what core.cache calls it
 
     def _args(self):
         args = [memcached_binary(), "-l", LOOPBACK, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb),
@@ -384,7 +384,7 @@ class Memcached(_CacheServer):
 class Redis(_CacheServer):
     """Debian's redis-server standing in for Memorystore for Valkey (the same protocol): in memory only, evicting
     the least recently used keys when full, as a cache should."""
-    name = "redis-server"
+    name, backend = "redis-server", "redis"
 
     def _args(self):
         return [redis_binary(), "--bind", LOOPBACK, "--port", str(self.port), "--save", "", "--appendonly", "no",

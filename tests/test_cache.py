@@ -42,7 +42,7 @@ def test_settings_choose_the_cache():
 
 
 def test_the_talks_calls_answer_alike(cache, server):
-    assert cache.backend == server.name.split("-")[0]  # "memcached" or "redis"
+    assert cache.backend == server.backend
     assert cache.add("n", 5, expire=60) is True
     assert cache.add("n", 6, expire=60) is False  # add never overwrites
     assert cache.get("n") == b"5" and cache.get("absent") is None

@@ -16,8 +16,9 @@ from main import create_app
 from tests.support import csrf_token, running
 
 
-def test_healthz(client):
-    assert client.get("/healthz").get_json() == {"datastore": "ok", "memcache": "ok"}
+def test_healthz(client, stack):
+    health = client.get("/healthz").get_json()
+    assert (health["datastore"], health["memcache"], health["cache"]) == ("ok", "ok", stack.cache.backend)
 
 
 def test_healthz_503_when_datastore_is_down(weak_stack, weak_app):
