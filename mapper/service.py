@@ -164,11 +164,13 @@ def run_task(payload, attempt=0):
     # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
     # reads the record first). One lookup fewer per task.
     record = (record_key.get() if attempt else None) or _new_record(record_key, job, payload)
+    returned_here = 0  # credit this delivery returned: only the one that finished the record counts it
     if record.state == "running":
         try:
             if job_def is None:
                 raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
             record = _process(job, job_def, record, payload)
+            returned_here = record.returned
         except Superseded:
             raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
         except Exception as e:
@@ -180,7 +182,7 @@ def run_task(payload, attempt=0):
     for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
         _enqueue(job.id, child)
     if record.returned:
-        _maybe_finish(job, record.returned, attempt + 1 >= tasks.MAX_ATTEMPTS)
+        _maybe_finish(job, returned_here, attempt + 1 >= tasks.MAX_ATTEMPTS)
     return {"processed": record.processed, "children": len(record.children)}
 
 
@@ -303,13 +305,18 @@ def _maybe_finish(job, returned, last_attempt):
     """After a task returned credit: finish the job if every credit is back. memcached keeps a running sum so that
     only the last task pays for summing the records; without it (down, evicted) every such task sums them.
 
+    `returned` is added to the sum only by the delivery that finished the task's record (0 from any other delivery of
+    it, which only reads the sum): at-least-once queues deliver a task again, and a sum that counted each delivery
+    would say "every credit is back" while ranges were still out, and past 2**64 memcached's incr wraps to a small
+    number, so that the real last task would see less than everything and leave the job unfinished.
+
     The records are summed by a query (each record is its own entity group), which is eventually consistent: the
     last task may not see its own record, or a sibling's, yet. When memcached's sum says every credit is back but the
     query does not, this task raises, so that the queue delivers it again later (a retry re-reads its finished record
     and comes straight back here) until the records agree. A job that still cannot finish this way (memcached down as
     well, or the retries spent) is finished by an admin (`finish_job`); reads never finish a job, a GET never writes.
     """
-    total = runtime.cache().incr(_returned_key(job.id), returned)
+    total = runtime.cache().incr(_returned_key(job.id), returned)  # incr by 0 reads the sum as a number
     if total is None or total >= TOTAL_CREDIT:
         current = _derive(job)
         if current.returned == TOTAL_CREDIT:
