@@ -6,12 +6,14 @@ import click
 from flask import Flask
 
 import accounts
+import appstats
 import blog
 import comments
 import counters
 import latency
 import mapper
 import tour
+from core import appstats as request_costs
 from core import features, identity, openapi, web
 from core import views as core_views
 from core.runtime import RequestMiddleware, Runtime
@@ -19,7 +21,7 @@ from core.settings import Settings
 
 # The one list of features, each a package with init_app(app). Registered, and their demo content seeded, in this
 # order: a feature comes after those it builds on, and the numbers page measures last, on a stack with demo data.
-FEATURES = (counters, blog, comments, mapper, accounts, tour, latency)
+FEATURES = (counters, blog, comments, mapper, accounts, tour, latency, appstats)
 
 
 def create_app(config=None, task_queue=None, features_list=FEATURES):
@@ -46,6 +48,7 @@ def create_app(config=None, task_queue=None, features_list=FEATURES):
     app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
+    request_costs.init_app(app)
     app.register_blueprint(core_views.bp)
     for feature in features_list:
         feature.init_app(app)

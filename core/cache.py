@@ -16,6 +16,8 @@ from google.cloud import ndb
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from core.appstats import CountedClient
+
 log = logging.getLogger(__name__)
 # What a cache call raises when the server is down, frozen or refuses: OSError covers memcached's refused connections
 # and timeouts, MemcacheError its protocol's failures, RedisError every redis-py failure (connection, timeout, reply).
@@ -107,9 +109,10 @@ def make_global_cache(client):
     """
     if client is None:
         return None
+    # Its calls counted per request (core/appstats.py), like the app's own.
     if isinstance(client, RedisClient):
-        return ndb.RedisCache(client.redis, strict_read=False, strict_write=True)
-    return ndb.MemcacheCache(client, strict_read=False, strict_write=True)
+        return ndb.RedisCache(CountedClient(client.redis), strict_read=False, strict_write=True)
+    return ndb.MemcacheCache(CountedClient(client), strict_read=False, strict_write=True)
 
 
 def backend_name(client):
@@ -125,12 +128,13 @@ class Cache:
     def __init__(self, client):
         self.client = client
         self.backend = backend_name(client)
+        self._counted = CountedClient(client)  # each call counted for the request (core/appstats.py)
 
     def _call(self, what, default, *args, **kwargs):
         if self.client is None or BYPASSED.get():
             return default
         try:
-            return getattr(self.client, what)(*args, **kwargs)
+            return getattr(self._counted, what)(*args, **kwargs)
         except CACHE_DOWN as e:
             log.warning("%s %s failed: %s", self.backend, what, e)
             return default
@@ -162,7 +166,7 @@ class Cache:
         if self.client is None:
             return False
         try:
-            self.client.get("healthz")
+            self._counted.get("healthz")
             return True
         except CACHE_DOWN:
             return False

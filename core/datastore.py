@@ -14,6 +14,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
 
+from core import appstats
 from core.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -87,16 +88,18 @@ def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too 
 
 
 def make_client(settings):
-    """Built once per process: it holds the gRPC channel that every request reuses."""
+    """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
+    the request that made it (core/appstats.py)."""
     if not settings.emulator_host:
-        return ndb.Client(project=settings.project, namespace=settings.namespace)
+        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace))
     # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
     # another emulator than the process environment (tests run two), so set it for exactly this call.
     saved = os.environ.get("DATASTORE_EMULATOR_HOST")
     os.environ["DATASTORE_EMULATOR_HOST"] = settings.emulator_host
     try:
         # The emulator needs no credentials; looking for them would fail on a machine without gcloud auth.
-        return ndb.Client(project=settings.project, namespace=settings.namespace, credentials=AnonymousCredentials())
+        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace,
+                                   credentials=AnonymousCredentials()))
     finally:
         if saved is None:
             del os.environ["DATASTORE_EMULATOR_HOST"]
@@ -104,12 +107,20 @@ def make_client(settings):
             os.environ["DATASTORE_EMULATOR_HOST"] = saved
 
 
+def _counted(client):
+    """The client, its RPCs sent through an intercepted copy of its own channel. ndb makes every call through
+    `client.stub`, the Datastore transport it built on that channel; the replacement is the same transport class on
+    the same channel, intercepted (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=appstats.intercepted(client.stub.grpc_channel))
+    return client
+
+
 def make_api(settings):
-    """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process."""
-    if settings.emulator_host:
-        return datastore_v1.DatastoreClient(
-            transport=DatastoreGrpcTransport(channel=grpc.insecure_channel(settings.emulator_host)))
-    return datastore_v1.DatastoreClient()
+    """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process, its RPCs
+    counted like ndb's."""
+    channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
+               else DatastoreGrpcTransport.create_channel())
+    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=appstats.intercepted(channel)))
 
 
 class DatastoreApi:

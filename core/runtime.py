@@ -13,6 +13,7 @@ import contextvars
 from google.cloud import ndb
 from werkzeug.wsgi import ClosingIterator
 
+from core import appstats
 from core import cache as cache_module
 from core import datastore as datastore_module
 from core import tasks as tasks_module
@@ -115,12 +116,14 @@ class RequestMiddleware:
         self.runtime = rt
 
     def __call__(self, environ, start_response):
-        with self.runtime.context() as context:
+        # The request's cost (core/appstats.py) is counted from here: every Datastore RPC and cache call it makes.
+        measuring = appstats.measured if self.runtime.settings.appstats else contextlib.nullcontext
+        with measuring() as cost, self.runtime.context() as context:
             body = self.wsgi_app(environ, start_response)
 
         @contextlib.contextmanager
         def again():
-            with self.runtime.activated(), context.use():
+            with self.runtime.activated(), appstats.measuring(cost), context.use():
                 yield
 
         def close():

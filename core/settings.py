@@ -30,6 +30,9 @@ class Settings:
     tasks_url: str = "http://127.0.0.1:8080"
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
+    # Appstats (core/appstats.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
+    # and log line. APPSTATS=off turns the counting off (the benchmark of its own cost).
+    appstats: bool = True
 
     @classmethod
     def from_env(cls, env=None):
@@ -68,4 +71,5 @@ class Settings:
             tasks_url=env.get("TASKS_URL") or f"http://127.0.0.1:{env.get('PORT') or 8080}",
             tasks_location=env.get("TASKS_LOCATION") or None,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
+            appstats=env.get("APPSTATS", "on") != "off",
         )

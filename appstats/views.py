@@ -1,0 +1,25 @@
+"""Admins: what the last requests served by this process cost (Datastore RPCs and cache calls by method, time)."""
+from flask import Blueprint, current_app, jsonify, render_template
+
+from core import identity
+from core.appstats import RECENT
+
+bp = Blueprint("appstats", __name__)
+
+
+def _recent():
+    return current_app.extensions["appstats"].items()
+
+
+@bp.get("/appstats")
+def index():
+    """The last requests' costs, newest first (this process only: each gunicorn worker keeps its own)."""
+    identity.require_admin()
+    return render_template("appstats/index.html", requests=_recent(), size=RECENT)
+
+
+@bp.get("/api/appstats")
+def api_recent():
+    """Admin: the last requests' costs in this process, newest first."""
+    identity.require_admin()
+    return jsonify(requests=_recent(), size=RECENT)

@@ -1,0 +1,258 @@
+"""Appstats for today: what each request cost, in Datastore RPCs and cache calls, counted where they leave the process.
+
+- Datastore: a gRPC client interceptor on the channel ndb uses (and on the Datastore API client beside it), so every
+  RPC is seen by method (Lookup, RunQuery, RunAggregationQuery, BeginTransaction, Commit, Rollback, AllocateIds),
+  whoever made it, ndb's batches and retries included. Timed from the call to its answer (ndb sends RPCs
+  asynchronously: the answer comes back on a gRPC thread, hence the lock).
+- The cache: the client object itself is wrapped (`CountedClient`), the one that both the app's explicit calls and
+  ndb's global cache go through, so a get_many ndb makes for its global cache counts like one the app makes.
+Each request gets a `Cost` (core.runtime.RequestMiddleware), shown in its `Server-Timing` header, in the page footer,
+in one log line, and kept among the last requests for /appstats.
+"""
+import collections
+import contextlib
+import contextvars
+import json
+import logging
+import sys
+import threading
+import time
+
+import grpc
+from flask import current_app, request
+
+from core import clock
+
+_current = contextvars.ContextVar("request_cost", default=None)
+
+
+class Cost:
+    """One request's RPCs and cache calls: counts by method and their summed time."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.datastore = collections.Counter()
+        self.cache = collections.Counter()
+        self.datastore_s = 0.0
+        self.cache_s = 0.0
+        self._lock = threading.Lock()
+
+    def add_rpc(self, method, seconds):
+        with self._lock:
+            self.datastore[method] += 1
+            self.datastore_s += seconds
+
+    def add_cache(self, call, seconds):
+        with self._lock:
+            self.cache[call] += 1
+            self.cache_s += seconds
+
+    @property
+    def rpcs(self):
+        return sum(self.datastore.values())
+
+    @property
+    def cache_calls(self):
+        return sum(self.cache.values())
+
+    def elapsed_ms(self):
+        return (time.perf_counter() - self.started) * 1000
+
+    def summary(self, cache_name="cache"):
+        """A dict of the figures, as the log line, the admin view and the API give them."""
+        with self._lock:
+            return {"datastore": {"rpcs": self.rpcs, "ms": round(self.datastore_s * 1000, 1),
+                                  "by_method": dict(self.datastore)},
+                    cache_name: {"calls": self.cache_calls, "ms": round(self.cache_s * 1000, 1),
+                                 "by_call": dict(self.cache)},
+                    "app_ms": round(self.elapsed_ms(), 1)}
+
+    def server_timing(self, cache_name="cache"):
+        """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...`."""
+        with self._lock:
+            parts = [_metric("datastore", _described(self.datastore, "RPC"), self.datastore_s),
+                     _metric(cache_name, _described(self.cache, "call"), self.cache_s)]
+        parts.append(f"app;dur={self.elapsed_ms():.1f}")
+        return ", ".join(parts)
+
+    def footer(self, cache_name="cache"):
+        """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms)': so far, as the page is rendered."""
+        with self._lock:
+            return (f"{_plural(self.rpcs, 'Datastore RPC')} ({self.datastore_s * 1000:.1f} ms), "
+                    f"{_plural(self.cache_calls, cache_name + ' call')} ({self.cache_s * 1000:.1f} ms)")
+
+
+def _plural(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _described(counts, noun):
+    total = sum(counts.values())
+    detail = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return _plural(total, noun) + (f": {detail}" if detail else "")
+
+
+def _metric(name, desc, seconds):
+    return f'{name};desc="{desc}";dur={seconds * 1000:.1f}'
+
+
+def current():
+    """The cost of the request being served, or None outside one."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def measuring(cost):
+    """What the block does is counted in `cost` (None: not counted)."""
+    token = _current.set(cost)
+    try:
+        yield cost
+    finally:
+        _current.reset(token)
+
+
+def measured():
+    """`with measured() as cost:` counts what the block does (a request, or a script's step) in a new Cost."""
+    return measuring(Cost())
+
+
+class RpcCounter(grpc.UnaryUnaryClientInterceptor):
+    """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
+    (on the request's thread, in its context); the answer may arrive on a gRPC thread, which only adds to that cost."""
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        cost = _current.get()
+        started = time.perf_counter()
+        outcome = continuation(client_call_details, request)
+        if cost is not None:
+            method = client_call_details.method
+            method = method.rsplit("/", 1)[-1] if isinstance(method, str) else method.decode().rsplit("/", 1)[-1]
+            outcome.add_done_callback(lambda _: cost.add_rpc(method, time.perf_counter() - started))
+        return outcome
+
+
+def intercepted(channel):
+    """`channel` with every RPC counted (a public gRPC API: grpc.intercept_channel)."""
+    return grpc.intercept_channel(channel, RpcCounter())
+
+
+class CountedClient:
+    """A cache client with every call counted for the current request, whatever the client (pymemcache, redis-py, the
+    app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted by their round trips."""
+
+    PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
+
+    def __init__(self, client, prefix=""):
+        self._client = client
+        self._prefix = prefix
+
+    def __getattr__(self, name):
+        attribute = getattr(self._client, name)
+        if name.startswith("_") or not callable(attribute):
+            return attribute
+        if name == "pipeline":
+            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.")
+        if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
+            return attribute
+
+        def call(*args, **kwargs):
+            cost = _current.get()
+            started = time.perf_counter()
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                if cost is not None:
+                    cost.add_cache(self._prefix + name, time.perf_counter() - started)
+        return call
+
+
+class Recent:
+    """The last `size` requests' costs in this process, newest first (bounded: a deque), for /appstats."""
+
+    def __init__(self, size=100):
+        self._items = collections.deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, record):
+        with self._lock:
+            self._items.appendleft(record)
+
+    def items(self):
+        with self._lock:
+            return list(self._items)
+
+
+# --- the Flask side: the header, the footer, the log line, the recent requests ------------------------------------
+
+log = logging.getLogger("appstats")
+TRACE_HEADER = "X-Cloud-Trace-Context"  # TRACE_ID/SPAN_ID;o=1, set by App Engine's front end
+RECENT = 100  # requests kept per process for /appstats
+
+
+def init_app(app):
+    """Bind the accounting to `app`: every response gets its Server-Timing header and one log line, and joins the
+    process's recent requests; pages get `request_cost()` for their footer. Off with APPSTATS=off (no counting)."""
+    settings = app.extensions["runtime"].settings
+    app.extensions["appstats"] = Recent(RECENT)
+    if not log.handlers:  # once per process: one line per request, JSON on App Engine (Cloud Logging reads stdout)
+        handler = logging.StreamHandler(sys.stdout if settings.on_app_engine else sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    app.add_template_global(_request_cost, "request_cost")
+    app.after_request(_account)
+
+
+def _cache_name():
+    backend = current_app.extensions["runtime"].cache.backend
+    return backend if backend != "none" else "cache"
+
+
+def _request_cost():
+    cost = current()
+    return cost.footer(_cache_name()) if cost is not None else None
+
+
+def _account(response):
+    cost = current()
+    if cost is None:
+        return response
+    settings = current_app.extensions["runtime"].settings
+    cache_name = _cache_name()
+    response.headers["Server-Timing"] = cost.server_timing(cache_name)
+    record = {"method": request.method, "path": request.full_path.rstrip("?"), "status": response.status_code,
+              "at": clock.iso(clock.now()), **cost.summary(cache_name)}
+    current_app.extensions["appstats"].add(record)
+    if settings.on_app_engine:
+        log.info(json.dumps(_structured(record, settings.project, request.headers.get(TRACE_HEADER))))
+    else:
+        log.info(_readable(record, cache_name))
+    return response
+
+
+def _structured(record, project, trace_header):
+    """One Cloud Logging entry (https://cloud.google.com/logging/docs/structured-logging): severity, message, the
+    httpRequest, the figures, and the trace the request belongs to, so it sits under its request in Logs Explorer."""
+    entry = {"severity": "INFO", "message": f"{record['method']} {record['path']} {record['status']}: "
+                                            f"{record['datastore']['rpcs']} Datastore RPCs",
+             "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
+                             "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
+             "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
+    if trace_header:
+        trace, _, rest = trace_header.partition("/")
+        span, _, options = rest.partition(";")
+        if trace:
+            entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace}"
+        if span:
+            entry["logging.googleapis.com/spanId"] = span
+        entry["logging.googleapis.com/trace_sampled"] = options == "o=1"
+    return entry
+
+
+def _readable(record, cache_name):
+    datastore, cache = record["datastore"], record[cache_name]
+    by_method = ", ".join(f"{n} {m}" for m, n in sorted(datastore["by_method"].items()))
+    by_call = ", ".join(f"{n} {c}" for c, n in sorted(cache["by_call"].items()))
+    return (f"{record['method']} {record['path']} {record['status']} {record['app_ms']:.1f} ms | "
+            f"datastore {datastore['rpcs']} RPCs {datastore['ms']:.1f} ms ({by_method or 'none'}) | "
+            f"{cache_name} {cache['calls']} calls {cache['ms']:.1f} ms ({by_call or 'none'})")

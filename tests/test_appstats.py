@@ -1,0 +1,131 @@
+"""Appstats (core/appstats.py): every response says what it cost in its Server-Timing header, pages in their footer,
+one log line per request (Cloud Logging's JSON on App Engine, with the trace id), and admins see the last requests."""
+import json
+import logging
+import re
+
+import pytest
+
+from core.settings import Settings
+from devstack.taskqueue import DrainedQueue
+from main import create_app
+from tests.support import make_app, running
+
+METRIC = re.compile(r'(?P<name>[\w-]+);desc="(?P<desc>[^"]*)";dur=(?P<dur>[\d.]+)')
+
+
+def timing(response):
+    """{metric: (count, {what: n}, ms)} from a response's Server-Timing header (the app metric has no count)."""
+    header = response.headers["Server-Timing"]
+    found = {}
+    for m in METRIC.finditer(header):
+        count, _, detail = m["desc"].partition(": ")
+        by = {what: int(n) for n, what in (part.split(" ", 1) for part in detail.split(", ") if part)}
+        found[m["name"]] = (int(count.split()[0]), by, float(m["dur"]))
+    app_ms = re.search(r"app;dur=([\d.]+)", header)
+    found["app"] = float(app_ms[1])
+    return found
+
+
+def rpcs(response):
+    return timing(response)["datastore"][0]
+
+
+def test_every_answer_says_what_it_cost(client, auth, stack):
+    """HTML and JSON, 2xx, 4xx and 5xx alike."""
+    app = client.application
+
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("on purpose")
+
+    auth.sign_in()
+    answers = {"html": client.get("/counters"), "json": client.get("/api/counters"),
+               "404": client.get("/api/counters/absent"), "400": client.get("/api/blogs/BAD!/entries"),
+               "405": client.put("/api/openapi.json", json={}), "500": client.get("/boom"),
+               "created": client.post("/api/counters/new/increment")}
+    assert [a.status_code for a in answers.values()] == [200, 200, 404, 400, 405, 500, 200]
+    cache = stack.cache.backend
+    for what, response in answers.items():
+        found = timing(response)
+        assert set(found) == {"datastore", cache, "app"}, (what, response.headers["Server-Timing"])
+        assert found["app"] > 0
+    # what each one did, by method: the increment's transaction on legacy, a blind commit on Firestore
+    increment = timing(answers["created"])["datastore"][1]
+    assert increment.get("Commit", 0) >= 1 and increment.get("Lookup", 0) >= 1, increment
+    assert timing(answers["json"])["datastore"][1] == {"RunQuery": 1}, answers["json"].headers["Server-Timing"]
+
+
+def test_the_global_caches_calls_are_counted_with_the_apps(client, auth, stack):
+    """A counter config is in ndb's global cache: its first read misses there and reads Datastore, the next is served
+    by the cache alone, and both show the cache calls ndb made."""
+    auth.admin()
+    client.put("/api/counters/g", json={"mode": "general", "num_shards": 2})
+    client.application.extensions["runtime"].cache.flush()
+    first, second = client.get("/api/counters/g"), client.get("/api/counters/g")
+    cache = stack.cache.backend
+    assert timing(first)["datastore"][1].get("Lookup", 0) >= 1 and timing(first)[cache][0] >= 2
+    assert timing(second)["datastore"][0] == 0, second.headers["Server-Timing"]
+    assert timing(second)[cache][0] >= 1
+
+
+def test_the_footer_shows_the_pages_cost_and_admins_see_the_last_requests(client, auth):
+    page = client.get("/counters").get_data(as_text=True)
+    assert re.search(r"this page: \d+ Datastore RPCs? \([\d.]+ ms\), \d+ \w+ calls? \([\d.]+ ms\)", page), page[-600:]
+    assert "recent requests" not in page
+    assert client.get("/appstats").status_code == 401 and client.get("/api/appstats").status_code == 401
+    auth.sign_in()
+    assert client.get("/api/appstats").status_code == 403
+    auth.admin()
+    client.get("/api/counters/x")  # a 404, recorded like any other
+    recent = client.get("/api/appstats").get_json()
+    assert recent["size"] == 100
+    newest = recent["requests"][0]
+    assert (newest["method"], newest["path"], newest["status"]) == ("GET", "/api/counters/x", 404)
+    assert newest["datastore"]["rpcs"] == sum(newest["datastore"]["by_method"].values())
+    html = client.get("/appstats").get_data(as_text=True)
+    assert "GET /api/counters/x" in html and "recent requests" in html
+
+
+def test_the_recent_requests_are_bounded(client):
+    store = client.application.extensions["appstats"]
+    for _ in range(130):
+        client.get("/healthz")
+    assert len(store.items()) == 100
+
+
+def test_a_local_request_logs_one_readable_line(client, caplog):
+    with caplog.at_level(logging.INFO, logger="appstats"):
+        client.get("/api/counters/x")
+    lines = [r.getMessage() for r in caplog.records if r.name == "appstats"]
+    assert len(lines) == 1
+    assert re.match(r"GET /api/counters/x 404 [\d.]+ ms \| datastore \d+ RPCs [\d.]+ ms \(.*Lookup.*\) \| ", lines[0])
+
+
+@pytest.fixture
+def gae_app(stack):
+    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", IAP_AUDIENCE="/projects/1/apps/p",
+               TASKS_LOCATION="us-central1", DATASTORE_DATASET="scalable-demo")
+    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)}, task_queue=DrainedQueue())
+    with running(app):
+        yield app
+
+
+def test_on_app_engine_one_structured_line_carries_the_trace(gae_app, caplog):
+    with caplog.at_level(logging.INFO, logger="appstats"):
+        r = gae_app.test_client().get("/api/counters/x", headers={
+            "X-Cloud-Trace-Context": "105445aa7843bc8bf206b12000100000/1;o=1"})
+    entries = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "appstats"]
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry["logging.googleapis.com/trace"] == "projects/scalable-demo/traces/105445aa7843bc8bf206b12000100000"
+    assert entry["logging.googleapis.com/spanId"] == "1" and entry["logging.googleapis.com/trace_sampled"] is True
+    assert entry["severity"] == "INFO" and entry["httpRequest"]["status"] == r.status_code == 404
+    assert entry["appstats"]["datastore"]["rpcs"] == timing(r)["datastore"][0] >= 1
+
+
+def test_accounting_off_counts_nothing(stack):
+    with running(make_app(stack, APPSTATS="off")) as app:
+        r = app.test_client().get("/api/counters")
+        assert r.status_code == 200 and "Server-Timing" not in r.headers
+        assert app.extensions["appstats"].items() == []
