@@ -346,10 +346,30 @@ def _grow(name, seen_shards, factor):
         return seen_shards
 
 
-def shard_counts_many(configs):
+class Alongside:
+    """Other keys a page reads by key, sent in the same Datastore batch as the next shard read: ndb sends every key
+    asked for in one turn of its event loop as one Lookup, so asking for these just before the shards makes one round
+    trip of what would be two (the counters page: its counters' shards and the simple counter's)."""
+
+    def __init__(self, keys):
+        self.keys = keys
+        self._futures = None
+
+    def start(self):
+        if self._futures is None:
+            self._futures = ndb.get_multi_async(self.keys)
+
+    def results(self):
+        self.start()  # no shard read happened (nothing to sum): read them alone
+        return [f.result() for f in self._futures]
+
+
+def shard_counts_many(configs, alongside=None):
     """Each shard's count for each counter, all read by key in one batch: strongly consistent (unlike a query on a
-    counter-name property), and one round trip however many counters a page shows."""
+    counter-name property), and one round trip however many counters a page shows (`alongside`'s keys included)."""
     keys = [CounterShard.key_for(c.name, i) for c in configs for i in range(c.num_shards)]
+    if alongside is not None:
+        alongside.start()
     shards = iter(ndb.get_multi(keys))
     return [[s.count if s else 0 for s in itertools.islice(shards, c.num_shards)] for c in configs]
 
@@ -358,7 +378,7 @@ def shard_counts(config):
     return shard_counts_many([config])[0]
 
 
-def _cached_totals(names, configs=None, with_shards=False):
+def _cached_totals(names, configs=None, with_shards=False, alongside=None):
     """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one memcached round
     trip, the rest summed from their shards in one Datastore batch (by key: strongly consistent, no query) and then
     cached. `configs` ({name: config or None}) when the caller has them; else the missing ones are read by key in one
@@ -381,7 +401,7 @@ def _cached_totals(names, configs=None, with_shards=False):
         found = ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]) if to_sum else []
         configs = dict(zip(to_sum, found, strict=True))
     existing = [configs[n] for n in to_sum if configs.get(n) is not None]
-    shards = dict(zip((c.name for c in existing), shard_counts_many(existing), strict=True))
+    shards = dict(zip((c.name for c in existing), shard_counts_many(existing, alongside), strict=True))
     result = {}
     for name in names:
         if keys[name] in cached:
@@ -408,7 +428,7 @@ def exact_totals(names):
     return {n: summed.get(n, 0) for n in names}
 
 
-def list_counters(limit=LIST_LIMIT, with_shards=False):
+def list_counters(limit=LIST_LIMIT, with_shards=False, alongside=None):
     """The first `limit` public counters by name as (config, total, shard counts or None), totals as
     `_cached_totals` reads them.
 
@@ -418,8 +438,16 @@ def list_counters(limit=LIST_LIMIT, with_shards=False):
     """
     configs = [c for c in CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
                if OWNER_SEPARATOR not in c.name]
-    totals = _cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards)
+    totals = _cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards, alongside)
     return [(c, *totals[c.name]) for c in configs]
+
+
+def counters_page(limit=LIST_LIMIT):
+    """What the counters page shows: the public counters with every shard (list_counters) and the simple counter's
+    twenty shards, all the shards read in one Datastore batch."""
+    simple = Alongside([_simple_key(i) for i in range(SIMPLE_SHARDS)])
+    counters = list_counters(limit, with_shards=True, alongside=simple)
+    return counters, [s.count if s else 0 for s in simple.results()]
 
 
 class OwnedCounters:

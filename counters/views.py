@@ -37,8 +37,7 @@ def _form_int(field):
 @bp.get("/counters")
 def index():
     """Every counter with its total, its shards drawn, and buttons to increment."""
-    counters = service.list_counters(with_shards=True)
-    simple = service.simple_shard_counts()
+    counters, simple = service.counters_page()
     return render_template("counters/index.html", counters=counters, simple=simple, simple_total=sum(simple),
                            max_shards=service.MAX_SHARDS)
 

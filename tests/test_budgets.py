@@ -1,0 +1,70 @@
+"""RPC budgets: each page's and each API read's Datastore RPCs, by method, on a warm cache, with the demo content
+`make run` seeds. Read from the request's own Server-Timing header (core/appstats.py), so a change that makes a page
+read Datastore again where the cache should serve it, or read the same thing twice, fails here, not only in a
+benchmark. The cached front page and the feed read nothing from Datastore at all.
+"""
+import pytest
+
+from main import seed_demo
+from tests.support import fresh_stack, make_app, running
+from tests.test_appstats import timing
+
+# path -> Datastore RPCs by method on a warm cache (the same for a visitor and an admin)
+BUDGETS = {
+    "/": {"RunQuery": 1},  # the last job, for the mapper's card; every other figure from the cache
+    "/counters": {"RunQuery": 1, "Lookup": 1},  # the counters' configs, then every shard shown, in one batch
+    "/blog": {"RunQuery": 1},
+    "/blog/demo": {},
+    "/blog/demo/feed.atom": {},
+    "/blog/demo/59": {"RunQuery": 1},  # the page of comments; the entry and its counts from the cache
+    "/jobs": {"RunQuery": 1},
+    "/accounts": {"Lookup": 2},  # the kept figures' configs, then their shards; the audit by key in the first batch
+    "/numbers": {"Lookup": 1},
+    "/healthz": {"Lookup": 1},  # proves Datastore answers, bypassing the caches on purpose
+    "/api/counters": {"RunQuery": 1},
+    "/api/simple-counter": {"Lookup": 1},
+    "/api/blogs": {"RunQuery": 1},
+    "/api/blogs/demo/entries": {},
+    "/api/blogs/demo/entries/59": {},
+    "/api/blogs/demo/entries/59/comments": {"RunQuery": 1},
+    "/api/jobs": {"RunQuery": 1},
+    "/api/accounts/summary": {"Lookup": 1},
+    "/api/accounts/audit": {"Lookup": 1},
+    "/api/numbers": {"Lookup": 1},
+    "/api/session": {},
+    "/source/counters/service.py": {},
+    "/signin": {},
+}
+
+
+@pytest.fixture(scope="module")
+def seeded(stack):
+    with running(make_app(stack, checked=False, **fresh_stack(stack)), flush=True) as app:
+        seed_demo(app)
+        yield app
+
+
+@pytest.mark.parametrize("admin", [False, True], ids=["visitor", "admin"])
+def test_each_page_and_api_read_keeps_its_datastore_budget(seeded, admin):
+    client = seeded.test_client()
+    if admin:
+        client.post("/api/session", json={"email": "boss@example.com", "admin": True})
+    spent = {}
+    for path in BUDGETS:
+        for _ in range(2):  # warm: the first reads fill the caches
+            client.get(path)
+        response = client.get(path)
+        assert response.status_code in (200, 401), (path, response.status_code)
+        spent[path] = timing(response)["datastore"][1]
+    over = {path: (spent[path], budget) for path, budget in BUDGETS.items() if spent[path] != budget}
+    assert not over, f"Datastore RPCs (spent, budget) that moved: {over}"
+
+
+def test_the_cached_front_page_reads_nothing_from_datastore_but_reads_it_all_without_its_cache(seeded):
+    client = seeded.test_client()
+    client.get("/blog/demo")
+    assert timing(client.get("/blog/demo"))["datastore"][0] == 0
+    client.post("/api/session", json={"email": "boss@example.com", "admin": True})
+    bypassed = timing(client.get("/blog/demo?cache=bypass"))["datastore"]
+    # the BlogIndex, the page's query, and every entry's counts from their counters' configs and shards
+    assert bypassed[1].get("RunQuery") == 1 and bypassed[1].get("Lookup", 0) >= 2, bypassed
