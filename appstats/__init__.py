@@ -6,4 +6,5 @@ from core import features
 
 def init_app(app):
     app.register_blueprint(views.bp)
+    app.add_template_global("appstats.index", "request_costs_page")  # the footer links it for admins (base.html)
     features.add(app, features.Feature(name="appstats"))
