@@ -156,7 +156,7 @@ class Auth:
 def csrf_token(client, path="/counters"):
     """The CSRF token a page's forms carry."""
     html = client.get(path).get_data(as_text=True)
-    return re.search(r'name="csrf-token" content="([^"]+)"', html).group(1)
+    return re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
 
 
 def in_threads(count, fn):
