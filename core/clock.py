@@ -15,4 +15,8 @@ def iso(when):
 
 
 def parse_iso(text):
-    return datetime.datetime.strptime(text, ISO_FORMAT)
+    """The inverse of iso(). fromisoformat is C and some thirty times faster than strptime (pages show ten times at
+    once); the format is checked first, since fromisoformat also takes other forms."""
+    if len(text) != 20 or text[10] != "T" or text[-1] != "Z":
+        raise ValueError(f"not an ISO 8601 UTC time: {text!r}")
+    return datetime.datetime.fromisoformat(text[:-1])
