@@ -9,10 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flask import current_app, render_template
+from markupsafe import Markup
 
 from blog import service
+from core.fragments import Fragments
 
 EXTENSION = "blog.entry_addons"
+FRAGMENTS = "blog.fragments"  # the rendered pages of entries, per process (core/fragments.py)
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,19 @@ def summaries(refs):
     return merged
 
 
+def init_app(app):
+    app.extensions[FRAGMENTS] = Fragments()
+
+
 def render_index(blog, page, form=None):
     refs = [service.EntryRef(blog, e["index"]) for e in page.items]
-    return render_template("blog/index.html", blog=blog, page=page, form=form or {}, refs=refs,
-                           summaries=summaries(refs), addons=_addons())
+    shown = summaries(refs)
+    # The page of entries rendered once per process for what it shows: an entry is never changed once posted, so its
+    # blog and index name its content, and the addons' figures (comment counts) are in the key as they are now.
+    key = (blog, tuple(ref.index for ref in refs), tuple(tuple(sorted(shown[ref].items())) for ref in refs))
+    entries_html = current_app.extensions[FRAGMENTS].get_or_render(key, lambda: Markup(render_template(
+        "blog/_entries.html", blog=blog, page=page, refs=refs, summaries=shown, addons=_addons())))
+    return render_template("blog/index.html", blog=blog, page=page, form=form or {}, entries_html=entries_html)
 
 
 def render_entry(ref, status=200, state=None):

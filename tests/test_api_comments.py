@@ -120,3 +120,20 @@ def test_hostile_comment_renders_as_text_with_safe_links(client, auth, entry):
     assert "<script>alert(1)" not in html and "<img src=x>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and 'href="javascript' not in html
     assert '<a href="https://example.com/a?b=1&amp;c=2" rel="nofollow noopener noreferrer">' in html
+
+
+def test_the_front_page_shows_each_new_comment_count_though_its_entries_are_rendered_once(client, auth, entry):
+    """blog/pages.py keeps each page of entries rendered in memory, keyed by what it shows: a new comment is a new
+    count, so a new key, never the old HTML."""
+    def counts_shown():
+        html = client.get("/blog/news").get_data(as_text=True)
+        return re.findall(r'#comments">(\d+) comments?</a>', html)
+    fragments = client.application.extensions["blog.fragments"]
+    assert counts_shown() == ["0", "0"] and counts_shown() == ["0", "0"]
+    assert len(fragments) == 1  # the second view was served the first one's HTML
+    auth.sign_in("ann@example.com")
+    assert _comment(client, "one", index=1).status_code == 201
+    assert counts_shown() == ["1", "0"]
+    assert _comment(client, "two", index=1).status_code == 201 and _comment(client, "three").status_code == 201
+    assert counts_shown() == ["2", "1"]
+    assert len(fragments) == 3
