@@ -21,13 +21,13 @@ def app_env(stack, url, secret, admins=None):
 class Gunicorn:
     """gunicorn serving main:app as App Engine's entrypoint does, two workers of eight threads, on a loopback port."""
 
-    def __init__(self, env, port=None, access_log=False, wait=True):
+    def __init__(self, env, port=None, access_log=False, wait=True, app="main:app", output=None):
         self.port = port or free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", "2", "--threads", "8",
-             *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), "main:app"],
-            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent)
+             *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), app],
+            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent, stdout=output, stderr=output)
         deadline = time.monotonic() + 30
         while wait and not _port_open(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
