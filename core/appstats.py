@@ -199,6 +199,7 @@ def init_app(app):
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        log.propagate = False  # the line as it is, once: not again through the root logger's format (main.app's)
     app.add_template_global(_request_cost, "request_cost")
     app.after_request(_account)
 
