@@ -1,94 +1,238 @@
-"""Benchmark: posting to one blog from many writers at once, on both backends in one run.
+"""Benchmark: writers of one hot entity spread over several app processes, on both backends in one run.
 
-Every post is a transaction on the blog's index entity (blog.service.post_entry), the one entity all posts to a blog
-share, so this is the blog's contended write:
-- burst:     20 writers post once each, all at once, to a fresh blog: the indexes must come out exactly 0..19;
-- sustained: 8 writers post to one blog for the run's seconds: posts/s and latency.
-Within a process the app queues transactions on one entity on a local lock (core.datastore.transact, `hot_key`)
-before they reach the datastore: under Firestore's pessimistic locks, transactions that read the index and then
-write it otherwise hold each other up until a lock timeout.
+The app is served by many processes (gunicorn workers, App Engine instances), so this benchmark serves it as such:
+1, 2 and 4 gunicorn servers of one worker each, side by side on one emulator and one cache, the clients spread over
+them, everything over HTTP. Each post is a transaction on the blog's index entity (blog.service.post_entry), the one
+entity all posts to a blog share; each comment one on its author's sequence entity (comments.service.post_comment):
+- burst:     20 clients post once each, all at once, to a fresh blog: the indexes must come out exactly 0..19;
+- sustained: 8 clients post to one blog for the run's seconds: posts/s and latency;
+- comments:  one user comments from 6 clients (tabs, devices) at once over 2 processes, 3 comments each: the user's
+             sequence must come out exactly 1..18.
+Writers of one hot entity queue across processes on a lease in the cache (core/transactions.py). The variant
+`local lock` turns the lease off (HOT_LEASES=off): writers then queue only within their own process, as before, and
+the other processes' transactions meet theirs in the datastore.
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.posts [--rounds 3 --seconds 5 --backends both]`.
 """
 import concurrent.futures
 import sys
+import threading
 import time
+import uuid
 
 from bench import harness
-from blog import service
+from devstack.serving import app_env, instances, signed_in
 
 BURST = 20
 WRITERS = 8
+TABS, COMMENTS_PER_TAB = 6, 3
+PROCESSES = (1, 2, 4)
+ADMIN = "bench-admin@example.com"
+TIMEOUT = 120  # seconds, per request: a post that waits on emulator lock timeouts can take tens of seconds
+# Variants: (name, processes, the app's extra environment). `local lock` is the design before the lease, measured
+# at 2 processes only (on the Firestore emulator one round of it takes about a minute).
+VARIANTS = [("lease", n, {}) for n in PROCESSES] + [("local lock", 2, {"HOT_LEASES": "off"})]
 
 
-def _burst(tag):
-    """20 posts at once to a fresh blog: (seconds, failures, dense?)."""
-    blog = f"burst-{tag}"
-    post_entry = harness.in_context(service.post_entry)  # here: the pool's threads have no runtime current
+def _sessions(urls, count, email, admin=False):
+    """`count` signed-in sessions, the i-th on server i % len(urls): clients spread over the processes."""
+    return [(signed_in(urls[i % len(urls)], email, admin), urls[i % len(urls)]) for i in range(count)]
+
+
+def _post(session, url, blog, title):
+    """One post over HTTP: (seconds, the entry's index or None when it failed)."""
+    start = time.perf_counter()
+    try:
+        r = session.post(f"{url}/api/blogs/{blog}/entries", json={"title": title, "body": "body"}, timeout=TIMEOUT)
+        index = r.json()["index"] if r.status_code == 201 else None
+    except Exception:  # noqa: BLE001 - a failed post is counted, not raised
+        index = None
+    return time.perf_counter() - start, index
+
+
+def _indexes(url, blog):
+    """Every index the blog holds, read back through the API (newest first, 50 a page)."""
+    found, start = [], None
+    for _ in range(1000):
+        r = signed_in(url, ADMIN).get(f"{url}/api/blogs/{blog}/entries", params={"limit": 50, "start": start}
+                                      if start is not None else {"limit": 50}, timeout=TIMEOUT)
+        page = r.json()
+        found += [e["index"] for e in page["entries"]]
+        start = page["next"]
+        if start is None:
+            return sorted(found)
+    raise RuntimeError("too many pages")
+
+
+def _burst(urls):
+    blog = f"burst-{uuid.uuid4().hex[:8]}"
+    clients = _sessions(urls, BURST, ADMIN, admin=True)
+    barrier = threading.Barrier(BURST)
 
     def post(i):
-        try:
-            post_entry(blog, f"post {i}", "body", "bench@example.com")
-            return True
-        except Exception:  # noqa: BLE001 - a failed post is counted, not raised
-            return False
+        session, url = clients[i]
+        barrier.wait()
+        return _post(session, url, blog, f"post {i}")
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
         done = list(pool.map(post, range(BURST)))
     elapsed = time.perf_counter() - start
-    indexes = sorted(e["index"] for e in harness.in_context(service.get_page)(blog, None, BURST * 2).items)
-    return elapsed, done.count(False), indexes == list(range(BURST))
+    return {"seconds": elapsed, "slowest": max(s for s, _ in done), "failed": sum(i is None for _, i in done),
+            "dense": _indexes(urls[0], blog) == list(range(BURST))}
+
+
+def _sustained(urls, seconds):
+    blog = f"steady-{uuid.uuid4().hex[:8]}"
+    clients = _sessions(urls, WRITERS, ADMIN, admin=True)
+    _post(*clients[0], blog, "first")
+    latencies, errors, lock = [], [0], threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def writer(w):
+        session, url = clients[w]
+        for n in range(10_000):
+            if time.perf_counter() >= deadline:
+                return
+            took, index = _post(session, url, blog, f"post {w}.{n}")
+            with lock:
+                if index is None:
+                    errors[0] += 1
+                else:
+                    latencies.append(took)
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(WRITERS) as pool:
+        list(pool.map(writer, range(WRITERS)))
+    elapsed = time.perf_counter() - start
+    return {"per_second": len(latencies) / elapsed, "p50": harness.percentile(latencies, 50),
+            "p99": harness.percentile(latencies, 99), "errors": errors[0],
+            "dense": _indexes(urls[0], blog) == list(range(1 + len(latencies)))}
+
+
+def _comments(urls):
+    """One user's comments from TABS clients over the processes at once."""
+    blog = f"talk-{uuid.uuid4().hex[:8]}"
+    _post(signed_in(urls[0], ADMIN, admin=True), urls[0], blog, "an entry")
+    email = f"reader-{uuid.uuid4().hex[:8]}@example.com"
+    tabs = _sessions(urls, TABS, email)
+    barrier = threading.Barrier(TABS)
+
+    def tab(i):
+        session, url = tabs[i]
+        barrier.wait()
+        took = []
+        for n in range(COMMENTS_PER_TAB):
+            start = time.perf_counter()
+            r = session.post(f"{url}/api/blogs/{blog}/entries/0/comments", json={"text": f"tab {i}, {n}"},
+                             timeout=TIMEOUT)
+            took.append((time.perf_counter() - start, r.status_code == 201))
+        return took
+    with concurrent.futures.ThreadPoolExecutor(TABS) as pool:
+        done = [t for tab_done in pool.map(tab, range(TABS)) for t in tab_done]
+    r = tabs[0][0].get(f"{urls[0]}/api/blogs/{blog}/entries/0/comments", params={"limit": 100}, timeout=TIMEOUT)
+    seqs = sorted(int(c["id"].rsplit("|", 1)[1]) for c in r.json()["comments"])
+    return {"slowest": max(s for s, _ in done), "failed": sum(not ok for _, ok in done),
+            "dense": seqs == list(range(1, TABS * COMMENTS_PER_TAB + 1))}
+
+
+def _warm(urls):
+    """Every worker loads the app before anything is timed (a few requests to each server at once)."""
+    for url in urls:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda _, url=url: signed_in(url, ADMIN), range(8)))
 
 
 def measure(args, stack, app):
-    bursts, loads = [], []
-    for r in range(args.rounds):
-        bursts.append(_burst(f"r{r}"))
-        blog, counter = f"steady-r{r}", iter(range(10 ** 9))
-        harness.in_context(service.post_entry)(blog, "first", "body", "bench@example.com")
-        loads.append(harness.run_writers(WRITERS, lambda w, blog=blog, counter=counter: service.post_entry(
-            blog, f"post {next(counter)}", "body", "bench@example.com") and None, args.seconds))
-        page = harness.in_context(service.get_blog)(blog)
-        dense = page.max_index + 1 == 1 + loads[-1].commits
-        print(f"round {r + 1}: burst of {BURST} in {bursts[-1][0]:.2f} s (failed {bursts[-1][1]}, dense "
-              f"{bursts[-1][2]}); sustained {loads[-1].per_second:.1f} posts/s, p99 {loads[-1].pct(99) * 1000:.0f} ms, "
-              f"dense {dense}", flush=True)
-        bursts[-1] = bursts[-1] + (dense,)
-    return bursts, loads
+    results = {}
+    for name, processes, extra in VARIANTS:
+        if args.variants and name not in args.variants.split(","):
+            continue
+        env = dict(app_env(stack, "http://127.0.0.1:9", "bench-secret", admins=""), **extra)
+        with instances(env, processes) as servers:
+            urls = [s.url for s in servers]
+            _warm(urls)
+            rounds = args.rounds if name == "lease" else 1
+            runs = []
+            for r in range(rounds):
+                run = {"burst": _burst(urls), "sustained": _sustained(urls, args.seconds)}
+                if processes == 2:
+                    run["comments"] = _comments(urls)
+                runs.append(run)
+                print(f"{name}, {processes} process(es), round {r + 1}: burst {run['burst']['seconds']:.2f} s "
+                      f"(slowest {run['burst']['slowest']:.2f} s, failed {run['burst']['failed']}, dense "
+                      f"{run['burst']['dense']}); sustained {run['sustained']['per_second']:.1f} posts/s, p99 "
+                      f"{run['sustained']['p99'] * 1000:.0f} ms, dense {run['sustained']['dense']}"
+                      + (f"; comments slowest {run['comments']['slowest']:.2f} s, dense {run['comments']['dense']}"
+                         if "comments" in run else ""), flush=True)
+            results[(name, processes)] = runs
+    return results
+
+
+def _median(runs, part, field):
+    return harness.median([run[part][field] for run in runs if part in run])
 
 
 def report(args, measured):
-    rows, checks = [], []
-    harness.bar_chart("posts", list(measured), ("burst of 20", "sustained, 8 writers"),
-                      {**{(b, "burst of 20"): BURST / harness.median([x[0] for x in m[0]])
-                          for b, m in measured.items()},
-                       **{(b, "sustained, 8 writers"): harness.median([x.per_second for x in m[1]])
-                          for b, m in measured.items()}}, "posts/s to one blog (higher is better)")
-    for backend, (bursts, loads) in measured.items():
-        burst_s = harness.median([b[0] for b in bursts])
-        rows.append([harness.BACKEND_NAMES[backend], f"{burst_s:.2f}", f"{BURST / burst_s:.1f}",
-                     sum(b[1] for b in bursts), "yes" if all(b[2] for b in bursts) else "**no**",
-                     f"{harness.median([x.per_second for x in loads]):.1f}",
-                     f"{harness.median([x.pct(50) for x in loads]) * 1000:.1f}",
-                     f"{harness.median([x.pct(99) for x in loads]) * 1000:.1f}", sum(x.errors for x in loads),
-                     "yes" if all(b[3] for b in bursts) else "**no**"])
-        dense = all(b[2] and not b[1] for b in bursts)
-        checks.append(harness.target(f"{backend}: 20 concurrent posts give indexes 0..19, every round",
-                                     "yes" if dense else "no", "yes", dense))
-    text = f"""# Posting benchmark
+    rows, checks, chart = [], [], {}
+    for backend, results in measured.items():
+        for (name, processes), runs in results.items():
+            bursts = [run["burst"] for run in runs]
+            comments = [run["comments"] for run in runs if "comments" in run]
+            rows.append([harness.BACKEND_NAMES[backend], name, processes, len(runs),
+                         f"{_median(runs, 'burst', 'seconds'):.2f}", f"{_median(runs, 'burst', 'slowest'):.2f}",
+                         f"{max(b['slowest'] for b in bursts):.2f}", sum(b["failed"] for b in bursts),
+                         f"{_median(runs, 'sustained', 'per_second'):.1f}",
+                         f"{_median(runs, 'sustained', 'p50') * 1000:.0f}",
+                         f"{_median(runs, 'sustained', 'p99') * 1000:.0f}",
+                         sum(run["sustained"]["errors"] for run in runs),
+                         f"{max(c['slowest'] for c in comments):.2f}" if comments else "",
+                         "yes" if all(b["dense"] for b in bursts) and all(run["sustained"]["dense"] for run in runs)
+                         and all(c["dense"] for c in comments) else "**no**"])
+            chart[(backend, f"{name}, {processes}")] = _median(runs, "sustained", "per_second")
+        lease = {n: runs for (name, n), runs in results.items() if name == "lease"}
+        if not lease:
+            continue
+        slowest = max(_median(runs, "burst", "slowest") for runs in lease.values())
+        checks.append(harness.target(f"{backend}: the burst's slowest post (median of rounds), worst over 1, 2, 4 "
+                                     "processes, s", slowest, "<= 2", slowest <= 2))
+        if 1 in lease and 4 in lease:
+            ratio = _median(lease[4], "sustained", "per_second") / _median(lease[1], "sustained", "per_second")
+            checks.append(harness.target(f"{backend}: sustained posts/s, 4 processes / 1", ratio, ">= 0.8",
+                                         ratio >= 0.8))
+        if 2 in lease:
+            worst = max(c["slowest"] for run in lease[2] for c in [run["comments"]])
+            checks.append(harness.target(f"{backend}: one user's comments from {TABS} clients over 2 processes, "
+                                         "slowest, s", worst, "<= 1", worst <= 1))
+        ok = all(b["dense"] and not b["failed"] for runs in lease.values() for run in runs for b in [run["burst"]])
+        checks.append(harness.target(f"{backend}: every burst dense 0..19, every post answered, at every process count",
+                                     "yes" if ok else "no", "yes", ok))
+    series = sorted({s for _, s in chart}, key=lambda s: (s.startswith("local"), s))
+    harness.bar_chart("posts", list(measured), series, {k: chart.get(k, 0.0) for k in
+                                                       [(b, s) for b in measured for s in series]},
+                      "sustained posts/s to one blog, 8 clients (higher is better)")
+    text = f"""# Posting benchmark: one hot entity, several processes
 
-{harness.machine_line(list(measured))}. {args.rounds} rounds; in each, {BURST} writers post once each at the same
-moment to a fresh blog (burst), then {WRITERS} writers post to one blog for {args.seconds} s (sustained). Medians over
-the rounds; failures and errors summed. `dense`: the indexes are exactly 0..n-1.
+{harness.machine_line(list(measured))}. The app served by gunicorn, one worker of 8 threads per server, 1, 2 or 4
+servers side by side on one emulator and one cache, the clients spread over them, everything over HTTP
+(`devstack.serving.instances`). `lease`: writers of one entity queue across processes on a lease in the cache (the
+app as it is); `local lock`: only within their own process (`HOT_LEASES=off`, the design before the lease), one round.
+In each round: a burst of {BURST} posts at once to a fresh blog; {WRITERS} clients posting to one blog for
+{args.seconds:g} s; at 2 processes, one user commenting from {TABS} clients at once ({COMMENTS_PER_TAB} comments each).
+Medians over {args.rounds} rounds; `worst` is the slowest post of any round; failures and errors summed. `dense`: the
+blogs' indexes are exactly 0..n-1 and the user's comment sequence exactly 1..{TABS * COMMENTS_PER_TAB}.
 
-{harness.markdown_table(["backend", "burst: s for 20", "burst posts/s", "burst failures", "burst dense",
-                         "sustained posts/s", "p50 ms", "p99 ms", "errors", "sustained dense"], rows)}
+{harness.markdown_table(["backend", "variant", "processes", "rounds", "burst: s for 20", "slowest post, s",
+                         "worst, s", "failed", "sustained posts/s", "p50 ms", "p99 ms", "errors",
+                         "comments: slowest, s", "dense"], rows)}
 """
     return harness.publish("posts", text, checks)
 
 
+def _extra(parser):
+    parser.add_argument("--variants", default="", help="lease,local lock (default: both)")
+
+
 def main(argv=None):
-    return harness.main_per_backend("bench.posts", argv, measure, report, seconds=5.0)
+    return harness.main_per_backend("bench.posts", argv, measure, report, seconds=5.0, extra=_extra)
 
 
 if __name__ == "__main__":

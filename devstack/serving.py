@@ -1,12 +1,15 @@
 """The app served on loopback: in-process on threads (the browser tests, `make screenshots`), or by gunicorn as App
 Engine's entrypoint (`make run`, bench/pages.py)."""
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
+import requests
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
@@ -19,26 +22,74 @@ def app_env(stack, url, secret, admins=None):
 
 
 class Gunicorn:
-    """gunicorn serving main:app as App Engine's entrypoint does, two workers of eight threads, on a loopback port."""
+    """gunicorn serving main:app as App Engine's entrypoint does (app.yaml: two workers of eight threads), on a
+    loopback port. Each worker is a process of its own: nothing in one worker's memory reaches another."""
 
-    def __init__(self, env, port=None, access_log=False, wait=True, app="main:app", output=None):
+    def __init__(self, env, port=None, access_log=False, wait=True, app="main:app", output=None, workers=2,
+                 threads=8):
         self.port = port or free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", "2", "--threads", "8",
+            [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", str(workers),
+             "--threads", str(threads),
              *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), app],
             env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent, stdout=output, stderr=output)
-        deadline = time.monotonic() + 30
-        while wait and not _port_open(self.port):
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout=60):
+        """Until the server takes connections (a request sent before a worker has loaded the app waits for it)."""
+        deadline = time.monotonic() + timeout
+        while not _port_open(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise DevstackError(f"gunicorn did not start on port {self.port}")
             time.sleep(0.1)
+        return self
+
+    def workers(self):
+        """The pids of the server's worker processes (its master's children)."""
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return []
+        return [int(pid) for pid in children]
+
+    def kill_worker(self, pid=None):
+        """SIGKILL one worker, as a crash would: no cleanup of any kind runs in it. gunicorn's master starts another.
+        The pid killed."""
+        pid = pid or self.workers()[0]
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=20)
+
+
+@contextmanager
+def instances(env, count, workers=1, threads=8):
+    """`count` gunicorn servers side by side on one stack, standing in for App Engine instances (each `workers`
+    processes of `threads` threads): a list of them, started together and stopped at the end."""
+    with ExitStack() as stack:
+        servers = []
+        for _ in range(count):
+            server = Gunicorn(env, wait=False, workers=workers, threads=threads, output=subprocess.DEVNULL)
+            stack.callback(server.stop)
+            servers.append(server)
+        for server in servers:
+            server.wait_ready()
+        yield servers
+
+
+def signed_in(url, email, admin=False):
+    """A requests session signed in at `url` by the dev sign-in (every server that shares the secret accepts its
+    cookie). Sessions are not shared between threads: make one per thread."""
+    session = requests.Session()
+    response = session.post(f"{url}/api/session", json={"email": email, "admin": admin}, timeout=30)
+    response.raise_for_status()
+    return session
 
 
 def wait_until(check, what, timeout=30.0, interval=0.2):
