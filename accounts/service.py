@@ -21,8 +21,8 @@ from google.cloud import ndb
 
 from accounts.models import Account, AccountsAudit
 from core import clock, runtime
-from core.datastore import transact
 from core.errors import BadInput
+from core.transactions import transact
 from core.validate import whole_number
 from counters import service as counters
 from mapper import service as mapper

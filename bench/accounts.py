@@ -21,7 +21,7 @@ from accounts import service
 from accounts.models import Account
 from bench import harness
 from core import runtime
-from core.datastore import transact
+from core.transactions import transact
 
 SIZES = (1_000, 10_000, 100_000)
 SEED_THREADS = 8

@@ -23,7 +23,7 @@ from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
 from core import clock
-from core.datastore import transact
+from core.transactions import transact
 
 VARIANTS = ("designed", "shared", "ceiling")
 WRITERS = 32

@@ -25,7 +25,7 @@ import time
 from google.cloud import ndb
 
 from bench import harness
-from core.datastore import transact
+from core.transactions import transact
 from counters import service
 from counters.models import CounterShard
 

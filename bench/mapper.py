@@ -24,7 +24,7 @@ from accounts.models import Account
 from accounts.service import ADD_CREDIT
 from bench import harness
 from core import runtime, tasks
-from core.datastore import transact
+from core.transactions import transact
 from mapper import service as mapper
 from mapper.models import TaskRecord
 

@@ -20,9 +20,9 @@ from google.cloud import ndb
 from blog.markup import render_markdown
 from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from core import clock, runtime, validate
-from core.datastore import transact
 from core.errors import BadInput, Unprocessable, found
 from core.paging import Page
+from core.transactions import transact
 from counters import service as counters
 
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")

@@ -18,9 +18,9 @@ from google.cloud import ndb
 from blog import service as blog_service
 from comments.models import Comment, UserSequence
 from core import clock, validate
-from core.datastore import transact
 from core.errors import BadInput, SignInRequired
 from core.paging import Page
+from core.transactions import transact
 from counters import service as counters
 from mapper import service as mapper
 

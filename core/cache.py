@@ -39,15 +39,32 @@ def make_client(settings):
     return None
 
 
+class _DeleteIf:
+    """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours. Between
+    the two another caller can only have stored the key if it had expired first (see core/hotspots.py for why that
+    is harmless there). Two round trips, counted as one call."""
+
+    def delete_if(self, key, value):
+        return self.get(key) == value and self.delete(key, noreply=False)
+
+
+class MemcachedClient(_DeleteIf, pymemcache.PooledClient):
+    """One memcached server, a pool of connections."""
+
+
+class MemcachedHashClient(_DeleteIf, pymemcache.HashClient):
+    """Several memcached servers, keys spread by rendezvous hash."""
+
+
 def _memcached_client(hosts):
     servers = [_parse(h) for h in hosts]
     common = {"connect_timeout": CONNECT_TIMEOUT, "timeout": IO_TIMEOUT, "max_pool_size": POOL_SIZE,
               "default_noreply": False}  # noreply would hide a failed write: we want to know
     if len(servers) == 1:
-        return pymemcache.PooledClient(servers[0], **common)
-    # Several servers: keys spread by rendezvous hash; a dead server is retried after 5 s.
-    return pymemcache.HashClient(servers, use_pooling=True, retry_attempts=1, retry_timeout=1, dead_timeout=5,
-                                 **common)
+        return MemcachedClient(servers[0], **common)
+    # A dead server is retried after 5 s.
+    return MemcachedHashClient(servers, use_pooling=True, retry_attempts=1, retry_timeout=1, dead_timeout=5,
+                               **common)
 
 
 def _parse(host):
@@ -60,6 +77,7 @@ def _parse(host):
 # INCRBY creates a missing key at 0; memcached's incr does not, and the callers rely on that (a missing counter total
 # is rebuilt from the shards, never started from one increment). One script, so the check and the add are atomic.
 _INCR_IF_PRESENT = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) end"
+_DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 class RedisClient:
@@ -73,6 +91,7 @@ class RedisClient:
             url, socket_timeout=IO_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
             retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
         self._incr = self.redis.register_script(_INCR_IF_PRESENT)
+        self._delete_if = self.redis.register_script(_DELETE_IF)
 
     def get(self, key):
         return self.redis.get(key)
@@ -89,6 +108,10 @@ class RedisClient:
 
     def delete(self, key, noreply=False):
         return bool(self.redis.delete(key))
+
+    def delete_if(self, key, value):
+        """Delete `key` only while it holds `value`: one atomic script."""
+        return bool(self._delete_if(keys=[key], args=[value]))
 
     def flush_all(self, noreply=False):
         return self.redis.flushdb()
@@ -160,6 +183,15 @@ class Cache:
 
     def delete(self, key):
         return bool(self._call("delete", False, key, noreply=False))
+
+    def lease(self, key, token, seconds):
+        """Take the lease `key` for `seconds` (it expires by itself if never released): True when this call took it,
+        False when another holder has it, None when there is no cache to ask (away, frozen, bypassed or none)."""
+        return self._call("add", None, key, token, expire=seconds, noreply=False)
+
+    def release(self, key, token):
+        """Give back a lease this caller took with `token`; a lease that expired and was taken by another stays."""
+        return bool(self._call("delete_if", False, key, token))
 
     def ping(self):
         """True when the cache answers now."""

@@ -1,12 +1,9 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
-import contextlib
 import datetime
 import logging
 import os
 import random
-import threading
 import time
-import weakref
 
 import grpc
 from google.api_core import exceptions as core_exceptions
@@ -15,7 +12,6 @@ from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
 
 from core import appstats
-from core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,55 +32,6 @@ def backoff(attempt, base, cap):
     """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
     together must not all come back together."""
     time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
-
-
-class _HotEntities:
-    """A lock per hot entity, within this process: transactions on one entity group queue here instead of colliding
-    in the datastore.
-
-    Why: Firestore in Datastore mode locks pessimistically. Two transactions that both read an entity and then write it
-    each hold a read lock the other's write must wait for; neither can commit until the lock times out (measured on the
-    Firestore emulator: 2.3 s, after which one is aborted). Twenty such posts to one blog took minutes and mostly
-    failed. Queued locally, the same twenty commit one after another in a fraction of a second; only transactions from
-    other processes still collide, and those the retries below absorb. Under the legacy emulator's optimistic
-    concurrency queueing helps too: fewer aborted attempts.
-    """
-
-    def __init__(self):
-        self._guard = threading.Lock()
-        self._locks = weakref.WeakValueDictionary()  # a lock lives while someone holds or waits for it
-
-    def lock(self, key):
-        with self._guard:
-            lock = self._locks.get(key)
-            if lock is None:
-                lock = self._locks[key] = threading.Lock()
-            return lock
-
-
-_hot = _HotEntities()
-
-
-def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too busy right now; try again.",
-             hot_key=None):
-    """fn() in a transaction, tried again on contention after a jittered backoff; Unavailable (503) when contention
-    outlasts `max_attempts`. ndb's own retry waits from 1 s, a poor tail for a short transaction on a busy group.
-    `hot_key`: the entity many requests write at once (a blog's index, a counter's config): this process's
-    transactions on it queue on a local lock first (see _HotEntities).
-
-    A commit can fail as UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: write a
-    marker in the same transaction and look for it first (see blog.service.post_entry).
-    """
-    lock = _hot.lock(hot_key) if hot_key is not None else contextlib.nullcontext()
-    for attempt in range(max_attempts):
-        with lock:
-            try:
-                return ndb.transaction(fn, retries=0)
-            except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
-                if not is_contention(e):
-                    raise
-        backoff(attempt, base, cap)
-    raise Unavailable(busy_message, "contention")
 
 
 def make_client(settings):

@@ -13,7 +13,7 @@ import contextvars
 from google.cloud import ndb
 from werkzeug.wsgi import ClosingIterator
 
-from core import appstats
+from core import appstats, hotspots
 from core import cache as cache_module
 from core import datastore as datastore_module
 from core import tasks as tasks_module
@@ -33,6 +33,7 @@ class Runtime:
             cache_module.make_global_cache(self.cache_client),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
             datastore_module.Aggregations(self.settings, api))
+        self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
         self._registries = {}
 

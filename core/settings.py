@@ -33,6 +33,9 @@ class Settings:
     # Appstats (core/appstats.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
     # and log line. APPSTATS=off turns the counting off (the benchmark of its own cost).
     appstats: bool = True
+    # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
+    # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
+    hot_leases: bool = True
 
     @classmethod
     def from_env(cls, env=None):
@@ -72,4 +75,5 @@ class Settings:
             tasks_location=env.get("TASKS_LOCATION") or None,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
             appstats=env.get("APPSTATS", "on") != "off",
+            hot_leases=env.get("HOT_LEASES", "on") != "off",
         )

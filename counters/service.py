@@ -23,8 +23,9 @@ from google.cloud import ndb
 
 from core import runtime, validate
 from core.cache import CACHE_DOWN
-from core.datastore import backoff, is_contention, transact
+from core.datastore import backoff, is_contention
 from core.errors import BadInput, Conflict, Forbidden, SignInRequired, Unavailable, Unprocessable, found
+from core.transactions import in_turn, transact
 from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ def configure(name, mode, num_shards=None, listed=True):
             config.put()
         return config
     # Many first uses of one counter race to create it (every commenter on a new entry): on Firestore, transactions
-    # creating one entity at once wait on each other's locks, so they queue in this process and retry with jitter.
+    # creating one entity at once wait on each other's locks, so they take turns across processes (core/hotspots.py).
     return transact(txn, busy_message="The counter is being set up by many at once; try again.", hot_key=key)
 
 
@@ -331,14 +332,19 @@ def _grow(name, seen_shards, factor):
     if current != seen_shards or seen_shards >= ADAPTIVE_MAX_SHARDS:
         return current
 
+    key = ndb.Key(CounterConfig, name)
+
     def txn():
-        config = ndb.Key(CounterConfig, name).get()
+        config = key.get()
         if config.num_shards == seen_shards:
             config.num_shards = min(ADAPTIVE_MAX_SHARDS, seen_shards * factor)
             config.put()
         return config.num_shards
     try:
-        return ndb.transaction(txn, retries=0)
+        # In turn with the config's other writers (creation, an admin's raise, other processes growing it), so as
+        # not to wait out a lock timeout against them; one attempt only, as said above.
+        with in_turn(key):
+            return ndb.transaction(txn, retries=0)
     except Exception as e:  # noqa: BLE001 - collided, or memcached away: a later window asks again
         if not (is_contention(e) or isinstance(e, CACHE_DOWN)):
             raise

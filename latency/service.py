@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from google.cloud import ndb
 
 from core import clock, runtime
-from core.datastore import transact
 from core.errors import Conflict
+from core.transactions import transact
 from latency.models import Measurement, Probe
 
 RUNS = 15

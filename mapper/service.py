@@ -24,8 +24,8 @@ from typing import Any
 from google.cloud import ndb
 
 from core import clock, runtime, tasks
-from core.datastore import transact
 from core.errors import BadInput, Conflict, found
+from core.transactions import transact
 from core.validate import whole_number
 from mapper import keyrange
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
@@ -408,4 +408,5 @@ def cancel_job(job_id):
         job.cancelled = True
         job.put()
         return job
-    return transact(txn)
+    # In turn with the job's other writers: the task that finishes it (_finalize) and another admin's cancel.
+    return transact(txn, hot_key=key)

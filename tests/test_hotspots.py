@@ -1,0 +1,74 @@
+"""The turns at a hot entity (core/hotspots.py) on the real cache of the run (memcached or Redis): a lease is held by
+one writer at a time, given back only by its holder, and a cache that is away or frozen costs at most its timeout,
+never a stall. What they do across real processes is tests/test_processes.py's subject."""
+import threading
+import time
+
+from google.cloud import ndb
+
+from core import hotspots
+from core.cache import IO_TIMEOUT
+
+
+def _key(name="hot"):
+    return ndb.Key("BlogIndex", name)
+
+
+def test_one_writer_holds_the_turn_and_the_next_gets_it_when_it_is_given_back(app, ndb_context):
+    rt = app.extensions["runtime"]
+    # Two queues on one cache, as two processes have: the local locks do not reach across them, only the lease does.
+    first, second = hotspots.HotEntities(rt.cache), hotspots.HotEntities(rt.cache)
+    order, key = [], _key()
+
+    def later():
+        with second.turn(key):
+            order.append(("second", time.monotonic()))
+
+    with first.turn(key):
+        waiter = threading.Thread(target=later)
+        waiter.start()
+        time.sleep(0.3)
+        order.append(("first done", time.monotonic()))
+    waiter.join(timeout=10)
+    assert [what for what, _ in order] == ["first done", "second"]
+    assert order[1][1] - order[0][1] < 0.5  # handed over promptly, not after an expiry
+
+
+def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
+    cache = app.extensions["runtime"].cache
+    assert cache.lease("lease:test", b"mine", 5) is True
+    assert cache.lease("lease:test", b"theirs", 5) is False
+    assert cache.release("lease:test", b"theirs") is False  # not the holder: the lease stays
+    assert cache.lease("lease:test", b"theirs", 5) is False
+    assert cache.release("lease:test", b"mine") is True
+    assert cache.lease("lease:test", b"theirs", 5) is True
+
+
+def test_a_lease_nobody_gives_back_expires(app, ndb_context):
+    rt = app.extensions["runtime"]
+    assert rt.cache.lease(hotspots._lease_name(_key()), b"a dead holder's", hotspots.LEASE_SECONDS) is True
+    started = time.monotonic()
+    with hotspots.HotEntities(rt.cache).turn(_key()):
+        waited = time.monotonic() - started
+    # memcached's whole-second clock makes a lease of N seconds live N-1 to N.
+    assert hotspots.LEASE_SECONDS - 1.5 <= waited <= hotspots.LEASE_SECONDS + 1.0
+
+
+def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease(app, stack, ndb_context):
+    rt = app.extensions["runtime"]
+    stack.cache.pause()
+    try:
+        started = time.monotonic()
+        with rt.hot_entities.turn(_key()):
+            waited = time.monotonic() - started
+    finally:
+        stack.cache.resume()
+    assert waited < IO_TIMEOUT * 4
+
+
+def test_without_leases_the_turns_stay_within_the_process(app, ndb_context):
+    rt = app.extensions["runtime"]
+    assert rt.cache.lease(hotspots._lease_name(_key()), b"another process's", 30) is True
+    started = time.monotonic()
+    with hotspots.HotEntities(rt.cache, leases=False).turn(_key()):
+        assert time.monotonic() - started < 0.5
