@@ -1,13 +1,11 @@
 """The app served on loopback: in-process on threads (the browser tests, `make screenshots`), or by gunicorn as App
 Engine's entrypoint (`make run`, bench/pages.py)."""
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import requests
 from werkzeug.serving import WSGIRequestHandler, make_server
@@ -46,21 +44,6 @@ class Gunicorn:
                 raise DevstackError(f"gunicorn did not start on port {self.port}")
             time.sleep(0.1)
         return self
-
-    def workers(self):
-        """The pids of the server's worker processes (its master's children)."""
-        try:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        except OSError:
-            return []
-        return [int(pid) for pid in children]
-
-    def kill_worker(self, pid=None):
-        """SIGKILL one worker, as a crash would: no cleanup of any kind runs in it. gunicorn's master starts another.
-        The pid killed."""
-        pid = pid or self.workers()[0]
-        os.kill(pid, signal.SIGKILL)
-        return pid
 
     def stop(self):
         if self.proc.poll() is None:
