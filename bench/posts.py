@@ -52,10 +52,10 @@ def _post(session, url, blog, title):
 
 def _indexes(url, blog):
     """Every index the blog holds, read back through the API (newest first, 50 a page)."""
-    found, start = [], None
+    found, start, session = [], None, signed_in(url, ADMIN)
     for _ in range(1000):
-        r = signed_in(url, ADMIN).get(f"{url}/api/blogs/{blog}/entries", params={"limit": 50, "start": start}
-                                      if start is not None else {"limit": 50}, timeout=TIMEOUT)
+        r = session.get(f"{url}/api/blogs/{blog}/entries", params={"limit": 50, "start": start}
+                        if start is not None else {"limit": 50}, timeout=TIMEOUT)
         page = r.json()
         found += [e["index"] for e in page["entries"]]
         start = page["next"]
@@ -134,13 +134,6 @@ def _comments(urls):
             "dense": seqs == list(range(1, TABS * COMMENTS_PER_TAB + 1))}
 
 
-def _warm(urls):
-    """Every worker loads the app before anything is timed (a few requests to each server at once)."""
-    for url in urls:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda _, url=url: signed_in(url, ADMIN), range(8)))
-
-
 def measure(args, stack, app):
     results = {}
     for name, processes, extra in VARIANTS:
@@ -149,7 +142,6 @@ def measure(args, stack, app):
         env = dict(app_env(stack, "http://127.0.0.1:9", "bench-secret", admins=""), **extra)
         with instances(env, processes) as servers:
             urls = [s.url for s in servers]
-            _warm(urls)
             rounds = args.rounds if name == "lease" else 1
             runs = []
             for r in range(rounds):

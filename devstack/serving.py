@@ -1,5 +1,6 @@
 """The app served on loopback: in-process on threads (the browser tests, `make screenshots`), or by gunicorn as App
 Engine's entrypoint (`make run`, bench/pages.py)."""
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -54,7 +55,7 @@ class Gunicorn:
 @contextmanager
 def instances(env, count, workers=1, threads=8):
     """`count` gunicorn servers side by side on one stack, standing in for App Engine instances (each `workers`
-    processes of `threads` threads): a list of them, started together and stopped at the end."""
+    processes of `threads` threads): a list of them, started together, warmed up, and stopped at the end."""
     with ExitStack() as stack:
         servers = []
         for _ in range(count):
@@ -63,7 +64,14 @@ def instances(env, count, workers=1, threads=8):
             servers.append(server)
         for server in servers:
             server.wait_ready()
+            _warm(server.url, workers * threads)
         yield servers
+
+
+def _warm(url, requests_at_once):
+    """Requests to every worker of a server at once, so that each has loaded the app before anything is timed."""
+    with concurrent.futures.ThreadPoolExecutor(requests_at_once) as pool:
+        list(pool.map(lambda _: requests.get(f"{url}/healthz", timeout=60), range(requests_at_once)))
 
 
 def signed_in(url, email, admin=False):

@@ -30,17 +30,15 @@ SECRET = "processes-test-secret"
 
 @pytest.fixture(scope="module")
 def fleet(stack):
-    """(the servers' URLs, an app in this process on the same namespace, for reading the stored data back)."""
+    """(the servers' URLs, an app in this process on the same namespace for reading the stored data back, the
+    servers' environment)."""
     namespace = f"p{uuid.uuid4().hex[:12]}"  # the servers outlive any one test: a namespace of their own
     env = dict(app_env(stack, "http://127.0.0.1:9", SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
     with instances(env, count=2, workers=2) as servers:
         urls = [s.url for s in servers]
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
         with running(app):
-            for url in urls:  # every worker loads the app before a test times anything
-                with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                    list(pool.map(lambda _, url=url: signed_in(url, ADMIN), range(8)))
-            yield urls, app
+            yield urls, app, env
 
 
 def _read(app, fn):
@@ -63,7 +61,7 @@ def _at_once(count, fn):
 
 
 def test_posts_from_several_processes_are_dense_and_each_posted_once(fleet):
-    urls, app = fleet
+    urls, app, _ = fleet
     blog, posts = f"many-{uuid.uuid4().hex[:8]}", 16
     clients = [signed_in(urls[i % 2], ADMIN, admin=True) for i in range(posts)]
 
@@ -87,7 +85,7 @@ def test_posts_from_several_processes_are_dense_and_each_posted_once(fleet):
 
 
 def test_one_users_comments_from_several_processes_get_a_dense_sequence(fleet):
-    urls, app = fleet
+    urls, app, _ = fleet
     admin = signed_in(urls[0], ADMIN, admin=True)
     blog = f"talk-{uuid.uuid4().hex[:8]}"
     assert admin.post(f"{urls[0]}/api/blogs/{blog}/entries", json={"title": "t", "body": "b"}).status_code == 201
@@ -109,7 +107,7 @@ def test_one_users_comments_from_several_processes_get_a_dense_sequence(fleet):
 
 
 def test_a_counter_created_at_once_in_several_processes_has_one_mode_and_counts_exactly(fleet):
-    urls, app = fleet
+    urls, app, _ = fleet
     name = f"race-{uuid.uuid4().hex[:8]}"
     clients = [signed_in(urls[i % 2], ADMIN, admin=True) for i in range(12)]
     modes = ["adaptive" if i % 2 else "general" for i in range(12)]
@@ -144,12 +142,10 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def test_a_process_killed_holding_the_turn_stalls_the_others_one_expiry_at_most(fleet, stack):
-    urls, app = fleet
+def test_a_process_killed_holding_the_turn_stalls_the_others_one_expiry_at_most(fleet):
+    urls, app, env = fleet
     blog = f"orphan-{uuid.uuid4().hex[:8]}"
     admin = signed_in(urls[1], ADMIN, admin=True)
-    settings = app.extensions["runtime"].settings
-    env = dict(app_env(stack, "http://127.0.0.1:9", SECRET), DATASTORE_NAMESPACE=settings.namespace)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, blog], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               text=True)
     try:
