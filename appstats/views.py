@@ -1,7 +1,7 @@
 """Admins: what the last requests served by this process cost (Datastore RPCs and cache calls by method, time)."""
 from flask import Blueprint, current_app, jsonify, render_template
 
-from core import identity
+from core import billing, identity
 from core.appstats import RECENT
 
 bp = Blueprint("appstats", __name__)
@@ -15,7 +15,7 @@ def _recent():
 def index():
     """The last requests' costs, newest first (this process only: each gunicorn worker keeps its own)."""
     identity.require_admin()
-    return render_template("appstats/index.html", requests=_recent(), size=RECENT)
+    return render_template("appstats/index.html", requests=_recent(), size=RECENT, billing=billing)
 
 
 @bp.get("/api/appstats")

@@ -1,0 +1,114 @@
+"""What each Datastore RPC is billed in production, read from the RPC itself: its request and its answer.
+
+Emulator time does not carry over to production; the bill does. A query reads the same entities and skips the same
+offset rows on an emulator as in production, a commit writes and deletes the same entities, and a COUNT reads the
+same index entries, so these counts, priced by Firestore in Datastore mode's rules, are what the same request costs
+on App Engine. core/appstats.py calls `of()` for every RPC a request makes.
+
+The rules, as Google's pages state them (read 2026-11-23):
+- Read operations: "one read operation for each entity read and one read operation for each batch of up to 1000 index
+  entries read" (https://cloud.google.com/datastore/pricing, "Read operations").
+  - Lookup: a read for each key. Keys answered `missing` are counted as reads too: the page does not exempt them, and
+    the lookup is made either way. (Our reading, not a quoted rule: a missing key may cost less in production.)
+  - RunQuery: a read for each entity returned, and for each entity skipped by an offset, which "are still retrieved
+    internally ... and your application is billed for the read operations required to retrieve them"
+    (https://cloud.google.com/appengine/docs/legacy/standard/python/datastore/query-cursors, "Offsets versus
+    cursors").
+  - Keys-only and projection queries (without DISTINCT ON): "a single entity read for the query itself", their
+    results "small operations" (https://cloud.google.com/datastore/pricing, "Small operations"), which are free.
+  - RunAggregationQuery: one read per batch of up to 1,000 index entries, at least one; a COUNT reads as many entries
+    as it counts (https://cloud.google.com/datastore/docs/aggregation-queries, and for SUM beside COUNT
+    https://cloud.google.com/blog/products/databases/aggregate-with-sum-and-avg-in-firestore, "Pricing").
+  - Index entries read by a RunQuery are charged only for queries with more than one range property (the pricing
+    page's "Index entries"); none of this app's queries has more than one, so none is counted.
+- Writes and deletes: one per entity written (insert, update, upsert) or deleted, whatever its index entries
+  (https://cloud.google.com/datastore/pricing).
+- AllocateIds and ReserveIds: small operations, free.
+- Query Explain (`explain_options` with analyze) is production's own answer. Neither emulator implements it: both
+  accept the option and return no explain_metrics (tried on Cloud SDK 528's emulators), so the rules above cannot be
+  checked against it locally.
+
+Prices: Firestore Standard edition, us-central1 (Iowa), USD per 100,000 operations, after the daily free usage
+(https://cloud.google.com/firestore/pricing#pricing_by_location, read 2026-11-23). Other locations cost more
+(multi-region nam5 twice as much); the operation counts are the same everywhere.
+"""
+import math
+from dataclasses import dataclass
+
+PRICES_READ_ON = "2026-11-23"
+PRICES_LOCATION = "us-central1"
+USD_PER_100K = {"reads": 0.03, "writes": 0.09, "deletes": 0.01}
+INDEX_ENTRIES_PER_READ = 1000
+
+_PROJECTION, _KEY_ONLY = 2, 3  # EntityResult.ResultType: what a query returned instead of whole entities
+
+
+@dataclass
+class Billed:
+    """Billed operations: reads, writes and deletes are charged; small operations are free."""
+
+    reads: int = 0
+    writes: int = 0
+    deletes: int = 0
+    small: int = 0
+
+    def __add__(self, other):
+        return Billed(self.reads + other.reads, self.writes + other.writes, self.deletes + other.deletes,
+                      self.small + other.small)
+
+    def usd_per_million(self):
+        """What a million requests costing this are billed, in USD (us-central1 prices)."""
+        per_100k = (self.reads * USD_PER_100K["reads"] + self.writes * USD_PER_100K["writes"]
+                    + self.deletes * USD_PER_100K["deletes"])
+        return per_100k * 10
+
+    def as_dict(self):
+        return {"reads": self.reads, "writes": self.writes, "deletes": self.deletes, "small": self.small,
+                "usd_per_million": round(self.usd_per_million(), 4)}
+
+    def describe(self):
+        """'3 reads, 1 write' or 'nothing'."""
+        parts = [f"{n} {what}{'' if n == 1 else 's'}" for what, n in
+                 (("read", self.reads), ("write", self.writes), ("delete", self.deletes)) if n]
+        return ", ".join(parts) or "nothing"
+
+
+def _pb(message):
+    """The raw protobuf of a proto-plus message (what the Datastore client's transport hands the interceptor)."""
+    to_pb = getattr(type(message), "pb", None)
+    return to_pb(message) if to_pb is not None else message
+
+
+def of(method, request, response):
+    """(Billed, {what: n}) for one answered Datastore RPC: the operations it is billed and what they were counted
+    from (found, missing, entities, keys-only results, skipped, index entries, written, deleted)."""
+    request, response = _pb(request), _pb(response)
+    if method == "Lookup":
+        found, missing = len(response.found), len(response.missing)
+        return Billed(reads=found + missing), {"found": found, "missing": missing}
+    if method == "RunQuery":
+        batch = response.batch
+        results, skipped = len(batch.entity_results), batch.skipped_results
+        if batch.entity_result_type in (_PROJECTION, _KEY_ONLY) and not request.query.distinct_on:
+            return Billed(reads=1 + skipped, small=results), {"keys-only results": results, "skipped": skipped}
+        return Billed(reads=results + skipped), {"entities": results, "skipped": skipped}
+    if method == "RunAggregationQuery":
+        entries = _counted(request, response)
+        return Billed(reads=max(1, math.ceil(entries / INDEX_ENTRIES_PER_READ))), {"index entries": entries}
+    if method == "Commit":
+        deleted = sum(1 for m in request.mutations if m.WhichOneof("operation") == "delete")
+        written = len(request.mutations) - deleted
+        return Billed(writes=written, deletes=deleted), {"written": written, "deleted": deleted}
+    if method in ("AllocateIds", "ReserveIds"):
+        return Billed(small=len(request.keys)), {}
+    return Billed(), {}  # BeginTransaction, Rollback
+
+
+def _counted(request, response):
+    """The index entries an aggregation read: what its COUNT counted (every aggregation of one query reads the same
+    entries). 0 when it has no COUNT: then only the minimum read is known."""
+    aliases = [a.alias for a in request.aggregation_query.aggregations if a.WhichOneof("operator") == "count"]
+    rows = response.batch.aggregation_results
+    if not aliases or not rows:
+        return 0
+    return rows[0].aggregate_properties[aliases[0]].integer_value
