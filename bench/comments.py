@@ -82,6 +82,7 @@ def _counted(refs):
 def measure(rounds, seconds):
     results = {v: [] for v in VARIANTS}
     lost = dict.fromkeys(VARIANTS, 0)
+    bills = {}
     for r in range(rounds):
         for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             op, refs = harness.in_context(_prepare)(variant, f"r{r}-{variant}")
@@ -93,22 +94,24 @@ def measure(rounds, seconds):
                 counted = harness.in_context(_counted)(refs)
                 lost[variant] += abs(counted - stored)
             results[variant].append(load)
+            if variant not in bills:  # one more comment, alone, after the counts were checked: its bill
+                bills[variant] = harness.billed(harness.in_context(op))(0)[1]
             print(f"round {r + 1} {variant:>8}: {load.per_second:7.1f} comments/s, p50 {load.pct(50) * 1000:7.1f} ms, "
                   f"p99 {load.pct(99) * 1000:7.1f} ms, errors {load.errors}, stored {stored} of {acknowledged}",
                   flush=True)
-    return results, lost
+    return results, lost, bills
 
 
 TARGET_VS_SHARED = {"legacy": 2, "firestore": 5}
 
 
-def _section(backend, results, lost, seconds):
+def _section(backend, results, lost, bills, seconds):
     med = {v: {"rate": harness.median([x.per_second for x in loads]),
                "p50": harness.median([x.pct(50) for x in loads]) * 1000,
                "p99": harness.median([x.pct(99) for x in loads]) * 1000,
                "errors": sum(x.errors for x in loads)} for v, loads in results.items()}
-    rows = [[v, f"{m['rate']:.1f}", f"{m['p50']:.1f}", f"{m['p99']:.1f}", m["errors"], lost[v]]
-            for v, m in med.items()]
+    rows = [[v, f"{m['rate']:.1f}", f"{m['p50']:.1f}", f"{m['p99']:.1f}", m["errors"], lost[v],
+             harness.bill_cell(bills[v])] for v, m in med.items()]
     d, s, c = med["designed"], med["shared"], med["ceiling"]
     target = TARGET_VS_SHARED[backend]
     vs_shared = d["rate"] / s["rate"] if s["rate"] else float("inf")
@@ -123,7 +126,8 @@ def _section(backend, results, lost, seconds):
     ]
     text = f"""## {harness.BACKEND_NAMES[backend]}
 
-{harness.markdown_table(["variant", "comments/s", "p50 ms", "p99 ms", "errors", "lost"], rows)}
+{harness.markdown_table(["variant", "comments/s", "p50 ms", "p99 ms", "errors", "lost", "billed per comment, alone"],
+                        rows)}
 """
     return text, checks
 
@@ -133,8 +137,8 @@ def report(args, measured):
     harness.bar_chart("comments", list(measured), VARIANTS,
                       {(b, v): harness.median([x.per_second for x in measured[b][0][v]]) for b in measured
                        for v in VARIANTS}, f"comments/s, {WRITERS} writers (log; higher is better)", log=True)
-    for backend, (results, lost) in measured.items():
-        text, backend_checks = _section(backend, results, lost, args.seconds)
+    for backend, (results, lost, bills) in measured.items():
+        text, backend_checks = _section(backend, results, lost, bills, args.seconds)
         sections.append(text)
         checks += backend_checks
     text = f"""# Comments benchmark
@@ -143,6 +147,7 @@ def report(args, measured):
 {WARMUP} s of the same load unmeasured; variants side by side in each round, order rotating; medians over the rounds.
 `errors`: comments that gave up, summed over the rounds. `lost`: comments acknowledged but not stored (or stored
 twice), plus, where the count is kept, any difference between the comment count and the comments.
+{harness.BILL_NOTE} A comment that collides is billed again for each retry: the bill above is the least it costs.
 
 {chr(10).join(sections)}"""
     return harness.publish("comments", text, [harness.target(*check) for check in checks])

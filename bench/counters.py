@@ -77,7 +77,7 @@ def _prepare(variant, tag, writers):
 def measure_writes(rounds, seconds):
     results = {(v, w): [] for v in VARIANTS for w in WRITERS}
     exact = dict.fromkeys(results, True)
-    shards_reached = {}
+    shards_reached, bills = {}, {}
     for r in range(rounds):
         for writers in WRITERS:
             # Side by side within each round, so drift on the machine hits all alike; the order rotates from round
@@ -88,13 +88,15 @@ def measure_writes(rounds, seconds):
                 total = harness.in_context(read_sum)()
                 exact[(variant, writers)] &= total == load.commits + load.warm_commits
                 results[(variant, writers)].append(load)
+                if variant not in bills:  # one more increment, alone, after the count was checked: its bill
+                    bills[variant] = harness.billed(harness.in_context(op))(0)[1]
                 if variant == "adaptive":
                     shards_reached.setdefault(writers, []).append(
                         harness.in_context(lambda name=name: service.require_config(name).num_shards)())
                 print(f"round {r + 1} {variant:>8} x{writers:<2}: {load.per_second:7.1f} commits/s, "
                       f"{load.attempts_per_commit:5.2f} attempts/commit, p99 {load.pct(99) * 1000:7.1f} ms, "
                       f"errors {load.errors}, exact {total == load.commits + load.warm_commits}", flush=True)
-    return results, exact, shards_reached
+    return results, exact, shards_reached, bills
 
 
 def measure_reads(rounds):
@@ -123,7 +125,8 @@ def measure_reads(rounds):
         service.get_total("readme")  # cache it
     harness.in_context(prepare)()
     pairs = [one_round() for _ in range(rounds)]
-    return harness.median([c for c, _ in pairs]), harness.median([s for _, s in pairs])
+    bills = harness.billed(cached_read)()[1], harness.billed(summed_read)()[1]
+    return harness.median([c for c, _ in pairs]), harness.median([s for _, s in pairs]), bills
 
 
 def _medians(results):
@@ -137,15 +140,17 @@ def _medians(results):
 
 
 def _section(backend, measured, rounds, seconds):
-    results, exact, shards_reached, (cached, summed) = measured
+    results, exact, shards_reached, bills, (cached, summed, (cached_bill, summed_bill)) = measured
     med = _medians(results)
     rows = [[v, w, f"{med[(v, w)]['rate']:.1f}",
              "n/a" if v in ("ndb", "txn") else f"{med[(v, w)]['attempts']:.2f}",  # their retries are internal
              f"{med[(v, w)]['p50']:.1f}",
-             f"{med[(v, w)]['p99']:.1f}", "yes" if exact[(v, w)] else "**no**", med[(v, w)]["errors"]]
+             f"{med[(v, w)]['p99']:.1f}", "yes" if exact[(v, w)] else "**no**", med[(v, w)]["errors"],
+             harness.bill_cell(bills[v])]
             for w in WRITERS for v in VARIANTS]
     table = harness.markdown_table(
-        ["variant", "writers", "commits/s", "attempts/commit", "p50 ms", "p99 ms", "exact", "errors"], rows)
+        ["variant", "writers", "commits/s", "attempts/commit", "p50 ms", "p99 ms", "exact", "errors",
+         "billed per increment, alone"], rows)
     at = {v: med[(v, 32)] for v in VARIANTS}
     # One entity at its best: whichever of its transactional variants did better on each measure.
     one = ONE_ENTITY[backend]
@@ -174,8 +179,10 @@ def _section(backend, measured, rounds, seconds):
 
 {table}
 
-Reads, median per read over {rounds} x {READS}: cached total {cached * 1e6:.0f} µs, summed from 20 shards
-{summed * 1e6:.0f} µs. Adaptive counter's shard count at the end of each round (it starts at 1): {growth}.
+Reads, median per read over {rounds} x {READS}: cached total {cached * 1e6:.0f} µs, billed
+{harness.bill_cell(cached_bill)}; summed from 20 shards {summed * 1e6:.0f} µs, billed {harness.bill_cell(summed_bill)}.
+A contended increment is billed again for each retry: the bill per increment above is the least it costs.
+Adaptive counter's shard count at the end of each round (it starts at 1): {growth}.
 {blind_line}"""
     return text, checks, med
 
@@ -197,7 +204,7 @@ variants side by side in each round, their order rotating from round to round; f
 increments that gave up (ndb's after its 3 retries; `txn` after 10 attempts; the app's counters after 100), summed
 over the rounds; `attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's
 counters take a transaction per increment on legacy and a blind server-side increment on Firestore
-(counters/service.py, `_shard_adder`).
+(counters/service.py, `_shard_adder`). {harness.BILL_NOTE}
 
 {chr(10).join(sections)}"""
     chart(meds)
@@ -228,8 +235,8 @@ def chart(meds):
 
 
 def measure(args, stack, app):
-    results, exact, shards = measure_writes(args.rounds, args.seconds)
-    return results, exact, shards, measure_reads(args.rounds)
+    results, exact, shards, bills = measure_writes(args.rounds, args.seconds)
+    return results, exact, shards, bills, measure_reads(args.rounds)
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core import runtime
+from core import appstats, billing, runtime
 from core.settings import Settings
 from devstack import Stack
 from devstack.services import BACKENDS, backend_from_env
@@ -66,6 +66,30 @@ def start_stack(backend=None):
 def in_context(fn):
     """fn wrapped to run in its own ndb context, with the benchmark's runtime current, as one request does."""
     return runtime.current().in_context(fn)
+
+
+def billed(fn):
+    """fn wrapped to return (its result, what production would bill it: a core.billing.Billed), counted from its
+    Datastore RPCs' answers as a request's are. Bills do not vary from run to run: one call says it."""
+    def call(*args, **kwargs):
+        with appstats.measured() as cost:
+            result = fn(*args, **kwargs)
+        return result, cost.billed
+    return call
+
+
+billed_from_header = appstats.billed_from_server_timing
+
+
+def bill_cell(bill):
+    """'25 reads ($7.50/M)': a table cell, per operation and in USD per million operations (us-central1)."""
+    return f"{bill.describe()} (${bill.usd_per_million():.2f}/M)"
+
+
+BILL_NOTE = (f"Billed: what Firestore in Datastore mode would bill one such operation in production, counted from "
+             f"its RPCs' answers (core/billing.py), and in USD per million such operations at "
+             f"{billing.PRICES_LOCATION} prices read {billing.PRICES_READ_ON}. Unlike the times, the bills are the "
+             f"same on both emulators and in production.")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from google.cloud import ndb
 from accounts.models import Account
 from accounts.service import ADD_CREDIT
 from bench import harness
-from core import runtime, tasks
+from core import billing, runtime, tasks
 from core.transactions import transact
 from mapper import service as mapper
 from mapper.models import TaskRecord
@@ -81,12 +81,14 @@ def page_query_costs(keys):
 
 
 def fan_out(app, fanout):
-    job = mapper.start_job("add_credit", {"amount": 1}, page_size=PAGE, fanout=fanout)
+    job, bill = harness.billed(mapper.start_job)("add_credit", {"amount": 1}, page_size=PAGE, fanout=fanout)
     token = tasks.local_token(runtime.current().settings.secret_key)
+    bills = [bill]
 
     def deliver(task):
         response = app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
                                           headers=tasks.local_headers(token, task))
+        bills.append(harness.billed_from_header(response.headers.get("Server-Timing")))  # each delivery's own bill
         return response.status_code < 300
     runtime.tasks().queue.drain(deliver, workers=WORKERS, timeout=1800)
     # Past the context cache: this context wrote the job when it started it, and the tasks finished it since.
@@ -95,17 +97,18 @@ def fan_out(app, fanout):
     # each task's page query reads its page plus one key to learn whether more remain
     rows = sum(r.processed for r in records) + sum(1 for r in records if r.more)
     assert status.state == "done", status
-    return {"rows": rows, "tasks": status.tasks, "depth": status.depth}
+    return {"rows": rows, "tasks": status.tasks, "depth": status.depth, "billed": sum(bills, billing.Billed())}
 
 
 def offset_estimate(count):
     """Time sampled offset pages across the walk; integrate them over all its pages. Rows read: exact."""
     pages = -(-count // PAGE)
     sampled = sorted({round(i * (pages - 1) / (OFFSET_SAMPLES - 1)) for i in range(OFFSET_SAMPLES)})
-    times = {}
+    times, sampled_bills = {}, {}
     for page in sampled:
         start = time.perf_counter()
-        keys = Account.query().order(Account.key).fetch(PAGE, offset=page * PAGE, keys_only=True)
+        keys, sampled_bills[page] = harness.billed(Account.query().order(Account.key).fetch)(
+            PAGE, offset=page * PAGE, keys_only=True)
         times[page] = time.perf_counter() - start
         assert keys, page
     # linear interpolation between sampled pages
@@ -115,7 +118,13 @@ def offset_estimate(count):
             total += times[a] + (times[b] - times[a]) * (p - a) / (b - a)
     total += times[sampled[-1]]
     rows = sum(min(PAGE, count - p * PAGE) + p * PAGE for p in range(pages))
-    return {"seconds": total, "rows": rows, "samples": times}
+    # Each page's bill, measured on the sampled ones: a read per RunQuery it took (keys only) and one per key skipped.
+    # The walk's pages in between are billed alike: their offsets exactly, and as many RunQuery RPCs as the nearest
+    # sampled page took (the emulator may answer a deep offset in more than one batch).
+    per_rpc = {p: b.reads - p * PAGE for p, b in sampled_bills.items()}
+    reads = sum(per_rpc[min(sampled, key=lambda s, p=p: abs(s - p))] + p * PAGE for p in range(pages))
+    billed = billing.Billed(reads=reads, small=count)
+    return {"seconds": total, "rows": rows, "samples": times, "billed": billed}
 
 
 def check(keys, expected):
@@ -136,7 +145,11 @@ def measure(args, stack, app):
         for variant in order:
             with rt.context():
                 start = time.perf_counter()
-                figures = fan_out(app, args.fanout) if variant == "fan-out" else cursor_walk()
+                if variant == "fan-out":
+                    figures = fan_out(app, args.fanout)
+                else:
+                    figures, figures_billed = harness.billed(cursor_walk)()
+                    figures["billed"] = figures_billed
                 figures["seconds"] = time.perf_counter() - start
                 credited += 1
                 check(keys, credited)
@@ -155,17 +168,24 @@ def _section(backend, args, results, offset, costs):
     walk = {k: statistics.median(r[k] for r in results["cursor walk"]) for k in ("seconds", "rows", "querying")}
     speedup = walk["seconds"] / fan["seconds"]
     reads_ratio = offset["rows"] / fan["rows"]
+    fan_bill, walk_bill = results["fan-out"][-1]["billed"], results["cursor walk"][-1]["billed"]
     rows = [
-        ["adaptive fan-out, 8 workers", f"{fan['seconds']:.1f}", f"{fan['rows']:,.0f}", f"{fan['tasks']:.0f}",
-         f"{fan['depth']:.0f}", " / ".join(f"{r['seconds']:.1f}" for r in results["fan-out"])],
-        ["one cursor walk", f"{walk['seconds']:.1f}", f"{walk['rows']:,.0f}", "1", "1",
+        ["adaptive fan-out, 8 workers", f"{fan['seconds']:.1f}", f"{fan['rows']:,.0f}", harness.bill_cell(fan_bill),
+         f"{fan['tasks']:.0f}", f"{fan['depth']:.0f}", " / ".join(f"{r['seconds']:.1f}" for r in results["fan-out"])],
+        ["one cursor walk", f"{walk['seconds']:.1f}", f"{walk['rows']:,.0f}", harness.bill_cell(walk_bill), "1", "1",
          " / ".join(f"{r['seconds']:.1f}" for r in results["cursor walk"])],
-        ["limit+offset pages (estimated time)", f"{offset['seconds']:.0f}", f"{offset['rows']:,.0f}", "1", "1",
+        ["limit+offset pages (estimated time)", f"{offset['seconds']:.0f}", f"{offset['rows']:,.0f}",
+         harness.bill_cell(offset["billed"]) + " for its queries alone", "1", "1",
          "sampled pages: " + ", ".join(f"offset {p * PAGE:,}: {t:.2f} s" for p, t in offset["samples"].items())],
     ]
     table = harness.markdown_table(
-        ["variant", "wall s (median)", "rows read by queries", "tasks", "tree depth", "each round s"], rows)
+        ["variant", "wall s (median)", "rows read by queries", "billed per job", "tasks", "tree depth",
+         "each round s"], rows)
     verdicts = [
+        f"billed: the fan-out {fan_bill.reads / args.accounts:.2f} reads and {fan_bill.writes / args.accounts:.2f} "
+        f"writes per account, the cursor walk {walk_bill.reads / args.accounts:.2f} and "
+        f"{walk_bill.writes / args.accounts:.2f}; the offset walk's queries alone bill "
+        f"{offset['billed'].reads / max(1, walk_bill.reads):.0f}x the cursor walk's reads",
         f"fan-out vs cursor walk: {speedup:.2f}x faster (target >= 2x: {'met' if speedup >= 2 else 'MISSED'})",
         f"offset reads {reads_ratio:.0f}x the rows the fan-out reads at N={args.accounts:,} "
         f"(N^2 / (2 x page) = {args.accounts ** 2 / (2 * PAGE):,.0f} rows; O(N^2))",
@@ -191,7 +211,8 @@ def report(args, measured):
     text = (f"# Mapper: fan-out vs cursor walk vs offset, {args.accounts:,} accounts\n\n"
             f"{harness.machine_line(list(measured))}; {args.rounds} rounds, medians; page {PAGE}, {CHUNK} accounts a "
             f"transaction. The Firestore emulator has no __scatter__ samples: its fan-out splits by key arithmetic "
-            f"alone.\n\n" + "\n".join(sections))
+            f"alone. {harness.BILL_NOTE} The fan-out's bill is the sum of its deliveries' own (their Server-Timing "
+            f"headers) and its start's.\n\n" + "\n".join(sections))
     path = harness.write_result("mapper", text)
     print(text)
     print(f"written to {path}")

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -99,6 +100,18 @@ class Cost:
         if not (self.billed.reads or self.billed.writes or self.billed.deletes):
             return "nothing in Datastore"
         return f"{self.billed.describe()}: ${self.billed.usd_per_million():.2f} per million{requests}"
+
+
+_BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
+
+
+def billed_from_server_timing(header):
+    """The billing.Billed a Server-Timing header's `billed` metric states (for benchmarks and tests reading it back
+    from responses): nothing when it has none."""
+    match = _BILLED_METRIC.search(header or "")
+    counts = {what.rstrip("s"): int(n) for n, what in
+              re.findall(r"(\d+) (reads?|writes?|deletes?)", match["desc"] if match else "")}
+    return billing.Billed(reads=counts.get("read", 0), writes=counts.get("write", 0), deletes=counts.get("delete", 0))
 
 
 def _plural(n, noun):

@@ -10,8 +10,6 @@ from google.cloud import ndb
 
 from core import appstats, billing, runtime
 
-BILLED = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
-
 
 class Billable(ndb.Model):
     n = ndb.IntegerProperty()
@@ -110,13 +108,13 @@ def test_the_rules_on_hand_made_answers():
 
 
 def billed(response):
-    """(reads, writes, deletes, USD per million) from a response's Server-Timing `billed` metric."""
-    desc = BILLED.search(response.headers["Server-Timing"])["desc"]
-    if desc == "nothing in Datastore":
-        return 0, 0, 0, 0.0
-    counts = {what.rstrip("s"): int(n) for n, what in re.findall(r"(\d+) (reads?|writes?|deletes?)", desc)}
-    usd = float(re.search(r"\$([\d.]+) per million", desc)[1])
-    return counts.get("read", 0), counts.get("write", 0), counts.get("delete", 0), usd
+    """(reads, writes, deletes, USD per million) from a response's Server-Timing `billed` metric; the dollars as the
+    header states them."""
+    header = response.headers["Server-Timing"]
+    bill = appstats.billed_from_server_timing(header)
+    usd = re.search(r'billed;desc="[^"]*\$([\d.]+) per million', header)
+    assert usd or "nothing in Datastore" in header, header
+    return bill.reads, bill.writes, bill.deletes, float(usd[1]) if usd else 0.0
 
 
 def test_every_answer_says_what_production_would_bill_it(client, auth):
