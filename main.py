@@ -53,6 +53,7 @@ def create_app(config=None, task_queue=None, features_list=FEATURES):
     for feature in features_list:
         feature.init_app(app)
     features.of(app).complete()
+    app.add_template_global(features.of(app).caveats, "production_caveats")
     app.extensions["openapi"] = openapi.build(app)  # once per process: GET /api/openapi.json serves it as it is
 
     @app.cli.command("seed")

@@ -2,7 +2,7 @@
 EntryRef, an entry's identity), pages.py (its HTML pages and the hook other features add to entries through),
 views.py (/blog and /api/blogs). The blog builds on the counters and knows nothing of what adds to its entries.
 """
-from blog import demo, pages, views
+from blog import demo, pages, production, views
 from core import features
 
 
@@ -13,5 +13,5 @@ def init_app(app):
         name="blog", nav=("blog.blogs", "Blog"),
         lesson=features.Lesson(
             slug="blog", title="2. A blog paged by index", sources=("blog/service.py", "blog/models.py"),
-            figure=demo.figure, card="blog/_lesson.html"),
+            figure=demo.figure, card="blog/_lesson.html", caveats=production.CAVEATS),
         seed=demo.seed))

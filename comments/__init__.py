@@ -2,7 +2,7 @@
 under each entry, the form, /api/.../comments). Comments build on the blog and the counters; neither knows them.
 """
 from blog import pages as blog_pages
-from comments import demo, service, views
+from comments import demo, production, service, views
 from core import features
 from mapper import service as mapper
 
@@ -15,5 +15,6 @@ def init_app(app):
         name="comments",
         lesson=features.Lesson(
             slug="comments", title="3. Comments by composite key",
-            sources=("comments/service.py", "comments/models.py"), figure=demo.figure, card="comments/_lesson.html"),
+            sources=("comments/service.py", "comments/models.py"), figure=demo.figure, card="comments/_lesson.html",
+            caveats=production.CAVEATS),
         seed=demo.seed))

@@ -14,12 +14,22 @@ EXTENSION = "features"
 
 
 @dataclass(frozen=True)
+class Caveat:
+    """How production (Firestore in Datastore mode, today) differs from the lesson as 2008 taught it: the fact, the
+    Google page that states it, and what this app does about it (changed code, or a limit it states)."""
+    fact: str
+    source: str
+    app: str
+
+
+@dataclass(frozen=True)
 class Lesson:
     slug: str
     title: str
     sources: tuple  # the files the lesson is about, shown on its tour card
     figure: Callable[[], dict | None]  # its live figure for the tour, read the way the lesson teaches; None: no demo
     card: str  # the template of its card on the tour, given `lesson` and its figure `f`
+    caveats: tuple = ()  # its "In production today" part (Caveat), on its page and in the README
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,11 @@ class Features:
 
     def lessons(self):
         return {f.lesson.slug: f.lesson for f in self.all if f.lesson}
+
+    def caveats(self, slug):
+        """The lesson's "In production today" caveats (none for an unknown slug): templates/_in_production.html."""
+        lesson = self.lesson_index.get(slug)
+        return lesson.caveats if lesson else ()
 
     def seeds(self):
         return [(f.name, f.seed) for f in self.all if f.seed]

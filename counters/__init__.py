@@ -3,7 +3,7 @@
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
 from core import features
-from counters import demo, views
+from counters import demo, production, views
 
 
 def init_app(app):
@@ -12,5 +12,5 @@ def init_app(app):
         name="counters", nav=("counters.index", "Counters"),
         lesson=features.Lesson(
             slug="counters", title="1. Sharded counters", sources=("counters/service.py", "counters/models.py"),
-            figure=demo.figure, card="counters/_lesson.html"),
+            figure=demo.figure, card="counters/_lesson.html", caveats=production.CAVEATS),
         seed=demo.seed))

@@ -3,7 +3,7 @@ keyrange.py (splitting a key range), models.py, views.py (/jobs and /api/jobs). 
 `service.register(app, job)` from their own init_app; the mapper knows none of them.
 """
 from core import features
-from mapper import demo, service, views
+from mapper import demo, production, service, views
 
 
 def init_app(app):
@@ -13,4 +13,4 @@ def init_app(app):
         name="mapper", nav=("mapper.jobs", "Jobs"),
         lesson=features.Lesson(
             slug="mapper", title="4. Adaptive sharding: a mapper", sources=("mapper/service.py", "mapper/keyrange.py"),
-            figure=demo.figure, card="mapper/_lesson.html")))
+            figure=demo.figure, card="mapper/_lesson.html", caveats=production.CAVEATS)))

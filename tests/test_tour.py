@@ -100,3 +100,28 @@ def test_each_lesson_page_links_to_its_source(client, auth):
                        ("/numbers", "latency/service.py")):
         assert f'href="/source/{path}"' in client.get(page).get_data(as_text=True), page
         assert client.get(f"/source/{path}").status_code == 200
+
+
+def test_each_lesson_says_how_production_differs_today_on_its_page_and_in_the_readme(app, client, auth):
+    """Every lesson has an "In production today" part: each caveat on the lesson's page with its source link, and
+    the same source cited in the README's section for that lesson."""
+    auth.admin()
+    assert client.post("/api/blogs/demo/entries", json={"title": "t", "body": "b"}).status_code == 201
+    readme = (features.REPO / "README.md").read_text()
+    sections = dict(re.findall(r"\n## (Lesson \d)[^\n]*\n(.*?)(?=\n## )", readme, re.S))
+    pages = {"counters": ("/counters", "Lesson 1"), "blog": ("/blog/demo", "Lesson 2"),
+             "comments": ("/blog/demo/0", "Lesson 3"), "mapper": ("/jobs", "Lesson 4")}
+    lessons = features.of(app).lesson_index
+    assert set(lessons) == set(pages)
+    for slug, (page, section) in pages.items():
+        caveats = lessons[slug].caveats
+        assert caveats, slug
+        html = client.get(page).get_data(as_text=True)
+        shown = re.search(r'<section class="card" data-in-production.*?</section>', html, re.S)
+        assert shown, page
+        assert shown[0].count("data-caveat") == len(caveats), page
+        part = sections[section].partition("### In production today")[2]
+        assert part, f"README {section} has no 'In production today' part"
+        for caveat in caveats:
+            assert f'href="{caveat.source}"' in shown[0], (page, caveat.source)
+            assert caveat.source in part, (section, caveat.source)

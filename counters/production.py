@@ -1,0 +1,23 @@
+"""The counters lesson in production today: where Firestore in Datastore mode differs from 2008's Datastore, each
+with the Google page that says so, and what the app does about it (core.features.Caveat)."""
+from core.features import Caveat
+
+CAVEATS = (
+    Caveat(
+        fact="About one sustained write per second is still Google's guidance for a single entity. Neither emulator "
+             "enforces it: the legacy one aborts colliding transactions, the Firestore one queues them on locks, and "
+             "both let one entity take far more.",
+        source="https://cloud.google.com/datastore/docs/best-practices",
+        app="Shards spread the writes, as in 2008. On Firestore an increment is a blind server-side increment that "
+            "never collides, so an adaptive counter, which grows when its writers collide, stays at one shard there "
+            "(the emulator's figure on the counters page is that). In production that shard would take every write: "
+            "on Firestore, give a busy counter fixed shards (a general counter, one shard per sustained write a "
+            "second) rather than an adaptive one. A stated limit, not yet code."),
+    Caveat(
+        fact="Google recommends that new Python 3 apps use the Datastore mode client library (google-cloud-datastore) "
+             "rather than Cloud NDB, which will not support Firestore's new features.",
+        source="https://cloud.google.com/appengine/migration-center/standard/python/migrate-to-cloud-ndb",
+        app="The app keeps ndb because it teaches the talk's API and its caching (ndb's global cache is what keeps "
+            "the front page never stale). Where ndb has no answer it goes around it through the Datastore API "
+            "itself (core/datastore.py): the server-side increments here, and COUNT and SUM aggregation queries."),
+)
