@@ -81,22 +81,25 @@ def main(argv=None):
                     "/healthz": on.url + "/healthz", "/blog/demo, APPSTATS=off": off.url + "/blog/demo"}
         for url in variants.values():  # warm: templates compiled, caches filled, connections pooled
             wrk(url, 1)
+        # what production would bill one warm request of each (the bare view and APPSTATS=off say nothing)
+        bills = {name: requests.get(url, timeout=10).headers.get("Server-Timing") for name, url in variants.items()}
         rates = {name: [] for name in variants}
         for r in range(args.rounds):
             for name, url in variants.items():
                 rates[name].append(wrk(url, args.seconds))
             print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.0f}/s" for n, v in rates.items()), flush=True)
-        return report(args, rates, stack.backend)
+        return report(args, rates, stack.backend, bills)
     finally:
         for server in servers:
             server.stop()
         stack.stop()
 
 
-def report(args, rates, backend):
+def report(args, rates, backend, bills):
     medians = {name: harness.median(v) for name, v in rates.items()}
     bare = medians["bare Flask view"]
-    rows = [[name, f"{m:.0f}", f"{min(rates[name]):.0f}-{max(rates[name]):.0f}", f"{m / bare:.2f}"]
+    rows = [[name, f"{m:.0f}", f"{min(rates[name]):.0f}-{max(rates[name]):.0f}", f"{m / bare:.2f}",
+             harness.bill_cell(harness.billed_from_header(bills[name])) if bills[name] else "not counted"]
             for name, m in medians.items()]
     # each round's ratio, so a slow spell of the shared machine weighs on both sides alike
     front = harness.median([f / b for f, b in zip(rates["/blog/demo (cached front page)"], rates["bare Flask view"],
@@ -110,7 +113,9 @@ string) in the same process; a second gunicorn serves the app with APPSTATS=off.
 connections, {args.seconds:g} s per variant, the variants one after another in each of {args.rounds} rounds; medians.
 A visitor (no session cookie), the demo content of `flask seed`, every cache warm.
 
-{harness.markdown_table(["variant", "requests/s (median)", "range", "of the bare view"], rows)}
+{harness.markdown_table(["variant", "requests/s (median)", "range", "of the bare view", "billed per request"], rows)}
+
+{harness.BILL_NOTE}
 """
     return harness.publish("overhead", text, [
         harness.target("cached front page / bare Flask view, requests/s (median of the rounds' ratios)", front,

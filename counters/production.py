@@ -9,10 +9,12 @@ CAVEATS = (
              "both let one entity take far more.",
         source="https://cloud.google.com/datastore/docs/best-practices",
         app="Shards spread the writes, as in 2008. On Firestore an increment is a blind server-side increment that "
-            "never collides, so an adaptive counter, which grows when its writers collide, stays at one shard there "
-            "(the emulator's figure on the counters page is that). In production that shard would take every write: "
-            "on Firestore, give a busy counter fixed shards (a general counter, one shard per sustained write a "
-            "second) rather than an adaptive one. A stated limit, not yet code."),
+            "the emulator never refuses, so an adaptive counter, which grows when its writers collide, stays at one "
+            "shard there (that is the shard count the counters page shows on that backend). Whether production "
+            "answers a document written past its sustained rate with a contention error (which the increment loop "
+            "counts as a collision, and grows on) or only slows it down, no emulator shows. So on Firestore, give a "
+            "busy counter fixed shards (a general counter: one shard per sustained write a second) rather than an "
+            "adaptive one. A stated limit, not code."),
     Caveat(
         fact="Google recommends that new Python 3 apps use the Datastore mode client library (google-cloud-datastore) "
              "rather than Cloud NDB, which will not support Firestore's new features.",
