@@ -88,8 +88,10 @@ def bill_cell(bill):
 
 BILL_NOTE = (f"Billed: what Firestore in Datastore mode would bill one such operation in production, counted from "
              f"its RPCs' answers (core/billing.py), and in USD per million such operations at "
-             f"{billing.PRICES_LOCATION} prices read {billing.PRICES_READ_ON}. Unlike the times, the bills are the "
-             f"same on both emulators and in production.")
+             f"{billing.PRICES_LOCATION} prices read {billing.PRICES_READ_ON}. Unlike the times, the bills carry over "
+             f"to production exactly: the same RPCs bill the same on both emulators. Where the app takes another path "
+             f"on each backend (an increment: a transaction that reads its shard on legacy, a blind server-side "
+             f"increment on Firestore), the bills differ, and Firestore's is production's.")
 
 
 @dataclass
