@@ -32,6 +32,8 @@ from pathlib import Path
 
 import requests
 
+from bench import harness
+
 HERE = Path(__file__).resolve().parent
 LOCUSTFILE = HERE / "locustfile.py"
 RESULTS = HERE / "results"
@@ -172,7 +174,18 @@ def measure(target, scenario, args, run):
     ratio_rows = [(a, b, summary[a]["served_per_s"] / summary[b]["served_per_s"]
                    if summary[b]["served_per_s"] else float("inf")) for a, b in ratios]
     checks = check({v: s["served"] for v, s in summary.items()}, args.users * args.rounds) if check else []
+    for variant, spec in specs.items():  # one more request each, after the checks: what production bills it
+        summary[variant]["billed"] = _billed(target, spec)
     return rounds, summary, ratio_rows, checks
+
+
+def _billed(target, spec):
+    """What production would bill one request of `spec` (its Server-Timing header; core/billing.py)."""
+    identities = spec.get("identities") or [{}]
+    r = target.http.request(spec["method"], target.url + spec["path"], json=spec.get("body"), headers=identities[0],
+                            timeout=60)
+    header = r.headers.get("Server-Timing")
+    return harness.bill_cell(harness.billed_from_header(header)) if header else "not counted"
 
 
 def report(target, args, measured, out):
@@ -180,7 +193,8 @@ def report(target, args, measured, out):
     lines = [f"# make load: {target.url}", "",
              f"{when}; Locust, {args.users} users (spawn rate {args.spawn_rate}/s), {args.seconds} s per variant, "
              f"{args.rounds} rounds, variants side by side in each round; medians over rounds. "
-             "Served/s: requests answered 2xx/3xx per second (refusals are counted apart).", ""]
+             "Served/s: requests answered 2xx/3xx per second (refusals are counted apart).", "",
+             harness.BILL_NOTE + " The bill is one request's, made after the variant's rounds.", ""]
     with open(f"{out}.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["scenario", "variant", "round", "served_per_s", "median_ms", "requests", "failures"])
@@ -189,9 +203,10 @@ def report(target, args, measured, out):
                 for i, x in enumerate(rs, 1):
                     writer.writerow([scenario, variant, i, f"{x['served_per_s']:.1f}", f"{x['median_ms']:.0f}",
                                      x["requests"], x["failures"]])
-            lines += [f"## {scenario}", "", "| variant | served/s | median ms | refused |", "|---|---:|---:|---:|"]
-            lines += [f"| {v} | {s['served_per_s']:,.1f} | {s['median_ms']:,.0f} | {s['refused']:.1%} |"
-                      for v, s in summary.items()]
+            lines += [f"## {scenario}", "", "| variant | served/s | median ms | refused | billed per request |",
+                      "|---|---:|---:|---:|---|"]
+            lines += [f"| {v} | {s['served_per_s']:,.1f} | {s['median_ms']:,.0f} | {s['refused']:.1%} | "
+                      f"{s['billed']} |" for v, s in summary.items()]
             lines += [""] + [f"- {a} / {b}: **{ratio:.1f}x**" for a, b, ratio in ratio_rows]
             lines += [f"- {line}" for line in checks] + [""]
     Path(f"{out}.md").write_text("\n".join(lines))

@@ -25,6 +25,11 @@ def test_the_load_kit_measures_every_scenario_and_loses_no_increment(site, tmp_p
     acknowledged = [line for line in report.splitlines() if "acknowledged" in line]
     assert len(acknowledged) == 3 and not any("LOST" in line for line in acknowledged), report
     assert all(int(line.split(": ")[1].split()[0].replace(",", "")) > 0 for line in acknowledged), report
+    # each variant's bill in production: the cached page bills nothing, the bypassed one reads, an increment writes
+    bills = {cells[1].strip(): cells[5].strip() for cells in (line.split("|") for line in report.splitlines()
+                                                              if line.startswith("| ") and "variant" not in line)}
+    assert bills["cached"].startswith("nothing") and "read" in bills["uncached"], bills
+    assert all("write" in bills[v] for v in ("one entity", "sharded", "adaptive", "designed", "shared")), bills
     rows = (tmp_path / "load.csv").read_text().splitlines()
     assert rows[0].startswith("scenario,variant,round") and len(rows) == 1 + 3 + 2 + 2
     served = {row.split(",")[1]: float(row.split(",")[3]) for row in rows[1:]}
