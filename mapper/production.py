@@ -15,7 +15,7 @@ CAVEATS = (
              "entity skipped and billed a read (on an emulator it iterates the keys instead). An aggregation query "
              "(COUNT, SUM) is billed one read per 1,000 index entries.",
         source="https://github.com/googleapis/python-ndb/blob/main/google/cloud/ndb/_datastore_query.py",
-        app="The app never counts a kind: the accounts' count and total are kept as sharded counters (34 reads at "
+        app="The app never counts a kind: the accounts' count and total are kept as sharded counters (32 reads at "
             "any size), audited by a mapper job with a tally, and shown beside one COUNT + SUM aggregation query on "
             "the accounts page, with both bills."),
 )
