@@ -86,6 +86,12 @@ def bill_cell(bill):
     return f"{bill.describe()} (${bill.usd_per_million():.2f}/M)"
 
 
+def bill_cell_of(server_timing):
+    """The table cell for a response's own bill (its Server-Timing header), or "not counted" when it has none (an
+    app with APPSTATS=off, a view outside the app)."""
+    return bill_cell(billed_from_header(server_timing)) if server_timing else "not counted"
+
+
 BILL_NOTE = (f"Billed: what Firestore in Datastore mode would bill one such operation in production, counted from "
              f"its RPCs' answers (core/billing.py), and in USD per million such operations at "
              f"{billing.PRICES_LOCATION} prices read {billing.PRICES_READ_ON}. Unlike the times, the bills carry over "

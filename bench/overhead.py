@@ -99,7 +99,7 @@ def report(args, rates, backend, bills):
     medians = {name: harness.median(v) for name, v in rates.items()}
     bare = medians["bare Flask view"]
     rows = [[name, f"{m:.0f}", f"{min(rates[name]):.0f}-{max(rates[name]):.0f}", f"{m / bare:.2f}",
-             harness.bill_cell(harness.billed_from_header(bills[name])) if bills[name] else "not counted"]
+             harness.bill_cell_of(bills[name])]
             for name, m in medians.items()]
     # each round's ratio, so a slow spell of the shared machine weighs on both sides alike
     front = harness.median([f / b for f, b in zip(rates["/blog/demo (cached front page)"], rates["bare Flask view"],
