@@ -72,7 +72,7 @@ def main(argv=None):
     stack = Stack(consistency=1.0, backend=backend_from_env()).start()
     servers = []
     try:
-        env = app_env(stack, "http://127.0.0.1:9", "bench-overhead", admins="")
+        env = app_env(stack, "bench-overhead", admins="")
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL)
         on, off = start_server(stack, env, "on"), start_server(stack, env, "off")

@@ -126,7 +126,7 @@ def main(argv=None):
     server = None
     try:
         port = free_port()
-        env = app_env(stack, f"http://127.0.0.1:{port}", "bench-pages", admins=ADMIN)
+        env = app_env(stack, "bench-pages", admins=ADMIN)
         seeded = time.perf_counter()
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO,
                        check=True)

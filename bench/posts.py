@@ -145,7 +145,7 @@ def measure(args, stack, app):
     for name, processes, extra in VARIANTS:
         if args.variants and name not in args.variants.split(","):
             continue
-        env = dict(app_env(stack, "http://127.0.0.1:9", "bench-secret", admins=""), **extra)
+        env = dict(app_env(stack, "bench-secret", admins=""), **extra)
         with instances(env, processes) as servers:
             urls = [s.url for s in servers]
             rounds = args.rounds if name == "lease" else 1

@@ -34,7 +34,7 @@ class Runtime:
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
             datastore_module.Aggregations(self.settings, api))
         self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
-        self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings, self.cache))
+        self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings))
         self._registries = {}
 
     def registry(self, name):

@@ -24,10 +24,9 @@ class Settings:
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
     iap_audience: str | None = None
-    # Task queues (core/tasks.py): "cloud-tasks" on App Engine, "http" for `make run` (tests and benchmarks hand
-    # create_app a queue of their own instead).
-    tasks_backend: str = "http"
-    tasks_url: str = "http://127.0.0.1:8080"
+    # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address
+    # (`make run`; most tests hand create_app a queue of their own instead).
+    tasks_emulator_host: str | None = None
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
     # Appstats (core/appstats.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
@@ -45,10 +44,8 @@ class Settings:
         if gae and not secret:
             # A known key on a public deployment would let anyone forge a session cookie.
             raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager).")
-        backend = env.get("TASKS_BACKEND") or ("cloud-tasks" if gae else "http")
-        if backend not in ("cloud-tasks", "http"):
-            raise RuntimeError("TASKS_BACKEND must be cloud-tasks or http.")
-        if backend == "cloud-tasks" and not env.get("TASKS_LOCATION"):
+        tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
+        if gae and not env.get("TASKS_LOCATION"):
             raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
@@ -70,9 +67,8 @@ class Settings:
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
             iap_audience=env.get("IAP_AUDIENCE") or None,
-            tasks_backend=backend,
-            tasks_url=env.get("TASKS_URL") or f"http://127.0.0.1:{env.get('PORT') or 8080}",
-            tasks_location=env.get("TASKS_LOCATION") or None,
+            tasks_emulator_host=tasks_emulator,
+            tasks_location=env.get("TASKS_LOCATION") or ("local" if tasks_emulator else None),
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",

@@ -1,43 +1,39 @@
-"""Task dispatch: one interface, three backends, one route every task arrives at.
+"""Task dispatch: one interface, one route every task arrives at, Cloud Tasks behind it everywhere but the tests.
 
 A feature registers its handlers by name when the app is built (`runtime.tasks.register("mapper.run", fn)` in its
-`init_app`) and enqueues named tasks (`runtime.current().tasks.enqueue(name, payload, task_name)`). Every backend
+`init_app`) and enqueues named tasks (`runtime.current().tasks.enqueue(name, payload, task_name)`). Every queue
 delivers a task as an HTTP POST of its JSON payload to `/api/tasks/<name>` (core/views.py), so the code a task runs is
 the same everywhere:
 
-- `CloudTasksQueue` on App Engine: google-cloud-tasks with an App Engine HTTP target. The task name makes enqueueing
-  idempotent (ALREADY_EXISTS is success), and Cloud Tasks retries a delivery until it answers 2xx.
-- `HttpQueue` locally (`make run`): threads in this process POST to the app's own URL, retry with backoff, and drop a
-  name already enqueued (memcached `add` across processes, a set within one).
-- in tests and benchmarks, `devstack.taskqueue.DrainedQueue`, handed to `create_app`: tasks wait in a list until the
-  test delivers them through the same route, one at a time or on threads.
+- `CloudTasksQueue`: google-cloud-tasks with an App Engine HTTP target. On App Engine it speaks to Cloud Tasks; under
+  `make run` and in the served tests, the same class speaks to devstack's local Cloud Tasks
+  (devstack/cloudtasks.py, CLOUD_TASKS_EMULATOR_HOST), which keeps the tasks outside the app's processes, as Cloud
+  Tasks does, so a worker that dies loses nothing it enqueued. The task name makes enqueueing idempotent
+  (ALREADY_EXISTS is success), and a delivery is retried until it answers 2xx (queue.yaml's retry_parameters).
+- in most tests and the benchmarks, `devstack.taskqueue.DrainedQueue`, handed to `create_app`: tasks wait in a list
+  until the test delivers them through the same route, one at a time or on threads.
 
-Handlers must be idempotent: every backend delivers at least once, and twice at the same time now and then.
+Handlers must be idempotent: every queue delivers at least once, and twice at the same time now and then.
 """
 import collections
 import contextlib
+import datetime
 import hashlib
 import hmac
 import json
-import logging
-import queue
 import re
-import threading
-import time
-
-import requests
-
-log = logging.getLogger(__name__)
 
 ROUTE = "/api/tasks/{}"
 TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks accepts as a task id
 TOKEN_HEADER = "X-Tasks-Token"
-# Cloud Tasks sets these on an App Engine delivery, and App Engine strips X-AppEngine-* from outside requests,
-# so a request carrying the queue header came from a queue of this app.
+# What Cloud Tasks sends an App Engine task handler (https://cloud.google.com/tasks/docs/creating-appengine-handlers,
+# "Reading App Engine task request headers"); the X-CloudTasks-* headers are for HTTP targets, which this app is not.
+# App Engine replaces X-AppEngine-* headers on outside requests, so a request with the queue header came from a queue
+# of this app. RetryCount counts every earlier attempt from 0, including those that never reached an instance.
 QUEUE_HEADER = "X-AppEngine-QueueName"
-RETRY_HEADER = "X-CloudTasks-TaskRetryCount"
-NAME_HEADER = "X-CloudTasks-TaskName"
-MAX_ATTEMPTS = 10  # the local queues' give-up point; queue.yaml sets the same for Cloud Tasks
+RETRY_HEADER = "X-AppEngine-TaskRetryCount"
+NAME_HEADER = "X-AppEngine-TaskName"
+MAX_ATTEMPTS = 10  # queue.yaml's task_retry_limit, which Cloud Tasks counts as attempts, the first included
 
 def local_token(secret_key):
     """What a local queue shows the task route instead of App Engine's queue header: derived from the app's secret,
@@ -46,9 +42,10 @@ def local_token(secret_key):
 
 
 def local_headers(token, task):
-    """The headers a local queue delivers `task` with: the token, and Cloud Tasks' retry count and name headers."""
-    return {"Content-Type": "application/json", TOKEN_HEADER: token, RETRY_HEADER: str(task.attempt),
-            NAME_HEADER: task.name}
+    """The headers a test's queue delivers `task` with: the token, and App Engine's task headers as Cloud Tasks sends
+    them (devstack/cloudtasks.py sends the same)."""
+    return {"Content-Type": "application/json", TOKEN_HEADER: token, QUEUE_HEADER: "mapper",
+            RETRY_HEADER: str(task.attempt), NAME_HEADER: task.name}
 
 
 def is_from_queue(headers, settings):
@@ -81,12 +78,13 @@ class TaskRouter:
     def handler(self, name):
         return self._handlers.get(name)
 
-    def enqueue(self, name, payload, task_name):
+    def enqueue(self, name, payload, task_name, delay=0):
+        """Enqueue once by `task_name` (a name used before is dropped), due in `delay` seconds."""
         if name not in self._handlers:
             raise ValueError(f"no task handler is registered as {name!r}")
         if not TASK_NAME_PATTERN.fullmatch(task_name):
             raise ValueError(f"bad task name {task_name!r}")
-        self.queue.enqueue(name, payload, task_name)
+        self.queue.enqueue(name, payload, task_name, delay=delay)
 
     def wait(self):
         """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
@@ -94,15 +92,22 @@ class TaskRouter:
 
 
 class CloudTasksQueue:
-    """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process."""
+    """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process. With
+    `emulator_host`, the channel goes to devstack's local Cloud Tasks instead (plain gRPC on loopback, no
+    credentials)."""
 
-    def __init__(self, project, location, queue, client=None):
-        from google.cloud import tasks_v2  # only App Engine needs it loaded
+    def __init__(self, project, location, queue, client=None, emulator_host=None):
+        from google.cloud import tasks_v2  # only a process that enqueues needs it loaded
         self._tasks_v2 = tasks_v2
+        if client is None and emulator_host:
+            import grpc
+            from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
+            client = tasks_v2.CloudTasksClient(
+                transport=CloudTasksGrpcTransport(channel=grpc.insecure_channel(emulator_host)))
         self.client = client or tasks_v2.CloudTasksClient()
         self.parent = self.client.queue_path(project, location, queue)
 
-    def enqueue(self, name, payload, task_name):
+    def enqueue(self, name, payload, task_name, delay=0):
         from google.api_core import exceptions
         task = {
             "name": f"{self.parent}/tasks/{task_name}",
@@ -113,73 +118,29 @@ class CloudTasksQueue:
                 "body": Task(name, payload, task_name, 0).body(),
             },
         }
+        if delay:
+            task["schedule_time"] = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=delay)
         # AlreadyExists: the same named task was enqueued before (by a retry of the task that enqueues it): done.
         with contextlib.suppress(exceptions.AlreadyExists):
-            self.client.create_task(parent=self.parent, task=task)
+            self.client.create_task(parent=self.parent, task=task, timeout=30)
 
     def wait(self):
         """Cloud Tasks delivers on its own schedule: nothing here to wait for."""
 
 
-class HttpQueue:
-    """The local stand-in for Cloud Tasks: delivers to the app's own URL from a few threads in this process.
+class NoQueue:
+    """Off App Engine without a local Cloud Tasks: the app serves, but cannot enqueue (say how to get one)."""
 
-    Tasks live only in memory, on daemon threads: a task still waiting when the process stops is lost (Cloud Tasks
-    keeps them), and stopping `make run` never waits for deliveries to a server that is going away.
-    """
-
-    def __init__(self, base_url, token, cache=None, workers=8, max_attempts=MAX_ATTEMPTS, base=0.1, cap=10.0):
-        self.base_url, self.token, self.cache = base_url.rstrip("/"), token, cache
-        self.max_attempts, self.base, self.cap = max_attempts, base, cap
-        self.workers = workers
-        self.session = requests.Session()
-        self._seen, self._lock, self._work, self._threads = set(), threading.Lock(), queue.Queue(), []
-
-    def _first_time(self, task_name):
-        with self._lock:
-            if task_name in self._seen:
-                return False
-            self._seen.add(task_name)
-        # Another gunicorn worker may have enqueued it; memcached down or not, this process never sends it twice.
-        return self.cache is None or self.cache.claim(f"task-name:{task_name}", expire=3600)
-
-    def enqueue(self, name, payload, task_name):
-        if self._first_time(task_name):
-            with self._lock:
-                while len(self._threads) < self.workers:  # started on first use: no threads in processes that never
-                    thread = threading.Thread(target=self._worker, daemon=True, name="tasks")  # enqueue
-                    thread.start()
-                    self._threads.append(thread)
-            self._work.put(Task(name, payload, task_name, 0))
+    def enqueue(self, name, payload, task_name, delay=0):
+        raise RuntimeError("No task queue: set CLOUD_TASKS_EMULATOR_HOST to a local Cloud Tasks "
+                           "(`make run` starts one: devstack/cloudtasks.py).")
 
     def wait(self):
-        """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
-        self._work.join()
-
-    def _worker(self):
-        while True:
-            task = self._work.get()
-            try:
-                self._deliver(task)
-            finally:
-                self._work.task_done()
-
-    def _deliver(self, task):
-        for attempt in range(self.max_attempts):
-            try:
-                response = self.session.post(self.base_url + ROUTE.format(task.handler), data=task.body(),
-                                             headers=local_headers(self.token, task._replace(attempt=attempt)),
-                                             timeout=60)
-                if 200 <= response.status_code < 300:
-                    return
-                log.warning("task %s answered %s (attempt %d)", task.name, response.status_code, attempt + 1)
-            except requests.RequestException as e:
-                log.warning("task %s not delivered: %s (attempt %d)", task.name, e, attempt + 1)
-            time.sleep(min(self.base * 2 ** attempt, self.cap))
-        log.error("task %s given up after %d attempts", task.name, self.max_attempts)
+        """Nothing is ever enqueued here."""
 
 
-def make_queue(settings, cache):
-    if settings.tasks_backend == "cloud-tasks":
-        return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue)
-    return HttpQueue(settings.tasks_url, local_token(settings.secret_key), cache)
+def make_queue(settings):
+    if settings.on_app_engine or settings.tasks_emulator_host:
+        return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue,
+                               emulator_host=settings.tasks_emulator_host)
+    return NoQueue()

@@ -1,8 +1,9 @@
 """`python -m devstack run`: what `make run` does.
 
-Starts the cache (memcached, or redis-server with CACHE=redis) and the Datastore emulator (data kept on disk in
-.devstack/, git-ignored), seeds demo content when the datastore is empty, serves the web UI with gunicorn (the App
-Engine entrypoint), and stops all of it on exit.
+Starts the cache (memcached, or redis-server with CACHE=redis), the Datastore emulator (data kept on disk in
+.devstack/, git-ignored) and a local Cloud Tasks (devstack/cloudtasks.py; its tasks kept in .devstack/tasks.sqlite3
+beside the data), seeds demo content when the datastore is empty, serves the web UI with gunicorn (the App Engine
+entrypoint), and stops all of it on exit.
 """
 import argparse
 import fcntl
@@ -13,7 +14,7 @@ import subprocess
 import sys
 
 from devstack.services import REPO, DevstackError, Stack, _port_open, backend_from_env, free_port
-from devstack.serving import Gunicorn, app_env
+from devstack.serving import Gunicorn, app_env, local_tasks
 
 STATE = REPO / ".devstack"
 
@@ -56,21 +57,31 @@ def run(port):
     backend = backend_from_env()
     persist = os.environ.get("PERSIST", "yes") != "no"
     stack = Stack(consistency=0.9, data_dir=STATE / "datastore" if persist else None, backend=backend)
+    # The tasks are kept only where the data is: tasks left from a datastore that is gone (Firestore's, PERSIST=no)
+    # would run against data they were not made for.
+    store = STATE / "tasks.sqlite3"
+    if not persist or backend == "firestore":
+        for leftover in STATE.glob("tasks.sqlite3*"):
+            leftover.unlink()
+    secret = _dev_secret()
+    tasks = local_tasks(url.rstrip("/"), secret, store=store)
     server = None
     # Ctrl-C and `kill` both stop everything; SIGINT set explicitly, since a shell that starts us in the background
     # makes Python ignore it.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        print(f"Starting {stack.cache.name} and the {stack.emulator.name}...", flush=True)
+        print(f"Starting {stack.cache.name}, the {stack.emulator.name} and the {tasks.name}...", flush=True)
         if backend == "firestore":
             print("Note: the Firestore emulator keeps no data across restarts in Datastore mode, so the demo content "
                   "is seeded afresh at every start (DATASTORE=legacy keeps yours in .devstack/).", flush=True)
         stack.start()
-        env = app_env(stack, url, _dev_secret())
+        tasks.start()
+        env = app_env(stack, secret, tasks=tasks)
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
         server = Gunicorn(env, port, access_log=True, wait=False)
-        print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator and {stack.cache.name})\n", flush=True)
+        print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator, the task queue and {stack.cache.name})\n",
+              flush=True)
         server.proc.wait()
     except KeyboardInterrupt:
         pass
@@ -79,8 +90,9 @@ def run(port):
     finally:
         if server is not None:
             server.stop()
+        tasks.stop()
         stack.stop()
-        print(f"Stopped the app, the {stack.emulator.name} and {stack.cache.name}.", flush=True)
+        print(f"Stopped the app, the {tasks.name}, the {stack.emulator.name} and {stack.cache.name}.", flush=True)
 
 
 def main():

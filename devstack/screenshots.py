@@ -32,15 +32,15 @@ PAGES = (
 PHONE = ("phone.png", "/", 390, 844)
 
 
-def _app(stack, url):
-    return create_app({"SETTINGS": Settings.from_env(dict(stack.env(), SECRET_KEY="screenshots", ADMIN_EMAILS=ADMIN,
-                                                           TASKS_BACKEND="http", TASKS_URL=url))})
+def _app(stack, tasks_env):
+    return create_app({"SETTINGS": Settings.from_env(dict(stack.env(), **tasks_env, SECRET_KEY="screenshots",
+                                                           ADMIN_EMAILS=ADMIN))})
 
 
 def main():
     DOCS.mkdir(exist_ok=True)
     with Stack(consistency=1.0, backend=backend_from_env()) as stack, \
-            serving.served(lambda url: _app(stack, url)) as (app, url), sync_playwright() as playwright:
+            serving.served(lambda tasks_env: _app(stack, tasks_env)) as (app, url), sync_playwright() as playwright:
         print("Seeding the demo content...", flush=True)
         seed_demo(app)
         browser = launch(playwright)

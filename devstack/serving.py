@@ -11,13 +11,21 @@ from contextlib import ExitStack, contextmanager
 import requests
 from werkzeug.serving import WSGIRequestHandler, make_server
 
+from core.tasks import local_token
+from devstack.cloudtasks import LocalTasks
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
 
 
-def app_env(stack, url, secret, admins=None):
-    """The app's environment under `make run`: the stack's addresses, the local HTTP task queue delivering to `url`."""
-    return dict(**stack.env(), SECRET_KEY=secret, FLASK_APP="main:create_app", TASKS_BACKEND="http",
-                TASKS_URL=url, ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", "") if admins is None else admins)
+def app_env(stack, secret, admins=None, tasks=None):
+    """The app's environment under `make run`: the stack's addresses, and the local Cloud Tasks `tasks` (a
+    LocalTasks) if the app is to enqueue."""
+    return dict(**stack.env(), **(tasks.env() if tasks else {}), SECRET_KEY=secret, FLASK_APP="main:create_app",
+                ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", "") if admins is None else admins)
+
+
+def local_tasks(url, secret, store=None):
+    """devstack's local Cloud Tasks delivering to the app at `url` whose secret key is `secret` (not started)."""
+    return LocalTasks(url, local_token(secret), store=store)
 
 
 class Gunicorn:
@@ -102,19 +110,21 @@ class _QuietHandler(WSGIRequestHandler):
 
 @contextmanager
 def served(make_app):
-    """make_app(url) -> the app (with TASKS_BACKEND=http), served on a free loopback port on threads; yields
-    (app, url). The app learns its own URL before it is built, so that its local task queue delivers to it."""
+    """make_app(tasks_env) -> the app, served on a free loopback port on threads, with a local Cloud Tasks delivering
+    to it; yields (app, url). `tasks_env`: the settings that point the app's queue at that server."""
     port = free_port()
     url = f"http://{LOOPBACK}:{port}"
-    app = make_app(url)
+    tasks = LocalTasks(url, token="")
+    app = make_app(tasks.env())
+    rt = app.extensions["runtime"]
+    tasks.token = local_token(rt.settings.secret_key)
     server = make_server(LOOPBACK, port, app, threaded=True, request_handler=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="served-app", daemon=True)
     thread.start()
     try:
-        yield app, url
+        with tasks:
+            yield app, url
     finally:
         server.shutdown()
         thread.join()
-        rt = app.extensions["runtime"]
-        rt.tasks.wait()  # deliveries still on their way, before the stack goes
         rt.close()

@@ -22,7 +22,8 @@ class DrainedQueue:
         self.names = set()
         self.lock = threading.Lock()
 
-    def enqueue(self, name, payload, task_name):
+    def enqueue(self, name, payload, task_name, delay=0):
+        """`delay` is not waited for: the test decides when tasks run (a delayed task joins the line at once)."""
         with self.lock:
             if task_name in self.names:
                 return

@@ -9,6 +9,7 @@ from mapper import demo, production, service, views
 def init_app(app):
     app.register_blueprint(views.bp)
     app.extensions["runtime"].tasks.register(service.TASK_HANDLER, service.run_task)
+    app.extensions["runtime"].tasks.register(service.CHECK_HANDLER, service.run_check)
     features.add(app, features.Feature(
         name="mapper", nav=("mapper.jobs", "Jobs"),
         lesson=features.Lesson(

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 
 KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
 TASK_HANDLER = "mapper.run"
+CHECK_HANDLER = "mapper.check"
+# When the cache's running sum cannot be trusted, a check task reads the records after each of these delays (then
+# every 60 s), until they add up; past MAX_CHECKS (about 2 hours) an admin finishes the job (finish_job).
+CHECK_DELAYS = (1, 2, 4, 8, 15, 30)
+MAX_CHECKS = 120
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
 MAX_PAGE_SIZE = 500
@@ -149,8 +154,6 @@ def _returned_key(job_id):
     return f"mapper-returned:{job_id}"
 
 
-
-
 # --- one task --------------------------------------------------------------------------------------------------------
 
 def run_task(payload, attempt=0):
@@ -182,6 +185,9 @@ def run_task(payload, attempt=0):
     for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
         _enqueue(job.id, child)
     if record.returned:
+        # Only the delivery that finished the record adds its credit to the running sum. Any other delivery of a
+        # finished record (attempt 1+) cannot know whether the one that finished it lived to add it: 0 here, and
+        # _maybe_finish then trusts the records over the sum.
         _maybe_finish(job, returned_here, attempt + 1 >= tasks.MAX_ATTEMPTS)
     return {"processed": record.processed, "children": len(record.children)}
 
@@ -302,28 +308,56 @@ def _summed(tally, more):
 
 
 def _maybe_finish(job, returned, last_attempt):
-    """After a task returned credit: finish the job if every credit is back. memcached keeps a running sum so that
-    only the last task pays for summing the records; without it (down, evicted) every such task sums them.
+    """After a task returned credit: finish the job if every credit is back. The cache keeps a running sum so that
+    only the last task pays for summing the records (a query over them); the records are the truth, the sum a hint.
 
-    `returned` is added to the sum only by the delivery that finished the task's record (0 from any other delivery of
-    it, which only reads the sum): at-least-once queues deliver a task again, and a sum that counted each delivery
-    would say "every credit is back" while ranges were still out, and past 2**64 memcached's incr wraps to a small
-    number, so that the real last task would see less than everything and leave the job unfinished.
+    `returned` is what this delivery adds to the sum: the credit of the record it finished, 0 from any other delivery
+    of that record. At-least-once queues deliver a task again, and a sum that counted each delivery would say "every
+    credit is back" while ranges were still out (and past 2**64 memcached's incr wraps to a small number).
 
-    The records are summed by a query (each record is its own entity group), which is eventually consistent: the
-    last task may not see its own record, or a sibling's, yet. When memcached's sum says every credit is back but the
-    query does not, this task raises, so that the queue delivers it again later (a retry re-reads its finished record
-    and comes straight back here) until the records agree. A job that still cannot finish this way (memcached down as
-    well, or the retries spent) is finished by an admin (`finish_job`); reads never finish a job, a GET never writes.
+    The sum can be trusted only while the cache answered every incr: it is missing (`None`: the cache is down,
+    restarted or flushed, or evicted it), or short for good when a delivery died between committing its record and
+    adding its credit (the queue's redelivery then comes here with 0). Either way this task sums the records itself,
+    and if they do not add up yet, a check task (`run_check`) sums them again later until they do. So the job
+    finishes however much the cache lost, and the cost of that falls only on jobs where something was lost.
+
+    The records are summed by a query (each record is its own entity group), which is eventually consistent on
+    legacy Datastore: the last task may not see its own record, or a sibling's, yet. When the sum says every credit is
+    back but the query does not, this task raises, so that the queue delivers it again later (a retry re-reads its
+    finished record and comes back here) until the records agree; its last attempt leaves it to the checks.
     """
-    total = runtime.cache().incr(_returned_key(job.id), returned)  # incr by 0 reads the sum as a number
-    if total is None or total >= TOTAL_CREDIT:
-        current = _derive(job)
-        if current.returned == TOTAL_CREDIT:
-            _finalize(job, "done", current)
-        elif total is not None and not last_attempt:
-            raise Conflict("Every range has reported back, but not every record is visible yet; try later.",
-                           "records_lagging")
+    total = runtime.cache().incr(_returned_key(job.id), returned) if returned else None
+    if total is not None and total < TOTAL_CREDIT:
+        return  # ranges are still out, by a sum this delivery has just added its own credit to
+    current = _derive(job)
+    if current.returned == TOTAL_CREDIT:
+        _finalize(job, "done", current)
+    elif total is not None and not last_attempt:
+        raise Conflict("Every range has reported back, but not every record is visible yet; try later.",
+                       "records_lagging")
+    else:
+        _check_later(job.id, 1)
+
+
+def _check_later(job_id, number):
+    """Enqueue the job's check task `number` (its name makes every caller's enqueue of it one task)."""
+    delay = CHECK_DELAYS[number - 1] if number <= len(CHECK_DELAYS) else 60
+    runtime.tasks().enqueue(CHECK_HANDLER, {"job": job_id, "check": number}, f"{job_id}-check-{number}", delay=delay)
+
+
+def run_check(payload, attempt=0):
+    """A check task: finish the job if its records add up (or one failed for good), else check again later."""
+    job = MapperJob.get_by_id(payload["job"])
+    if job is None or job.cancelled or job.finished:
+        return {"skipped": "the job is gone, cancelled or finished"}
+    current = _derive(job)
+    if current.returned == TOTAL_CREDIT or current.failed:
+        outcome = "failed" if current.failed else "done"
+        _finalize(job, outcome, current)
+        return {"finished": outcome}
+    if payload["check"] < MAX_CHECKS:
+        _check_later(job.id, payload["check"] + 1)
+    return {"progress": round(current.progress, 4)}
 
 
 def _finalize(job, outcome, status=None):

@@ -37,7 +37,7 @@ def served_app(stack):
     holds tasks (nothing delivers them), so fuzzed seeds and jobs cost nothing."""
     fresh = fresh_stack(stack)
 
-    def on(url):
+    def on(tasks_env):
         app = make_app(stack, **fresh)
         app.extensions["runtime"].cache.flush()
         return app

@@ -225,20 +225,21 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
     assert job_count() == 0 and not task_queue.queue.pending
 
 
-# --- the local HTTP queue, end to end --------------------------------------------------------------------------------
+# --- the local Cloud Tasks, end to end --------------------------------------------------------------------------------
 
 @pytest.fixture
 def served(stack):
-    """The app served over HTTP on loopback, with the local HTTP queue delivering to it (as under `make run`)."""
+    """The app served over HTTP on loopback, devstack's local Cloud Tasks delivering to it (as under `make run`)."""
     fresh = fresh_stack(stack)
-    with serving.served(lambda url: create_app({"TESTING": True, "SETTINGS": settings_for(
-            stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)})) as (app, url):
+    with serving.served(lambda tasks_env: create_app({"TESTING": True, "SETTINGS": settings_for(
+            stack, **tasks_env, **fresh)})) as (app, url):
         yield app, url
 
 
-def test_http_queue_runs_a_job_to_the_end(served):
+def test_local_cloud_tasks_runs_a_job_to_the_end(served):
     import requests
     app, url = served
+    assert isinstance(app.extensions["runtime"].tasks.queue, tasks.CloudTasksQueue)  # the class App Engine runs
     http = requests.Session()
     assert http.post(url + "/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
     assert http.post(url + "/api/accounts/seed", json={"count": 700}).status_code == 202
@@ -251,34 +252,6 @@ def test_http_queue_runs_a_job_to_the_end(served):
     final = http.get(url + f"/api/jobs/{job['id']}").json()
     assert (final["state"], final["processed"]) == ("done", 700), final
     assert http.get(url + "/api/accounts/summary").json() == {"count": 700, "total_balance": 2100}
-
-
-DELIVERED = []
-
-
-def _record(payload, attempt):
-    DELIVERED.append((payload["n"], attempt))
-    if payload.get("fail_first") and attempt == 0:
-        raise RuntimeError("first delivery fails")
-
-
-def test_http_queue_retries_and_drops_a_name_it_has_seen(served):
-    app, url = served
-    DELIVERED.clear()
-    rt = app.extensions["runtime"]
-    rt.tasks.register("test.record", _record)
-    queue = rt.tasks
-    # another process's queue: the same memcached tells it the name is taken
-    other = tasks.HttpQueue(url, tasks.local_token(rt.settings.secret_key), rt.cache)
-    for _ in range(3):
-        queue.enqueue("test.record", {"n": 1}, "record-1")
-    other.enqueue("test.record", {"n": 1}, "record-1")
-    queue.enqueue("test.record", {"n": 2, "fail_first": True}, "record-2")
-    queue.wait()
-    other.wait()
-    assert sorted(DELIVERED) == [(1, 0), (2, 0), (2, 1)]  # one delivery of 1; 2 failed once and was delivered again
-    with pytest.raises(ValueError):
-        queue.enqueue("test.record", {"n": 3}, "bad name with spaces")
 
 
 def test_demo_accounts_are_seeded_once(app, client):

@@ -77,7 +77,8 @@ def test_app_yaml_names_every_setting_app_engine_needs(deployed):
     env = dict.fromkeys(names, "") | {"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
                                       "TASKS_QUEUE": "mapper", "REDIS_URL": "redis://10.0.0.3:6379/0"}
     settings = Settings.from_env(env)
-    assert settings.backend == "firestore" and settings.tasks_backend == "cloud-tasks"
+    assert settings.backend == "firestore" and settings.tasks_location == "us-central1"
+    assert settings.tasks_emulator_host is None  # Cloud Tasks itself, whatever the environment says
     assert settings.redis_url and not settings.memcached_hosts
 
 

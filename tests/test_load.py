@@ -10,7 +10,7 @@ from tests.support import fresh_stack, make_app
 @pytest.fixture
 def site(stack):
     fresh = fresh_stack(stack)
-    with serving.served(lambda url: make_app(stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)) as (app, url):
+    with serving.served(lambda tasks_env: make_app(stack, **tasks_env, **fresh)) as (app, url):
         app.extensions["runtime"].cache.flush()
         yield url
     app.extensions["contract"].assert_kept()

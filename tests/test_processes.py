@@ -33,7 +33,7 @@ def fleet(stack):
     """(the servers' URLs, an app in this process on the same namespace for reading the stored data back, the
     servers' environment)."""
     namespace = f"p{uuid.uuid4().hex[:12]}"  # the servers outlive any one test: a namespace of their own
-    env = dict(app_env(stack, "http://127.0.0.1:9", SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
+    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
     with instances(env, count=2, workers=2) as servers:
         urls = [s.url for s in servers]
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)

@@ -84,8 +84,12 @@ def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks, gae_app):
     assert received == []
 
 
-def test_cloud_tasks_needs_a_location():
+def test_cloud_tasks_needs_a_location_and_off_app_engine_a_local_server():
     with pytest.raises(RuntimeError, match="TASKS_LOCATION"):
         Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s"})
-    with pytest.raises(RuntimeError, match="TASKS_BACKEND"):
-        Settings.from_env({"TASKS_BACKEND": "carrier-pigeon"})
+    local = Settings.from_env({"CLOUD_TASKS_EMULATOR_HOST": "127.0.0.1:9"})
+    assert (local.tasks_emulator_host, local.tasks_location) == ("127.0.0.1:9", "local")
+    assert isinstance(tasks.make_queue(local), tasks.CloudTasksQueue)
+    # neither App Engine nor a local server: the app serves, and says what is missing when it tries to enqueue
+    with pytest.raises(RuntimeError, match="CLOUD_TASKS_EMULATOR_HOST"):
+        tasks.make_queue(Settings.from_env({})).enqueue("accounts.seed", {}, "t-1")

@@ -30,9 +30,8 @@ def site(stack):
     """The base URL of a freshly served app on an empty datastore and cache."""
     fresh = fresh_stack(stack)
 
-    def make_app(url):
-        app = contract_checked(create_app({"TESTING": True, "SETTINGS": settings_for(
-            stack, TASKS_BACKEND="http", TASKS_URL=url, **fresh)}))
+    def make_app(tasks_env):
+        app = contract_checked(create_app({"TESTING": True, "SETTINGS": settings_for(stack, **tasks_env, **fresh)}))
         app.extensions["runtime"].cache.flush()
         return app
     with serving.served(make_app) as (app, url):
