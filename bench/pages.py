@@ -1,7 +1,7 @@
 """Benchmark: every page answers in under 200 ms (median) under `make run`'s set-up.
 
 The stack as `make run` starts it (the emulator at consistency 0.9, memcached, the demo content of `flask seed`,
-gunicorn with two workers of eight threads, the local HTTP task queue), one add_credit job run to the end so that the
+gunicorn with two workers of eight threads, devstack's local Cloud Tasks), one add_credit job run to the end so that the
 job pages have one to show. Each page is then fetched one request at a time, by a visitor and by a signed-in admin
 (whose pages carry the admin forms), a few warm-up requests first, then `--requests` per round over `--rounds` rounds.
 
@@ -20,7 +20,7 @@ import requests
 from bench import harness
 from devstack import Stack
 from devstack.services import REPO, backend_from_env, free_port
-from devstack.serving import Gunicorn, app_env, wait_until
+from devstack.serving import Gunicorn, app_env, local_tasks, wait_until
 
 TARGET_MS = 200
 ADMIN = "bench@example.com"
@@ -123,10 +123,12 @@ def main(argv=None):
         paths, times, costs = measure(args.url.rstrip("/"), args.rounds, args.requests)
         return report(paths, times, costs, args.rounds, args.requests, f"Measured against a running app at {args.url}.")
     stack = Stack(consistency=0.9, backend=backend_from_env()).start()
-    server = None
+    server, stack_stops = None, []
     try:
         port = free_port()
-        env = app_env(stack, "bench-pages", admins=ADMIN)
+        tasks = local_tasks(f"http://127.0.0.1:{port}", "bench-pages").start()
+        stack_stops.append(tasks.stop)
+        env = app_env(stack, "bench-pages", admins=ADMIN, tasks=tasks)
         seeded = time.perf_counter()
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO,
                        check=True)
@@ -137,6 +139,8 @@ def main(argv=None):
     finally:
         if server is not None:
             server.stop()
+        for stop in stack_stops:
+            stop()
         stack.stop()
 
 

@@ -231,7 +231,18 @@ class _JavaEmulator:
         except (urllib.error.URLError, OSError):
             return False
 
+    def pause(self):
+        """Freeze the emulator and whatever it started (SIGSTOP to its process group): calls hang, as on a Datastore
+        that stops answering."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
         _stop_group(self.proc)
         self.proc = None
 

@@ -1,4 +1,4 @@
-"""/api/jobs, /api/accounts, the task route, the jobs and accounts pages; the local HTTP queue end to end."""
+"""/api/jobs, /api/accounts, the task route, the jobs and accounts pages; devstack's local Cloud Tasks end to end."""
 import time
 
 import pytest

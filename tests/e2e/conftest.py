@@ -1,4 +1,4 @@
-"""The browser tests: the app served over HTTP on loopback (the local HTTP task queue delivering to it, as under
+"""The browser tests: the app served over HTTP on loopback (devstack's local Cloud Tasks delivering to it, as under
 `make run`), on the session's real emulator and memcached, driven by Playwright in Debian's headless Chromium.
 
 Every page a test opens may only fetch from the app itself (no CDN), must raise no JavaScript error and must break

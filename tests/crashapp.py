@@ -1,0 +1,37 @@
+"""The app as gunicorn serves it (`tests.crashapp:app()`), with one job more for tests/test_crashes.py: add_credit
+slowed down to a quarter second per chunk of 5, so that a test can kill the worker running a task between two of its
+chunks' transactions; and for that job only, the moment between a task's last commit and its `incr` of the job's
+running sum widened to a second, so that a test can kill a worker inside it."""
+import dataclasses
+import time
+
+import main
+from accounts.service import ADD_CREDIT
+from mapper import service as mapper
+
+CHUNK_SECONDS = 0.25
+INCR_DELAY = 1.0
+
+
+def _slow_credit(accounts, params, prepared):
+    time.sleep(CHUNK_SECONDS)
+    return ADD_CREDIT.apply(accounts, params, prepared)
+
+
+SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5)
+_maybe_finish = mapper._maybe_finish
+
+
+def _late_finish(job, returned, last_attempt):
+    if job.name == SLOW_CREDIT.name and returned:
+        time.sleep(INCR_DELAY)
+    return _maybe_finish(job, returned, last_attempt)
+
+
+mapper._maybe_finish = _late_finish
+
+
+def app():
+    application = main.create_app()
+    mapper.register(application, SLOW_CREDIT)
+    return application
