@@ -56,8 +56,12 @@ class Gunicorn:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
+            self.proc.terminate()  # gunicorn finishes the requests in flight (its graceful timeout is 30 s)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 @contextmanager
