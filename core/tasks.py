@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import re
+import threading
 
 ROUTE = "/api/tasks/{}"
 TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks accepts as a task id
@@ -99,13 +100,21 @@ class CloudTasksQueue:
     def __init__(self, project, location, queue, client=None, emulator_host=None):
         from google.cloud import tasks_v2  # only a process that enqueues needs it loaded
         self._tasks_v2 = tasks_v2
-        if client is None and emulator_host:
-            import grpc
-            from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
-            client = tasks_v2.CloudTasksClient(
-                transport=CloudTasksGrpcTransport(channel=grpc.insecure_channel(emulator_host)))
-        self.client = client or tasks_v2.CloudTasksClient()
-        self.parent = self.client.queue_path(project, location, queue)
+        self._client, self._emulator_host, self._lock = client, emulator_host, threading.Lock()
+        self.parent = tasks_v2.CloudTasksClient.queue_path(project, location, queue)
+
+    @property
+    def client(self):
+        """Built on first use, once per process: a process that never enqueues never looks for credentials."""
+        with self._lock:
+            if self._client is None:
+                transport = None
+                if self._emulator_host:
+                    import grpc
+                    from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
+                    transport = CloudTasksGrpcTransport(channel=grpc.insecure_channel(self._emulator_host))
+                self._client = self._tasks_v2.CloudTasksClient(transport=transport)
+            return self._client
 
     def enqueue(self, name, payload, task_name, delay=0):
         from google.api_core import exceptions
