@@ -106,6 +106,8 @@ class CloudTasksQueue:
     @property
     def client(self):
         """Built on first use, once per process: a process that never enqueues never looks for credentials."""
+        if self._client is not None:  # every enqueue after the first: no lock
+            return self._client
         with self._lock:
             if self._client is None:
                 transport = None

@@ -43,7 +43,7 @@ from google.cloud import tasks_v2
 from google.protobuf import timestamp_pb2
 
 from core.tasks import NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
-from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
+from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
 log = logging.getLogger("devstack.cloudtasks")
 
@@ -388,7 +388,12 @@ class LocalTasks:
 
     def env(self):
         """What the app reads to enqueue here (core/settings.py)."""
-        return {"CLOUD_TASKS_EMULATOR_HOST": self.host, "TASKS_LOCATION": self.location}
+        return self.env_at(self.port, self.location)
+
+    @staticmethod
+    def env_at(port, location="local"):
+        """The same for a server that will listen on `port` (an app built before its server starts)."""
+        return {"CLOUD_TASKS_EMULATOR_HOST": f"{LOOPBACK}:{port}", "TASKS_LOCATION": location}
 
     def start(self, timeout=30):
         command = [sys.executable, "-m", "devstack.cloudtasks", "--port", str(self.port), "--target", self.target,
@@ -397,22 +402,15 @@ class LocalTasks:
             command += ["--store", str(self.store)]
         self.proc = subprocess.Popen(command, env=dict(os.environ, TASKS_TOKEN=self.token), cwd=REPO,
                                      preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise DevstackError(f"the {self.name} did not start on port {self.port}")
-            time.sleep(0.05)
+        try:
+            _wait_listening(self.proc, self.port, timeout, f"the {self.name}")
+        except DevstackError:
+            self.stop()
+            raise
         return self
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _terminate(self.proc, timeout=10)
         self.proc = None
 
     def __enter__(self):

@@ -93,6 +93,28 @@ def _die_with_parent():
         pass  # not Linux: stop() still stops it
 
 
+def _wait_listening(proc, port, timeout, what):
+    """Until `proc` takes connections on loopback `port`; DevstackError naming `what` if it exits first or the time
+    runs out (the caller stops it)."""
+    deadline = time.monotonic() + timeout
+    while not _port_open(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise DevstackError(f"{what} did not start on port {port}")
+        time.sleep(0.05)
+
+
+def _terminate(proc, timeout):
+    """SIGTERM a child started in this session, SIGKILL if it is still there after `timeout` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _stop_group(proc, timeout=10):
     """Stop a child started in its own session, and everything it started (the emulator's java)."""
     if proc is None or proc.poll() is not None:

@@ -13,7 +13,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 from core.tasks import local_token
 from devstack.cloudtasks import LocalTasks
-from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _port_open, free_port
+from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
 
 def app_env(stack, secret, admins=None, tasks=None):
@@ -46,22 +46,15 @@ class Gunicorn:
 
     def wait_ready(self, timeout=60):
         """Until the server takes connections (a request sent before a worker has loaded the app waits for it)."""
-        deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise DevstackError(f"gunicorn did not start on port {self.port}")
-            time.sleep(0.1)
+        try:
+            _wait_listening(self.proc, self.port, timeout, "gunicorn")
+        except DevstackError:
+            self.stop()
+            raise
         return self
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()  # gunicorn finishes the requests in flight (its graceful timeout is 30 s)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _terminate(self.proc, timeout=20)  # gunicorn finishes the requests in flight (its graceful timeout is 30 s)
 
 
 @contextmanager
@@ -116,12 +109,11 @@ class _QuietHandler(WSGIRequestHandler):
 def served(make_app):
     """make_app(tasks_env) -> the app, served on a free loopback port on threads, with a local Cloud Tasks delivering
     to it; yields (app, url). `tasks_env`: the settings that point the app's queue at that server."""
-    port = free_port()
+    port, tasks_port = free_port(), free_port()
     url = f"http://{LOOPBACK}:{port}"
-    tasks = LocalTasks(url, token="")
-    app = make_app(tasks.env())
+    app = make_app(LocalTasks.env_at(tasks_port))
     rt = app.extensions["runtime"]
-    tasks.token = local_token(rt.settings.secret_key)
+    tasks = LocalTasks(url, local_token(rt.settings.secret_key), port=tasks_port)
     server = make_server(LOOPBACK, port, app, threaded=True, request_handler=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="served-app", daemon=True)
     thread.start()

@@ -339,6 +339,14 @@ def _maybe_finish(job, returned, last_attempt):
         _check_later(job.id, 1)
 
 
+def _outcome(status):
+    """How a job ends once every task has reported back: "failed" if one failed for good, "done" when every credit is
+    back; None while ranges are still out."""
+    if status.failed:
+        return "failed"
+    return "done" if status.returned == TOTAL_CREDIT else None
+
+
 def _check_later(job_id, number):
     """Enqueue the job's check task `number` (its name makes every caller's enqueue of it one task)."""
     delay = CHECK_DELAYS[number - 1] if number <= len(CHECK_DELAYS) else 60
@@ -351,8 +359,8 @@ def run_check(payload, attempt=0):
     if job is None or job.cancelled or job.finished:
         return {"skipped": "the job is gone, cancelled or finished"}
     current = _derive(job)
-    if current.returned == TOTAL_CREDIT or current.failed:
-        outcome = "failed" if current.failed else "done"
+    outcome = _outcome(current)
+    if outcome:
         _finalize(job, outcome, current)
         return {"finished": outcome}
     if payload["check"] < MAX_CHECKS:
@@ -406,10 +414,11 @@ def finish_job(job_id):
     if job.cancelled:
         raise Conflict("The job was cancelled.", "job_cancelled")
     current = _derive(job)
-    if not current.failed and current.returned < TOTAL_CREDIT:
+    outcome = _outcome(current)
+    if outcome is None:
         raise Conflict(f"The job is still running: {current.progress:.0%} of its key range has reported back.",
                        "job_running")
-    return _finalize(job, "failed" if current.failed else "done", current) or job.key.get()
+    return _finalize(job, outcome, current) or job.key.get()
 
 
 def job_dict(job):
