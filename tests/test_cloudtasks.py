@@ -123,8 +123,8 @@ def test_a_task_is_delivered_with_app_engine_headers_and_its_name_stays_taken(tm
 
 def test_failed_deliveries_are_retried_with_backoff_until_the_attempts_are_spent(tmp_path):
     target = Target(status=lambda n: 500 if n < 2 else 200)
-    config = {"rate": "50/s", "retry_parameters": {"task_retry_limit": 3, "min_backoff_seconds": 0.2,
-                                                   "max_backoff_seconds": 0.4}}
+    config = {"rate": "50/s", "retry_parameters": {"task_retry_limit": 3, "min_backoff_seconds": 0.3,
+                                                   "max_backoff_seconds": 0.6}}
     try:
         with LocalTasks(target.url, TOKEN, queue_yaml=_queue_yaml(tmp_path, **config)) as server:
             queue = _queue(server)
@@ -133,7 +133,8 @@ def test_failed_deliveries_are_retried_with_backoff_until_the_attempts_are_spent
             attempts = target.of("third-time-lucky")
             assert [d["headers"][tasks.RETRY_HEADER] for d in attempts] == ["0", "1", "2"]
             gaps = [b["at"] - a["at"] for a, b in zip(attempts, attempts[1:], strict=False)]
-            assert 0.18 <= gaps[0] < 0.39 and 0.38 <= gaps[1] < 1.0, gaps  # 0.2 s, then doubled to 0.4 s
+            # 0.3 s, then doubled to 0.6 s. Lower bounds only, upper ones loose: a loaded machine delays, never hastens.
+            assert 0.28 <= gaps[0] < 3 and 0.58 <= gaps[1] < 3, gaps
             target.status = lambda n: 503
             queue.enqueue("h", {}, "never")
             wait_until(lambda: len(target.of("never")) == 3, "three attempts")
@@ -170,13 +171,14 @@ def test_tasks_wait_for_their_time_and_outlive_a_restart_of_the_server(tmp_path)
         with LocalTasks(down, TOKEN, store=store, queue_yaml=_queue_yaml(tmp_path, rate="50/s")) as server:
             queue = _queue(server)
             queue.enqueue("h", {"n": 1}, "kept")
+            enqueued = time.monotonic()
             queue.enqueue("h", {"n": 2}, "later", delay=2)
             time.sleep(0.5)
         with LocalTasks(target.url, TOKEN, store=store, queue_yaml=_queue_yaml(tmp_path, rate="50/s")) as server:
-            restarted = time.monotonic()
             wait_until(lambda: target.of("kept") and target.of("later"), "both tasks after the restart")
             assert int(target.of("kept")[0]["headers"][tasks.RETRY_HEADER]) >= 1  # its failed attempts counted
-            assert target.of("later")[0]["at"] - restarted >= 0.8  # not before its schedule_time
+            # Not before its schedule_time, however long the stop and the start took (CI once spent 1.3 s in them).
+            assert target.of("later")[0]["at"] - enqueued >= 1.9
             with pytest.raises(exceptions.AlreadyExists):  # names survive the restart with the tasks
                 _client(server).create_task(parent=_queue(server).parent, task={
                     "name": f"{_queue(server).parent}/tasks/kept", "app_engine_http_request": {"relative_uri": "/x"}})
