@@ -510,13 +510,16 @@ class OwnedCounters:
         (a mapper's chunks) rarely meet on one; they commit or abort with the caller's writes, so no add is lost or
         made twice."""
         name = self.name(short)
-        config = ndb.Key(CounterConfig, name).get()
+        # retries=0, as in `attempt`: a lookup that meets a shard locked by another transaction fails at once, and the
+        # caller's `transact` retries the whole transaction after a short jittered wait (ndb's own retry of the lookup
+        # waits 1 s, then 2, then 4: most of a mapper delivery's time on the legacy emulator).
+        config = ndb.Key(CounterConfig, name).get(retries=0)
         writes = []
         if config is None:
             config = CounterConfig(id=name, mode="adaptive", num_shards=DEFAULT_SHARDS["adaptive"], listed=False)
             writes.append(config)
         key = CounterShard.key_for(name, random.randrange(config.num_shards))
-        shard = key.get() or CounterShard(key=key)
+        shard = key.get(retries=0) or CounterShard(key=key)
         shard.count += delta
         writes.append(shard)
         ndb.get_context().call_on_commit(lambda: runtime.cache().delete(_total_cache_key(name)))

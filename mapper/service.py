@@ -222,7 +222,9 @@ def _process(job, job_def, record, payload):
     prepared = job_def.prepare(page, job.params) if job_def.prepare else None
     chunks = [page[i:i + job_def.chunk] for i in range(0, len(page), job_def.chunk)] or [[]]
     def txn(record, chunk, expected, final):
-        current, *entities = ndb.get_multi([record.key] + chunk)  # one lookup for the record and the chunk
+        # One lookup for the record and the chunk. retries=0: on a locked entity it fails at once and `transact` tries
+        # the chunk again after a short wait, not after ndb's lookup retry (1 s, 2 s, 4 s).
+        current, *entities = ndb.get_multi([record.key] + chunk, retries=0)
         if current is None and not expected and record.page_end is None:  # no delivery has written it yet
             current = _new_record(record.key, job, payload)
         elif current is None or current.state != "running" or current.last_key != expected:
@@ -266,7 +268,7 @@ def _split(job, payload, page_start, page_end, hi, credit):
 
 def _fail(job, record_key, payload, error):
     def txn():
-        record = record_key.get() or _new_record(record_key, job, payload)
+        record = record_key.get(retries=0) or _new_record(record_key, job, payload)
         record.state, record.error = "failed", f"{type(error).__name__}: {error}"[:2000]
         record.put()
     transact(txn)
@@ -374,7 +376,7 @@ def _finalize(job, outcome, status=None):
     status = status or _derive(job)
 
     def txn():
-        current = job.key.get()
+        current = job.key.get(retries=0)
         if current.finished or current.cancelled:
             return None
         current.finished, current.outcome = clock.now(), outcome
@@ -445,7 +447,7 @@ def cancel_job(job_id):
     key = get_job(job_id).key
 
     def txn():
-        job = key.get()
+        job = key.get(retries=0)
         if job.finished:
             raise Conflict("The job has finished already.", "job_finished")
         job.cancelled = True
