@@ -73,6 +73,23 @@ def instances(env, count, workers=1, threads=8):
         yield servers
 
 
+@contextmanager
+def queued(stack, secret, admins="", workers=2, threads=8, app="main:app", **env):
+    """The deployed shape on loopback: gunicorn (`workers` processes of `threads` threads) serving `app` on `stack`,
+    its tasks in devstack's local Cloud Tasks (queue.yaml's rate, concurrency and retries), outside its processes.
+    `env` adds to the app's environment. Yields the Gunicorn, warmed up; the tasks stop before it, so that nothing is
+    delivered to a server that is going away."""
+    port = free_port()
+    with ExitStack() as stop:
+        tasks = LocalTasks(f"http://{LOOPBACK}:{port}", local_token(secret))
+        server = Gunicorn(dict(app_env(stack, secret, admins=admins, tasks=tasks), **env), port, app=app,
+                          workers=workers, threads=threads, output=subprocess.DEVNULL)
+        stop.callback(server.stop)
+        stop.enter_context(tasks)
+        _warm(server.url, workers * threads)
+        yield server
+
+
 def _warm(url, requests_at_once):
     """Requests to every worker of a server at once, so that each has loaded the app before anything is timed."""
     with concurrent.futures.ThreadPoolExecutor(requests_at_once) as pool:

@@ -4,10 +4,8 @@ writes and of a mapper job, the emulator frozen, the cache restarted or frozen w
 invariant from the stored data, not from the answers alone, and is bounded in time.
 """
 import concurrent.futures
-import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -19,11 +17,8 @@ from google.cloud import ndb
 
 from accounts.models import Account
 from blog.models import BlogEntry, BlogIndex
-from core.tasks import local_token
 from counters import service as counters
-from devstack.cloudtasks import LocalTasks
-from devstack.services import free_port
-from devstack.serving import Gunicorn, _warm, app_env, signed_in, wait_until
+from devstack.serving import queued, signed_in, wait_until
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
 from tests.support import make_app, running
 
@@ -58,18 +53,10 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(stack):
     namespace = f"c{uuid.uuid4().hex[:12]}"  # the server outlives any one test: a namespace of its own
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with contextlib.ExitStack() as stop:
-        tasks = LocalTasks(url, local_token(SECRET))
-        env = dict(app_env(stack, SECRET, admins=ADMIN, tasks=tasks), DATASTORE_NAMESPACE=namespace)
-        server = Gunicorn(env, port, app="tests.crashapp:app()", workers=2, output=subprocess.DEVNULL)
-        stop.callback(server.stop)
-        stop.enter_context(tasks)  # stopped first: no deliveries to a server that is going away
-        _warm(url, 16)
+    with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", DATASTORE_NAMESPACE=namespace) as server:
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
         with running(app):
-            fleet = Fleet(url, server, app, stack)
+            fleet = Fleet(server.url, server, app, stack)
             _seed_accounts(fleet)
             yield fleet
 
