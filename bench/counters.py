@@ -204,7 +204,7 @@ variants side by side in each round, their order rotating from round to round; f
 increments that gave up (ndb's after its 3 retries; `txn` after 10 attempts; the app's counters after 100), summed
 over the rounds; `attempts/commit` is not known for the retries inside ndb's and `transact`'s loops. The app's
 counters take a transaction per increment on legacy and a blind server-side increment on Firestore
-(counters/service.py, `_shard_adder`). {harness.BILL_NOTE}
+(counters/writes.py, one ShardWriter per backend). {harness.BILL_NOTE}
 
 {chr(10).join(sections)}"""
     chart(meds)

@@ -1,5 +1,5 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
-import datetime
+import contextlib
 import logging
 import os
 import random
@@ -10,8 +10,10 @@ from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
+from google.cloud.ndb import model as ndb_model
 
-from core import appstats
+from core import costs
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +21,7 @@ log = logging.getLogger(__name__)
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 
 
-def is_contention(error):
+def is_contention(error: BaseException) -> bool:
     """True when `error` means "collided, try the transaction again". ndb retries a failing RPC itself and then
     raises RetryError with the last error as its cause: contention when that cause is, but when it is an unreachable
     Datastore, retrying whole transactions would only make the user wait longer for the 503."""
@@ -28,15 +30,15 @@ def is_contention(error):
     return isinstance(error, CONTENTION_ERRORS)
 
 
-def backoff(attempt, base, cap):
+def backoff(attempt: int, base: float, cap: float) -> None:
     """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
     together must not all come back together."""
     time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
 
 
-def make_client(settings):
+def make_client(settings: Settings) -> ndb.Client:
     """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
-    the request that made it (core/appstats.py)."""
+    the request that made it (core/costs.py)."""
     if not settings.emulator_host:
         return _counted(ndb.Client(project=settings.project, namespace=settings.namespace))
     # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
@@ -54,26 +56,26 @@ def make_client(settings):
             os.environ["DATASTORE_EMULATOR_HOST"] = saved
 
 
-def _counted(client):
+def _counted(client: ndb.Client) -> ndb.Client:
     """The client, its RPCs sent through an intercepted copy of its own channel. ndb makes every call through
     `client.stub`, the Datastore transport it built on that channel; the replacement is the same transport class on
     the same channel, intercepted (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
-    client.stub = DatastoreGrpcTransport(host=client.host, channel=appstats.intercepted(client.stub.grpc_channel))
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=costs.intercepted(client.stub.grpc_channel))
     return client
 
 
-def make_api(settings):
+def make_api(settings: Settings) -> datastore_v1.DatastoreClient:
     """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process, its RPCs
     counted like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
                else DatastoreGrpcTransport.create_channel())
-    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=appstats.intercepted(channel)))
+    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=costs.intercepted(channel)))
 
 
 class DatastoreApi:
     """The Datastore API beside ndb, for what ndb does not offer; `api` is the process's client (make_api)."""
 
-    def __init__(self, settings, api=None):
+    def __init__(self, settings: Settings, api: datastore_v1.DatastoreClient | None = None) -> None:
         self.project = settings.project
         self.namespace = settings.namespace or ""
         self.api = api or make_api(settings)
@@ -87,7 +89,7 @@ class Aggregations(DatastoreApi):
     Datastore emulator (like Datastore before Firestore) has no such query: it answers 501 UNIMPLEMENTED.
     """
 
-    def count_and_sum(self, kind, prop):
+    def count_and_sum(self, kind: str, prop: str) -> tuple[int, int]:
         """(entities of `kind`, the sum of their `prop`) in the app's namespace; MethodNotImplemented on legacy."""
         aggregation = datastore_v1.AggregationQuery.Aggregation
         request = datastore_v1.RunAggregationQueryRequest(
@@ -110,17 +112,16 @@ class ServerIncrements(DatastoreApi):
 
     A blind increment reads nothing, so it takes no lock: under Firestore's pessimistic concurrency a read-modify-write
     transaction on a busy entity waits for the lock and then fails ("Transaction lock timeout"), while increments
-    keep committing (measured on the Firestore emulator: 8 writers on one entity, about 0.3 transactions/s against
-    1,130 blind increments/s, exact). All mutations of one commit apply together or not at all, so an insert beside
-    the increment (an idempotency marker) makes it happen at most once: a second commit with the same marker fails
-    with ALREADY_EXISTS and changes nothing.
+    keep committing (bench/results/counters.md, Firestore: the `txn` rows against the app's counters). All mutations
+    of one commit apply together or not at all, so an insert beside the increment (an idempotency marker) makes it
+    happen at most once: a second commit with the same marker fails with ALREADY_EXISTS and changes nothing.
 
     The legacy Datastore emulator accepts such a commit and silently drops the increment (and the masked upsert wipes
     the entity's other properties): it is never sent there (`Settings.backend`), and every commit is checked for the
     transform's result, so an increment the backend did not apply is never counted.
     """
 
-    def _key(self, key):
+    def _key(self, key: ndb.Key) -> datastore_v1.Key:
         """An ndb key as the Datastore API's."""
         path = [datastore_v1.Key.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else
                                                             {"name": ident}))
@@ -128,20 +129,15 @@ class ServerIncrements(DatastoreApi):
         return datastore_v1.Key(partition_id=datastore_v1.PartitionId(project_id=self.project,
                                                                    namespace_id=key.namespace() or ""), path=path)
 
-    def _value(self, value):
-        if isinstance(value, datetime.datetime):
-            return datastore_v1.Value(timestamp_value=value, exclude_from_indexes=True)
-        return datastore_v1.Value(string_value=value, exclude_from_indexes=True)
-
-    def commit(self, key, field, delta=1, insert=None):
-        """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert
-        `insert` = (key, {property: str or datetime}) in the same commit when given. The field's new value.
-        AlreadyExists when `insert`'s entity exists already (then nothing was written)."""
+    def commit(self, key: ndb.Key, field: str, delta: int = 1, insert: ndb.Model | None = None) -> int:
+        """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert the
+        ndb entity `insert` in the same commit when given (serialized by ndb itself, so it is stored exactly as a
+        `put` of it would be). The field's new value. AlreadyExists when `insert`'s entity exists already (then
+        nothing was written)."""
         mutations = []
         if insert is not None:
-            insert_key, properties = insert
-            mutations.append(datastore_v1.Mutation(insert=datastore_v1.Entity(
-                key=self._key(insert_key), properties={k: self._value(v) for k, v in properties.items()})))
+            insert._prepare_for_put()  # auto_now_add and the like, as put() fills them
+            mutations.append(datastore_v1.Mutation(insert=ndb_model._entity_to_protobuf(insert)))
         mutations.append(datastore_v1.Mutation(
             upsert=datastore_v1.Entity(key=self._key(key)),
             # An upsert that changes no property but the transformed one.
@@ -162,12 +158,13 @@ class Datastore:
     """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
     increments."""
 
-    def __init__(self, client, global_cache=None, increments=None, aggregations=None):
+    def __init__(self, client: ndb.Client, global_cache: ndb.GlobalCache | None = None,
+                 increments: ServerIncrements | None = None, aggregations: Aggregations | None = None) -> None:
         self.client = client
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None
         self.aggregations = aggregations  # COUNT and SUM queries (the backend may refuse them)
 
-    def context(self):
+    def context(self) -> contextlib.AbstractContextManager[ndb.Context]:
         """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""
         return self.client.context(global_cache=self.global_cache)

@@ -1,4 +1,5 @@
-"""Sharded counters, the first lesson: service.py (the operations), models.py, views.py (pages and /api/counters).
+"""Sharded counters, the first lesson: service.py (the operations; its parts beside it: names, configs, writes,
+growth, totals), models.py, views.py (pages and /api/counters), demo.py (demo content, the admin's burst).
 
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
@@ -11,6 +12,8 @@ def init_app(app):
     features.add(app, features.Feature(
         name="counters", nav=("counters.index", "Counters"),
         lesson=features.Lesson(
-            slug="counters", title="1. Sharded counters", sources=("counters/service.py", "counters/models.py"),
+            slug="counters", title="1. Sharded counters",
+            sources=("counters/service.py", "counters/writes.py", "counters/growth.py", "counters/totals.py",
+                     "counters/models.py"),
             figure=demo.figure, card="counters/_lesson.html", caveats=production.CAVEATS),
         seed=demo.seed))

@@ -1,8 +1,12 @@
-"""The counters' demo content for a fresh `make run`, and the live figure of their lesson on the tour."""
+"""The counters' demo: content for a fresh `make run`, an admin's burst of increments (contention on demand), and the
+live figure of their lesson on the tour."""
+from core import runtime, validate
 from counters import service
 from counters.models import CounterConfig
 
 TOUR_COUNTER = "likes"  # the adaptive demo counter: its shards show the lesson
+BURST_MAX_WRITERS = 32
+BURST_MAX_INCREMENTS = 500
 
 
 def seed():
@@ -16,7 +20,7 @@ def seed():
         for _ in range(times):
             service.increment(name)
     # Concurrent, so the adaptive counter has (almost surely) grown by the time anyone looks.
-    service.burst(TOUR_COUNTER, 32, 320)
+    burst(TOUR_COUNTER, 32, 320)
     for _ in range(30):
         service.increment_simple()
     return True
@@ -29,3 +33,17 @@ def figure():
         return None
     total = service.get_total(TOUR_COUNTER, config)
     return {"name": TOUR_COUNTER, "count": total.count, "num_shards": config.num_shards, "cached": total.cached}
+
+
+def burst(name: str, writers: int, increments: int) -> tuple[int, int, int]:
+    """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
+    watch an adaptive counter grow. Each thread has its own ndb context, as each request would.
+    Returns (increments, attempts, num_shards afterwards)."""
+    validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
+    validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
+    service.require_config(name)
+    shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
+    batches = runtime.current().map_in_threads(
+        lambda count: [service.increment(name).attempts for _ in range(count)], shares)
+    attempts = [a for batch in batches for a in batch]
+    return len(attempts), sum(attempts), service.get_config(name).num_shards

@@ -4,7 +4,7 @@ from flask import Blueprint, flash, jsonify, redirect, render_template, request,
 from core import identity
 from core.errors import Unprocessable
 from core.web import json_body
-from counters import service
+from counters import demo, service
 
 bp = Blueprint("counters", __name__)
 
@@ -85,7 +85,7 @@ def shards_form(name):
 def burst_form(name):
     """Admin: many concurrent increments at once, to watch contention and growth."""
     identity.require_admin()
-    done, attempts, num_shards = service.burst(name, _form_int("writers"),
+    done, attempts, num_shards = demo.burst(name, _form_int("writers"),
                                                _form_int("increments"))
     flash(f"{name}: {done} increments from {request.form['writers']} writers took {attempts / done:.2f} attempts "
           f"each; it has {num_shards} shards now.", "info")
@@ -138,7 +138,7 @@ def api_burst(name):
     """Admin: {"writers": 1..32, "increments": 1..500} concurrent increments."""
     identity.require_admin()
     data = json_body()
-    done, attempts, num_shards = service.burst(name, data.get("writers"), data.get("increments"))
+    done, attempts, num_shards = demo.burst(name, data.get("writers"), data.get("increments"))
     return jsonify(name=name, increments=done, attempts=attempts, num_shards=num_shards)
 
 

@@ -2,6 +2,7 @@
 applied by Firestore in Datastore mode and never counted where the backend drops them (the legacy emulator); only
 the legacy emulator limits a transaction to 25 entity groups; only Firestore answers aggregation queries."""
 import concurrent.futures
+import datetime
 import uuid
 
 import pytest
@@ -17,7 +18,7 @@ from tests.support import running, settings_for
 
 def _app(stack):
     namespace = f"t{uuid.uuid4().hex[:16]}"
-    return create_app({"TESTING": True, "SETTINGS": settings_for(stack, DATASTORE_NAMESPACE=namespace)})
+    return create_app(settings_for(stack, DATASTORE_NAMESPACE=namespace), TESTING=True)
 
 
 def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happen_once(firestore_stack):
@@ -31,12 +32,14 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
                 values = list(pool.map(lambda _: increments.commit(key, "count"), range(80)))
             assert sorted(values) == list(range(6, 86))  # each commit saw its own increment applied
             assert key.get(use_cache=False).count == 85
-            marker = (AppliedIncrement.key_for("blind", "k1"), {"token": "mine", "created": "x"})
+            marker = AppliedIncrement(key=AppliedIncrement.key_for("blind", "k1"), token="mine")
             assert increments.commit(key, "count", 1, insert=marker) == 86
             with pytest.raises(core_exceptions.AlreadyExists):
                 increments.commit(key, "count", 1, insert=marker)
             assert key.get(use_cache=False).count == 86  # the refused commit wrote nothing
-            assert AppliedIncrement.key_for("blind", "k1").get(use_cache=False).token == "mine"
+            stored = AppliedIncrement.key_for("blind", "k1").get(use_cache=False)
+            # stored as a put() of the model would store it: its token, and its auto_now_add date for the TTL policy
+            assert stored.token == "mine" and isinstance(stored.created, datetime.datetime)
 
 
 def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):

@@ -6,7 +6,7 @@ from google.cloud import ndb
 
 from core import runtime
 from core.errors import BadInput, Conflict, Unprocessable
-from counters import service
+from counters import growth, service, totals
 from counters.models import CounterConfig, CounterShard, SimpleCounterShard
 from tests.support import in_threads
 
@@ -70,7 +70,7 @@ def test_cached_total_follows_increments(ndb_context):
 
 
 def test_cached_total_is_rebuilt_after_expiry(ndb_context, monkeypatch):
-    monkeypatch.setattr(service, "TOTAL_LIFETIME", 1)
+    monkeypatch.setattr(totals, "TOTAL_LIFETIME", 1)
     for _ in range(3):
         service.increment("short")
     assert service.get_total("short") == service.Total(3, False)
@@ -128,7 +128,7 @@ def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_cont
 
 def test_adaptive_growth_stops_at_the_cap(ndb_context):
     service.configure("capped", "adaptive", service.ADAPTIVE_MAX_SHARDS)
-    assert service._grow("capped", service.ADAPTIVE_MAX_SHARDS, 4) == service.ADAPTIVE_MAX_SHARDS
+    assert growth.grow("capped", service.ADAPTIVE_MAX_SHARDS, 4) == service.ADAPTIVE_MAX_SHARDS
     assert service.get_config("capped").num_shards == service.ADAPTIVE_MAX_SHARDS
 
 
@@ -190,7 +190,7 @@ def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
 
 
 def test_contention_window_grows_only_on_lasting_contention():
-    window, n = service.ContentionWindow(), service.ContentionWindow.WINDOW
+    window, n = growth.ContentionWindow(), growth.ContentionWindow.WINDOW
     assert [window.observe("w", 1, i == 0) for i in range(n)] == [0] * n  # one collision in a window: noise
     assert [window.observe("w", 1, i % 3 == 0) for i in range(n)] == [0] * (n - 1) + [2]  # a third: double
     # The verdict asked for 2 shards: attempts still reported at 1 are from before the growth and are ignored.
@@ -203,9 +203,9 @@ def test_contention_window_grows_only_on_lasting_contention():
 
 def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     service.configure("steps", "adaptive")
-    assert service._grow("steps", 1, 4) == 4
-    assert service._grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
-    assert service._grow("steps", 4, 2) == 8
+    assert growth.grow("steps", 1, 4) == 4
+    assert growth.grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
+    assert growth.grow("steps", 4, 2) == 8
     assert service.get_config("steps").num_shards == 8
 
 

@@ -1,0 +1,121 @@
+"""Reading counters: shard counts by key in one batch, totals from the cache (or summed from the shards and then
+cached), the public list, and the counters page's one round trip."""
+import itertools
+from dataclasses import dataclass
+
+from google.cloud import ndb
+
+from core import runtime
+from counters.models import CounterConfig, CounterShard, SimpleCounterShard
+from counters.names import OWNER_SEPARATOR, total_cache_key, validate_name
+
+SIMPLE_SHARDS = 20
+TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
+LIST_LIMIT = 100
+
+
+@dataclass
+class Total:
+    count: int
+    cached: bool
+
+
+def simple_key(index: int) -> ndb.Key:
+    return ndb.Key(SimpleCounterShard, f"shard-{index}")
+
+
+def simple_shard_counts() -> list[int]:
+    """The count of each of the talk's twenty shards, read by key in one batch."""
+    shards = ndb.get_multi([simple_key(i) for i in range(SIMPLE_SHARDS)])
+    return [s.count if s else 0 for s in shards]
+
+
+def shard_counts_many(configs: list[CounterConfig]) -> list[list[int]]:
+    """Each shard's count for each counter, all read by key in one batch: strongly consistent (unlike a query on a
+    counter-name property), and one round trip however many counters a page shows."""
+    keys = [CounterShard.key_for(c.name, i) for c in configs for i in range(c.num_shards)]
+    shards = iter(ndb.get_multi(keys))
+    return [[s.count if s else 0 for s in itertools.islice(shards, c.num_shards)] for c in configs]
+
+
+def shard_counts(config: CounterConfig) -> list[int]:
+    return shard_counts_many([config])[0]
+
+
+def cached_totals(names: list[str], configs: dict | None = None,
+                  with_shards: bool = False) -> dict[str, tuple[Total, list[int] | None]]:
+    """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one cache round
+    trip, the rest summed from their shards in one Datastore batch (by key: strongly consistent, no query) and then
+    cached. `configs` ({name: config or None}) when the caller has them; else the missing ones are read by key in one
+    batch. `with_shards` reads every counter's shards in that batch, and missing totals come from the same read.
+
+    A counter that was never created counts 0, and that 0 is cached too: otherwise every page listing entries without
+    comments would ask Datastore for the missing configs again (ndb's global cache does not keep misses). Its first
+    increment incrs the cached 0 after committing, as for any cached total.
+
+    `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting it
+    with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's
+    shard read and its `add`, or whose `incr` is lost to a frozen cache, is missing from the cached value until it
+    expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts` or `exact_totals`.
+    """
+    cache = runtime.cache()
+    keys = {name: total_cache_key(name) for name in names}
+    cached = cache.get_many(list(keys.values()))
+    to_sum = [n for n in names if with_shards or keys[n] not in cached]
+    if configs is None:
+        read = ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]) if to_sum else []
+        configs = dict(zip(to_sum, read, strict=True))
+    existing = [configs[n] for n in to_sum if configs.get(n) is not None]
+    shards = dict(zip((c.name for c in existing), shard_counts_many(existing), strict=True))
+    result = {}
+    for name in names:
+        if keys[name] in cached:
+            total = Total(int(cached[keys[name]]), True)
+        else:
+            total = Total(sum(shards.get(name, ())), False)
+            cache.add(keys[name], total.count, expire=TOTAL_LIFETIME)
+        result[name] = (total, shards.get(name) if with_shards else None)
+    return result
+
+
+def get_total(name: str, config: CounterConfig | None = None) -> Total:
+    """The counter's total: from the cache when cached, else the sum of its shards (then cached for a minute).
+    Without `config`, the config is read only when the total is not cached (and then, like any counter a total is
+    asked of, one that was never created counts 0)."""
+    return cached_totals([validate_name(name)], None if config is None else {name: config})[name][0]
+
+
+def exact_totals(names: list[str]) -> dict[str, int]:
+    """{name: total} summed from the shards, never from the cache, 0 for a counter never created: for a repair job
+    that compares a counter with the truth."""
+    configs = [c for c in ndb.get_multi([ndb.Key(CounterConfig, n) for n in names]) if c is not None]
+    summed = {c.name: sum(counts) for c, counts in zip(configs, shard_counts_many(configs), strict=True)}
+    return {n: summed.get(n, 0) for n in names}
+
+
+def _listed_configs(limit):
+    """The first `limit` public counters' configs by name. A query, eventually consistent: a counter created a moment
+    ago may be missing for a moment. Equality on one property ordered by key needs no composite index: the property's
+    built-in index is sorted that way. A feature's own counters are created unlisted; the name check keeps them out
+    even if one ever were not."""
+    return [c for c in CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
+            if OWNER_SEPARATOR not in c.name]
+
+
+def list_counters(limit: int = LIST_LIMIT, with_shards: bool = False) -> list[tuple]:
+    """The first `limit` public counters by name as (config, total, shard counts or None), totals as
+    `cached_totals` reads them."""
+    configs = _listed_configs(limit)
+    totals = cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards)
+    return [(c, *totals[c.name]) for c in configs]
+
+
+def counters_page(limit: int = LIST_LIMIT) -> tuple[list[tuple], list[int]]:
+    """What the counters page shows: the public counters with every shard and the simple counter's twenty shards,
+    all the shards read in one Datastore batch. ndb sends every key asked for before its event loop next runs as one
+    Lookup: the simple shards are asked for (not awaited) after the configs' query, so they travel with the counters'
+    shards; nothing between runs the event loop (the cache's round trip is not ndb's)."""
+    configs = _listed_configs(limit)
+    simple = ndb.get_multi_async([simple_key(i) for i in range(SIMPLE_SHARDS)])
+    totals = cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards=True)
+    return [(c, *totals[c.name]) for c in configs], [s.count if s else 0 for s in (f.result() for f in simple)]
