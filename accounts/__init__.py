@@ -1,13 +1,13 @@
 """Accounts, the mapper's demo kind: seeding many (in tasks), their summary, and the add_credit job.
 service.py, models.py, views.py (/accounts and /api/accounts)."""
 from accounts import demo, service, views
-from core import features
+from core import features, runtime
 from mapper import service as mapper
 
 
 def init_app(app):
     app.register_blueprint(views.bp)
-    app.extensions["runtime"].tasks.register(service.SEED_HANDLER, service.seed_batch)
+    runtime.of(app).tasks.register(service.SEED_HANDLER, service.seed_batch)
     mapper.register(app, service.ADD_CREDIT)
     mapper.register(app, service.AUDIT)
     features.add(app, features.Feature(name="accounts", nav=("accounts.index", "Accounts"), seed=demo.seed))

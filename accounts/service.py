@@ -114,7 +114,7 @@ def _start_credit(params):
     return _credit_params(params)
 
 
-ADD_CREDIT = mapper.Job(
+ADD_CREDIT = mapper.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
     apply=_credit, parse_params=_start_credit, fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK)
@@ -134,7 +134,7 @@ def _record_audit(job):
                   found_balance=tally.get(BALANCE, 0), kept_count=kept[COUNT], kept_balance=kept[BALANCE]).put()
 
 
-AUDIT = mapper.Job(
+AUDIT = mapper.JobDefinition(
     name="audit_accounts", kind="Account", title="Audit the accounts' summary",
     description="Counts every account and sums their balances (in parallel, each account once) and compares the "
                 "result with the figures the app keeps. Exact when nothing seeds or credits meanwhile.",

@@ -145,7 +145,7 @@ def _recount_apply(entries, params, deltas):
     return writes
 
 
-RECOUNT = mapper.Job(
+RECOUNT = mapper.JobDefinition(
     name="recount_comments", kind="BlogEntry", title="Recount comment counters",
     description="Sets every entry's comment counter to the number of its comments (counts are best effort: a process "
                 "that dies between a comment and its +1 leaves the counter one short). Exact when nobody comments "

@@ -1,9 +1,11 @@
-"""Mapper entities: a job, and one record per task of its tree.
+"""Mapper data: a job's run and one record per task of its tree (entities), and what a task is given (TaskPayload).
 
 No entity is written by many tasks: the job is written when it starts, when it ends and when it is cancelled; each
 task writes only its own record (a root entity, its own entity group). The job's state and progress are derived from
 the records, so a thousand tasks finishing at once contend on nothing.
 """
+import dataclasses
+
 from google.cloud import ndb
 
 # A job's credit: the root task holds all of it; a task that splits hands its credit to its children, a task that does
@@ -12,8 +14,69 @@ from google.cloud import ndb
 TOTAL_CREDIT = 2 ** 62
 
 
+JOB_OUTCOMES = ("done", "failed")
+RECORD_STATES = ("running", "done", "failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPayload:
+    """What one task of a job's tree is given (its body in the queue, as JSON): the job's id, the task's path in the
+    tree ("0", "0-2", "0-2-1": the root, its third child, ...), its key range (lo, hi] as urlsafe keys (lo None: from
+    the kind's first key), and its credit."""
+    job: str
+    task: str
+    lo: str | None
+    hi: str | None
+    credit: int
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TaskPayload":
+        return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"), credit=data["credit"])
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def name(self) -> str:
+        """The task's name in the queue, and its record's key name."""
+        return f"{self.job}-{self.task}"
+
+    @property
+    def depth(self) -> int:
+        return self.task.count("-")
+
+    @property
+    def lo_key(self) -> ndb.Key | None:
+        return _key(self.lo)
+
+    @property
+    def hi_key(self) -> ndb.Key | None:
+        return _key(self.hi)
+
+    def child(self, index: int, lo: ndb.Key, hi: ndb.Key, credit: int) -> "TaskPayload":
+        return TaskPayload(self.job, f"{self.task}-{index}", lo.urlsafe().decode(), hi.urlsafe().decode(), credit)
+
+
+def summed(tally: dict, more: dict) -> dict:
+    """Two tallies ({name: whole number}) added name by name."""
+    return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
+
+
+def _key(urlsafe):
+    return ndb.Key(urlsafe=urlsafe.encode()) if urlsafe else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """The page a task fixed on its first delivery: its first and last keys, and whether keys remained after it."""
+    start: ndb.Key | None
+    end: ndb.Key | None
+    more: bool
+
+
 class MapperJob(ndb.Model):
-    """A run of a registered job over every entity of its kind; key name is the job's id.
+    """A run of a registered job (mapper.service.JobDefinition) over every entity of its kind; key name is the run's
+    id.
 
     Read by key by every task (the ndb global cache serves it from memcached); written three times at most.
     """
@@ -27,7 +90,7 @@ class MapperJob(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
-    outcome = ndb.TextProperty()  # "done" or "failed", set with `finished`
+    outcome = ndb.TextProperty(choices=JOB_OUTCOMES)  # set with `finished`
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
 
     @property
@@ -47,7 +110,7 @@ class TaskRecord(ndb.Model):
     job = ndb.StringProperty(required=True)
     depth = ndb.IntegerProperty(required=True, indexed=False)
     credit = ndb.IntegerProperty(required=True, indexed=False)
-    state = ndb.TextProperty(default="running")  # running | done | failed
+    state = ndb.TextProperty(default="running", choices=RECORD_STATES)
     page_end = ndb.KeyProperty(indexed=False)  # the last key of this task's page, fixed by its first chunk
     page_start = ndb.KeyProperty(indexed=False)  # and its first: how densely keys lie here, for splitting
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
@@ -59,3 +122,28 @@ class TaskRecord(ndb.Model):
     error = ndb.TextProperty()
     started = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
     updated = ndb.DateTimeProperty(auto_now=True, indexed=False)
+
+    @classmethod
+    def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
+        return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit)
+
+    @property
+    def page(self) -> Page | None:
+        return Page(self.page_start, self.page_end, self.more) if self.page_end is not None else None
+
+    def advance(self, page: Page, chunk: list, processed: int, tally: dict | None = None,
+                children: list[TaskPayload] | None = None) -> None:
+        """Move this record past `chunk`, inside that chunk's transaction: the page fixed (by its first chunk), the
+        chunk's last key, `processed` entities more (those of the chunk that still existed), their `tally` added.
+        `children` when it was the page's last chunk: the record is done, and returns its credit unless it split
+        (then its children hold the credit)."""
+        if self.page_end is None:
+            self.page_start, self.page_end, self.more = page.start, page.end, page.more
+        if chunk:
+            self.last_key = chunk[-1]
+        self.processed += processed
+        if tally:
+            self.tally = summed(self.tally or {}, tally)
+        if children is not None:
+            self.state, self.children = "done", [c.to_json() for c in children]
+            self.returned = 0 if children else self.credit

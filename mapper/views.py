@@ -28,8 +28,8 @@ def start_form():
     """Start a job from its form."""
     identity.require_admin()
     name = request.form.get("name")
-    job_def = service.registered().get(name)
-    params = {field: request.form.get(field) for field, _, _ in (job_def.fields if job_def else ())}
+    definition = service.registered().get(name)
+    params = {field: request.form.get(field) for field, _, _ in (definition.fields if definition else ())}
     job, page = submit_form(lambda: service.start_job(name, params), _jobs_page)
     return page or redirect(url_for("mapper.job", job_id=job.id))
 
@@ -39,7 +39,7 @@ def job(job_id):
     """One job: a progress bar that follows the job live, its processed count, tasks, tree depth and time."""
     job = service.get_job(job_id)
     return render_template("mapper/job.html", job=service.job_dict(job),
-                           job_def=service.registered().get(job.name))
+                           definition=service.registered().get(job.name))
 
 
 @bp.post("/jobs/<job_id>/finish")

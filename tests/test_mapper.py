@@ -191,9 +191,9 @@ def _flaky_credit(accounts, params, prepared):
 
 
 DONE = []
-TEST_JOBS = (service.Job(name="test_flaky_credit", kind="Account", title="t", description="t",
+TEST_JOBS = (service.JobDefinition(name="test_flaky_credit", kind="Account", title="t", description="t",
                          apply=_flaky_credit, parse_params=ADD_CREDIT.parse_params, on_done=DONE.append),
-             service.Job(name="test_always_fails", kind="Account", title="t", description="t",
+             service.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
 
 
