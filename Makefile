@@ -26,10 +26,11 @@ run: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
-## lint: ruff (style, pyproject.toml) and import-linter (the layout's dependency rules, pyproject.toml)
+## lint: ruff (style, pyproject.toml), import-linter (the layout's dependency rules) and mypy (core's type hints)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-logo
+	$(VENV)/bin/mypy
 
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)

@@ -7,14 +7,14 @@ from flask import Flask
 
 import accounts
 import appstats
+import appstats.accounting
 import blog
 import comments
 import counters
 import latency
 import mapper
 import tour
-from core import appstats as request_costs
-from core import features, identity, openapi, web
+from core import features, identity, openapi, runtime, web
 from core import views as core_views
 from core.runtime import RequestMiddleware, Runtime
 from core.settings import Settings
@@ -24,12 +24,13 @@ from core.settings import Settings
 FEATURES = (counters, blog, comments, mapper, accounts, tour, latency, appstats)
 
 
-def create_app(config=None, task_queue=None, features_list=FEATURES):
-    """Build the app. `config` overrides Flask settings; SETTINGS in it replaces the environment's. `task_queue`
-    replaces the settings' queue (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list`
-    is FEATURES, or a part of it that keeps each feature's dependencies (the tests show blog standing alone)."""
+def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flask_config):
+    """Build the app on `settings` (default: the environment's, read once). `task_queue` replaces the settings' queue
+    (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list` is FEATURES, or a part of it
+    that keeps each feature's dependencies (the tests show blog standing alone). `flask_config` overrides Flask
+    settings (TESTING=True). devstack.apps.app_on builds one on a local stack."""
     app = Flask(__name__)
-    settings = (config or {}).get("SETTINGS") or Settings.from_env()
+    settings = settings or Settings.from_env()
     app.config.update(
         SECRET_KEY=settings.secret_key,
         MAX_CONTENT_LENGTH=256 * 1024,  # the largest legitimate body (a blog entry) is far smaller
@@ -39,16 +40,16 @@ def create_app(config=None, task_queue=None, features_list=FEATURES):
         WTF_CSRF_CHECK_DEFAULT=False,  # web.init_app checks forms; the JSON API is protected by its content type
         WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the session: a page left open still posts
     )
-    app.config.update({k: v for k, v in (config or {}).items() if k != "SETTINGS"})
+    app.config.update(flask_config)
 
     # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, the IAP keys. The
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
-    rt = app.extensions["runtime"] = Runtime(settings, task_queue)
+    rt = app.extensions[runtime.EXTENSION] = Runtime(settings, task_queue)
     app.extensions["iap_keys"] = identity.IapKeys()
     app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
-    request_costs.init_app(app)
+    appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature
     app.register_blueprint(core_views.bp)
     for feature in features_list:
         feature.init_app(app)
@@ -67,7 +68,7 @@ def create_app(config=None, task_queue=None, features_list=FEATURES):
 
 def seed_demo(app):
     """Each feature's demo content, where it has none yet: [(feature, seeded?)]."""
-    with app.extensions["runtime"].context():
+    with runtime.of(app).context():
         return [(name, seed()) for name, seed in features.of(app).seeds()]
 
 

@@ -1,4 +1,4 @@
-"""Appstats: the last requests' costs in this process (core/appstats.py counts them), for admins: /appstats and
+"""Appstats: the last requests' costs in this process (core/costs.py counts them), for admins: /appstats and
 /api/appstats, linked from every page's footer. views.py only: the figures are kept by core, in memory, bounded."""
 from appstats import views
 from core import features

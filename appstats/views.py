@@ -1,8 +1,8 @@
 """Admins: what the last requests served by this process cost (Datastore RPCs and cache calls by method, time)."""
 from flask import Blueprint, current_app, jsonify, render_template
 
+from appstats.accounting import RECENT
 from core import billing, identity
-from core.appstats import RECENT
 
 bp = Blueprint("appstats", __name__)
 

@@ -15,12 +15,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core import appstats, billing, runtime
-from core.settings import Settings
+from core import billing, costs, runtime
 from devstack import Stack
+from devstack.apps import app_on
 from devstack.services import BACKENDS, backend_from_env
 from devstack.taskqueue import DrainedQueue
-from main import create_app
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,7 +40,7 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
     for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
         print(f"--- {prog} on {backend}", flush=True)
         stack, app = start_stack(backend)
-        rt = app.extensions["runtime"]
+        rt = runtime.of(app)
         try:
             with rt.activated():
                 measured[backend] = measure(args, stack, app)
@@ -58,8 +57,7 @@ def start_stack(backend=None):
     """A fresh stack (`backend`, else DATASTORE's) and an app on it: (stack, app). Its tasks wait in a queue the
     benchmark drains itself (devstack.taskqueue.DrainedQueue)."""
     stack = Stack(consistency=1.0, backend=backend or backend_from_env()).start()
-    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(dict(stack.env(), SECRET_KEY="bench"))},
-                     task_queue=DrainedQueue())
+    app = app_on(stack, task_queue=DrainedQueue(), SECRET_KEY="bench")
     return stack, app
 
 
@@ -72,13 +70,13 @@ def billed(fn):
     """fn wrapped to return (its result, what production would bill it: a core.billing.Billed), counted from its
     Datastore RPCs' answers as a request's are. Bills do not vary from run to run: one call says it."""
     def call(*args, **kwargs):
-        with appstats.measured() as cost:
+        with costs.measured() as cost:
             result = fn(*args, **kwargs)
         return result, cost.billed
     return call
 
 
-billed_from_header = appstats.billed_from_server_timing
+billed_from_header = costs.billed_from_server_timing
 
 
 def bill_cell(bill):

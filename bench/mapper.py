@@ -158,7 +158,7 @@ def check(keys, expected):
 
 
 def measure(args, stack, app):
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     with rt.context():
         print(f"seeding {args.accounts} accounts...", flush=True)
         keys = seed(args.accounts)

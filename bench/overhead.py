@@ -2,7 +2,7 @@
 
 A bare Flask view (a 4.4 KB page, nothing else) and the app's cheapest pages, served by one gunicorn (App Engine's
 entrypoint, 2 workers x 8 threads) in the same process, so that the only difference is the app's own per-request
-work: the runtime and ndb context, the session, the security headers, the accounting (core/appstats.py), the page's
+work: the runtime and ndb context, the session, the security headers, the accounting (core/costs.py), the page's
 cache reads and its template. A second gunicorn serves the same app with APPSTATS=off, to price the accounting alone.
 Load from wrk (Debian's, a C client: it takes far less CPU than a Python one on this 2-core machine), 8 keep-alive
 connections, the variants one after another in each round; medians over rounds.

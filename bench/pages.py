@@ -103,7 +103,7 @@ def report(paths, times, costs, rounds, per_round, where):
                          "billed per view, visitor / admin", f"< {TARGET_MS} ms"],
                         rows)}
 
-RPCs and cache calls are each page's own `Server-Timing` figures (core/appstats.py), the median over the measured
+RPCs and cache calls are each page's own `Server-Timing` figures (core/costs.py), the median over the measured
 requests; the bill is the last measured request's (warm). tests/test_budgets.py pins both on a warm cache.
 {harness.BILL_NOTE}
 """

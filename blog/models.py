@@ -44,7 +44,6 @@ class BlogEntry(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
 
-
 @dataclass(frozen=True, order=True)
 class EntryRef:
     """One entry's identity, and the only code that spells its names. Every feature that refers to an entry holds one

@@ -150,11 +150,6 @@ def require_entry(ref):
     return entry_dict(found(ref.key.get(), f"Blog {ref.blog!r} has no entry {ref.index}.", "no_such_entry"))
 
 
-def get_entry(blog, index):
-    """One entry, by its blog and index as a URL gives them."""
-    return require_entry(entry_ref(blog, index))
-
-
 def _page_cache_key(blog, max_index, limit):
     """The key of a blog's cached front page: it names the blog's max_index, the version of its content.
 

@@ -3,7 +3,7 @@
 Emulator time does not carry over to production; the bill does. A query reads the same entities and skips the same
 offset rows on an emulator as in production, a commit writes and deletes the same entities, and a COUNT reads the
 same index entries, so these counts, priced by Firestore in Datastore mode's rules, are what the same request costs
-on App Engine. core/appstats.py calls `of()` for every RPC a request makes.
+on App Engine. core/costs.py calls `of()` for every RPC a request makes.
 
 The rules, as Google's pages state them (read 2026-11-23):
 - Read operations: "one read operation for each entity read and one read operation for each batch of up to 1000 index
@@ -34,6 +34,7 @@ Prices: Firestore Standard edition, us-central1 (Iowa), USD per 100,000 operatio
 """
 import math
 from dataclasses import dataclass
+from typing import Any
 
 PRICES_READ_ON = "2026-11-23"
 PRICES_LOCATION = "us-central1"
@@ -52,34 +53,34 @@ class Billed:
     deletes: int = 0
     small: int = 0
 
-    def __add__(self, other):
+    def __add__(self, other: "Billed") -> "Billed":
         return Billed(self.reads + other.reads, self.writes + other.writes, self.deletes + other.deletes,
                       self.small + other.small)
 
-    def usd_per_million(self):
+    def usd_per_million(self) -> float:
         """What a million requests costing this are billed, in USD (us-central1 prices)."""
         per_100k = (self.reads * USD_PER_100K["reads"] + self.writes * USD_PER_100K["writes"]
                     + self.deletes * USD_PER_100K["deletes"])
         return per_100k * 10
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, float]:
         return {"reads": self.reads, "writes": self.writes, "deletes": self.deletes, "small": self.small,
                 "usd_per_million": round(self.usd_per_million(), 4)}
 
-    def describe(self):
+    def describe(self) -> str:
         """'3 reads, 1 write' or 'nothing'."""
         parts = [f"{n} {what}{'' if n == 1 else 's'}" for what, n in
                  (("read", self.reads), ("write", self.writes), ("delete", self.deletes)) if n]
         return ", ".join(parts) or "nothing"
 
 
-def _pb(message):
+def _pb(message: Any) -> Any:
     """The raw protobuf of a proto-plus message (what the Datastore client's transport hands the interceptor)."""
     to_pb = getattr(type(message), "pb", None)
     return to_pb(message) if to_pb is not None else message
 
 
-def of(method, request, response):
+def of(method: str, request: Any, response: Any) -> tuple["Billed", dict[str, int]]:
     """(Billed, {what: n}) for one answered Datastore RPC: the operations it is billed and what they were counted
     from (found, missing, entities, keys-only results, skipped, index entries, written, deleted)."""
     request, response = _pb(request), _pb(response)
@@ -104,7 +105,7 @@ def of(method, request, response):
     return Billed(), {}  # BeginTransaction, Rollback
 
 
-def _counted(request, response):
+def _counted(request: Any, response: Any) -> int:
     """The index entries an aggregation read: what its COUNT counted (every aggregation of one query reads the same
     entries). 0 when it has no COUNT: then only the minimum read is known."""
     aliases = [a.alias for a in request.aggregation_query.aggregations if a.WhichOneof("operator") == "count"]

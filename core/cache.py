@@ -9,6 +9,8 @@ miss (bounded by the timeouts below), so a cache outage slows the site down inst
 """
 import contextvars
 import logging
+from collections.abc import Callable
+from typing import NoReturn, Protocol, TypeVar, cast
 
 import pymemcache
 import redis
@@ -16,7 +18,8 @@ from google.cloud import ndb
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.appstats import CountedClient
+from core.costs import CountedClient
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 # What a cache call raises when the server is down, frozen or refuses: OSError covers memcached's refused connections
@@ -28,46 +31,92 @@ IO_TIMEOUT = 0.25
 POOL_SIZE = 32  # one connection per concurrent request thread is plenty
 # True while a request runs as if there were no cache (Runtime.cache_bypassed): every call below a miss or a no-op.
 BYPASSED = contextvars.ContextVar("cache_bypassed", default=False)
+T = TypeVar("T")
+CacheValue = bytes | str | int  # what the app stores: numbers, leases' tokens, rendered pages
 
 
-def make_client(settings):
-    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or None for none."""
+class CacheClient(Protocol):
+    """What the app asks of a cache server, whichever it is: memcached's operations and answers (the talk's cache),
+    `name` for the pages and logs, and ndb's global cache on the same server. A failure raises one of CACHE_DOWN;
+    `Cache` turns those into misses."""
+    name: str
+
+    def get(self, key: str) -> bytes | None: ...
+    def get_many(self, keys: list[str]) -> dict[str, bytes]: ...
+    def add(self, key: str, value: CacheValue, expire: int = 0) -> bool: ...
+    def incr(self, key: str, delta: int) -> int | None: ...
+    def delete(self, key: str) -> bool: ...
+    def delete_if(self, key: str, value: CacheValue) -> bool: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def global_cache(self) -> ndb.GlobalCache | None: ...
+
+
+def make_client(settings: Settings) -> CacheClient:
+    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache."""
     if settings.redis_url:
-        return RedisClient(settings.redis_url)
+        return RedisCacheClient(settings.redis_url)
     if settings.memcached_hosts:
-        return _memcached_client(settings.memcached_hosts)
-    return None
+        return MemcachedCacheClient(settings.memcached_hosts)
+    return NoCache()
 
 
-class _DeleteIf:
-    """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours. Between
-    the two another caller can only have stored the key if it had expired first (see core/hotspots.py for why that
-    is harmless there). Two round trips, counted as one call."""
-
-    def delete_if(self, key, value):
-        return self.get(key) == value and self.delete(key, noreply=False)
-
-
-class MemcachedClient(_DeleteIf, pymemcache.PooledClient):
-    """One memcached server, a pool of connections."""
+# Both global caches below with the same strictness, on purpose:
+# strict_read=False: a read that cannot reach the cache is a miss, and ndb reads Datastore instead.
+# strict_write=True: before ndb writes an entity of a cached kind it must lock (and afterwards clear) the entity's
+# cache entry. If it cannot, the write fails with the cache error and Datastore is not written, so no reader can ever
+# find an old copy in the cache once the server answers again (a server that was frozen rather than restarted still
+# holds its old entries). Writes of cached kinds fail while the cache is unreachable; reads and writes of uncached
+# kinds (counter shards, sequences: `_use_global_cache = False`) go on as normal.
+# Their calls are counted per request (core/costs.py), like the app's own.
+_STRICTNESS = {"strict_read": False, "strict_write": True}
 
 
-class MemcachedHashClient(_DeleteIf, pymemcache.HashClient):
-    """Several memcached servers, keys spread by rendezvous hash."""
+class MemcachedCacheClient:
+    """memcached (pymemcache): one server and a pool of connections, or several with keys spread by rendezvous
+    hash (a dead one retried after 5 s)."""
+    name = "memcached"
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        servers = [_parse(h) for h in hosts]
+        common = {"connect_timeout": CONNECT_TIMEOUT, "timeout": IO_TIMEOUT, "max_pool_size": POOL_SIZE,
+                  "default_noreply": False}  # noreply would hide a failed write: we want to know
+        self.memcached = (pymemcache.PooledClient(servers[0], **common) if len(servers) == 1 else
+                          pymemcache.HashClient(servers, use_pooling=True, retry_attempts=1, retry_timeout=1,
+                                                dead_timeout=5, **common))
+
+    def get(self, key: str) -> bytes | None:
+        return self.memcached.get(key)
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        return self.memcached.get_many(keys)
+
+    def add(self, key: str, value: CacheValue, expire: int = 0) -> bool:
+        return self.memcached.add(key, value, expire=expire, noreply=False)
+
+    def incr(self, key: str, delta: int) -> int | None:
+        return self.memcached.incr(key, delta, noreply=False)
+
+    def delete(self, key: str) -> bool:
+        return self.memcached.delete(key, noreply=False)
+
+    def delete_if(self, key: str, value: CacheValue) -> bool:
+        """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours.
+        Between the two another caller can only have stored the key if it had expired first (see core/hotspots.py
+        for why that is harmless there). Two round trips, counted as one call."""
+        return self.memcached.get(key) == value and self.memcached.delete(key, noreply=False)
+
+    def flush(self) -> None:
+        self.memcached.flush_all(noreply=False)
+
+    def close(self) -> None:
+        self.memcached.close()
+
+    def global_cache(self) -> ndb.GlobalCache | None:
+        return ndb.MemcacheCache(CountedClient(self.memcached), **_STRICTNESS)
 
 
-def _memcached_client(hosts):
-    servers = [_parse(h) for h in hosts]
-    common = {"connect_timeout": CONNECT_TIMEOUT, "timeout": IO_TIMEOUT, "max_pool_size": POOL_SIZE,
-              "default_noreply": False}  # noreply would hide a failed write: we want to know
-    if len(servers) == 1:
-        return MemcachedClient(servers[0], **common)
-    # A dead server is retried after 5 s.
-    return MemcachedHashClient(servers, use_pooling=True, retry_attempts=1, retry_timeout=1, dead_timeout=5,
-                               **common)
-
-
-def _parse(host):
+def _parse(host: str) -> tuple[str, int]:
     name, _, port = host.rpartition(":")
     if not name or not port.isdigit():
         raise ValueError(f"memcached host must be host:port, got {host!r}")
@@ -80,11 +129,11 @@ _INCR_IF_PRESENT = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call
 _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
-class RedisClient:
-    """Redis/Valkey with pymemcache's method names and answers, so `Cache` and the tests speak to either alike.
-    `redis` is the redis-py client itself, for ndb's RedisCache."""
+class RedisCacheClient:
+    """Redis/Valkey (redis-py), answering as memcached does."""
+    name = "redis"
 
-    def __init__(self, url):
+    def __init__(self, url: str) -> None:
         # One retry, on a broken connection only: a pooled connection to a server that restarted fails once and is
         # replaced. A timeout (frozen server) is not retried: that would double the wait on every call.
         self.redis = redis.Redis.from_url(
@@ -93,117 +142,121 @@ class RedisClient:
         self._incr = self.redis.register_script(_INCR_IF_PRESENT)
         self._delete_if = self.redis.register_script(_DELETE_IF)
 
-    def get(self, key):
-        return self.redis.get(key)
+    def get(self, key: str) -> bytes | None:
+        return cast(bytes | None, self.redis.get(key))  # bytes: the client is made without decode_responses
 
-    def get_many(self, keys):
-        return {k: v for k, v in zip(keys, self.redis.mget(keys), strict=True) if v is not None}
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        values = cast(list[bytes | None], self.redis.mget(keys))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def add(self, key, value, expire=0, noreply=False):
+    def add(self, key: str, value: CacheValue, expire: int = 0) -> bool:
         # memcached's expire 0 is "no expiry"; Redis's EX must be positive.
         return bool(self.redis.set(key, value, nx=True, ex=expire or None))
 
-    def incr(self, key, delta, noreply=False):
+    def incr(self, key: str, delta: int) -> int | None:
         return self._incr(keys=[key], args=[delta])
 
-    def delete(self, key, noreply=False):
+    def delete(self, key: str) -> bool:
         return bool(self.redis.delete(key))
 
-    def delete_if(self, key, value):
+    def delete_if(self, key: str, value: CacheValue) -> bool:
         """Delete `key` only while it holds `value`: one atomic script."""
         return bool(self._delete_if(keys=[key], args=[value]))
 
-    def flush_all(self, noreply=False):
-        return self.redis.flushdb()
+    def flush(self) -> None:
+        self.redis.flushdb()
 
-    def close(self):
+    def close(self) -> None:
         self.redis.close()
 
+    def global_cache(self) -> ndb.GlobalCache | None:
+        return ndb.RedisCache(CountedClient(self.redis), **_STRICTNESS)
 
-def make_global_cache(client):
-    """ndb's global cache on the same server: MemcacheCache or RedisCache, with the same strictness.
 
-    strict_read=False: a read that cannot reach the cache is a miss, and ndb reads Datastore instead.
-    strict_write=True, on purpose: before ndb writes an entity of a cached kind it must lock (and afterwards clear) the
-    entity's cache entry. If it cannot, the write fails with the cache error and Datastore is not written, so no
-    reader can ever find an old copy in the cache once the server answers again (a server that was frozen rather than
-    restarted still holds its old entries). Writes of cached kinds fail while the cache is unreachable; reads and
-    writes of uncached kinds (counter shards, sequences: `_use_global_cache = False`) go on as normal.
-    """
-    if client is None:
+class NoCacheServer(Exception):
+    """What NoCache answers every call with; `Cache` makes it a miss, silently (nothing is wrong)."""
+
+
+class NoCache:
+    """No cache server (settings with neither MEMCACHED_HOSTS nor REDIS_URL): every call a miss, no global cache."""
+    name = "none"
+
+    def _absent(self, *args: object, **kwargs: object) -> NoReturn:
+        raise NoCacheServer()
+
+    get = get_many = add = incr = delete = delete_if = _absent
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def global_cache(self) -> ndb.GlobalCache | None:
         return None
-    # Its calls counted per request (core/appstats.py), like the app's own.
-    if isinstance(client, RedisClient):
-        return ndb.RedisCache(CountedClient(client.redis), strict_read=False, strict_write=True)
-    return ndb.MemcacheCache(CountedClient(client), strict_read=False, strict_write=True)
-
-
-def backend_name(client):
-    """"memcached", "redis" or "none": what the pages and /healthz call the cache."""
-    if client is None:
-        return "none"
-    return "redis" if isinstance(client, RedisClient) else "memcached"
 
 
 class Cache:
     """The app's explicit cache operations (counter totals, rendered pages); every failure is a miss or a no-op."""
 
-    def __init__(self, client):
+    def __init__(self, client: CacheClient) -> None:
         self.client = client
-        self.backend = backend_name(client)
-        self._counted = CountedClient(client)  # each call counted for the request (core/appstats.py)
+        self.backend = client.name
+        self._counted = CountedClient(client)  # each call counted for the request (core/costs.py)
 
-    def _call(self, what, default, *args, **kwargs):
-        if self.client is None or BYPASSED.get():
+    def _safely(self, default: T, call: Callable[[CacheClient], T]) -> T:
+        """call(the counted client), or `default` when the request bypasses the cache, there is none, or it fails."""
+        if BYPASSED.get():
             return default
         try:
-            return getattr(self._counted, what)(*args, **kwargs)
+            return call(self._counted)
+        except NoCacheServer:
+            return default
         except CACHE_DOWN as e:
-            log.warning("%s %s failed: %s", self.backend, what, e)
+            log.warning("%s call failed: %s", self.backend, e)
             return default
 
-    def get(self, key):
-        return self._call("get", None, key)
+    def get(self, key: str) -> bytes | None:
+        return self._safely(None, lambda c: c.get(key))
 
-    def get_many(self, keys):
-        return self._call("get_many", {}, keys) if keys else {}
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        return self._safely({}, lambda c: c.get_many(keys)) if keys else {}
 
-    def add(self, key, value, expire):
+    def add(self, key: str, value: CacheValue, expire: int) -> bool:
         """Store only if absent; False when not stored or the cache is away."""
-        return bool(self._call("add", False, key, value, expire=expire, noreply=False))
+        return bool(self._safely(False, lambda c: c.add(key, value, expire)))
 
-    def claim(self, key, expire):
+    def claim(self, key: str, expire: int) -> bool:
         """False only when the cache says another caller claimed `key` first; True when this call claimed it or
         the cache is away (a claim that cannot be checked must not stop the caller)."""
-        return self._call("add", None, key, 1, expire=expire, noreply=False) is not False
+        return self._safely(None, lambda c: c.add(key, 1, expire)) is not False
 
-    def incr(self, key, delta=1):
+    def incr(self, key: str, delta: int = 1) -> int | None:
         """Add to a cached number; None when the key is absent (never create it here) or the cache is away."""
-        return self._call("incr", None, key, delta, noreply=False)
+        return self._safely(None, lambda c: c.incr(key, delta))
 
-    def delete(self, key):
-        return bool(self._call("delete", False, key, noreply=False))
+    def delete(self, key: str) -> bool:
+        return bool(self._safely(False, lambda c: c.delete(key)))
 
-    def lease(self, key, token, seconds):
+    def lease(self, key: str, token: CacheValue, seconds: int) -> bool | None:
         """Take the lease `key` for `seconds` (it expires by itself if never released): True when this call took it,
         False when another holder has it, None when there is no cache to ask (away, frozen, bypassed or none)."""
-        return self._call("add", None, key, token, expire=seconds, noreply=False)
+        return self._safely(None, lambda c: c.add(key, token, seconds))
 
-    def release(self, key, token):
+    def release(self, key: str, token: CacheValue) -> bool:
         """Give back a lease this caller took with `token`; a lease that expired and was taken by another stays."""
-        return bool(self._call("delete_if", False, key, token))
+        return bool(self._safely(False, lambda c: c.delete_if(key, token)))
 
-    def ping(self):
-        """True when the cache answers now."""
-        if self.client is None:
-            return False
+    def ping(self) -> str:
+        """"ok" when the cache answers now, "down" when it does not, "off" when there is none."""
         try:
             self._counted.get("healthz")
-            return True
+            return "ok"
+        except NoCacheServer:
+            return "off"
         except CACHE_DOWN:
-            return False
+            return "down"
 
-    def flush(self):
+    def flush(self) -> None:
         """Empty the cache (tests and benchmarks start from a cold one); raises when the server does not answer."""
-        if self.client is not None:
-            self.client.flush_all(noreply=False)
+        self.client.flush()

@@ -4,17 +4,17 @@ import datetime
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
-def now():
+def now() -> datetime.datetime:
     """The current time as Datastore stores it: UTC, without tzinfo (ndb refuses aware datetimes by default)."""
     return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
 
 
-def iso(when):
+def iso(when: datetime.datetime) -> str:
     """A stored (naive UTC) datetime as ISO 8601: "2026-11-21T10:30:00Z"."""
     return when.strftime(ISO_FORMAT)
 
 
-def parse_iso(text):
+def parse_iso(text: str) -> datetime.datetime:
     """The inverse of iso(). fromisoformat is C and some thirty times faster than strptime (pages show ten times at
     once); the format is checked first, since fromisoformat also takes other forms."""
     if len(text) != 20 or text[10] != "T" or text[-1] != "Z":

@@ -1,11 +1,14 @@
 """Errors with a status, a slug and a sentence for the user; raised by services, rendered by views."""
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class AppError(Exception):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message, code=None, status=None):
+    def __init__(self, message: str, code: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         if code:
@@ -43,7 +46,7 @@ class Unavailable(AppError):
     status, code = 503, "unavailable"
 
 
-def found(value, message, code):
+def found(value: T | None, message: str, code: str) -> T:
     """`value`, unless it is None (a get by key that found nothing): then NotFound with `message` and `code`."""
     if value is None:
         raise NotFound(message, code)

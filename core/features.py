@@ -8,6 +8,7 @@ mapper jobs there, and adds its `Feature` here. Nothing registers by being impor
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 EXTENSION = "features"
@@ -43,13 +44,13 @@ class Feature:
 @dataclass
 class Features:
     """app.extensions["features"]: the features in the order they were added (the order of `create_app`'s list)."""
-    all: list = field(default_factory=list)
+    all: list | tuple = field(default_factory=list)  # a tuple once complete: `add` refuses then
     # Set by `complete`, once all are added: what every page and the tour use, derived once per process.
     source_files: frozenset = frozenset()
     navigation: tuple = ()
     lesson_index: dict = field(default_factory=dict)
 
-    def complete(self):
+    def complete(self) -> None:
         """Once every feature is added (create_app): no more come, and what is derived from them is derived now,
         once per process, not per request."""
         self.all = tuple(self.all)
@@ -57,21 +58,21 @@ class Features:
         self.navigation = tuple(self.nav())
         self.lesson_index = self.lessons()
 
-    def nav(self):
+    def nav(self) -> list[tuple]:
         return [f.nav for f in self.all if f.nav]
 
-    def lessons(self):
+    def lessons(self) -> dict[str, Lesson]:
         return {f.lesson.slug: f.lesson for f in self.all if f.lesson}
 
-    def caveats(self, slug):
+    def caveats(self, slug: str) -> tuple:
         """The lesson's "In production today" caveats (none for an unknown slug): templates/_in_production.html."""
         lesson = self.lesson_index.get(slug)
         return lesson.caveats if lesson else ()
 
-    def seeds(self):
+    def seeds(self) -> list[tuple[str, Callable[[], bool]]]:
         return [(f.name, f.seed) for f in self.all if f.seed]
 
-    def sources(self):
+    def sources(self) -> frozenset[str]:
         """The files a visitor may read at /source/: the plumbing's and each feature's modules, and the deploy files.
         A fixed set, found once: no path a visitor types can reach anything else."""
         folders = ["core"] + [f.name for f in self.all]
@@ -81,9 +82,12 @@ class Features:
         ) | {"index.yaml", "app.yaml", "queue.yaml", "main.py"}
 
 
-def of(app):
+def of(app: Any) -> Features:
     return app.extensions.setdefault(EXTENSION, Features())
 
 
-def add(app, feature):
-    of(app).all.append(feature)  # a tuple once complete: adding later fails loudly
+def add(app: Any, feature: Feature) -> None:
+    features = of(app)
+    if isinstance(features.all, tuple):
+        raise RuntimeError(f"feature {feature.name!r} added after the app's features were completed")
+    features.all.append(feature)

@@ -9,17 +9,18 @@ Datastore or the cache.
 """
 import collections
 import threading
+from collections.abc import Callable, Hashable
 
 
 class Fragments:
     """A bounded LRU of rendered fragments: `get_or_render(key, render)`."""
 
-    def __init__(self, size=256):
+    def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._items = collections.OrderedDict()
+        self._items: collections.OrderedDict[Hashable, str] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get_or_render(self, key, render):
+    def get_or_render(self, key: Hashable, render: Callable[[], str]) -> str:
         with self._lock:
             html = self._items.get(key)
             if html is not None:

@@ -36,6 +36,13 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from google.cloud import ndb
+
+if TYPE_CHECKING:
+    from core.cache import Cache
 
 # How long a lease lives if its holder never gives it back (a process that died): what its death can cost the others.
 # Longer than one transaction with a retry or two, even one that met a Firestore emulator lock timeout (2.3 s).
@@ -50,13 +57,14 @@ class HotEntities:
     """The queue of writers per hot entity, for one process. `cache`: the app's Cache; `leases` False keeps the
     queue within the process (HOT_LEASES=off: the design before the lease, kept for bench/posts.py to compare)."""
 
-    def __init__(self, cache, leases=True):
+    def __init__(self, cache: "Cache", leases: bool = True) -> None:
         self.cache = cache
         self.leases = leases
         self._guard = threading.Lock()
-        self._locks = weakref.WeakValueDictionary()  # a lock lives while someone holds or waits for it
+        # a lock lives while someone holds or waits for it
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 
-    def _local(self, name):
+    def _local(self, name: str) -> threading.Lock:
         with self._guard:
             lock = self._locks.get(name)
             if lock is None:
@@ -64,7 +72,7 @@ class HotEntities:
             return lock
 
     @contextlib.contextmanager
-    def turn(self, key):
+    def turn(self, key: ndb.Key) -> Iterator[None]:
         """The block runs in this writer's turn at entity `key` (an ndb key): after this process's earlier writers
         of it, and, while the cache answers, while no other process's writer holds its lease."""
         name = _lease_name(key)
@@ -77,7 +85,7 @@ class HotEntities:
                 if held:
                     self.cache.release(name, token)
 
-    def _acquire(self, name, token):
+    def _acquire(self, name: str, token: bytes) -> bool:
         """Wait for the lease: True once this writer holds it; False when it goes on without (no cache to ask, or the
         holder kept it past what a living holder would: LEASE_SECONDS, after which it expires anyway)."""
         deadline = time.monotonic() + LEASE_SECONDS
@@ -92,6 +100,6 @@ class HotEntities:
             pause = min(pause * 2, POLL_MAX)
 
 
-def _lease_name(key):
+def _lease_name(key: ndb.Key) -> str:
     """The lease's cache key: the entity's full key (project, namespace, path), hashed to fit memcached's 250 bytes."""
     return "lease:" + hashlib.sha1(key.urlsafe()).hexdigest()

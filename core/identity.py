@@ -9,6 +9,7 @@ import hashlib
 import re
 import threading
 import time
+from typing import TypedDict
 
 import requests
 from flask import current_app, g, request, session
@@ -21,26 +22,38 @@ from core.errors import BadInput, Forbidden, NotFound, SignInRequired, Unavailab
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
 IAP_ISSUER = "https://cloud.google.com/iap"
 IAP_HEADER = "x-goog-iap-jwt-assertion"
+
+
+class User(TypedDict):
+    """A signed-in person as the session, the pages and the API carry them."""
+    id: str  # stable (IAP's `sub`, or derived from the dev sign-in's email); never contains "|"
+    email: str
+    admin: bool
+
+
 EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,24}")
 
 
 class IapKeys:
     """Google's IAP public keys, fetched once and refreshed hourly: not one fetch per request."""
 
-    def __init__(self, url=IAP_CERTS_URL, lifetime=3600):
+    def __init__(self, url: str = IAP_CERTS_URL, lifetime: float = 3600) -> None:
         self.url, self.lifetime = url, lifetime
-        self._keys, self._fetched, self._lock = None, 0.0, threading.Lock()
+        self._keys: dict[str, str] | None = None
+        self._fetched, self._lock = 0.0, threading.Lock()
 
-    def get(self):
+    def get(self) -> dict[str, str]:
         with self._lock:
-            if self._keys is None or time.monotonic() - self._fetched > self.lifetime:
+            keys = self._keys
+            if keys is None or time.monotonic() - self._fetched > self.lifetime:
                 response = requests.get(self.url, timeout=5)
                 response.raise_for_status()
-                self._keys, self._fetched = response.json(), time.monotonic()
-            return self._keys
+                keys = response.json()
+                self._keys, self._fetched = keys, time.monotonic()
+            return keys
 
 
-def verify_iap_token(token, audience, keys):
+def verify_iap_token(token: str | None, audience: str | None, keys: IapKeys) -> User | None:
     """The user in a verified IAP token, or None when the token is missing, forged, expired or for someone else.
     `keys` is an IapKeys: Google's keys are fetched only when there is a token to check."""
     if not token or not audience:
@@ -58,7 +71,7 @@ def verify_iap_token(token, audience, keys):
     return make_user(claims["sub"], claims["email"], admin=None)
 
 
-def make_user(user_id, email, admin):
+def make_user(user_id: str, email: str, admin: bool | None) -> User:
     """A user dict; `admin=None` means: decided by ADMIN_EMAILS."""
     email = email.lower()
     if admin is None:
@@ -67,11 +80,11 @@ def make_user(user_id, email, admin):
     return {"id": user_id.replace("|", ":"), "email": email, "admin": bool(admin)}
 
 
-def dev_user_id(email):
+def dev_user_id(email: str) -> str:
     return "dev-" + hashlib.sha256(email.lower().encode()).hexdigest()[:20]
 
 
-def current_user():
+def current_user() -> User | None:
     """The signed-in user for this request, or None. Worked out once per request."""
     if "user" not in g:
         settings = runtime.current().settings
@@ -83,21 +96,21 @@ def current_user():
     return g.user
 
 
-def require_user():
+def require_user() -> User:
     user = current_user()
     if user is None:
         raise SignInRequired("Sign in first.")
     return user
 
 
-def require_admin():
+def require_admin() -> User:
     user = require_user()
     if not user["admin"]:
         raise Forbidden("Only an admin may do this.")
     return user
 
 
-def dev_sign_in(email, admin):
+def dev_sign_in(email: object, admin: object) -> User:
     """Sign in locally as `email`; refused on App Engine, where IAP says who is who."""
     if runtime.current().settings.on_app_engine:
         raise NotFound("Dev sign-in does not exist on App Engine.")
@@ -112,6 +125,6 @@ def dev_sign_in(email, admin):
     return user
 
 
-def sign_out():
+def sign_out() -> None:
     session.clear()
     g.user = None

@@ -8,28 +8,29 @@ to read the schemas from without rewriting every view around marshmallow. The te
 /api response the suite sees is validated against it, every /api route must be in it, and schemathesis fuzzes it.
 """
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 FILE = "openapi.yaml"
-# API.md's conventions, true of every operation: a refused request is a 4xx with the error shape and writes nothing;
-# 503 when Datastore does not answer (or contention outlasts the retries).
+# docs/api.md's conventions, true of every operation: a refused request is a 4xx with the error shape and writes
+# nothing; 503 when Datastore does not answer (or contention outlasts the retries).
 ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/components/responses/Error"}}
 
 
-def _load(folder):
+def _load(folder: Path) -> dict | None:
     path = Path(folder) / FILE
     return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
-def _merge(into, part, where):
+def _merge(into: dict, part: dict, where: str) -> None:
     for name, value in part.items():
         if name in into:
             raise ValueError(f"OpenAPI: {where}/{name} is defined twice")
         into[name] = value
 
 
-def _extend(schemas, extensions, where):
+def _extend(schemas: dict, extensions: dict, where: str) -> None:
     """A part's `x-extends`: properties and required fields it adds to a schema another part defines, the way a
     feature adds to another's JSON through a hook (comments to the blog's entries) without that part naming it."""
     for name, extension in extensions.items():
@@ -39,9 +40,11 @@ def _extend(schemas, extensions, where):
         schemas[name].setdefault("required", []).extend(extension.get("required", []))
 
 
-def build(app):
+def build(app: Any) -> dict:
     """The document for `app`: core's part, then each blueprint's, in the order they were registered."""
     document = _load(Path(__file__).parent)
+    if document is None:
+        raise RuntimeError("core/openapi.yaml is missing")
     seen = {Path(__file__).parent}
     extensions = []
     for blueprint in app.blueprints.values():

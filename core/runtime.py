@@ -1,7 +1,7 @@
 """What a process builds once and every request reuses: settings, the ndb client, the cache client, the task queue,
 and the registries the features fill when the app is built (task handlers, mapper jobs).
 
-`create_app` builds one `Runtime` and keeps it on the app (`app.extensions["runtime"]`); each request makes it current
+`create_app` builds one `Runtime` and keeps it on the app (`of(app)` finds it); each request makes it current
 (`RequestMiddleware`), and service modules reach it through `current()`, so they stay free of Flask. Scripts and tests
 make one current with `Runtime.activated()` / `Runtime.context()`. Nothing here is process-wide: two apps in one
 process (the tests build several) each keep their own.
@@ -9,40 +9,47 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from google.cloud import ndb
 from werkzeug.wsgi import ClosingIterator
 
-from core import appstats, hotspots
 from core import cache as cache_module
+from core import costs, hotspots
 from core import datastore as datastore_module
 from core import tasks as tasks_module
 from core.settings import Settings
 
-_current = contextvars.ContextVar("runtime")
+T = TypeVar("T")
+
+_current: contextvars.ContextVar["Runtime"] = contextvars.ContextVar("runtime")
+EXTENSION = "runtime"  # where create_app keeps an app's runtime
 
 
 class Runtime:
-    def __init__(self, settings=None, task_queue=None):
+    def __init__(self, settings: Settings | None = None, task_queue: tasks_module.Queue | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        self.cache_client = cache_module.make_client(self.settings)  # memcached or Redis/Valkey, or None
+        # The backend differences are chosen here, once: the cache (memcached, Redis/Valkey or none, each with its
+        # global cache for ndb) and, below, server-side increments (Firestore only).
+        self.cache_client = cache_module.make_client(self.settings)
         self.cache = cache_module.Cache(self.cache_client)
         api = datastore_module.make_api(self.settings)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings),
-            cache_module.make_global_cache(self.cache_client),
+            self.cache_client.global_cache(),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
             datastore_module.Aggregations(self.settings, api))
         self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings))
-        self._registries = {}
+        self._registries: dict[str, dict] = {}
 
-    def registry(self, name):
+    def registry(self, name: str) -> dict:
         """A dict the features fill while the app is built (e.g. the mapper's jobs by name), read by services."""
         return self._registries.setdefault(name, {})
 
     @contextlib.contextmanager
-    def activated(self):
+    def activated(self) -> Iterator["Runtime"]:
         """This runtime is `current()` inside the block (on this thread, in this context)."""
         token = _current.set(self)
         try:
@@ -51,13 +58,13 @@ class Runtime:
             _current.reset(token)
 
     @contextlib.contextmanager
-    def context(self):
+    def context(self) -> Iterator[ndb.Context]:
         """Current, with a fresh ndb context: what one request, one worker thread or one script step runs in."""
         with self.activated(), self.datastore.context() as context:
             yield context
 
     @contextlib.contextmanager
-    def cache_bypassed(self):
+    def cache_bypassed(self) -> Iterator[None]:
         """Inside the block, the request runs as on a deployment without a cache: the explicit calls are misses and
         no-ops, and ndb's global cache is off (a copy of the current ndb context without it). For reads only (make
         load's uncached front page): a write of a cached kind made here would leave the cache's old copy in place."""
@@ -68,25 +75,29 @@ class Runtime:
         finally:
             cache_module.BYPASSED.reset(token)
 
-    def in_context(self, fn):
+    def in_context(self, fn: Callable[..., T]) -> Callable[..., T]:
         """`fn` wrapped to run in `context()` of its own, as one request does (for threads and scripts)."""
-        def wrapped(*args):
+        def wrapped(*args: Any) -> T:
             with self.context():
                 return fn(*args)
         return wrapped
 
-    def map_in_threads(self, fn, items):
+    def map_in_threads(self, fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
         """fn(item) for every item, all at once on threads of their own, each in its own context; the results."""
         items = list(items)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
             return list(pool.map(self.in_context(fn), items))
 
-    def close(self):
-        if self.cache_client is not None:
-            self.cache_client.close()
+    def close(self) -> None:
+        self.cache_client.close()
 
 
-def current():
+def of(app: Any) -> Runtime:
+    """The runtime `create_app` built for `app` (kept in its extensions; this module never imports Flask)."""
+    return app.extensions[EXTENSION]
+
+
+def current() -> Runtime:
     """The runtime of the request (or script, or test) being served."""
     rt = _current.get(None)
     if rt is None:
@@ -94,11 +105,11 @@ def current():
     return rt
 
 
-def cache():
+def cache() -> cache_module.Cache:
     return current().cache
 
 
-def tasks():
+def tasks() -> tasks_module.TaskRouter:
     return current().tasks
 
 
@@ -112,19 +123,19 @@ class RequestMiddleware:
     reads the body late, or never closes it, cannot make the thread's next request find a context already there.
     """
 
-    def __init__(self, wsgi_app, rt):
+    def __init__(self, wsgi_app: Callable, rt: Runtime) -> None:
         self.wsgi_app = wsgi_app
         self.runtime = rt
 
-    def __call__(self, environ, start_response):
-        # The request's cost (core/appstats.py) is counted from here: every Datastore RPC and cache call it makes.
-        measuring = appstats.measured if self.runtime.settings.appstats else contextlib.nullcontext
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        # The request's cost (core/costs.py) is counted from here: every Datastore RPC and cache call it makes.
+        measuring = costs.measured if self.runtime.settings.appstats else contextlib.nullcontext
         with measuring() as cost, self.runtime.context() as context:
             body = self.wsgi_app(environ, start_response)
 
         @contextlib.contextmanager
         def again():
-            with self.runtime.activated(), appstats.measuring(cost), context.use():
+            with self.runtime.activated(), costs.measuring(cost), context.use():
                 yield
 
         def close():
@@ -134,7 +145,7 @@ class RequestMiddleware:
         return ClosingIterator(_chunks_in(again, body), close)
 
 
-def _chunks_in(again, body):
+def _chunks_in(again: Callable[[], contextlib.AbstractContextManager], body: Iterable[bytes]) -> Iterator[bytes]:
     chunks = iter(body)
     while True:
         with again():

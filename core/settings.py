@@ -1,12 +1,9 @@
 """Settings, read once per process from the environment."""
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 DEV_SECRET = "dev-only-secret-not-for-app-engine"
-
-
-def on_app_engine():
-    return os.environ.get("GAE_ENV") == "standard"
 
 
 @dataclass(frozen=True)
@@ -29,7 +26,7 @@ class Settings:
     tasks_emulator_host: str | None = None
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
-    # Appstats (core/appstats.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
+    # Appstats (core/costs.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
     # and log line. APPSTATS=off turns the counting off (the benchmark of its own cost).
     appstats: bool = True
     # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
@@ -37,7 +34,7 @@ class Settings:
     hot_leases: bool = True
 
     @classmethod
-    def from_env(cls, env=None):
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         gae = env.get("GAE_ENV") == "standard"
         secret = env.get("SECRET_KEY")

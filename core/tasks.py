@@ -23,6 +23,13 @@ import hmac
 import json
 import re
 import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from core.settings import Settings
+
+if TYPE_CHECKING:
+    from werkzeug.datastructures import Headers
 
 ROUTE = "/api/tasks/{}"
 TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks accepts as a task id
@@ -36,29 +43,38 @@ RETRY_HEADER = "X-AppEngine-TaskRetryCount"
 NAME_HEADER = "X-AppEngine-TaskName"
 MAX_ATTEMPTS = 10  # queue.yaml's task_retry_limit, which Cloud Tasks counts as attempts, the first included
 
-def local_token(secret_key):
+
+def local_token(secret_key: str) -> str:
     """What a local queue shows the task route instead of App Engine's queue header: derived from the app's secret,
     so nobody outside the app can call the route."""
     return hmac.new(secret_key.encode(), b"tasks", hashlib.sha256).hexdigest()
 
 
-def local_headers(token, task):
+def local_headers(token: str, task: "Task") -> dict[str, str]:
     """The headers a test's queue delivers `task` with: the token, and App Engine's task headers as Cloud Tasks sends
     them (devstack/cloudtasks.py sends the same)."""
     return {"Content-Type": "application/json", TOKEN_HEADER: token, QUEUE_HEADER: "mapper",
             RETRY_HEADER: str(task.attempt), NAME_HEADER: task.name}
 
 
-def is_from_queue(headers, settings):
+def is_from_queue(headers: "Mapping[str, str] | Headers", settings: Settings) -> bool:
     if settings.on_app_engine:
         return bool(headers.get(QUEUE_HEADER))
     return hmac.compare_digest(headers.get(TOKEN_HEADER, ""), local_token(settings.secret_key))
 
 
+class Queue(Protocol):
+    """What delivers the app's tasks: Cloud Tasks (CloudTasksQueue, on App Engine and locally), a test's
+    DrainedQueue, or NoQueue."""
+
+    def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None: ...
+    def wait(self) -> None: ...
+
+
 class Task(collections.namedtuple("Task", "handler payload name attempt")):
     """A delivery: handler name, JSON payload, unique task name, and how many deliveries failed before this one."""
 
-    def body(self):
+    def body(self) -> bytes:
         return json.dumps(self.payload, separators=(",", ":")).encode()
 
 
@@ -66,20 +82,20 @@ class TaskRouter:
     """The app's task handlers by name, and the queue that delivers to them. One per runtime: the features register
     their handlers while the app is built, never by being imported."""
 
-    def __init__(self, queue):
+    def __init__(self, queue: Queue) -> None:
         self.queue = queue
-        self._handlers = {}
+        self._handlers: dict[str, Callable[[dict, int], object]] = {}
 
-    def register(self, name, fn):
+    def register(self, name: str, fn: Callable[[dict, int], object]) -> None:
         """fn(payload, attempt) handles the tasks named `name` (attempt counts from 0)."""
         if name in self._handlers:
             raise ValueError(f"a task handler is registered as {name!r} already")
         self._handlers[name] = fn
 
-    def handler(self, name):
+    def handler(self, name: str) -> Callable[[dict, int], object] | None:
         return self._handlers.get(name)
 
-    def enqueue(self, name, payload, task_name, delay=0):
+    def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None:
         """Enqueue once by `task_name` (a name used before is dropped), due in `delay` seconds."""
         if name not in self._handlers:
             raise ValueError(f"no task handler is registered as {name!r}")
@@ -87,7 +103,7 @@ class TaskRouter:
             raise ValueError(f"bad task name {task_name!r}")
         self.queue.enqueue(name, payload, task_name, delay=delay)
 
-    def wait(self):
+    def wait(self) -> None:
         """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
         self.queue.wait()
 
@@ -97,14 +113,15 @@ class CloudTasksQueue:
     `emulator_host`, the channel goes to devstack's local Cloud Tasks instead (plain gRPC on loopback, no
     credentials)."""
 
-    def __init__(self, project, location, queue, client=None, emulator_host=None):
+    def __init__(self, project: str, location: str, queue: str, client: Any = None,
+                 emulator_host: str | None = None) -> None:
         from google.cloud import tasks_v2  # only a process that enqueues needs it loaded
         self._tasks_v2 = tasks_v2
         self._client, self._emulator_host, self._lock = client, emulator_host, threading.Lock()
         self.parent = tasks_v2.CloudTasksClient.queue_path(project, location, queue)
 
     @property
-    def client(self):
+    def client(self) -> Any:
         """Built on first use, once per process: a process that never enqueues never looks for credentials."""
         if self._client is not None:  # every enqueue after the first: no lock
             return self._client
@@ -118,9 +135,9 @@ class CloudTasksQueue:
                 self._client = self._tasks_v2.CloudTasksClient(transport=transport)
             return self._client
 
-    def enqueue(self, name, payload, task_name, delay=0):
+    def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None:
         from google.api_core import exceptions
-        task = {
+        task: dict[str, Any] = {
             "name": f"{self.parent}/tasks/{task_name}",
             "app_engine_http_request": {
                 "http_method": self._tasks_v2.HttpMethod.POST,
@@ -135,23 +152,24 @@ class CloudTasksQueue:
         with contextlib.suppress(exceptions.AlreadyExists):
             self.client.create_task(parent=self.parent, task=task, timeout=30)
 
-    def wait(self):
+    def wait(self) -> None:
         """Cloud Tasks delivers on its own schedule: nothing here to wait for."""
 
 
 class NoQueue:
     """Off App Engine without a local Cloud Tasks: the app serves, but cannot enqueue (say how to get one)."""
 
-    def enqueue(self, name, payload, task_name, delay=0):
+    def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None:
         raise RuntimeError("No task queue: set CLOUD_TASKS_EMULATOR_HOST to a local Cloud Tasks "
                            "(`make run` starts one: devstack/cloudtasks.py).")
 
-    def wait(self):
+    def wait(self) -> None:
         """Nothing is ever enqueued here."""
 
 
-def make_queue(settings):
-    if settings.on_app_engine or settings.tasks_emulator_host:
+def make_queue(settings: Settings) -> Queue:
+    # Settings.from_env names a location wherever there is a queue to reach (App Engine requires TASKS_LOCATION).
+    if (settings.on_app_engine or settings.tasks_emulator_host) and settings.tasks_location:
         return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue,
                                emulator_host=settings.tasks_emulator_host)
     return NoQueue()

@@ -1,6 +1,8 @@
 """Transactions as the app runs them: retried on contention with jittered backoff, and, on an entity many requests
 write at once, run in turn with that entity's other writers in every process (core/hotspots.py)."""
 import contextlib
+from collections.abc import Callable
+from typing import TypeVar
 
 from google.cloud import ndb
 
@@ -8,9 +10,11 @@ from core import runtime
 from core.datastore import backoff, is_contention
 from core.errors import Unavailable
 
+T = TypeVar("T")
 
-def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too busy right now; try again.",
-             hot_key=None):
+
+def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, cap: float = 1.0,
+             busy_message: str = "This is too busy right now; try again.", hot_key: ndb.Key | None = None) -> T:
     """fn() in a transaction, tried again on contention after a jittered backoff; Unavailable (503) when contention
     outlasts `max_attempts`. ndb's own retry waits from 1 s, a poor tail for a short transaction on a busy group.
     `hot_key`: the entity many requests write at once (a blog's index, a user's sequence, a counter's config, a job):
@@ -30,7 +34,7 @@ def transact(fn, max_attempts=30, base=0.02, cap=1.0, busy_message="This is too 
     raise Unavailable(busy_message, "contention")
 
 
-def in_turn(hot_key):
+def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:
     """A block that runs in its turn among the writers of entity `hot_key` across the app's processes (nothing to wait
     for when it is None)."""
     if hot_key is None:

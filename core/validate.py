@@ -6,7 +6,7 @@ from core.errors import BadInput, Unprocessable
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
 
 
-def text(value, field, high, strip=False):
+def text(value: object, field: str, high: int, strip: bool = False) -> str:
     """`value` if it is a string of 1..high characters, not all blank and without control characters (tab and line
     breaks allowed), else a 422 naming `field`. `strip` trims it first."""
     if not isinstance(value, str):
@@ -20,7 +20,8 @@ def text(value, field, high, strip=False):
     return value
 
 
-def whole_number(value, field, low, high, default=None, from_json=False):
+def whole_number(value: object, field: str, low: int, high: int, default: int | None = None,
+                 from_json: bool = False) -> int:
     """An int within low..high, else an error naming `field`. None gives `default` when there is one.
 
     From a URL or a form (the default) a string of digits counts, and a wrong value is a 400: the request itself is
@@ -28,8 +29,8 @@ def whole_number(value, field, low, high, default=None, from_json=False):
     422: the body parsed, its content is what cannot be done."""
     if value is None and default is not None:
         return default
-    digits = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high))
-    if digits and not from_json:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)) \
+            and not from_json:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         error = Unprocessable if from_json else BadInput
@@ -37,7 +38,7 @@ def whole_number(value, field, low, high, default=None, from_json=False):
     return value
 
 
-def idempotency_key(value):
+def idempotency_key(value: str | None) -> str | None:
     """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces."""
     if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
         raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",

@@ -1,5 +1,6 @@
 """The app's own routes: health, sign-in (page and API), the route every task is delivered to."""
 from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request
+from flask.typing import ResponseReturnValue
 from google.cloud import ndb
 
 from core import identity, runtime, tasks
@@ -10,27 +11,26 @@ bp = Blueprint("core", __name__)
 
 
 @bp.get("/healthz")
-def healthz():
-    """Datastore and cache reachability; 503 only when Datastore is down (the cache is optional). `memcache` is
-    API.md's name for the cache's state, whichever cache it is; `cache` says which."""
+def healthz() -> ResponseReturnValue:
+    """Datastore and cache reachability; 503 only when Datastore is down (the cache is optional)."""
     cache = runtime.cache()
-    memcache = "ok" if cache.ping() else "down"
+    cache_state = {"backend": cache.backend, "status": cache.ping()}
     try:
         # A lookup by key that bypasses both caches: it proves Datastore itself answers.
         ndb.Key("Healthz", "ping").get(use_cache=False, use_global_cache=False, timeout=3, retries=0)
     except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
-        return jsonify(datastore="down", memcache=memcache, cache=cache.backend), 503
-    return jsonify(datastore="ok", memcache=memcache, cache=cache.backend)
+        return jsonify(datastore="down", cache=cache_state), 503
+    return jsonify(datastore="ok", cache=cache_state)
 
 
 @bp.get("/api/openapi.json")
-def openapi_document():
+def openapi_document() -> ResponseReturnValue:
     """The OpenAPI 3.1 document of the JSON API (core/openapi.py)."""
     return jsonify(current_app.extensions["openapi"])
 
 
 @bp.route("/signin", methods=("GET", "POST"))
-def signin():
+def signin() -> ResponseReturnValue:
     """The local dev sign-in form (on App Engine, IAP signs people in)."""
     if request.method == "POST":
         try:
@@ -45,13 +45,13 @@ def signin():
 
 
 @bp.post("/signout")
-def signout():
+def signout() -> ResponseReturnValue:
     """Forget the dev sign-in."""
     identity.sign_out()
     return redirect("/")
 
 
-def _safe_next(target):
+def _safe_next(target: str | None) -> str:
     # Only paths on this site: an open redirect would turn sign-in into a phishing aid.
     if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
         return target
@@ -59,27 +59,27 @@ def _safe_next(target):
 
 
 @bp.get("/api/session")
-def get_session():
+def get_session() -> ResponseReturnValue:
     """Who is signed in."""
     return jsonify(user=identity.require_user())
 
 
 @bp.post("/api/session")
-def create_session():
+def create_session() -> ResponseReturnValue:
     """Dev sign-in: {"email", "admin"}."""
     data = json_body()
     return jsonify(user=identity.dev_sign_in(data.get("email"), data.get("admin", False)))
 
 
 @bp.delete("/api/session")
-def delete_session():
+def delete_session() -> ResponseReturnValue:
     """Sign out."""
     identity.sign_out()
     return "", 204
 
 
 @bp.post("/api/tasks/<name>")
-def run_task(name):
+def run_task(name: str) -> ResponseReturnValue:
     """A queued task's delivery (core/tasks.py): only a queue of this app may call it. A 2xx ends the task; anything
     else makes the queue deliver it again later."""
     if not tasks.is_from_queue(request.headers, runtime.current().settings):

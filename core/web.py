@@ -1,8 +1,11 @@
 """HTTP plumbing shared by every blueprint: JSON bodies, the API's error shape, error pages, CSRF for forms."""
 import logging
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
-from flask import current_app, flash, jsonify, render_template, request
+from flask import Flask, current_app, flash, jsonify, render_template, request
+from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
@@ -27,6 +30,7 @@ CONTENT_SECURITY_POLICY = {
     "frame-ancestors": "'none'",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
+T = TypeVar("T")
 # Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
 
@@ -35,11 +39,11 @@ def _not_json():
     return AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
 
 
-def is_api():
+def is_api() -> bool:
     return request.path.startswith("/api/")
 
 
-def json_body():
+def json_body() -> dict:
     """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object."""
     if not request.is_json:
         raise _not_json()
@@ -49,7 +53,7 @@ def json_body():
     return data
 
 
-def error_response(status, code, message):
+def error_response(status: int, code: str, message: str) -> ResponseReturnValue:
     if is_api():
         return jsonify(error={"code": code, "message": message}), status
     return render_template("error.html", status=status, message=message), status
@@ -68,7 +72,8 @@ def _check_unsafe_request():
         csrf.protect()
 
 
-def submit_form(action, rerender):
+def submit_form(action: Callable[[], T], rerender: Callable[[int], ResponseReturnValue]
+                ) -> tuple[T | None, ResponseReturnValue | None]:
     """(action's result, None), or, when the service refused the form's input (400/422), (None, the form's page
     again): the reason flashed and `rerender(status)` showing what was typed. Other errors are raised as usual."""
     try:
@@ -80,7 +85,7 @@ def submit_form(action, rerender):
         return None, rerender(e.status)
 
 
-def when(iso):
+def when(iso: str) -> str:
     """"2026-11-21T10:30:00Z" as "21 Nov 2026, 10:30 UTC" (times are stored and cached as ISO 8601 UTC)."""
     try:
         return clock.parse_iso(iso).strftime("%-d %b %Y, %H:%M UTC")
@@ -88,7 +93,7 @@ def when(iso):
         return iso
 
 
-def new_form_token():
+def new_form_token() -> str:
     """A fresh token for a form's hidden idempotency field: a resend of the same form is then a no-op."""
     return uuid.uuid4().hex
 
@@ -99,10 +104,10 @@ def _page_globals():
             "nav": features.of(current_app).navigation}
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
-    on_app_engine = app.extensions["runtime"].settings.on_app_engine
+    on_app_engine = runtime.of(app).settings.on_app_engine
     # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
     # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
@@ -117,37 +122,38 @@ def init_app(app):
     app.before_request(_check_unsafe_request)
 
     @app.errorhandler(AppError)
-    def app_error(e):
+    def app_error(e: AppError) -> ResponseReturnValue:
         return error_response(e.status, e.code, e.message)
 
     @app.errorhandler(CSRFError)
-    def csrf_error(e):
+    def csrf_error(e: CSRFError) -> ResponseReturnValue:
         return error_response(400, "csrf",
                               "The form was out of date or not from this site; reload the page and try again.")
 
     @app.errorhandler(HTTPException)
-    def http_error(e):
+    def http_error(e: HTTPException) -> ResponseReturnValue:
         code = (e.name or "error").lower().replace(" ", "_")
         messages = {404: "There is nothing here.", 405: "That method is not allowed here.",
                     413: "The request body is too large."}
-        return error_response(e.code, code, messages.get(e.code, e.description or e.name))
+        status = e.code or 500
+        return error_response(status, code, messages.get(status, e.description or e.name))
 
-    def datastore_down(e):
+    def datastore_down(e: Exception) -> ResponseReturnValue:
         log.error("Datastore unavailable: %s", e)
         return error_response(503, "datastore_unavailable", "The datastore is not answering; try again shortly.")
-    for exc_class in DATASTORE_DOWN:
-        app.register_error_handler(exc_class, datastore_down)
+    for datastore_error in DATASTORE_DOWN:
+        app.register_error_handler(datastore_error, datastore_down)
 
-    def cache_down(e):
-        # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while memcached
+    def cache_down(e: Exception) -> ResponseReturnValue:
+        # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while the cache
         # cannot be told, and the write fails here, before Datastore was touched.
-        log.error("memcached unreachable during a write: %r", e)
+        log.error("cache (%s) unreachable during a write: %r", runtime.current().cache.backend, e)
         return error_response(503, "cache_unavailable",
                               "This change cannot be saved while the cache is unreachable; try again shortly.")
-    for exc_class in CACHE_DOWN:
-        app.register_error_handler(exc_class, cache_down)
+    for cache_error in CACHE_DOWN:
+        app.register_error_handler(cache_error, cache_down)
 
     @app.errorhandler(Exception)
-    def unexpected(e):
+    def unexpected(e: Exception) -> ResponseReturnValue:
         log.exception("Unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", "Something went wrong on our side; it has been logged.")

@@ -1,4 +1,4 @@
 """Local services for development and tests: the Datastore emulators and the cache (see services.py)."""
-from devstack.services import DevstackError, Emulator, Memcached, Redis, Stack, free_port
+from devstack.services import DatastoreEmulator, DevstackError, FirestoreEmulator, Memcached, Redis, Stack, free_port
 
-__all__ = ["DevstackError", "Emulator", "Memcached", "Redis", "Stack", "free_port"]
+__all__ = ["DatastoreEmulator", "DevstackError", "FirestoreEmulator", "Memcached", "Redis", "Stack", "free_port"]

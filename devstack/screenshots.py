@@ -9,12 +9,12 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from core.settings import Settings
 from devstack import Stack, serving
+from devstack.apps import app_on
 from devstack.browser import launch
 from devstack.services import backend_from_env
 from devstack.serving import wait_until
-from main import create_app, seed_demo
+from main import seed_demo
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 ADMIN = "admin@example.com"
@@ -33,8 +33,7 @@ PHONE = ("phone.png", "/", 390, 844)
 
 
 def _app(stack, tasks_env):
-    return create_app({"SETTINGS": Settings.from_env(dict(stack.env(), **tasks_env, SECRET_KEY="screenshots",
-                                                           ADMIN_EMAILS=ADMIN))})
+    return app_on(stack, testing=False, **tasks_env, SECRET_KEY="screenshots", ADMIN_EMAILS=ADMIN)
 
 
 def main():

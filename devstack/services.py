@@ -15,7 +15,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
+
+from core.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 INDEX_FILE = REPO / "index.yaml"
@@ -269,7 +272,7 @@ class _JavaEmulator:
         self.proc = None
 
 
-class Emulator(_JavaEmulator):
+class DatastoreEmulator(_JavaEmulator):
     """The legacy Cloud Datastore emulator.
 
     Started with --require_indexes and the repo's index.yaml, so a query without its composite index fails here as it
@@ -293,6 +296,12 @@ class Emulator(_JavaEmulator):
                           f"--consistency={self.consistency}", "--require_indexes", f"--index_file={INDEX_FILE}",
                           "--auto_id_policy=SCATTERED", "--store_index_configuration_on_disk=false",
                           "--store_on_disk=true" if self.data_dir else "--store_on_disk=false", str(project_dir)]
+
+    def fresh(self):
+        """An empty datastore for what comes next (a test): every entity dropped. The app's settings need nothing
+        more: {}."""
+        self.reset()
+        return {}
 
     def reset(self):
         """Drop every entity (in-memory emulators only): tests start each case from nothing."""
@@ -323,7 +332,11 @@ class FirestoreEmulator(_JavaEmulator):
     with "Transaction lock timeout" instead of aborting at once.
     """
     backend, name = "firestore", "Firestore emulator"
-    keeps_data = False
+
+    def fresh(self):
+        """An empty datastore for what comes next (a test): this emulator has no reset in Datastore mode, so a
+        namespace of its own. The settings that select it."""
+        return {"DATASTORE_NAMESPACE": f"t{uuid.uuid4().hex[:16]}"}
 
     def _args(self):
         return firestore_command() + ["start", f"--host={LOOPBACK}", f"--port={self.port}",
@@ -471,7 +484,7 @@ class Stack:
         if backend == "firestore":
             self.emulator = FirestoreEmulator(project=project)  # always strongly consistent; keeps nothing on disk
         else:
-            self.emulator = Emulator(project=project, consistency=consistency, data_dir=data_dir)
+            self.emulator = DatastoreEmulator(project=project, consistency=consistency, data_dir=data_dir)
         self.backend = backend
         self.cache = CACHES[cache or cache_from_env()]()
 
@@ -487,6 +500,19 @@ class Stack:
     def stop(self):
         self.emulator.stop()
         self.cache.stop()
+
+    def settings(self, **env):
+        """The settings of an app on this stack: its environment, `env` added (e.g. SECRET_KEY)."""
+        return Settings.from_env(dict(self.env(), **env))
+
+    def fresh(self):
+        """An empty datastore for the next test, however this stack's emulator gives one (`emulator.fresh()`), and
+        the cache running (a fault test that failed half way may have left it stopped): the settings that select
+        them."""
+        overrides = self.emulator.fresh()
+        if not self.cache.healthy():
+            self.cache.restart()
+        return overrides
 
     def env(self):
         return {

@@ -11,6 +11,7 @@ from contextlib import ExitStack, contextmanager
 import requests
 from werkzeug.serving import WSGIRequestHandler, make_server
 
+from core import runtime
 from core.tasks import local_token
 from devstack.cloudtasks import LocalTasks
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
@@ -129,7 +130,7 @@ def served(make_app):
     port, tasks_port = free_port(), free_port()
     url = f"http://{LOOPBACK}:{port}"
     app = make_app(LocalTasks.env_at(tasks_port))
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     tasks = LocalTasks(url, local_token(rt.settings.secret_key), port=tasks_port)
     server = make_server(LOOPBACK, port, app, threaded=True, request_handler=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="served-app", daemon=True)

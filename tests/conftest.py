@@ -10,9 +10,10 @@ import os
 
 import pytest
 
+from core import runtime
 from devstack import Stack
 from devstack.services import backend_from_env, cache_from_env
-from tests.support import Auth, Tasks, fresh_stack, make_app, running
+from tests.support import Auth, Tasks, make_app, running
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +31,7 @@ def backend(stack):
 
 @pytest.fixture
 def app(stack):
-    with running(make_app(stack, **fresh_stack(stack)), flush=True) as app:
+    with running(make_app(stack, **stack.fresh()), flush=True) as app:
         yield app
 
 
@@ -42,7 +43,7 @@ def client(app):
 @pytest.fixture
 def ndb_context(app):
     """Service-level tests run inside an ndb context, as a request would."""
-    with app.extensions["runtime"].context():
+    with runtime.of(app).context():
         yield
 
 
@@ -80,7 +81,7 @@ def firestore_stack(stack):
 
 @pytest.fixture
 def legacy_app(legacy_stack):
-    with running(make_app(legacy_stack, checked=False, **fresh_stack(legacy_stack))) as app:
+    with running(make_app(legacy_stack, checked=False, **legacy_stack.fresh())) as app:
         yield app
 
 

@@ -5,42 +5,24 @@ them from here, never from conftest.
 import contextlib
 import json
 import re
-import uuid
 
 from flask import request
 from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
-from core import runtime, tasks
-from core.settings import Settings
+from core import costs, runtime, tasks
+from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from main import create_app
 
 RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # Flask's <int:index> is OpenAPI's {index}
 
 
+TEST_ENV = {"SECRET_KEY": "test-secret", "ADMIN_EMAILS": "boss@example.com"}
+
+
 def settings_for(stack, **overrides):
     """The settings of a test's app on `stack`; `overrides` are environment variables."""
-    env = dict(stack.env(), SECRET_KEY="test-secret", ADMIN_EMAILS="boss@example.com")
-    env.update(overrides)
-    return Settings.from_env(env)
-
-
-def fresh_datastore(stack):
-    """An empty datastore for the next test: the legacy emulator is reset; the Firestore emulator has no reset in
-    Datastore mode, so the test gets a namespace of its own. Returns the settings overrides that select it."""
-    if stack.backend == "legacy":
-        stack.emulator.reset()
-        return {}
-    return {"DATASTORE_NAMESPACE": f"t{uuid.uuid4().hex[:16]}"}
-
-
-def fresh_stack(stack):
-    """`fresh_datastore`, and the cache running (a fault test that failed half way may have left it stopped)."""
-    overrides = fresh_datastore(stack)
-    if not stack.cache.healthy():
-        stack.cache.restart()
-    return overrides
+    return stack.settings(**{**TEST_ENV, **overrides})
 
 
 class _RequestWithoutBody(FlaskOpenAPIRequest):
@@ -98,7 +80,7 @@ def contract_checked(app):
 def make_app(stack, checked=True, **overrides):
     """A test's app on `stack` (settings_for(stack, **overrides)), its tasks waiting in a DrainedQueue for the test
     to deliver, its responses held to the OpenAPI document when `checked`."""
-    app = create_app({"TESTING": True, "SETTINGS": settings_for(stack, **overrides)}, task_queue=DrainedQueue())
+    app = app_on(stack, task_queue=DrainedQueue(), **{**TEST_ENV, **overrides})
     return contract_checked(app) if checked else app
 
 
@@ -106,7 +88,7 @@ def make_app(stack, checked=True, **overrides):
 def running(app, flush=False):
     """The app's runtime current while the test runs (its services are called directly, as a request would), closed
     after; the responses' contract checked at the end."""
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     if flush:
         rt.cache.flush()
     with rt.activated():
@@ -122,7 +104,7 @@ class Tasks:
 
     def __init__(self, app):
         self.app = app
-        rt = app.extensions["runtime"]
+        rt = runtime.of(app)
         self.queue = rt.tasks.queue
         self.token = tasks.local_token(rt.settings.secret_key)
         self.responses = []
@@ -162,3 +144,31 @@ def csrf_token(client, path="/counters"):
 def in_threads(count, fn):
     """Run fn(i) for i in range(count) on `count` threads at once, each in its own ndb context; their results."""
     return runtime.current().map_in_threads(fn, range(count))
+
+
+# --- a response's costs, from its Server-Timing header -------------------------------------------------------
+
+METRIC = re.compile(r'(?P<name>[\w-]+);desc="(?P<desc>[^"]*)";dur=(?P<dur>[\d.]+)')
+
+
+def timing(response):
+    """{metric: (count, {what: n}, ms)} from a response's Server-Timing header (the app metric has no count)."""
+    header = response.headers["Server-Timing"]
+    found = {}
+    for m in METRIC.finditer(header):
+        count, _, detail = m["desc"].partition(": ")
+        by = {what: int(n) for n, what in (part.split(" ", 1) for part in detail.split(", ") if part)}
+        found[m["name"]] = (int(count.split()[0]), by, float(m["dur"]))
+    app_ms = re.search(r"app;dur=([\d.]+)", header)
+    found["app"] = float(app_ms[1])
+    return found
+
+
+def billed(response):
+    """(reads, writes, deletes, USD per million) from a response's Server-Timing `billed` metric; the dollars as the
+    header states them."""
+    header = response.headers["Server-Timing"]
+    bill = costs.billed_from_server_timing(header)
+    usd = re.search(r'billed;desc="[^"]*\$([\d.]+) per million', header)
+    assert usd or "nothing in Datastore" in header, header
+    return bill.reads, bill.writes, bill.deletes, float(usd[1]) if usd else 0.0

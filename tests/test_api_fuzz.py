@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from schemathesis import checks as schemathesis_checks
 from schemathesis.generation import GenerationMode
 
+from core import runtime
 from devstack import serving
-from tests.support import fresh_stack, make_app
+from tests.support import make_app
 
 EXAMPLES = 30
 # Each example of these does real work (up to 500 concurrent increments; a whole latency measurement).
@@ -35,11 +36,11 @@ USERS = {"user": ("fuzz-user@example.com", False), "admin": ("boss@example.com",
 def served_app(stack):
     """The app on a loopback port, over a fresh datastore and cache, with demo resources to aim at. Its task queue only
     holds tasks (nothing delivers them), so fuzzed seeds and jobs cost nothing."""
-    fresh = fresh_stack(stack)
+    fresh = stack.fresh()
 
     def on(tasks_env):
         app = make_app(stack, **fresh)
-        app.extensions["runtime"].cache.flush()
+        runtime.of(app).cache.flush()
         return app
     with serving.served(on) as (app, url):
         yield app, url

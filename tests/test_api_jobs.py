@@ -11,9 +11,9 @@ from blog.models import EntryRef
 from comments import service as comments_service
 from core import runtime, tasks
 from devstack import serving
-from main import create_app
+from devstack.apps import app_on
 from mapper.models import MapperJob
-from tests.support import csrf_token, fresh_stack, settings_for
+from tests.support import TEST_ENV, csrf_token
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -85,7 +85,7 @@ def test_the_task_route_only_answers_the_queue(client, auth, app):
     assert client.post("/api/tasks/mapper.run", json=payload).status_code == 403
     assert client.post("/api/tasks/mapper.run", json=payload,
                        headers={tasks.TOKEN_HEADER: "forged"}).status_code == 403
-    good = {tasks.TOKEN_HEADER: tasks.local_token(app.extensions["runtime"].settings.secret_key)}
+    good = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     assert client.post("/api/tasks/nothing", json=payload, headers=good).status_code == 404
     r = client.post("/api/tasks/mapper.run", json=payload, headers=good)
     assert r.status_code == 200 and "skipped" in r.get_json()  # no such job: nothing to do, and no retry
@@ -230,16 +230,15 @@ def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
 @pytest.fixture
 def served(stack):
     """The app served over HTTP on loopback, devstack's local Cloud Tasks delivering to it (as under `make run`)."""
-    fresh = fresh_stack(stack)
-    with serving.served(lambda tasks_env: create_app({"TESTING": True, "SETTINGS": settings_for(
-            stack, **tasks_env, **fresh)})) as (app, url):
+    fresh = stack.fresh()
+    with serving.served(lambda tasks_env: app_on(stack, **TEST_ENV, **tasks_env, **fresh)) as (app, url):
         yield app, url
 
 
 def test_local_cloud_tasks_runs_a_job_to_the_end(served):
     import requests
     app, url = served
-    assert isinstance(app.extensions["runtime"].tasks.queue, tasks.CloudTasksQueue)  # the class App Engine runs
+    assert isinstance(runtime.of(app).tasks.queue, tasks.CloudTasksQueue)  # the class App Engine runs
     http = requests.Session()
     assert http.post(url + "/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
     assert http.post(url + "/api/accounts/seed", json={"count": 700}).status_code == 202

@@ -8,7 +8,8 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import ndb
 
-from core import appstats, billing, runtime
+from core import billing, costs, runtime
+from tests.support import billed
 
 
 class Billable(ndb.Model):
@@ -27,7 +28,7 @@ def kind_of_30(ndb_context):
 
 def test_a_lookup_bills_a_read_for_each_key_found_or_missing(kind_of_30):
     keys = kind_of_30[:3] + [ndb.Key(Billable, "absent-1"), ndb.Key(Billable, "absent-2")]
-    with appstats.measured() as cost:
+    with costs.measured() as cost:
         got = ndb.get_multi(keys, **_uncached())
     assert [g is not None for g in got] == [True, True, True, False, False]
     assert cost.datastore == {"Lookup": 1}
@@ -38,7 +39,7 @@ def test_a_lookup_bills_a_read_for_each_key_found_or_missing(kind_of_30):
 def test_an_offset_bills_every_skipped_entity_as_a_read(kind_of_30):
     """The offset lesson in production's terms: 20 skipped + 5 returned = 25 reads for 5 entities shown, on both
     backends, although the Firestore emulator skips them at no visible cost in time."""
-    with appstats.measured() as cost:
+    with costs.measured() as cost:
         page = Billable.query().order(Billable.n).fetch(5, offset=20, **_uncached())
     assert [e.n for e in page] == [20, 21, 22, 23, 24]
     assert cost.billed == billing.Billed(reads=25)
@@ -46,7 +47,7 @@ def test_an_offset_bills_every_skipped_entity_as_a_read(kind_of_30):
 
 
 def test_a_keys_only_query_bills_one_read_for_the_query_and_its_keys_as_free_small_operations(kind_of_30):
-    with appstats.measured() as cost:
+    with costs.measured() as cost:
         keys = Billable.query().order(Billable.n).fetch(10, keys_only=True, **_uncached())
     assert len(keys) == 10 and cost.datastore == {"RunQuery": 1}
     assert cost.billed == billing.Billed(reads=1, small=10)
@@ -59,7 +60,7 @@ def test_a_commit_bills_each_entity_written_and_each_deleted(kind_of_30):
         ndb.put_multi([Billable(id="new-1", n=100), Billable(id="new-2", n=101)], **_uncached())
         kind_of_30[0].delete(**_uncached())
 
-    with appstats.measured() as cost:
+    with costs.measured() as cost:
         change()
     assert cost.datastore["Commit"] == 1
     assert cost.billed == billing.Billed(writes=2, deletes=1)
@@ -74,7 +75,7 @@ def test_an_aggregation_bills_a_read_per_thousand_index_entries_and_a_failed_rpc
     queries: its refused RPC is counted as an RPC and billed nothing."""
     ndb.put_multi([Billable(id=f"a{i:04}", n=1) for i in range(1500)], **_uncached())
     aggregations = runtime.current().datastore.aggregations
-    with appstats.measured() as cost:
+    with costs.measured() as cost:
         if backend == "legacy":
             with pytest.raises(exceptions.MethodNotImplemented):
                 aggregations.count_and_sum("Billable", "n")
@@ -105,16 +106,6 @@ def test_the_rules_on_hand_made_answers():
                       v1.AllocateIdsResponse())[0] == billing.Billed(small=3)
     assert billing.of("BeginTransaction", v1.BeginTransactionRequest(),
                       v1.BeginTransactionResponse())[0] == billing.Billed()
-
-
-def billed(response):
-    """(reads, writes, deletes, USD per million) from a response's Server-Timing `billed` metric; the dollars as the
-    header states them."""
-    header = response.headers["Server-Timing"]
-    bill = appstats.billed_from_server_timing(header)
-    usd = re.search(r'billed;desc="[^"]*\$([\d.]+) per million', header)
-    assert usd or "nothing in Datastore" in header, header
-    return bill.reads, bill.writes, bill.deletes, float(usd[1]) if usd else 0.0
 
 
 def test_every_answer_says_what_production_would_bill_it(client, auth):

@@ -21,7 +21,7 @@ def test_first_post_creates_the_blog_with_index_zero(ndb_context):
     assert posted.created and posted.entry["index"] == 0 and posted.entry["title"] == "Hello"
     assert posted.entry["body_html"] == "<p><em>hi</em></p>"
     assert service.get_blog("b").max_index == 0
-    assert service.get_entry("b", 0)["title"] == "Hello"
+    assert service.require_entry(service.entry_ref("b", 0))["title"] == "Hello"
 
 
 def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
@@ -157,7 +157,7 @@ def test_blog_pages_are_strongly_consistent_at_emulator_consistency_0_9(weak_app
             posted = service.post_entry("w", f"t{round_}", "body", "boss@example.com").entry
             page = service.get_page("w", None, 2)
             assert page.items[0]["index"] == posted["index"] == round_
-            assert service.get_entry("w", round_)["title"] == f"t{round_}"
+            assert service.require_entry(service.entry_ref("w", round_))["title"] == f"t{round_}"
         _post(12, blog="w", start=3)
         seen, start = [], None
         while True:

@@ -1,5 +1,5 @@
 """RPC budgets and billed budgets: each page's and each API read's Datastore RPCs, by method, on a warm cache, with
-the demo content `make run` seeds. Read from the request's own Server-Timing header (core/appstats.py), so a change
+the demo content `make run` seeds. Read from the request's own Server-Timing header (core/costs.py), so a change
 that makes a page read Datastore again where the cache should serve it, or read the same thing twice, fails here, not
 only in a benchmark. The cached front page and the feed read nothing from Datastore at all.
 
@@ -9,12 +9,11 @@ its RPCs and still read 100 entities more. The bills are the same on both backen
 """
 import pytest
 
+from core import runtime
 from counters import demo as counters_demo
 from counters import service as counter_service
 from main import seed_demo
-from tests.support import fresh_stack, make_app, running
-from tests.test_appstats import timing
-from tests.test_billing import billed
+from tests.support import billed, make_app, running, timing
 
 # path -> Datastore RPCs by method on a warm cache (the same for a visitor and an admin)
 BUDGETS = {
@@ -67,7 +66,7 @@ BILLS = dict.fromkeys(BUDGETS, (0, 0, 0)) | {
 
 @pytest.fixture(scope="module")
 def seeded(stack):
-    with running(make_app(stack, checked=False, **fresh_stack(stack)), flush=True) as app:
+    with running(make_app(stack, checked=False, **stack.fresh()), flush=True) as app:
         seed_demo(app)
         yield app
 
@@ -78,7 +77,7 @@ def test_each_page_and_api_read_keeps_its_datastore_budget(seeded, admin):
     if admin:
         client.post("/api/session", json={"email": "boss@example.com", "admin": True})
     spent, bills = {}, {}
-    with seeded.extensions["runtime"].context():
+    with runtime.of(seeded).context():
         grown = counter_service.get_config(counters_demo.TOUR_COUNTER).num_shards
     budgeted = BILLS | {"/counters": (COUNTERS_PAGE_FIXED_READS + grown, 0, 0)}
     for path in BUDGETS:

@@ -17,6 +17,7 @@ from google.cloud import ndb
 
 from accounts.models import Account
 from blog.models import BlogEntry, BlogIndex
+from core import runtime
 from counters import service as counters
 from devstack.serving import queued, signed_in, wait_until
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
@@ -32,7 +33,7 @@ class Fleet:
         self.url, self.server, self.app, self.stack = url, server, app, stack
 
     def read(self, fn):
-        with self.app.extensions["runtime"].context():
+        with runtime.of(self.app).context():
             return fn()
 
     def workers(self):
@@ -267,5 +268,5 @@ def test_a_job_finishes_when_a_worker_dies_between_a_task_commit_and_its_incr(fl
     # the kill did land in the gap: the running sum is short of the whole, and the job finished all the same
     # (read again if the first get fails: this process's pooled connection may predate an earlier test's restart)
     running_sum = wait_until(lambda: fleet.read(
-        lambda: fleet.app.extensions["runtime"].cache.get(f"mapper-returned:{final['id']}")), "the running sum", 10)
+        lambda: runtime.of(fleet.app).cache.get(f"mapper-returned:{final['id']}")), "the running sum", 10)
     assert int(running_sum) < TOTAL_CREDIT, (running_sum, cut)

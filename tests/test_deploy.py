@@ -5,7 +5,7 @@ import re
 import pytest
 from google.cloud import ndb
 
-from core import tasks
+from core import runtime, tasks
 from core.settings import Settings
 from devstack import deployfiles
 from devstack.services import REPO, DevstackError
@@ -86,7 +86,7 @@ def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
     parsed, _ = deployed
     kinds = {index["kind"] for index in parsed["indexes"]}
     assert kinds and kinds <= set(ndb.Model._kind_map), kinds - set(ndb.Model._kind_map)
-    queue = next(q for q in parsed["queues"] if q["name"] == app.extensions["runtime"].settings.tasks_queue)
+    queue = next(q for q in parsed["queues"] if q["name"] == runtime.of(app).settings.tasks_queue)
     assert queue["retry_limit"] == tasks.MAX_ATTEMPTS  # the handler records a failure on the last delivery
 
 

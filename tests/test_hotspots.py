@@ -6,7 +6,7 @@ import time
 
 from google.cloud import ndb
 
-from core import hotspots
+from core import hotspots, runtime
 from core.cache import IO_TIMEOUT
 
 
@@ -15,7 +15,7 @@ def _key(name="hot"):
 
 
 def test_one_writer_holds_the_turn_and_the_next_gets_it_when_it_is_given_back(app, ndb_context):
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     # Two queues on one cache, as two processes have: the local locks do not reach across them, only the lease does.
     first, second = hotspots.HotEntities(rt.cache), hotspots.HotEntities(rt.cache)
     order, key = [], _key()
@@ -35,7 +35,7 @@ def test_one_writer_holds_the_turn_and_the_next_gets_it_when_it_is_given_back(ap
 
 
 def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
-    cache = app.extensions["runtime"].cache
+    cache = runtime.of(app).cache
     assert cache.lease("lease:test", b"mine", 5) is True
     assert cache.lease("lease:test", b"theirs", 5) is False
     assert cache.release("lease:test", b"theirs") is False  # not the holder: the lease stays
@@ -45,7 +45,7 @@ def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
 
 
 def test_a_lease_nobody_gives_back_expires(app, ndb_context):
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     assert rt.cache.lease(hotspots._lease_name(_key()), b"a dead holder's", hotspots.LEASE_SECONDS) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache).turn(_key()):
@@ -55,7 +55,7 @@ def test_a_lease_nobody_gives_back_expires(app, ndb_context):
 
 
 def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease(app, stack, ndb_context):
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     stack.cache.pause()
     try:
         started = time.monotonic()
@@ -67,7 +67,7 @@ def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease
 
 
 def test_without_leases_the_turns_stay_within_the_process(app, ndb_context):
-    rt = app.extensions["runtime"]
+    rt = runtime.of(app)
     assert rt.cache.lease(hotspots._lease_name(_key()), b"another process's", 30) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache, leases=False).turn(_key()):

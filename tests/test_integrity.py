@@ -1,5 +1,6 @@
 """The holes of the "Integrity" issue, each reproduced and shown closed: forged feature counters, anonymous creation,
 the entry page's title, security headers, GETs that wrote, and the middleware dropping `close()`."""
+import dataclasses
 from html.parser import HTMLParser
 
 from flask import Response, stream_with_context
@@ -192,13 +193,13 @@ def test_security_headers_on_pages_json_errors_and_static_files(client, auth):
 
 def test_hsts_only_on_app_engine(stack):
     settings = settings_for(stack)
-    gae = create_app({"TESTING": True, "SETTINGS": type(settings)(**{**settings.__dict__, "on_app_engine": True})})
+    gae = create_app(dataclasses.replace(settings, on_app_engine=True), TESTING=True)
     with running(gae):
         r = gae.test_client().get("/healthz", base_url="https://example.appspot.com")
         assert r.headers["Strict-Transport-Security"].startswith("max-age=31556926")
         _assert_secured(r, "App Engine")
         assert gae.config["SESSION_COOKIE_SECURE"] is True
-    local = create_app({"TESTING": True, "SETTINGS": settings})
+    local = create_app(settings, TESTING=True)
     with running(local):
         r = local.test_client().get("/healthz", base_url="https://localhost")
         assert "Strict-Transport-Security" not in r.headers

@@ -3,15 +3,16 @@ run and measured, and what the counters scenario acknowledged found again in the
 import pytest
 
 from bench import load
+from core import runtime
 from devstack import serving
-from tests.support import fresh_stack, make_app
+from tests.support import make_app
 
 
 @pytest.fixture
 def site(stack):
-    fresh = fresh_stack(stack)
+    fresh = stack.fresh()
     with serving.served(lambda tasks_env: make_app(stack, **tasks_env, **fresh)) as (app, url):
-        app.extensions["runtime"].cache.flush()
+        runtime.of(app).cache.flush()
         yield url
     app.extensions["contract"].assert_kept()
 

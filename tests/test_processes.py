@@ -17,7 +17,7 @@ from google.cloud import ndb
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from comments.models import Comment, UserSequence
-from core import hotspots
+from core import hotspots, runtime
 from counters import service as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
@@ -42,7 +42,7 @@ def fleet(stack):
 
 
 def _read(app, fn):
-    with app.extensions["runtime"].context():
+    with runtime.of(app).context():
         return fn()
 
 

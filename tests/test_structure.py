@@ -1,5 +1,8 @@
 """The structure the code claims: each app owns its runtime and registries, nothing registers by being imported, and
 the blog stands without comments (they add to it only through its EntryAddon hook)."""
+import re
+import subprocess
+
 import pytest
 from google.cloud import ndb
 
@@ -7,21 +10,21 @@ import accounts
 import blog
 import comments
 import counters
-import main
 import tour
 from blog import pages
 from blog.models import BlogEntry
 from core import features, runtime
 from core.runtime import Runtime
+from devstack.apps import app_on
 from mapper import service as mapper
-from tests.support import fresh_datastore, make_app, running, settings_for
+from tests.support import TEST_ENV, make_app, running, settings_for
 
 
 def test_each_app_keeps_its_own_runtime_and_registries(stack):
     """Two apps in one process (the tests build many): neither replaces, closes or sees the other's runtime."""
-    first = make_app(stack, checked=False, **fresh_datastore(stack))
+    first = make_app(stack, checked=False, **stack.emulator.fresh())
     second = make_app(stack, checked=False, DATASTORE_NAMESPACE="second-app")
-    one, two = first.extensions["runtime"], second.extensions["runtime"]
+    one, two = runtime.of(first), runtime.of(second)
     assert one is not two and one.registry(mapper.JOBS) is not two.registry(mapper.JOBS)
     assert set(one.registry(mapper.JOBS)) == set(two.registry(mapper.JOBS)) == {"add_credit", "audit_accounts",
                                                                                  "recount_comments"}
@@ -61,7 +64,7 @@ def test_nothing_registers_by_being_imported(stack):
         rt.close()
     app = make_app(stack, checked=False)
     with running(app):
-        rt = app.extensions["runtime"]
+        rt = runtime.of(app)
         assert rt.tasks.handler("mapper.run") is not None and rt.tasks.handler("accounts.seed") is not None
         registered = features.of(app)
         assert [f.name for f in registered.all] == ["counters", "blog", "comments", "mapper", "accounts", "tour",
@@ -72,15 +75,14 @@ def test_nothing_registers_by_being_imported(stack):
             mapper.register(app, comments.service.RECOUNT)
         with pytest.raises(ValueError, match="already"):
             rt.tasks.register("mapper.run", print)
-        with pytest.raises(AttributeError):
+        with pytest.raises(RuntimeError, match="after the app's features were completed"):
             features.add(app, features.Feature(name="late"))  # complete: no feature joins a built app
 
 
 def test_the_blog_stands_without_comments(stack):
     """An app of counters, blog and the tour (the site's home and source viewer, which every page links): entries,
     pages and their JSON work, and nothing of comments is there."""
-    app = main.create_app({"TESTING": True, "SETTINGS": settings_for(stack, **fresh_datastore(stack))},
-                          features_list=(counters, blog, tour))
+    app = app_on(stack, features_list=(counters, blog, tour), **TEST_ENV, **stack.emulator.fresh())
     with running(app):
         client = app.test_client()
         assert client.post("/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
@@ -106,3 +108,16 @@ def test_comments_add_their_fields_through_the_hook(app, client, auth):
     assert schema["required"] == ["comment_count"]
     with runtime.current().context():
         assert len(BlogEntry.query(ancestor=ndb.Key("BlogIndex", "hooked")).fetch(keys_only=True)) == 1
+
+
+def test_the_repo_carries_its_own_design():
+    """docs/ holds the architecture and the HTTP contract, and nothing in the tree cites a document a clone does not
+    have (the team's shared design and API documents, or anything else outside the repo)."""
+    repo = features.REPO
+    assert (repo / "docs" / "architecture.md").is_file() and (repo / "docs" / "api.md").is_file()
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"\b(?:DESIGN|API)\.md\b|\.\./shared\b")
+    citing = [path for path in tracked if path.endswith((".py", ".md", ".yaml", ".toml", ".html", ".txt", "Makefile"))
+              and not path.startswith("bench/results/")
+              and outside.search((repo / path).read_text(errors="replace").replace("docs/api.md", ""))]
+    assert citing == []

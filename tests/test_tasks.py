@@ -8,9 +8,9 @@ import pytest
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from core import tasks
+from core import runtime, tasks
 from core.settings import Settings
-from main import create_app
+from devstack.apps import app_on
 from tests.support import running
 
 
@@ -43,16 +43,15 @@ def cloud_tasks():
 def gae_app(stack, cloud_tasks):
     """The app as on App Engine, its tasks sent to the loopback Cloud Tasks server."""
     client, _ = cloud_tasks
-    env = dict(stack.env(), GAE_ENV="standard", SECRET_KEY="s", TASKS_LOCATION="us-central1")
-    app = create_app({"TESTING": True, "SETTINGS": Settings.from_env(env)},
-                     task_queue=tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client))
+    app = app_on(stack, task_queue=tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client),
+                 GAE_ENV="standard", SECRET_KEY="s", TASKS_LOCATION="us-central1")
     with running(app):
         yield app
 
 
 def test_cloud_tasks_queue_sends_named_app_engine_tasks_once(cloud_tasks, gae_app):
     client, received = cloud_tasks
-    queue = gae_app.extensions["runtime"].tasks
+    queue = runtime.of(gae_app).tasks
     payload = {"seed": "abc", "start": 0, "stop": 3}
     queue.enqueue("accounts.seed", payload, "seed-abc-0")
     queue.enqueue("accounts.seed", payload, "seed-abc-0")  # ALREADY_EXISTS: success, not an error
@@ -76,7 +75,7 @@ def test_cloud_tasks_queue_sends_named_app_engine_tasks_once(cloud_tasks, gae_ap
 
 def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks, gae_app):
     client, received = cloud_tasks
-    queue = gae_app.extensions["runtime"].tasks
+    queue = runtime.of(gae_app).tasks
     with pytest.raises(ValueError):
         queue.enqueue("no.such.handler", {}, "t-1")
     with pytest.raises(ValueError):

@@ -9,10 +9,11 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import sync_playwright
 
+from core import runtime
 from devstack import browser as chromium
 from devstack import serving
-from main import create_app
-from tests.support import contract_checked, fresh_stack, settings_for
+from devstack.apps import app_on
+from tests.support import TEST_ENV, contract_checked
 
 ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
 
@@ -28,11 +29,11 @@ def browser():
 @pytest.fixture
 def site(stack):
     """The base URL of a freshly served app on an empty datastore and cache."""
-    fresh = fresh_stack(stack)
+    fresh = stack.fresh()
 
     def make_app(tasks_env):
-        app = contract_checked(create_app({"TESTING": True, "SETTINGS": settings_for(stack, **tasks_env, **fresh)}))
-        app.extensions["runtime"].cache.flush()
+        app = contract_checked(app_on(stack, **TEST_ENV, **tasks_env, **fresh))
+        runtime.of(app).cache.flush()
         return app
     with serving.served(make_app) as (app, url):
         yield url

@@ -1,0 +1,90 @@
+"""The accounting's Flask side: every response gets its request's costs (core/costs.py counts them) in its
+`Server-Timing` header and one log line, pages get them for their footer, and the process keeps the last ones for
+/appstats. Installed on every app by create_app, whichever features it has."""
+import json
+import logging
+import sys
+
+from flask import current_app, request
+
+from core import clock, runtime
+from core.costs import Recent, current
+
+log = logging.getLogger("appstats")
+TRACE_HEADER = "X-Cloud-Trace-Context"  # TRACE_ID/SPAN_ID;o=1, set by App Engine's front end
+RECENT = 100  # requests kept per process for /appstats
+
+
+def init_app(app):
+    """Bind the accounting to `app`: every response gets its Server-Timing header and one log line, and joins the
+    process's recent requests; pages get `request_cost()` for their footer. Off with APPSTATS=off (no counting)."""
+    settings = runtime.of(app).settings
+    app.extensions["appstats"] = Recent(RECENT)
+    if not log.handlers:  # once per process: one line per request, JSON on App Engine (Cloud Logging reads stdout)
+        handler = logging.StreamHandler(sys.stdout if settings.on_app_engine else sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False  # the line as it is, once: not again through the root logger's format (main.app's)
+    app.add_template_global(_request_cost, "request_cost")
+    app.after_request(_account)
+
+
+def _cache_name():
+    """The cache as the footer and the log line say it: its backend, or just "cache" when there is none."""
+    backend = runtime.of(current_app).cache.backend
+    return backend if backend != "none" else "cache"
+
+
+def _request_cost():
+    cost = current()
+    return cost.footer(_cache_name()) if cost is not None else None
+
+
+def _account(response):
+    cost = current()
+    if cost is None:
+        return response
+    settings = runtime.of(current_app).settings
+    response.headers["Server-Timing"] = cost.server_timing()
+    record = {"method": request.method, "path": request.full_path.rstrip("?"), "status": response.status_code,
+              "at": clock.iso(clock.now()), **cost.summary(runtime.of(current_app).cache.backend)}
+    current_app.extensions["appstats"].add(record)
+    if settings.on_app_engine:
+        log.info(json.dumps(_structured(record, settings.project, request.headers.get(TRACE_HEADER))))
+    else:
+        log.info(_readable(record, _cache_name()))
+    return response
+
+
+def _structured(record, project, trace_header):
+    """One Cloud Logging entry (https://cloud.google.com/logging/docs/structured-logging): severity, message, the
+    httpRequest, the figures, and the trace the request belongs to, so it sits under its request in Logs Explorer."""
+    entry = {"severity": "INFO", "message": f"{record['method']} {record['path']} {record['status']}: "
+                                            f"{record['datastore']['rpcs']} Datastore RPCs, "
+                                            f"{record['billed']['reads']} reads, {record['billed']['writes']} writes, "
+                                            f"{record['billed']['deletes']} deletes billed",
+             "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
+                             "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
+             "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
+    if trace_header:
+        trace, _, rest = trace_header.partition("/")
+        span, _, options = rest.partition(";")
+        if trace:
+            entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace}"
+        if span:
+            entry["logging.googleapis.com/spanId"] = span
+        entry["logging.googleapis.com/trace_sampled"] = options == "o=1"
+    return entry
+
+
+def _readable(record, cache_name):
+    datastore, cache = record["datastore"], record["cache"]
+    by_method = ", ".join(f"{n} {m}" for m, n in sorted(datastore["by_method"].items()))
+    by_call = ", ".join(f"{n} {c}" for c, n in sorted(cache["by_call"].items()))
+    billed = record["billed"]
+    return (f"{record['method']} {record['path']} {record['status']} {record['app_ms']:.1f} ms | "
+            f"datastore {datastore['rpcs']} RPCs {datastore['ms']:.1f} ms ({by_method or 'none'}) | "
+            f"{cache_name} {cache['calls']} calls {cache['ms']:.1f} ms ({by_call or 'none'}) | "
+            f"billed {billed['reads']} reads {billed['writes']} writes {billed['deletes']} deletes "
+            f"${billed['usd_per_million']:.2f}/M")

@@ -1,0 +1,222 @@
+"""A request's costs (Appstats for today): its Datastore RPCs and cache calls, counted where they leave the process.
+
+- Datastore: a gRPC client interceptor on the channel ndb uses (and on the Datastore API client beside it), so every
+  RPC is seen by method (Lookup, RunQuery, RunAggregationQuery, BeginTransaction, Commit, Rollback, AllocateIds),
+  whoever made it, ndb's batches and retries included. Timed from the call to its answer (ndb sends RPCs
+  asynchronously: the answer comes back on a gRPC thread, hence the lock).
+- What each RPC is billed in production (core/billing.py), read from the same RPC's request and answer: entities
+  found, missing, returned and skipped, index entries counted, entities written and deleted. Unlike the time, these
+  counts are the same on an emulator as in production.
+- The cache: the client object itself is wrapped (`CountedClient`), the one that both the app's explicit calls and
+  ndb's global cache go through, so a get_many ndb makes for its global cache counts like one the app makes.
+Each request gets a `Cost` (core.runtime.RequestMiddleware); appstats/accounting.py shows it in the request's
+`Server-Timing` header, its page's footer and one log line, and keeps it among the last requests for /appstats. Free
+of Flask, like everything below core/web.py (pyproject.toml's contract): benchmarks and scripts count costs too.
+"""
+import collections
+import contextlib
+import contextvars
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from core import billing
+
+_current: contextvars.ContextVar["Cost | None"] = contextvars.ContextVar("request_cost", default=None)
+
+
+class Cost:
+    """One request's RPCs and cache calls: counts by method and their summed time."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.datastore = collections.Counter()
+        self.cache = collections.Counter()
+        self.datastore_s = 0.0
+        self.cache_s = 0.0
+        self.billed = billing.Billed()
+        self.counted = collections.Counter()  # what the bill was counted from: found, missing, skipped, ...
+        self._lock = threading.Lock()
+
+    def add_rpc(self, method: str, seconds: float, billed: billing.Billed | None = None,
+                counted: dict[str, int] | None = None) -> None:
+        with self._lock:
+            self.datastore[method] += 1
+            self.datastore_s += seconds
+            if billed is not None:
+                self.billed += billed
+                self.counted.update(counted or {})
+
+    def add_cache(self, call: str, seconds: float) -> None:
+        with self._lock:
+            self.cache[call] += 1
+            self.cache_s += seconds
+
+    @property
+    def rpcs(self) -> int:
+        return sum(self.datastore.values())
+
+    @property
+    def cache_calls(self) -> int:
+        return sum(self.cache.values())
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+    def summary(self, cache_backend: str) -> dict[str, Any]:
+        """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
+        its backend ("memcached", "redis" or "none") named inside."""
+        with self._lock:
+            return {"datastore": {"rpcs": self.rpcs, "ms": round(self.datastore_s * 1000, 1),
+                                  "by_method": dict(self.datastore)},
+                    "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted.items() if n}},
+                    "cache": {"backend": cache_backend, "calls": self.cache_calls, "ms": round(self.cache_s * 1000, 1),
+                              "by_call": dict(self.cache)},
+                    "app_ms": round(self.elapsed_ms(), 1)}
+
+    def server_timing(self) -> str:
+        """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
+        billed;desc="11 reads: $3.30 per million"` (a metric without a duration: what production would bill)."""
+        with self._lock:
+            parts = [_metric("datastore", _described(self.datastore, "RPC"), self.datastore_s),
+                     _metric("cache", _described(self.cache, "call"), self.cache_s),
+                     f'billed;desc="{self._billed()}"']
+        parts.append(f"app;dur={self.elapsed_ms():.1f}")
+        return ", ".join(parts)
+
+    def footer(self, cache_name: str) -> str:
+        """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
+        such requests)': so far, as the page is rendered."""
+        with self._lock:
+            return (f"{_plural(self.rpcs, 'Datastore RPC')} ({self.datastore_s * 1000:.1f} ms), "
+                    f"{_plural(self.cache_calls, cache_name + ' call')} ({self.cache_s * 1000:.1f} ms); "
+                    f"billed in production: {self._billed(' such requests')}")
+
+    def _billed(self, requests: str = "") -> str:
+        """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
+        if not (self.billed.reads or self.billed.writes or self.billed.deletes):
+            return "nothing in Datastore"
+        return f"{self.billed.describe()}: ${self.billed.usd_per_million():.2f} per million{requests}"
+
+
+_BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
+
+
+def billed_from_server_timing(header: str | None) -> billing.Billed:
+    """The billing.Billed a Server-Timing header's `billed` metric states (for benchmarks and tests reading it back
+    from responses): nothing when it has none."""
+    match = _BILLED_METRIC.search(header or "")
+    counts = {what.rstrip("s"): int(n) for n, what in
+              re.findall(r"(\d+) (reads?|writes?|deletes?)", match["desc"] if match else "")}
+    return billing.Billed(reads=counts.get("read", 0), writes=counts.get("write", 0), deletes=counts.get("delete", 0))
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _described(counts: collections.Counter, noun: str) -> str:
+    total = sum(counts.values())
+    detail = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return _plural(total, noun) + (f": {detail}" if detail else "")
+
+
+def _metric(name: str, desc: str, seconds: float) -> str:
+    return f'{name};desc="{desc}";dur={seconds * 1000:.1f}'
+
+
+def current() -> Cost | None:
+    """The cost of the request being served, or None outside one."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def measuring(cost: Cost | None) -> Iterator[Cost | None]:
+    """What the block does is counted in `cost` (None: not counted)."""
+    token = _current.set(cost)
+    try:
+        yield cost
+    finally:
+        _current.reset(token)
+
+
+def measured() -> contextlib.AbstractContextManager[Cost | None]:
+    """`with measured() as cost:` counts what the block does (a request, or a script's step) in a new Cost."""
+    return measuring(Cost())
+
+
+class RpcCounter(grpc.UnaryUnaryClientInterceptor):
+    """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
+    (on the request's thread, in its context); the answer may arrive on a gRPC thread, which only adds to that cost."""
+
+    def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        cost = _current.get()
+        started = time.perf_counter()
+        outcome = continuation(client_call_details, request)
+        if cost is not None:
+            method = client_call_details.method
+            method = method.rsplit("/", 1)[-1] if isinstance(method, str) else method.decode().rsplit("/", 1)[-1]
+
+            def done(answered: grpc.Future) -> None:
+                seconds = time.perf_counter() - started
+                billed, counted = (billing.of(method, request, answered.result()) if answered.exception() is None
+                                   else (None, None))  # a failed RPC is not billed its reads or writes
+                cost.add_rpc(method, seconds, billed, counted)
+            outcome.add_done_callback(done)
+        return outcome
+
+
+def intercepted(channel: grpc.Channel) -> grpc.Channel:
+    """`channel` with every RPC counted (a public gRPC API: grpc.intercept_channel)."""
+    return grpc.intercept_channel(channel, RpcCounter())
+
+
+class CountedClient:
+    """A cache client with every call counted for the current request, whatever the client (pymemcache, redis-py, the
+    app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted by their round trips."""
+
+    PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
+
+    def __init__(self, client: Any, prefix: str = "") -> None:
+        self._client = client
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name.startswith("_") or not callable(attribute):
+            return attribute
+        if name == "pipeline":
+            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.")
+        if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
+            return attribute
+
+        def call(*args, **kwargs):
+            cost = _current.get()
+            started = time.perf_counter()
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                if cost is not None:
+                    cost.add_cache(self._prefix + name, time.perf_counter() - started)
+        return call
+
+
+class Recent:
+    """The last `size` requests' costs in this process, newest first (bounded: a deque), for /appstats."""
+
+    def __init__(self, size: int = 100) -> None:
+        self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._items.appendleft(record)
+
+    def items(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._items)
