@@ -3,6 +3,7 @@
 /appstats. Installed on every app by create_app, whichever features it has."""
 import json
 import logging
+import re
 import sys
 
 from flask import current_app, request
@@ -13,6 +14,8 @@ from core.costs import Recent, current
 log = logging.getLogger("appstats")
 TRACE_HEADER = "X-Cloud-Trace-Context"  # TRACE_ID/SPAN_ID;o=1, set by App Engine's front end
 RECENT = 100  # requests kept per process for /appstats
+TRACE_CONTEXT = re.compile(r"(?P<trace>[0-9a-f]{32})(?:/(?P<span>\d{1,20}))?(?:;o=(?P<options>[01]))?")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def init_app(app):
@@ -67,15 +70,22 @@ def _structured(record, project, trace_header):
              "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
                              "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
              "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
-    if trace_header:
-        trace, _, rest = trace_header.partition("/")
-        span, _, options = rest.partition(";")
-        if trace:
-            entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace}"
-        if span:
-            entry["logging.googleapis.com/spanId"] = span
-        entry["logging.googleapis.com/trace_sampled"] = options == "o=1"
+    # App Engine's front end sets the header, but passes on one a client sent: only a well-formed one is used
+    # (TRACE_ID/SPAN_ID;o=OPTIONS, https://cloud.google.com/trace/docs/trace-context#legacy-http-header).
+    trace = TRACE_CONTEXT.fullmatch(trace_header or "")
+    if trace:
+        entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace['trace']}"
+        if trace["span"] and 0 < int(trace["span"]) < 2 ** 64:
+            # The header says the span in decimal; a LogEntry's spanId is 16 hex digits (the LogEntry reference;
+            # googleapis/python-logging#942).
+            entry["logging.googleapis.com/spanId"] = f"{int(trace['span']):016x}"
+        entry["logging.googleapis.com/trace_sampled"] = trace["options"] == "1"
     return entry
+
+
+def _printable(text):
+    """`text` with its control characters escaped: a path decoded from %0a must not start a line of its own."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _readable(record, cache_name):
@@ -83,7 +93,8 @@ def _readable(record, cache_name):
     by_method = ", ".join(f"{n} {m}" for m, n in sorted(datastore["by_method"].items()))
     by_call = ", ".join(f"{n} {c}" for c, n in sorted(cache["by_call"].items()))
     billed = record["billed"]
-    return (f"{record['method']} {record['path']} {record['status']} {record['app_ms']:.1f} ms | "
+    return (f"{_printable(record['method'])} {_printable(record['path'])} {record['status']} "
+            f"{record['app_ms']:.1f} ms | "
             f"datastore {datastore['rpcs']} RPCs {datastore['ms']:.1f} ms ({by_method or 'none'}) | "
             f"{cache_name} {cache['calls']} calls {cache['ms']:.1f} ms ({by_call or 'none'}) | "
             f"billed {billed['reads']} reads {billed['writes']} writes {billed['deletes']} deletes "

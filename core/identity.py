@@ -6,6 +6,7 @@ request's identity into `x-goog-iap-jwt-assertion`, verified here against Google
 stable user id and admins are the emails in ADMIN_EMAILS.
 """
 import hashlib
+import logging
 import re
 import threading
 import time
@@ -19,6 +20,7 @@ from google.auth import jwt
 from core import runtime
 from core.errors import BadInput, Forbidden, NotFound, SignInRequired, Unavailable
 
+log = logging.getLogger(__name__)
 IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
 IAP_ISSUER = "https://cloud.google.com/iap"
 IAP_HEADER = "x-goog-iap-jwt-assertion"
@@ -35,22 +37,45 @@ EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2
 
 
 class IapKeys:
-    """Google's IAP public keys, fetched once and refreshed hourly: not one fetch per request."""
+    """Google's IAP public keys, fetched once and refreshed hourly: not one fetch per request.
 
-    def __init__(self, url: str = IAP_CERTS_URL, lifetime: float = 3600) -> None:
-        self.url, self.lifetime = url, lifetime
+    One fetch at a time, and never a queue of them: threads that waited for a fetch use its keys. When a refresh
+    fails, the keys already held stay in use (Google rotates them slowly, announcing new ones well before use) and
+    the next try is `retry_after` seconds later; with no keys at all, a failed fetch answers every caller at once for
+    those seconds instead of each waiting out its own timeout in turn."""
+
+    def __init__(self, url: str = IAP_CERTS_URL, lifetime: float = 3600, timeout: float = 5,
+                 retry_after: float = 30) -> None:
+        self.url, self.lifetime, self.timeout, self.retry_after = url, lifetime, timeout, retry_after
         self._keys: dict[str, str] | None = None
-        self._fetched, self._lock = 0.0, threading.Lock()
+        self._due = 0.0  # monotonic time of the next fetch
+        self._failure: Exception | None = None  # the last fetch's error, while no keys are held
+        self._lock = threading.Lock()
 
     def get(self) -> dict[str, str]:
-        with self._lock:
-            keys = self._keys
-            if keys is None or time.monotonic() - self._fetched > self.lifetime:
-                response = requests.get(self.url, timeout=5)
-                response.raise_for_status()
-                keys = response.json()
-                self._keys, self._fetched = keys, time.monotonic()
+        keys = self._keys
+        if keys is not None and time.monotonic() < self._due:
             return keys
+        with self._lock:
+            keys, now = self._keys, time.monotonic()
+            if now < self._due:  # another thread fetched (or failed) while this one waited
+                if keys is None:
+                    raise requests.ConnectionError(f"IAP keys unavailable: {self._failure!r}")
+                return keys
+            try:
+                response = requests.get(self.url, timeout=self.timeout)
+                response.raise_for_status()
+                fetched = response.json()
+                if not isinstance(fetched, dict) or not fetched:
+                    raise ValueError("IAP keys: not a JSON object of keys")
+            except (requests.RequestException, ValueError) as e:
+                self._due, self._failure = time.monotonic() + self.retry_after, e
+                if keys is None:
+                    raise
+                log.warning("IAP keys not refreshed, the held ones stay in use: %r", e)
+                return keys
+            self._keys, self._due, self._failure = fetched, time.monotonic() + self.lifetime, None
+            return fetched
 
 
 def verify_iap_token(token: str | None, audience: str | None, keys: IapKeys) -> User | None:

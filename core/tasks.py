@@ -60,7 +60,9 @@ def local_headers(token: str, task: "Task") -> dict[str, str]:
 def is_from_queue(headers: "Mapping[str, str] | Headers", settings: Settings) -> bool:
     if settings.on_app_engine:
         return bool(headers.get(QUEUE_HEADER))
-    return hmac.compare_digest(headers.get(TOKEN_HEADER, ""), local_token(settings.secret_key))
+    # As bytes: compare_digest refuses a str with non-ASCII characters (a TypeError, a 500), and a header may hold any.
+    given = headers.get(TOKEN_HEADER, "").encode("utf-8", "replace")
+    return hmac.compare_digest(given, local_token(settings.secret_key).encode())
 
 
 class Queue(Protocol):

@@ -52,8 +52,11 @@ def signout() -> ResponseReturnValue:
 
 
 def _safe_next(target: str | None) -> str:
-    # Only paths on this site: an open redirect would turn sign-in into a phishing aid.
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+    """Only a path on this site: an open redirect would turn sign-in into a phishing aid. No whitespace or control
+    character anywhere: werkzeug drops a tab from a Location header, so "/\t/evil.example" would leave as
+    "//evil.example", another host."""
+    if (target and target.startswith("/") and not target.startswith("//") and "\\" not in target
+            and not any(c.isspace() or not c.isprintable() for c in target)):
         return target
     return "/"
 

@@ -3,6 +3,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from flask import Flask, current_app, flash, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
@@ -47,7 +48,10 @@ def json_body() -> dict:
     """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object."""
     if not request.is_json:
         raise _not_json()
-    data = request.get_json(silent=True)
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # nesting deeper than Python's parser goes: not a body any route takes
+        data = None
     if not isinstance(data, dict):
         raise BadInput("The body must be a JSON object.", "bad_json")
     return data
@@ -59,13 +63,28 @@ def error_response(status: int, code: str, message: str) -> ResponseReturnValue:
     return render_template("error.html", status=status, message=message), status
 
 
+def _cross_site() -> bool:
+    """Whether a browser sent this request for another site's page. Browsers say so themselves: Sec-Fetch-Site on
+    every request (all current browsers), Origin on every POST, PUT and DELETE, a `fetch(..., {mode: "no-cors"})` and
+    a `sendBeacon` included, and neither can be set by a page's script. A client that sends neither (curl, a script,
+    Cloud Tasks) carries no visitor's cookies but its own."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site not in ("same-origin", "none")  # "none": typed or bookmarked by the user
+    origin = request.headers.get("Origin")
+    return origin is not None and urlsplit(origin).netloc != request.host  # "null" (a sandboxed page) too
+
+
 def _check_unsafe_request():
-    """Forms need a CSRF token. The API needs none, because a cross-site page cannot send it a request a browser would
-    accept: any body a form can send has a non-JSON Content-Type, refused here (415), and a JSON one needs a CORS
-    preflight that this app never grants. The session cookie is also SameSite=Lax."""
+    """Forms need a CSRF token. The API needs none: a request another site's page makes a browser send is refused
+    here (403) by what the browser says of it (`_cross_site`), whatever its body; a body a form can send has a
+    non-JSON Content-Type, refused (415); and a JSON one needs a CORS preflight that this app never grants. The session
+    cookie is also SameSite=Lax. A bodyless POST used to pass all of these: only the first refuses it."""
     if request.method not in UNSAFE:
         return
     if is_api():
+        if _cross_site():
+            raise AppError("Requests from another site's pages are refused.", "cross_site", 403)
         if request.content_type and not request.is_json:
             raise _not_json()
     else:

@@ -5,6 +5,7 @@ import pytest
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from core import runtime
+from main import MAX_BODY_BYTES
 from tests.support import csrf_token
 
 
@@ -108,9 +109,19 @@ def test_bad_blog_names_bodies_and_keys_write_nothing(client, auth):
                        ).status_code == 415
     assert client.post("/api/blogs/news/entries", data="[1]", content_type="application/json").status_code == 400
     assert _post(client, headers={"Idempotency-Key": "has space"}).status_code == 400
-    assert client.post("/api/blogs/news/entries", data="x" * 300_000, content_type="application/json"
+    assert client.post("/api/blogs/news/entries", data="x" * (MAX_BODY_BYTES + 1), content_type="application/json"
                        ).status_code == 413
     assert _stored(BlogIndex) == [] and _stored(BlogEntry) == [] and _stored(PostMarker) == []
+
+
+def test_the_largest_valid_entry_fits_the_body_limit(client, auth):
+    """The longest title and body, every character outside ASCII: as JSON escapes them by default ("\\u00e9", 6 bytes,
+    and a surrogate pair of 12 for one outside the BMP) the body is far larger than its characters, and still valid."""
+    auth.admin()
+    for char in ("\u00e9", "\U0001f600"):
+        r = _post(client, title=char * 200, body=char * 100_000)  # the test client's json= escapes as json.dumps does
+        assert r.status_code == 201, (char, r.status_code)
+        assert r.get_json()["body"] == char * 100_000
 
 
 def test_idempotency_key_over_the_api(client, auth):

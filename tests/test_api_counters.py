@@ -7,6 +7,7 @@ from google.cloud import ndb
 from core import runtime
 from counters import totals as counters_totals
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
+from main import MAX_BODY_BYTES
 from tests.support import csrf_token
 
 
@@ -113,7 +114,7 @@ def test_body_must_be_json(client, auth):
 
 def test_body_too_large_is_413(client, auth):
     auth.admin()
-    r = client.put("/api/counters/x", data='{"mode": "' + "g" * 300_000 + '"}', content_type="application/json")
+    r = client.put("/api/counters/x", data='{"mode": "' + "g" * MAX_BODY_BYTES + '"}', content_type="application/json")
     assert r.status_code == 413 and r.get_json()["error"]["code"] == "request_entity_too_large"
 
 

@@ -85,6 +85,9 @@ def test_the_task_route_only_answers_the_queue(client, auth, app):
     assert client.post("/api/tasks/mapper.run", json=payload).status_code == 403
     assert client.post("/api/tasks/mapper.run", json=payload,
                        headers={tasks.TOKEN_HEADER: "forged"}).status_code == 403
+    # A header may carry any byte: a token that is not ASCII is refused like any other (it was a 500).
+    assert client.post("/api/tasks/mapper.run", json=payload,
+                       headers={tasks.TOKEN_HEADER: "t\u00e9"}).status_code == 403
     good = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     assert client.post("/api/tasks/nothing", json=payload, headers=good).status_code == 404
     r = client.post("/api/tasks/mapper.run", json=payload, headers=good)

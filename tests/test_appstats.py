@@ -107,6 +107,13 @@ def test_a_local_request_logs_one_readable_line(client, appstats_log):
     assert re.match(r"GET /api/counters/x 404 [\d.]+ ms \| datastore \d+ RPCs [\d.]+ ms \(.*Lookup.*\) \| ", lines[0])
 
 
+def test_a_path_cannot_forge_a_log_line(client, appstats_log):
+    """The path is logged decoded: %0a would end the line and let the rest pose as another request's."""
+    client.get("/x%0aGET%20/api/session%20200%0d%1b[2J")
+    assert len(appstats_log) == 1 and "\n" not in appstats_log[0] and "\r" not in appstats_log[0]
+    assert appstats_log[0].startswith("GET /x\\x0aGET /api/session 200\\x0d\\x1b[2J 404 ")
+
+
 @pytest.fixture
 def gae_app(stack):
     app = app_on(stack, task_queue=DrainedQueue(), GAE_ENV="standard", SECRET_KEY="s",
@@ -122,9 +129,22 @@ def test_on_app_engine_one_structured_line_carries_the_trace(gae_app, appstats_l
     assert len(entries) == 1
     entry = entries[0]
     assert entry["logging.googleapis.com/trace"] == "projects/scalable-demo/traces/105445aa7843bc8bf206b12000100000"
-    assert entry["logging.googleapis.com/spanId"] == "1" and entry["logging.googleapis.com/trace_sampled"] is True
+    # the header's decimal span id, as Cloud Logging's 16 hex digits
+    assert entry["logging.googleapis.com/spanId"] == "0000000000000001"
+    assert entry["logging.googleapis.com/trace_sampled"] is True
     assert entry["severity"] == "INFO" and entry["httpRequest"]["status"] == r.status_code == 404
     assert entry["appstats"]["datastore"]["rpcs"] == timing(r)["datastore"][0] >= 1
+
+
+def test_a_clients_trace_header_is_used_only_when_well_formed(gae_app, appstats_log):
+    """App Engine passes on an X-Cloud-Trace-Context a client sent: one that is not TRACE_ID/SPAN_ID;o=N is ignored
+    (it once went into the log entry as it came)."""
+    for header in ("not-a-trace/1;o=1", "105445aa7843bc8bf206b12000100000/1;o=1 forged", "../../x",
+                   "105445aa7843bc8bf206b12000100000/99999999999999999999999;o=1"):
+        appstats_log.clear()
+        gae_app.test_client().get("/healthz", headers={"X-Cloud-Trace-Context": header})
+        entry = json.loads(appstats_log[0])
+        assert "logging.googleapis.com/trace" not in entry and "logging.googleapis.com/spanId" not in entry, header
 
 
 def test_accounting_off_counts_nothing(stack):

@@ -2,6 +2,7 @@
 import time
 
 import pytest
+import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from google.api_core import exceptions as core_exceptions
@@ -72,6 +73,13 @@ def test_signin_page_and_form(client):
     assert client.post("/signin", data={"email": "p@example.com"}).status_code == 400  # no CSRF token
     r = client.post("/signin", data={"csrf_token": token, "email": "p@example.com", "next": "//evil.example/"})
     assert r.status_code == 302 and r.headers["Location"] == "/"
+    for sneaky in ("/\t/evil.example", "/\n/evil.example", "/ /evil.example", "/\x00/x"):  # werkzeug drops a tab
+        token = csrf_token(client, "/signin")
+        r = client.post("/signin", data={"csrf_token": token, "email": "p@example.com", "next": sneaky})
+        assert r.status_code == 302 and r.headers["Location"] == "/", (sneaky, r.headers["Location"])
+    token = csrf_token(client, "/signin")
+    r = client.post("/signin", data={"csrf_token": token, "email": "p@example.com", "next": "/blog/demo?start=3"})
+    assert r.headers["Location"] == "/blog/demo?start=3"  # a path on this site still goes where it says
     assert client.get("/api/session").get_json()["user"]["email"] == "p@example.com"
     assert b"p@example.com" in client.get("/counters").data
     # Signing in starts a new session (no fixation), so the old page's token is spent.
@@ -272,3 +280,75 @@ def test_a_port_taken_before_the_bind_is_chosen_again(monkeypatch):
             fixed.start()
     finally:
         squatter.close()
+
+
+class KeyServer:
+    """Google's key endpoint stand-in on loopback: answers after `delay` seconds with `status` and the keys; counts
+    the fetches."""
+
+    def __init__(self, delay=0.0, status=200):
+        import http.server
+        import threading
+
+        from devstack import free_port
+        self.delay, self.status, self.fetches = delay, status, 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.fetches += 1
+                time.sleep(server.delay)
+                body = b'{"kid-1": "-----BEGIN PUBLIC KEY-----"}'
+                self.send_response(server.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/keys"
+
+    def stop(self):
+        self.httpd.shutdown()
+
+
+def _at_once(fn, count=4):
+    """fn() on `count` threads at once: [(result or exception, seconds)]."""
+    import concurrent.futures
+
+    def timed(_):
+        start = time.monotonic()
+        try:
+            return fn(), time.monotonic() - start
+        except Exception as e:  # noqa: BLE001 - the test looks at what each caller got
+            return e, time.monotonic() - start
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(timed, range(count)))
+
+
+def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
+    """Four requests needing the keys at once make one fetch; a failing fetch answers them all at once (it used to
+    hold a lock across each one's 5 s timeout in turn: 5, 10, 15, 20 s); keys already held outlive a failed refresh."""
+    slow_failure = KeyServer(delay=1.0, status=500)
+    try:
+        keys = identity.IapKeys(url=slow_failure.url, retry_after=30)
+        answers = _at_once(keys.get)
+        assert all(isinstance(result, requests.RequestException) for result, _ in answers), answers
+        assert slow_failure.fetches == 1 and max(seconds for _, seconds in answers) < 1.9, answers
+    finally:
+        slow_failure.stop()
+    server = KeyServer(delay=0.3)
+    try:
+        keys = identity.IapKeys(url=server.url, lifetime=0.5, retry_after=30)
+        answers = _at_once(keys.get)
+        assert [result for result, _ in answers] == [{"kid-1": "-----BEGIN PUBLIC KEY-----"}] * 4
+        assert server.fetches == 1
+        server.status = 503
+        time.sleep(0.6)  # the keys are due for a refresh, which fails
+        assert keys.get() == {"kid-1": "-----BEGIN PUBLIC KEY-----"} and server.fetches == 2
+        assert keys.get() and server.fetches == 2  # no new try before retry_after
+    finally:
+        server.stop()

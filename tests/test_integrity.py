@@ -323,3 +323,32 @@ def test_the_middleware_streams_in_the_requests_context_and_runs_close(app):
     body.close()
     assert b"".join(chunks) == b"0:7;1:7;2:7;"
     assert seen == ["200 OK", ("closed", 7)]
+
+
+def test_another_sites_page_cannot_act_with_the_visitors_cookie(client, auth):
+    """A page elsewhere can make a signed-in visitor's browser POST here without a body (fetch with mode "no-cors",
+    sendBeacon): no Content-Type to refuse, the cookie sent along for a top-level or same-site-lax case. The browser's
+    own Sec-Fetch-Site / Origin headers say where it came from; such a request is refused and writes nothing."""
+    auth.admin()
+    client.put("/api/counters/guarded", json={"mode": "general"})
+    before = client.get("/api/counters/guarded").get_json()["count"]
+    elsewhere = ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                 {"Origin": "https://evil.example"}, {"Origin": "null"})
+    for headers in elsewhere:
+        for path in ("/api/counters/guarded/increment", "/api/numbers", "/api/accounts/aggregation"):
+            r = client.post(path, headers=headers)
+            assert r.status_code == 403 and r.get_json()["error"]["code"] == "cross_site", (path, headers)
+    assert client.get("/api/counters/guarded").get_json()["count"] == before
+    assert client.get("/api/numbers").status_code == 404  # never measured: the refused POST wrote nothing
+    # The app's own pages (same-origin), a typed request ("none"), and clients that are not browsers still work.
+    for headers in ({"Sec-Fetch-Site": "same-origin"}, {"Origin": "http://localhost"}, {}):
+        assert client.post("/api/counters/guarded/increment", headers=headers).status_code == 200, headers
+    assert client.get("/api/counters/guarded").get_json()["count"] == before + 3
+
+
+def test_a_body_nested_past_the_parser_is_a_400(client, auth):
+    auth.admin()
+    for body in ("[" * 50_000, '{"a":' * 50_000):
+        r = client.put("/api/counters/deep", data=body, content_type="application/json")
+        assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_json"
+    assert client.get("/api/counters/deep").status_code == 404
