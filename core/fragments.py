@@ -11,28 +11,43 @@ import collections
 import threading
 from collections.abc import Callable, Hashable
 
+# Bounded in bytes as well as in count: one page of ten long entries can render to megabytes, and the smallest
+# instance classes have a few hundred MB in all (https://cloud.google.com/appengine/docs/standard#instance_classes).
+MAX_BYTES = 16 * 1024 * 1024
+
 
 class Fragments:
-    """A bounded LRU of rendered fragments: `get_or_render(key, render)`."""
+    """A bounded LRU of rendered fragments: `get_or_render(key, render)`. At most `size` of them and `max_bytes` of
+    HTML (UTF-8) in all; a fragment larger than that is served and not kept."""
 
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._items: collections.OrderedDict[Hashable, str] = collections.OrderedDict()
+    def __init__(self, size: int = 256, max_bytes: int = MAX_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self._items: collections.OrderedDict[Hashable, tuple[str, int]] = collections.OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get_or_render(self, key: Hashable, render: Callable[[], str]) -> str:
         with self._lock:
-            html = self._items.get(key)
-            if html is not None:
+            kept = self._items.get(key)
+            if kept is not None:
                 self._items.move_to_end(key)
-                return html
+                return kept[0]
         html = render()  # outside the lock: two threads may render the same fragment once each, never wrongly
+        size = len(html.encode())
+        if size > self.max_bytes:
+            return html
         with self._lock:
-            self._items[key] = html
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            previous = self._items.pop(key, None)
+            self._bytes += size - (previous[1] if previous else 0)
+            self._items[key] = (html, size)
+            while len(self._items) > self.size or self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1]
         return html
+
+    @property
+    def bytes(self) -> int:
+        """The HTML kept, in bytes."""
+        return self._bytes
 
     def __len__(self):
         return len(self._items)

@@ -32,3 +32,16 @@ def test_threads_share_one_cache_and_it_stays_bounded():
     for t in threads:
         t.join()
     assert len(fragments) == 10
+
+
+def test_the_cache_is_bounded_in_bytes_too():
+    """A count alone would let 256 pages of long entries fill an instance's memory: the bytes kept are bounded, the
+    oldest going first, and a fragment larger than the whole bound is served without being kept."""
+    fragments = Fragments(size=100, max_bytes=1000)
+    for key in "abcde":
+        assert fragments.get_or_render(key, lambda key=key: key * 300) == key * 300
+    assert len(fragments) == 3 and fragments.bytes == 900  # a and b made room for d and e
+    assert fragments.get_or_render("é", lambda: "é" * 400) == "é" * 400  # 800 bytes in UTF-8
+    assert len(fragments) == 1 and fragments.bytes == 800
+    huge = fragments.get_or_render("huge", lambda: "x" * 5000)
+    assert huge == "x" * 5000 and len(fragments) == 1 and fragments.bytes == 800
