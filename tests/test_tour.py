@@ -125,3 +125,17 @@ def test_each_lesson_says_how_production_differs_today_on_its_page_and_in_the_re
         for caveat in caveats:
             assert f'href="{caveat.source}"' in shown[0], (page, caveat.source)
             assert caveat.source in part, (section, caveat.source)
+
+
+def test_app_yaml_is_shown_without_a_deployments_values(client):
+    """A deployment's app.yaml holds its admins' emails and its cache's address: /source/app.yaml shows its keys and
+    comments, never a value under env_variables (a one-line value, or one that runs on over lines)."""
+    from tour import service as tour
+    deployed = (features.REPO / "app.yaml").read_text().replace('ADMIN_EMAILS: ""', 'ADMIN_EMAILS: "boss@corp.example"')
+    deployed = deployed.replace('REDIS_URL: ""', "REDIS_URL: |\n    redis://10.0.0.3:6379/0#x")
+    shown = tour.without_deployment_values(deployed)
+    assert "boss@corp.example" not in shown and "10.0.0.3" not in shown
+    assert "ADMIN_EMAILS: # (set at deploy; not shown here)" in shown and "runtime: python313" in shown
+    assert shown.count("\n") == deployed.count("\n")  # line for line: nothing else moved
+    page = client.get("/source/app.yaml").get_data(as_text=True)
+    assert "ADMIN_EMAILS: # (set at deploy; not shown here)" in page and "entrypoint: gunicorn" in page
