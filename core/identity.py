@@ -135,10 +135,17 @@ def require_admin() -> User:
     return user
 
 
+def require_dev_signin() -> None:
+    """NotFound unless the dev sign-in is on (Settings.dev_signin: local development only, never on App Engine)."""
+    settings = runtime.current().settings
+    if settings.on_app_engine or not settings.dev_signin:
+        raise NotFound("Dev sign-in does not exist here (only in local development, with DEV_SIGNIN=on).")
+
+
 def dev_sign_in(email: object, admin: object) -> User:
-    """Sign in locally as `email`; refused on App Engine, where IAP says who is who."""
-    if runtime.current().settings.on_app_engine:
-        raise NotFound("Dev sign-in does not exist on App Engine.")
+    """Sign in locally as `email`; refused on App Engine, where IAP says who is who, and wherever the settings did not
+    turn it on (Settings.dev_signin: local development only)."""
+    require_dev_signin()
     if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise BadInput("Give a valid email address.", "bad_email")
     if not isinstance(admin, bool):

@@ -20,6 +20,10 @@ class Settings:
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
+    # The dev sign-in (an email and an admin box, no password) lets anyone in as an admin: it exists only in local
+    # development, where the database is a local emulator and the environment asks for it (DEV_SIGNIN=on: devstack's
+    # stacks set it). Never on App Engine, Cloud Run or a VM, whatever else is set.
+    dev_signin: bool = False
     iap_audience: str | None = None
     # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address
     # (`make run`; most tests hand create_app a queue of their own instead).
@@ -38,9 +42,12 @@ class Settings:
         env = os.environ if env is None else env
         gae = env.get("GAE_ENV") == "standard"
         secret = env.get("SECRET_KEY")
-        if gae and not secret:
-            # A known key on a public deployment would let anyone forge a session cookie.
-            raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager).")
+        local = not gae and bool(env.get("DATASTORE_EMULATOR_HOST"))
+        if not secret and not local:
+            # A known key anywhere but a developer's machine would let anyone forge a session cookie or a task token.
+            raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager)" if gae
+                               else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
+                                    "the development secret is public.")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
         if gae and not env.get("TASKS_LOCATION"):
             raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
@@ -63,6 +70,7 @@ class Settings:
             secret_key=secret or DEV_SECRET,
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
+            dev_signin=local and env.get("DEV_SIGNIN") == "on",
             iap_audience=env.get("IAP_AUDIENCE") or None,
             tasks_emulator_host=tasks_emulator,
             tasks_location=env.get("TASKS_LOCATION") or ("local" if tasks_emulator else None),

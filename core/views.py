@@ -31,7 +31,8 @@ def openapi_document() -> ResponseReturnValue:
 
 @bp.route("/signin", methods=("GET", "POST"))
 def signin() -> ResponseReturnValue:
-    """The local dev sign-in form (on App Engine, IAP signs people in)."""
+    """The local dev sign-in form (on App Engine, IAP signs people in; elsewhere it does not exist)."""
+    identity.require_dev_signin()
     if request.method == "POST":
         try:
             identity.dev_sign_in(request.form.get("email", "").strip(), request.form.get("admin") == "on")

@@ -520,6 +520,7 @@ class Stack:
             "DATASTORE_DATASET": self.emulator.project,
             "GOOGLE_CLOUD_PROJECT": self.emulator.project,
             "DATASTORE_BACKEND": self.backend,
+            "DEV_SIGNIN": "on",  # local development: the dev sign-in (core/settings.py)
             **self.cache.env(),
         }
 

@@ -13,6 +13,8 @@ from core.settings import Settings
 from devstack.services import CACHES
 from tests.support import make_app, running
 
+LOCAL = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:8081"}  # local development: no SECRET_KEY needed
+
 
 @pytest.fixture(scope="module", params=sorted(CACHES))
 def server(request):
@@ -26,7 +28,7 @@ def server(request):
 def cache(server):
     if not server.healthy():
         server.restart()
-    client = cache_module.make_client(Settings.from_env(dict(server.env(), DATASTORE_DATASET="p")))
+    client = cache_module.make_client(Settings.from_env(dict(server.env(), DATASTORE_DATASET="p", **LOCAL)))
     c = cache_module.Cache(client)
     c.flush()
     yield c
@@ -36,17 +38,17 @@ def cache(server):
 def test_settings_choose_the_cache():
     # No cache server: one object whose every answer is a miss (a claim that cannot be checked does not stop its
     # caller; a lease cannot be taken or refused), and no global cache for ndb.
-    none = cache_module.Cache(cache_module.make_client(Settings.from_env({})))
+    none = cache_module.Cache(cache_module.make_client(Settings.from_env(LOCAL)))
     assert none.backend == "none" and none.client.global_cache() is None
     assert (none.get("k"), none.get_many(["k"]), none.add("k", 1, 60), none.incr("k"), none.delete("k")) == \
         (None, {}, False, None, False)
     assert none.claim("k", 60) is True and none.lease("k", "t", 5) is None and none.release("k", "t") is False
     assert none.ping() == "off"
-    assert Settings.from_env({"REDIS_URL": "redis://10.0.0.3:6379/0"}).redis_url == "redis://10.0.0.3:6379/0"
+    assert Settings.from_env({**LOCAL, "REDIS_URL": "redis://10.0.0.3:6379/0"}).redis_url == "redis://10.0.0.3:6379/0"
     with pytest.raises(RuntimeError, match="not both"):
-        Settings.from_env({"REDIS_URL": "redis://10.0.0.3:6379", "MEMCACHED_HOSTS": "10.0.0.4:11211"})
+        Settings.from_env({**LOCAL, "REDIS_URL": "redis://10.0.0.3:6379", "MEMCACHED_HOSTS": "10.0.0.4:11211"})
     with pytest.raises(RuntimeError, match="REDIS_URL must be a redis://"):
-        Settings.from_env({"REDIS_URL": "10.0.0.3:6379"})
+        Settings.from_env({**LOCAL, "REDIS_URL": "10.0.0.3:6379"})
 
 
 def test_the_talks_calls_answer_alike(cache, server):

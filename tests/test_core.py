@@ -199,6 +199,30 @@ def test_app_engine_needs_a_secret_key():
         Settings.from_env({"GAE_ENV": "standard"})
 
 
+def test_the_dev_sign_in_and_the_dev_secret_are_for_local_development_only():
+    """Off App Engine standard is not local development: Cloud Run, flex or a VM need their own secret, and never get
+    the dev sign-in (anyone in as an admin) even when asked; locally it is there only when asked for."""
+    for elsewhere in ({}, {"GAE_ENV": "flex"}, {"K_SERVICE": "app"}):
+        with pytest.raises(RuntimeError, match="outside local development"):
+            Settings.from_env(elsewhere)
+        assert not Settings.from_env({**elsewhere, "SECRET_KEY": "s", "DEV_SIGNIN": "on"}).dev_signin
+    local = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:8081"}
+    assert not Settings.from_env(local).dev_signin  # not asked for
+    assert Settings.from_env({**local, "DEV_SIGNIN": "on"}).dev_signin
+    assert not Settings.from_env({**local, "DEV_SIGNIN": "on", "GAE_ENV": "standard", "SECRET_KEY": "s",
+                                  "TASKS_LOCATION": "us-central1"}).dev_signin
+
+
+def test_without_the_dev_sign_in_nobody_signs_in_that_way(stack):
+    """An app whose settings leave the dev sign-in off (any deployment but App Engine's IAP): no form, no API, no
+    link to them."""
+    with running(app_on(stack, DEV_SIGNIN="off", SECRET_KEY="s")) as app:
+        client = app.test_client()
+        assert client.post("/api/session", json={"email": "x@example.com", "admin": True}).status_code == 404
+        assert client.get("/signin").status_code == 404 and client.get("/api/session").status_code == 401
+        assert b"Sign in" not in client.get("/counters").data
+
+
 # --- the local stack ------------------------------------------------------------------------------------------------
 
 def test_a_second_stack_does_not_clash(stack):
@@ -229,7 +253,8 @@ def test_missing_sdk_is_one_clear_sentence(monkeypatch, tmp_path):
 
 
 def test_settings_parse_memcached_hosts_and_admins():
-    s = Settings.from_env({"MEMCACHED_HOSTS": "10.0.0.1:11211, 10.0.0.2:11211", "ADMIN_EMAILS": "A@x.com, b@y.org"})
+    s = Settings.from_env({"MEMCACHED_HOSTS": "10.0.0.1:11211, 10.0.0.2:11211", "ADMIN_EMAILS": "A@x.com, b@y.org",
+                           "SECRET_KEY": "s"})
     assert s.memcached_hosts == ("10.0.0.1:11211", "10.0.0.2:11211")
     assert s.admin_emails == {"a@x.com", "b@y.org"}
 
