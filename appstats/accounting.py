@@ -33,30 +33,30 @@ def init_app(app):
     app.after_request(_account)
 
 
-def _cache_name():
+def _cache_name(backend):
     """The cache as the footer and the log line say it: its backend, or just "cache" when there is none."""
-    backend = runtime.of(current_app).cache.backend
     return backend if backend != "none" else "cache"
 
 
 def _request_cost():
     cost = current()
-    return cost.footer(_cache_name()) if cost is not None else None
+    return cost.footer(_cache_name(runtime.of(current_app).cache.backend)) if cost is not None else None
 
 
 def _account(response):
     cost = current()
     if cost is None:
         return response
-    settings = runtime.of(current_app).settings
+    rt = runtime.of(current_app)
+    settings, backend = rt.settings, rt.cache.backend
     response.headers["Server-Timing"] = cost.server_timing()
     record = {"method": request.method, "path": request.full_path.rstrip("?"), "status": response.status_code,
-              "at": clock.iso(clock.now()), **cost.summary(runtime.of(current_app).cache.backend)}
+              "at": clock.iso(clock.now()), **cost.summary(backend)}
     current_app.extensions["appstats"].add(record)
     if settings.on_app_engine:
         log.info(json.dumps(_structured(record, settings.project, request.headers.get(TRACE_HEADER))))
     else:
-        log.info(_readable(record, _cache_name()))
+        log.info(_readable(record, _cache_name(backend)))
     return response
 
 

@@ -2,9 +2,12 @@
 OpenAPI contract check, the task queue a test drains, sign-in, CSRF tokens, threads. Public names: test modules import
 them from here, never from conftest.
 """
+import concurrent.futures
 import contextlib
 import json
 import re
+import threading
+import time
 
 from flask import request
 from openapi_core import OpenAPI
@@ -139,6 +142,19 @@ def csrf_token(client, path="/counters"):
     """The CSRF token a page's forms carry."""
     html = client.get(path).get_data(as_text=True)
     return re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
+
+
+def at_once(count, fn):
+    """fn(i) for i in range(count) on `count` threads released at the same moment: [(result, seconds)] in order."""
+    barrier = threading.Barrier(count)
+
+    def timed(i):
+        barrier.wait()
+        started = time.monotonic()
+        result = fn(i)
+        return result, time.monotonic() - started
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(timed, range(count)))
 
 
 def in_threads(count, fn):

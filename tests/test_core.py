@@ -14,7 +14,7 @@ from core.settings import Settings
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from tests.support import csrf_token, running
+from tests.support import at_once, csrf_token, running
 
 
 def test_healthz(client, stack):
@@ -340,18 +340,14 @@ class KeyServer:
         self.httpd.shutdown()
 
 
-def _at_once(fn, count=4):
-    """fn() on `count` threads at once: [(result or exception, seconds)]."""
-    import concurrent.futures
-
-    def timed(_):
-        start = time.monotonic()
+def _each(fn):
+    """fn's result, or the exception it raised: what each caller got."""
+    def call(_):
         try:
-            return fn(), time.monotonic() - start
+            return fn()
         except Exception as e:  # noqa: BLE001 - the test looks at what each caller got
-            return e, time.monotonic() - start
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        return list(pool.map(timed, range(count)))
+            return e
+    return call
 
 
 def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
@@ -360,7 +356,7 @@ def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
     slow_failure = KeyServer(delay=1.0, status=500)
     try:
         keys = identity.IapKeys(url=slow_failure.url, retry_after=30)
-        answers = _at_once(keys.get)
+        answers = at_once(4, _each(keys.get))
         assert all(isinstance(result, requests.RequestException) for result, _ in answers), answers
         assert slow_failure.fetches == 1 and max(seconds for _, seconds in answers) < 1.9, answers
     finally:
@@ -368,7 +364,7 @@ def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
     server = KeyServer(delay=0.3)
     try:
         keys = identity.IapKeys(url=server.url, lifetime=0.5, retry_after=30)
-        answers = _at_once(keys.get)
+        answers = at_once(4, _each(keys.get))
         assert [result for result, _ in answers] == [{"kid-1": "-----BEGIN PUBLIC KEY-----"}] * 4
         assert server.fetches == 1
         server.status = 503

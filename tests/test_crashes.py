@@ -33,8 +33,7 @@ class Fleet:
         self.url, self.server, self.app, self.stack = url, server, app, stack
 
     def read(self, fn):
-        with runtime.of(self.app).context():
-            return fn()
+        return runtime.of(self.app).in_context(fn)()
 
     def workers(self):
         pid = self.server.proc.pid

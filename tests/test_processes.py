@@ -4,11 +4,9 @@ instances; clients are spread over them and speak HTTP. Nothing in one worker's 
 keeps the writers of one entity apart must work across processes: each test checks its invariant from the stored
 data, and bounds the time generously (the speed is bench/posts.py's subject).
 """
-import concurrent.futures
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 
@@ -22,7 +20,7 @@ from counters import service as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
 from devstack.serving import app_env, instances, signed_in
-from tests.support import make_app, running
+from tests.support import at_once, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "processes-test-secret"
@@ -42,21 +40,12 @@ def fleet(stack):
 
 
 def _read(app, fn):
-    with runtime.of(app).context():
-        return fn()
+    return runtime.of(app).in_context(fn)()
 
 
 def _at_once(count, fn):
     """fn(i) for i in range(count), all released at the same moment; their results and the slowest call's seconds."""
-    barrier = threading.Barrier(count)
-
-    def timed(i):
-        barrier.wait()
-        started = time.monotonic()
-        result = fn(i)
-        return result, time.monotonic() - started
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        done = list(pool.map(timed, range(count)))
+    done = at_once(count, fn)
     return [r for r, _ in done], max(t for _, t in done)
 
 
