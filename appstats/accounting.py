@@ -70,14 +70,14 @@ def _structured(record, project, trace_header):
              "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
                              "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
              "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
-    # App Engine's front end sets the header, but passes on one a client sent: only a well-formed one is used
+    # The header comes with the request, and a client may send its own: only a well-formed one is used
     # (TRACE_ID/SPAN_ID;o=OPTIONS, https://cloud.google.com/trace/docs/trace-context#legacy-http-header).
     trace = TRACE_CONTEXT.fullmatch(trace_header or "")
     if trace:
         entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace['trace']}"
         if trace["span"] and 0 < int(trace["span"]) < 2 ** 64:
-            # The header says the span in decimal; a LogEntry's spanId is 16 hex digits (the LogEntry reference;
-            # googleapis/python-logging#942).
+            # The header says the span in decimal; a LogEntry's spanId is 16 hex digits
+            # (https://cloud.google.com/logging/docs/reference/v2/rest/v2/LogEntry; googleapis/python-logging#942).
             entry["logging.googleapis.com/spanId"] = f"{int(trace['span']):016x}"
         entry["logging.googleapis.com/trace_sampled"] = trace["options"] == "1"
     return entry

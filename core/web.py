@@ -65,9 +65,10 @@ def error_response(status: int, code: str, message: str) -> ResponseReturnValue:
 
 def _cross_site() -> bool:
     """Whether a browser sent this request for another site's page. Browsers say so themselves: Sec-Fetch-Site on
-    every request (all current browsers), Origin on every POST, PUT and DELETE, a `fetch(..., {mode: "no-cors"})` and
-    a `sendBeacon` included, and neither can be set by a page's script. A client that sends neither (curl, a script,
-    Cloud Tasks) carries no visitor's cookies but its own."""
+    every request to a secure origin, HTTPS or localhost (https://www.w3.org/TR/fetch-metadata/), and Origin on every
+    request whose method is not GET or HEAD (https://fetch.spec.whatwg.org/#origin-header), a `fetch(..., {mode:
+    "no-cors"})` and a `sendBeacon` included; a page's script can set neither (forbidden request headers). A client
+    that sends neither (curl, a script, Cloud Tasks) carries no visitor's cookies but its own."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None:
         return site not in ("same-origin", "none")  # "none": typed or bookmarked by the user
