@@ -116,7 +116,7 @@ def test_a_path_cannot_forge_a_log_line(client, appstats_log):
 
 @pytest.fixture
 def gae_app(stack):
-    app = app_on(stack, task_queue=DrainedQueue(), GAE_ENV="standard", SECRET_KEY="s",
+    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), GAE_ENV="standard", SECRET_KEY="s",
                  IAP_AUDIENCE="/projects/1/apps/p", TASKS_LOCATION="us-central1", DATASTORE_DATASET="scalable-demo")
     with running(app):
         yield app

@@ -155,7 +155,8 @@ class StaticKeys:
 
 @pytest.fixture
 def gae_client(stack, iap_key):
-    app = app_on(stack, task_queue=DrainedQueue(), GAE_ENV="standard", SECRET_KEY="s", ADMIN_EMAILS="boss@example.com",
+    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), GAE_ENV="standard", SECRET_KEY="s",
+                 ADMIN_EMAILS="boss@example.com",
                  IAP_AUDIENCE=AUDIENCE, TASKS_LOCATION="us-central1")
     app.extensions["iap_keys"] = StaticKeys(iap_key[1])
     with running(app):
