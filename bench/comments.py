@@ -46,7 +46,7 @@ def _prepare(variant, tag):
     blog = f"bench-{tag}"
     entries = WRITERS if variant == "ceiling" else 1
     for i in range(entries):
-        blog_service.post_entry(blog, f"entry {i}", "body", "bench@example.com")
+        blog_service.post_entry(blog, f"entry {i}", "body", "bench")
     users = _users(tag)
     if variant == "designed":
         return lambda w: service.post_comment(EntryRef(blog, 0), users[w], "a comment") and None, [EntryRef(blog, 0)]

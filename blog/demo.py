@@ -29,7 +29,7 @@ def seed():
                 f"{(DEMO_ENTRIES + service.PAGE_SIZE - 1) // service.PAGE_SIZE}\n\n"
                 f"```python\nentries = (BlogEntry.query(ancestor=blog)"
                 f"\n           .filter(BlogEntry.index <= {i}).order(-BlogEntry.index).fetch(11))\n```\n")
-        service.post_entry(DEMO_BLOG, f"{title} (#{i})", body, "seed@example.com")
+        service.post_entry(DEMO_BLOG, f"{title} (#{i})", body, "seed")
     return True
 
 

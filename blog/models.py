@@ -40,7 +40,7 @@ class BlogEntry(ndb.Model):
     title = ndb.TextProperty(required=True)
     body = ndb.TextProperty(required=True)
     body_html = ndb.TextProperty(required=True)
-    author = ndb.TextProperty(required=True)
+    author = ndb.TextProperty(required=True)  # the display name (core.identity.display_name), never an email
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
 

@@ -65,8 +65,9 @@ def _post_from_form(blog, render):
     the reason."""
     identity.require_admin()
     form = request.form
+    author = identity.display_name(identity.current_user())
     posted, refused = submit_form(
-        lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), identity.current_user()["email"],
+        lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
                                    form.get("post_token") or None),
         lambda status: (render(form), status))
     if refused:
@@ -103,7 +104,7 @@ def api_post(blog):
     """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()
     data = json_body()
-    posted = service.post_entry(blog, data.get("title"), data.get("body"), user["email"],
+    posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user),
                                 request.headers.get("Idempotency-Key"))
     response = jsonify(posted.entry)
     response.headers["Location"] = url_for("blog.api_entry", blog=blog, index=posted.entry["index"])

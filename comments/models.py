@@ -10,7 +10,8 @@ from google.cloud import ndb
 
 
 class UserSequence(ndb.Model):
-    """A user's comment sequence; key name is the user id. Written only by that user's own posts.
+    """A user's comment sequence; key name is the user's pseudonym (core.identity.pseudonym: the key is in every
+    comment's public id, so it must not say who wrote it). Written only by that user's own posts.
 
     Neither cache: it is read in transactions only, and the global cache would make every comment wait on memcached.
     `last_token` names the call that wrote `seq`: a retry of that call (after a commit whose outcome was unknown, or a

@@ -17,7 +17,7 @@ from google.cloud import ndb
 
 from blog import service as blog_service
 from comments.models import Comment, UserSequence
-from core import clock, validate
+from core import clock, identity, validate
 from core.errors import BadInput, SignInRequired
 from core.paging import Page
 from core.transactions import transact
@@ -64,11 +64,6 @@ def comment_dict(comment):
             "created": clock.iso(comment.created)}
 
 
-def display_name(email):
-    """What a page shows of a commenter: the part of the email before the '@', not the address itself."""
-    return email.split("@", 1)[0]
-
-
 def post_comment(ref, user, text, idempotency_key=None):
     """Write `user`'s comment on the entry `ref` names, then count it.
 
@@ -84,7 +79,7 @@ def post_comment(ref, user, text, idempotency_key=None):
     blog_service.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
     validate.idempotency_key(idempotency_key)
-    user_id, author = user["id"], display_name(user["email"])
+    user_id, author = identity.pseudonym(user), identity.display_name(user)
     seq_key = ndb.Key(UserSequence, user_id)
     token = idempotency_key or uuid.uuid4().hex
 

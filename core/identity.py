@@ -6,6 +6,7 @@ request's identity into `x-goog-iap-jwt-assertion`, verified here against Google
 stable user id and admins are the emails in ADMIN_EMAILS.
 """
 import hashlib
+import hmac
 import logging
 import re
 import threading
@@ -107,6 +108,19 @@ def make_user(user_id: str, email: str, admin: bool | None) -> User:
 
 def dev_user_id(email: str) -> str:
     return "dev-" + hashlib.sha256(email.lower().encode()).hexdigest()[:20]
+
+
+def pseudonym(user: User) -> str:
+    """The user's id where others can see it (in a comment's id): keyed by the app's secret, so nobody can tell whose
+    it is from an email (the dev id is a plain hash of one) or from IAP's `sub` (a Google account id). Stable while
+    SECRET_KEY is: rotating it starts a user's new comments in a new group; old ones keep their ids."""
+    secret = runtime.current().settings.secret_key.encode()
+    return "u" + hmac.new(secret, b"pseudonym\0" + user["id"].encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def display_name(user: User) -> str:
+    """What a page shows of a person: the part of the email before the '@', never the address itself."""
+    return user["email"].split("@", 1)[0]
 
 
 def current_user() -> User | None:

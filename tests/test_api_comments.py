@@ -4,7 +4,7 @@ import re
 import pytest
 
 from comments.models import Comment, UserSequence
-from core import runtime
+from core import identity, runtime
 from tests.support import csrf_token
 
 
@@ -43,6 +43,25 @@ def test_post_and_page_over_the_api(client, auth, entry):
     assert back == first
     assert client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 5
     assert client.get("/api/blogs/news/entries/1").get_json()["comment_count"] == 0
+
+
+def test_public_ids_and_authors_say_nothing_guessable_about_who(client, auth, entry):
+    """A comment's id names its author's group; it must not be a hash anyone can compute from an email (the dev
+    user id) or the user's IAP `sub`, and no page or answer carries the email itself."""
+    user = auth.sign_in("ann@example.com")
+    cid = _comment(client, "hello").get_json()["id"]
+    author_part = cid.split("|")[1]
+    assert user["id"] not in cid and identity.dev_user_id("ann@example.com") not in cid
+    assert re.fullmatch(r"u[0-9a-f]{24}", author_part)
+    assert _comment(client, "again").get_json()["id"].split("|")[1] == author_part  # one group per person
+    auth.sign_in("bob@example.com")
+    assert _comment(client, "mine").get_json()["id"].split("|")[1] != author_part
+    auth.sign_out()
+    listing = client.get("/api/blogs/news/entries/0/comments").get_data(as_text=True)
+    page = client.get("/blog/news/0").get_data(as_text=True)
+    entries = client.get("/api/blogs/news/entries").get_data(as_text=True)
+    for text in (listing, page, entries, client.get("/blog/news").get_data(as_text=True)):
+        assert "@example.com" not in text
 
 
 def test_anonymous_comment_is_401_and_writes_nothing(client, entry):

@@ -9,7 +9,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from core import runtime
+from core import identity, runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import service as counters
 from tests.support import in_threads
@@ -52,9 +52,10 @@ def test_sixteen_users_by_ten_concurrently(app):
         stored = Comment.query(Comment.entry == "b/0").fetch()
         assert sorted(c.sort_key for c in stored) == sorted(ids)
         for user in users:
-            seqs = sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in stored if c.key.parent().id() == user["id"])
+            group = identity.pseudonym(user)
+            seqs = sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in stored if c.key.parent().id() == group)
             assert seqs == list(range(1, 11)), user  # dense: no sequence number skipped or repeated
-            assert ndb.Key(UserSequence, user["id"]).get().seq == 10
+            assert ndb.Key(UserSequence, group).get().seq == 10
         assert _exact_count("b", 0) == 160
         assert service.comment_counts([EntryRef("b", 0)]) == {EntryRef("b", 0): 160}
 
