@@ -3,12 +3,13 @@ growth, totals), models.py, views.py (pages and /api/counters), demo.py (demo co
 
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
-from core import features
-from counters import demo, production, views
+from core import features, runtime
+from counters import demo, production, service, views
 
 
 def init_app(app):
     app.register_blueprint(views.bp)
+    runtime.of(app).tasks.register(service.SWEEP_HANDLER, service.sweep_markers)
     features.add(app, features.Feature(
         name="counters", nav=("counters.index", "Counters"),
         lesson=features.Lesson(

@@ -4,9 +4,14 @@ Every shard is a root entity, its own entity group: Datastore serializes transac
 commit per second per group sustained in production), so a counter written by many clients at once must spread its
 writes over many groups. A shard is never a child of its counter's config, which would put them all back in one group.
 """
+import datetime
+
 from google.cloud import ndb
 
 SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is unambiguous
+# How long an Idempotency-Key is honoured at least (Stripe keeps its keys 24 hours:
+# https://docs.stripe.com/api/idempotent_requests).
+MARKER_LIFETIME = datetime.timedelta(days=1)
 
 
 class SimpleCounterShard(ndb.Model):
@@ -55,12 +60,26 @@ class AppliedIncrement(ndb.Model):
     """Marks an Idempotency-Key as applied to a counter; key name "<counter>|<idempotency key>".
 
     Written in the same transaction as the shard it increments, so the marker exists exactly when the increment does.
-    Each marker is its own root entity: only retries of the same key ever contend on it. `created` lets a Datastore
-    TTL policy remove old markers in production.
+    Each marker is its own root entity: only retries of the same key ever contend on it.
+
+    Markers expire: anyone may increment a counter with a fresh key, so markers kept for ever would let anonymous
+    clients grow storage without bound. A key is honoured for MARKER_LIFETIME at least (a client retries within
+    seconds), then the marker goes: in production by a TTL policy on `expires` (Firestore in Datastore mode, deleted
+    typically within 24 hours of expiry: https://cloud.google.com/datastore/docs/ttl), and everywhere by the sweep
+    (service.sweep_markers), which the emulators need since neither applies TTL policies.
     """
     _use_global_cache = False
     token = ndb.TextProperty()  # which call applied it, so that call's own retry still says "applied"
-    created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
+    # Midnight UTC, a day or two ahead: indexed for the sweep's query, and coarse on purpose. Index rows sort by value
+    # then key, so one day's markers spread over their keys (random idempotency keys), where an exact timestamp would
+    # put every new row at the end of the index, the hotspot that limits such an index to about 500 writes a second
+    # (https://cloud.google.com/datastore/docs/best-practices#indexes) while the counter's shards take far more.
+    expires = ndb.DateTimeProperty(required=True)
+
+    @classmethod
+    def new(cls, key: ndb.Key, token: str, now: datetime.datetime) -> "AppliedIncrement":
+        day = (now + MARKER_LIFETIME).replace(hour=0, minute=0, second=0, microsecond=0)
+        return cls(key=key, token=token, expires=day + datetime.timedelta(days=1))
 
     @staticmethod
     def key_for(name, idempotency_key):

@@ -22,4 +22,12 @@ CAVEATS = (
         app="The app keeps ndb because it teaches the talk's API and its caching (ndb's global cache is what keeps "
             "the front page never stale). Where ndb has no answer it goes around it through the Datastore API "
             "itself (core/datastore.py): the server-side increments here, and COUNT and SUM aggregation queries."),
+    Caveat(
+        fact="A TTL policy deletes an entity some time after the date in its TTL property, typically within 24 hours; "
+             "expired entities still answer lookups and queries until then. Neither emulator applies TTL policies.",
+        source="https://cloud.google.com/datastore/docs/ttl",
+        app="An increment's Idempotency-Key marker carries `expires` (midnight UTC, 24 to 48 hours ahead). Deploy "
+            "with `gcloud firestore fields ttls update expires --collection-group=AppliedIncrement --enable-ttl`; "
+            "the hourly sweep task (counters.service.sweep_markers) deletes expired markers everywhere, and is what "
+            "deletes them on the emulators. An expired marker that is still there still counts as applied."),
 )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import runtime, validate
+from core import clock, runtime, validate
 from core.cache import CACHE_DOWN
 from core.errors import SignInRequired, Unavailable
 from counters import growth
@@ -95,7 +95,51 @@ def increment(name, idempotency_key=None, mode="general", listed=True, create=Tr
 
     applied, attempts, shard = commit_on_a_shard(
         config.num_shards, attempt, on_attempt if config.mode == "adaptive" else None)
+    if marker_key is not None and applied:
+        _sweep_this_hour()
     return Increment(applied, attempts, shard)
+
+
+# --- expiring idempotency markers (models.AppliedIncrement) ---------------------------------------------------------
+
+SWEEP_HANDLER = "counters.sweep_markers"
+SWEEP_BATCH = 500  # keys a query fetches and one commit deletes (a commit takes at most 500 mutations)
+SWEEP_BATCHES = 20  # per task; a task with more to do enqueues the next one, so none runs long
+_SWEPT = "counters.swept_hour"  # the runtime's note of the last hour this process asked for a sweep
+
+
+def _sweep_this_hour():
+    """After a marker was written: make sure a sweep runs this hour. Each process asks once an hour (no I/O on any
+    other increment), and the task is named after the hour, so every process's request is the same one task (a queue
+    drops a name used before: core/tasks.py). Never fails the increment it follows."""
+    hour = clock.now().strftime("%Y%m%d%H")
+    noted = runtime.current().registry(_SWEPT)
+    if noted.get("hour") == hour:
+        return
+    noted["hour"] = hour
+    try:
+        runtime.tasks().enqueue(SWEEP_HANDLER, {"hour": hour, "part": 0}, f"counters-sweep-{hour}-0")
+    except Exception:  # noqa: BLE001 - no queue here (a script) or the queue is away: the next hour asks again
+        log.warning("could not enqueue the idempotency markers' sweep", exc_info=True)
+
+
+def sweep_markers(payload, attempt=0):
+    """A task: delete the markers that have expired, SWEEP_BATCHES batches at most, then hand on to the next part.
+    Keys only: a keys-only query is billed as one read, not one per entity (https://cloud.google.com/datastore/pricing).
+    Eventually consistent on legacy Datastore: a key deleted a moment ago may come back once, and deleting it again is
+    harmless. A marker is never rewritten, so a delete cannot race with a change to it; an increment retried after its
+    marker went is applied again, as the key's lifetime allows."""
+    now, deleted = clock.now(), 0
+    for _ in range(SWEEP_BATCHES):
+        keys = AppliedIncrement.query(AppliedIncrement.expires <= now).fetch(SWEEP_BATCH, keys_only=True)
+        if not keys:
+            return {"deleted": deleted}
+        ndb.delete_multi(keys)
+        deleted += len(keys)
+    part = int(payload.get("part", 0)) + 1
+    runtime.tasks().enqueue(SWEEP_HANDLER, {"hour": payload["hour"], "part": part},
+                            f"counters-sweep-{payload['hour']}-{part}")
+    return {"deleted": deleted, "more": True}
 
 
 class OwnedCounters:

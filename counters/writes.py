@@ -17,7 +17,7 @@ from typing import TypeVar
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import runtime
+from core import clock, runtime
 from core.datastore import backoff, is_contention
 from core.errors import Unavailable
 from counters.models import AppliedIncrement
@@ -91,7 +91,7 @@ class BlindShardWriter(ShardWriter):
     """Firestore in Datastore mode: a server-side increment, the marker inserted in the same commit."""
 
     def __call__(self, index):
-        marker = AppliedIncrement(key=self.marker_key, token=self.token) if self.marker_key else None
+        marker = AppliedIncrement.new(self.marker_key, self.token, clock.now()) if self.marker_key else None
         try:
             runtime.current().datastore.increments.commit(self.shard_key(index), "count", 1, insert=marker)
         except core_exceptions.AlreadyExists:
@@ -109,7 +109,7 @@ class TransactionalShardWriter(ShardWriter):
                 marker = self.marker_key.get(retries=0)
                 if marker is not None:
                     return marker.token == self.token
-                AppliedIncrement(key=self.marker_key, token=self.token).put()
+                AppliedIncrement.new(self.marker_key, self.token, clock.now()).put()
             key = self.shard_key(index)
             shard = key.get(retries=0) or self.model(key=key)  # created on its first increment
             shard.count += 1

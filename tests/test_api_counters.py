@@ -1,12 +1,14 @@
 """The counters' JSON API and HTML forms over HTTP (Flask's test client), including memcached faults."""
+import datetime
 import time
 
 import pytest
 from google.cloud import ndb
 
-from core import runtime
+from core import clock, runtime
+from counters import service as counters_service
 from counters import totals as counters_totals
-from counters.models import AppliedIncrement, CounterConfig, CounterShard
+from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
 from main import MAX_BODY_BYTES
 from tests.support import csrf_token
 
@@ -43,6 +45,40 @@ def test_idempotency_key_retried_five_times_counts_once(client, auth):
                for _ in range(5)]
     assert answers == [True, False, False, False, False]
     assert client.get("/api/counters/pay").get_json()["count"] == 1
+
+
+def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(client, task_queue, monkeypatch):
+    """Anyone may increment with a fresh key, and each key leaves a marker: markers must not pile up for ever. Each
+    carries its expiry (a day or two ahead, for the production TTL policy and for the sweep), the first marker of the
+    hour enqueues the sweep, and the sweep, delivered through the task route in parts, deletes the expired markers
+    only: fresh markers, shards and totals stay, and a fresh key's retry still counts once."""
+    for key in ("k1", "k2"):
+        assert client.post("/api/counters/views/increment", headers={"Idempotency-Key": key}).status_code == 401
+    with runtime.current().context():
+        counters_service.configure("views", "general")
+    started = clock.now()
+    for key in ("k1", "k2"):
+        assert client.post("/api/counters/views/increment", headers={"Idempotency-Key": key}).get_json()["applied"]
+    with runtime.current().context():
+        fresh = AppliedIncrement.query().fetch()
+        assert len(fresh) == 2
+        for marker in fresh:
+            assert started + MARKER_LIFETIME <= marker.expires <= started + 2 * MARKER_LIFETIME
+        past = started - datetime.timedelta(minutes=1)
+        ndb.put_multi([AppliedIncrement(id=f"views|old-{i}", token="t", expires=past) for i in range(7)])
+    queued = [t for t in task_queue.queue.pending if t.handler == counters_service.SWEEP_HANDLER]
+    assert 1 <= len(queued) <= 2  # two markers, one request for this hour's sweep (two across an hour's end)
+    monkeypatch.setattr(counters_service, "SWEEP_BATCH", 2)
+    monkeypatch.setattr(counters_service, "SWEEP_BATCHES", 2)  # 4 a part: the sweep hands on twice
+    task_queue.drain()
+    swept = [r for t, status, r in task_queue.responses if t.handler == counters_service.SWEEP_HANDLER]
+    assert [status for t, status, _ in task_queue.responses] == [200] * len(task_queue.responses)
+    assert len(swept) >= 2 and swept[0]["more"] is True
+    with runtime.current().context():
+        assert sorted(k.id() for k in AppliedIncrement.query().fetch(keys_only=True)) == ["views|k1", "views|k2"]
+    retry = client.post("/api/counters/views/increment", headers={"Idempotency-Key": "k1"})
+    assert retry.get_json()["applied"] is False
+    assert client.get("/api/counters/views").get_json()["count"] == 2
 
 
 @pytest.mark.parametrize("key", ["", "x" * 101, "has space", "tab\tkey"])
