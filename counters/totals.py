@@ -7,11 +7,13 @@ from google.cloud import ndb
 
 from core import runtime
 from counters.models import CounterConfig, CounterShard, SimpleCounterShard
-from counters.names import OWNER_SEPARATOR, total_cache_key, validate_name
+from counters.names import MAX_SHARDS, OWNER_SEPARATOR, total_cache_key, validate_name
 
 SIMPLE_SHARDS = 20
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 LIST_LIMIT = 100
+PAGE_COUNTERS = 10  # counters on one view of the counters page
+PAGE_SHARDS = MAX_SHARDS  # shards one view reads at most: one counter's most, so every counter can be drawn
 
 
 @dataclass
@@ -93,13 +95,15 @@ def exact_totals(names: list[str]) -> dict[str, int]:
     return {n: summed.get(n, 0) for n in names}
 
 
-def _listed_configs(limit):
-    """The first `limit` public counters' configs by name. A query, eventually consistent: a counter created a moment
-    ago may be missing for a moment. Equality on one property ordered by key needs no composite index: the property's
-    built-in index is sorted that way. A feature's own counters are created unlisted; the name check keeps them out
-    even if one ever were not."""
-    return [c for c in CounterConfig.query(CounterConfig.listed == True).order(CounterConfig.key).fetch(limit)  # noqa: E712
-            if OWNER_SEPARATOR not in c.name]
+def _listed_configs(limit, after=None):
+    """The first `limit` public counters' configs by name (after the name `after`). A query, eventually consistent: a
+    counter created a moment ago may be missing for a moment. Equality on one property ordered by key, with a key
+    range, needs no composite index: the property's built-in index is sorted that way. A feature's own counters are
+    created unlisted; the name check keeps them out even if one ever were not."""
+    query = CounterConfig.query(CounterConfig.listed == True)  # noqa: E712
+    if after is not None:
+        query = query.filter(CounterConfig.key > ndb.Key(CounterConfig, after))
+    return [c for c in query.order(CounterConfig.key).fetch(limit) if OWNER_SEPARATOR not in c.name]
 
 
 def list_counters(limit: int = LIST_LIMIT, with_shards: bool = False) -> list[tuple]:
@@ -110,12 +114,36 @@ def list_counters(limit: int = LIST_LIMIT, with_shards: bool = False) -> list[tu
     return [(c, *totals[c.name]) for c in configs]
 
 
-def counters_page(limit: int = LIST_LIMIT) -> tuple[list[tuple], list[int]]:
-    """What the counters page shows: the public counters with every shard and the simple counter's twenty shards,
-    all the shards read in one Datastore batch. ndb sends every key asked for before its event loop next runs as one
-    Lookup: the simple shards are asked for (not awaited) after the configs' query, so they travel with the counters'
-    shards; nothing between runs the event loop (the cache's round trip is not ndb's)."""
-    configs = _listed_configs(limit)
+@dataclass
+class CountersPage:
+    counters: list[tuple]  # (config, total, shard counts) of each counter shown
+    simple: list[int]  # the simple counter's twenty shards
+    next: str | None  # the name to show the next page after; None on the last page
+
+
+def counters_page(after: str | None = None) -> CountersPage:
+    """What the counters page shows: public counters by name after `after`, each with every shard drawn, and the
+    simple counter's twenty shards, all the shards read in one Datastore batch.
+
+    Bounded in what it reads, since anyone may load it and shards are read uncached: at most PAGE_COUNTERS counters
+    and PAGE_SHARDS of their shards (a counter that would pass the budget starts the next page; a page always shows
+    one), so a view reads at most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + SIMPLE_SHARDS shards however many
+    counters exist and however many shards admins gave them.
+
+    ndb sends every key asked for before its event loop next runs as one Lookup: the simple shards are asked for (not
+    awaited) after the configs' query, so they travel with the counters' shards; nothing between runs the event loop
+    (the cache's round trip is not ndb's)."""
+    if after is not None:
+        validate_name(after)
+    configs = _listed_configs(PAGE_COUNTERS + 1, after)
     simple = ndb.get_multi_async([simple_key(i) for i in range(SIMPLE_SHARDS)])
-    totals = cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards=True)
-    return [(c, *totals[c.name]) for c in configs], [s.count if s else 0 for s in (f.result() for f in simple)]
+    shown, drawn = [], 0
+    for config in configs[:PAGE_COUNTERS]:
+        if shown and drawn + config.num_shards > PAGE_SHARDS:
+            break
+        shown.append(config)
+        drawn += config.num_shards
+    more = len(shown) < len(configs)
+    totals = cached_totals([c.name for c in shown], {c.name: c for c in shown}, with_shards=True)
+    simple_counts = [s.count if s else 0 for s in (f.result() for f in simple)]
+    return CountersPage([(c, *totals[c.name]) for c in shown], simple_counts, shown[-1].name if more else None)

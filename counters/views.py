@@ -36,9 +36,11 @@ def _form_int(field):
 
 @bp.get("/counters")
 def index():
-    """Every counter with its total, its shards drawn, and buttons to increment."""
-    counters, simple = service.counters_page()
-    return render_template("counters/index.html", counters=counters, simple=simple, simple_total=sum(simple),
+    """The counters by name, a page at a time (`?after=<name>`), each with its total, its shards drawn, and buttons
+    to increment."""
+    page = service.counters_page(request.args.get("after"))
+    return render_template("counters/index.html", counters=page.counters, next=page.next,
+                           first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
                            max_shards=service.MAX_SHARDS)
 
 

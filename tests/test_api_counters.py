@@ -1,5 +1,6 @@
 """The counters' JSON API and HTML forms over HTTP (Flask's test client), including memcached faults."""
 import datetime
+import re
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from counters import service as counters_service
 from counters import totals as counters_totals
 from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
 from main import MAX_BODY_BYTES
-from tests.support import csrf_token
+from tests.support import billed, csrf_token
 
 
 def _stored(kind):
@@ -255,6 +256,31 @@ def test_counters_page_shows_totals_shards_and_cache_source(client, auth):
     assert html.count('class="bar"') == 20 + 20  # the simple counter's and shown's shards
     html = client.get("/counters").get_data(as_text=True)
     assert "from memcache" in html
+
+
+def test_counters_page_reads_a_bounded_number_of_shards_however_many_counters_exist(client):
+    """Anyone may load the page, and shards are read uncached: a view reads at most PAGE_COUNTERS counters and
+    PAGE_SHARDS of their shards (billed reads, from the response's own accounting), the rest on the next pages. On
+    the old page, one view read every shard of the first 100 counters: here 11 x 20 + 1,000 + 20."""
+    with runtime.current().context():
+        for i in range(11):
+            counters_service.configure(f"a{i:02d}", "general", 20)
+        counters_service.configure("big", "general", counters_totals.PAGE_SHARDS)
+    seen, after, views = [], None, 0
+    while views < 5:
+        r = client.get("/counters", query_string={"after": after} if after else None)
+        views += 1
+        assert r.status_code == 200
+        reads = billed(r)[0]
+        assert reads <= 2 + counters_totals.PAGE_COUNTERS + 1 + counters_totals.PAGE_SHARDS + 20, reads
+        html = r.get_data(as_text=True)
+        seen += re.findall(r'<section class="card" id="counter-([^"]+)"', html)
+        after = re.search(r'rel="next" href="/counters\?after=([^"]+)"', html)
+        if after is None:
+            break
+        after = after[1]
+    assert seen == [f"a{i:02d}" for i in range(11)] + ["big"] and views == 3  # 10, then a10 (big would pass), big
+    assert client.get("/counters", query_string={"after": "bad name"}).status_code == 400
 
 
 def test_increment_form_needs_csrf_token(client, auth):
