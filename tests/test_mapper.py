@@ -11,6 +11,7 @@ from accounts.service import ADD_CREDIT
 from core import runtime
 from mapper import keyrange, service
 from mapper.models import MapperJob, TaskRecord
+from tests.support import billed
 
 
 class Thing(ndb.Model):
@@ -173,6 +174,30 @@ def test_every_account_credited_exactly_once(app, client, auth, task_queue):
     states = [s["state"] for s in seen]
     assert "done" not in states[:states.index("done")] if "done" in states else True
     assert all(s["processed"] == len(accounts) for s in seen if s["state"] == "done")
+
+
+def test_a_running_jobs_view_reads_the_same_however_many_tasks_it_has(client, auth, task_queue):
+    """The jobs pages poll a running job every second: its view must not read every task record (a query growing
+    with the job's tasks, times its viewers). Billed reads of the list and of the job stay the same after 2 tasks
+    and after 12, while the figures move on (hints from the cache), and the finished job shows the records' sums."""
+    seed_accounts(600)
+    job_id = start(client, auth, page_size=40, fanout=2)
+
+    def look():
+        one, listing = client.get(f"/api/jobs/{job_id}"), client.get("/api/jobs")
+        return billed(one)[0], billed(listing)[0], one.get_json()
+
+    task_queue.drain(max_deliveries=2)
+    early_one, early_list, early = look()
+    task_queue.drain(max_deliveries=10)
+    late_one, late_list, late = look()
+    assert (late_one, late_list) == (early_one, early_list) and late_one <= 2, (early_one, late_one)
+    assert early["state"] == late["state"] == "running" and early["estimated"] and late["estimated"]
+    assert 0 < early["processed"] < late["processed"] < 600 and early["tasks"] < late["tasks"]
+    task_queue.drain(workers=2)
+    final = job_status(client, job_id)
+    assert (final["state"], final["processed"], final["estimated"]) == ("done", 600, False)
+    assert final["tasks"] >= late["tasks"] and final["depth"] >= late["depth"] > 0
 
 
 # --- retries, duplicate deliveries, completion --------------------------------------------------------------------
