@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from schemathesis import checks as schemathesis_checks
 from schemathesis.generation import GenerationMode
 
-from core import runtime
+from core import runtime, tasks
 from devstack import serving
 from tests.support import make_app
 
@@ -102,3 +102,63 @@ def test_every_operation_fuzzed_without_server_errors_or_contract_breaches(serve
     print(f"\nschemathesis as {role}: {sum(cases.values())} cases over {len(cases)} operations in "
           f"{time.monotonic() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(cases.items())))
     assert len(cases) == len(operations)  # every operation was exercised
+
+
+# --- hostile requests the fuzzer does not make ----------------------------------------------------------------------
+
+NESTED = b"[" * 50_000  # a JSON body nested past Python's recursion limit
+
+
+def _uncached(value):
+    """`value` without what changes by itself: "cached" flags (where an answer came from) and a job's "elapsed"."""
+    if isinstance(value, dict):
+        return {k: _uncached(v) for k, v in value.items() if k not in ("cached", "elapsed")}
+    return [_uncached(v) for v in value] if isinstance(value, list) else value
+
+
+def _state(url, cookies):
+    """What the unsafe operations could change, as the API shows it (the task queue only holds tasks here)."""
+    with requests.Session() as s:
+        s.cookies.update(cookies)
+        return [_uncached(s.get(f"{url}{path}", timeout=10).json()) for path in (
+            "/api/counters", "/api/counters/likes", "/api/blogs/demo/entries", "/api/blogs/demo/entries/0/comments",
+            "/api/jobs", "/api/accounts/summary", "/api/simple-counter")]
+
+
+def test_hostile_requests_to_every_unsafe_operation_are_refused_and_change_nothing(served_app):
+    """Every POST, PUT and DELETE of the document, as an admin whose browser is made to send it by another site's
+    page (a bodyless `fetch(..., {mode: "no-cors", credentials: "include"})` or a `sendBeacon`): 403 `cross_site`,
+    by Sec-Fetch-Site or, where a browser sends no Fetch Metadata, by Origin. Then, same-site, a JSON body nested
+    50,000 deep: 400, never a RecursionError's 500. And headers with a non-ASCII byte: the task token 403, an
+    Idempotency-Key 400. Afterwards the API shows exactly what it showed before."""
+    app, url = served_app
+    admin = _sign_in(url, "admin")
+    _resources(url, admin)
+    known = {"blog": "demo", "index": "0", "name": "likes", "job_id": "0123456789abcdef"}
+    schema = schemathesis.openapi.from_dict(app.extensions["openapi"])
+    token = tasks.local_token(runtime.of(app).settings.secret_key)
+    before = _state(url, admin)
+    unsafe = [op for op in (r.ok() for r in schema.get_all_operations()) if op.method.upper() in ("POST", "PUT",
+                                                                                                  "DELETE")]
+    assert len(unsafe) >= 15, [op.label for op in unsafe]
+    cross_site = ({"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"}, {"Origin": "https://evil.example"},
+                  {"Origin": "null"})
+    with requests.Session() as s:
+        s.cookies.update(admin)
+        for op in unsafe:
+            params = {p.name: known.get(p.name, "x") for p in op.path_parameters}
+            if op.path.startswith("/api/tasks/"):
+                params["name"] = "mapper.run"
+            path = url + op.path.format(**params)
+            for headers in cross_site:
+                r = s.request(op.method.upper(), path, headers=headers, timeout=10)
+                assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site", (op.label, headers, r.text)
+            if op.body:  # as the queue sends a task, where the operation is the task route
+                r = s.request(op.method.upper(), path, data=NESTED, timeout=10,
+                              headers={"Content-Type": "application/json", tasks.TOKEN_HEADER: token})
+                assert r.status_code == 400, (op.label, r.status_code, r.text[:200])
+        r = s.post(f"{url}/api/counters/likes/increment", headers={"Idempotency-Key": "caf\xe9"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_idempotency_key", r.text
+        r = s.post(f"{url}/api/tasks/mapper.run", headers={"X-Tasks-Token": "\xff" * 64}, json={}, timeout=10)
+        assert r.status_code == 403, r.text
+    assert _state(url, admin) == before
