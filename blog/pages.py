@@ -5,13 +5,20 @@ entry's meta line, a section under the entry on its page, a field in the entry's
 `EntryAddon` and registers it from its own init_app (`add_entry_addon`). The blog calls its addons; it never imports
 them, so dependencies run one way: comments -> blog -> counters.
 """
+import contextlib
+import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import current_app, render_template
-from markupsafe import Markup
+from flask import current_app, render_template, request
+from google.cloud import ndb
+from markupsafe import Markup, escape
 
 from blog import service
+from blog.models import BlogIndex
+from core import identity, runtime
+from core.cache import CACHE_DOWN
 from core.fragments import Fragments
 
 EXTENSION = "blog.entry_addons"
@@ -73,3 +80,63 @@ def render_entry(ref, status=200, state=None):
                            max_index=service.require_blog(ref.blog).max_index,
                            views_counter=service.views_counter(ref), summary=summary, addons=_addons(),
                            sections=sections), status
+
+
+# --- the front page as a visitor sees it, and the feed, whole --------------------------------------------------------
+# A visitor (no session, no IAP identity, no query) sees what every other visitor sees, but for the footer's figures
+# of this request; a feed is the same for everyone. So each is kept whole in the cache beside the BlogIndex's own
+# entry in ndb's global cache, and one round trip reads both (core.datastore.Datastore.peek): a kept copy is served
+# only when it was rendered for the max_index that entry holds now. That entry is never older than Datastore (ndb
+# locks it before a post commits), so a copy rendered before a post is never served after it: the never-stale
+# guarantee of the cached front page (service._page_cache_key) holds for the whole page too. What else the page shows,
+# the entries' comment counts, may be KEPT_LIFETIME old, as a cached total may be up to a minute old
+# (counters/totals.py).
+KEPT_LIFETIME = 5  # seconds
+_COST = re.compile(r"<span data-cost>.*?</span>", re.S)
+_COST_SLOT = "<span data-cost>\x00</span>"
+
+
+def is_visitor():
+    """Whether this request is a visitor's plain look at a page: nothing about it depends on who asks."""
+    return (not request.query_string and current_app.config["SESSION_COOKIE_NAME"] not in request.cookies
+            and identity.IAP_HEADER not in request.headers)
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_key(what, host, blog_key):
+    return f"kept-{what}:{host}:".encode() + blog_key.urlsafe()
+
+
+def kept(blog, what):
+    """The blog's `what` ("front" or "feed") as kept for the blog's current max_index; None when there is none (or
+    the cache is away, or the blog does not exist)."""
+    blog_key = ndb.Key(BlogIndex, service.validate_blog(blog))
+    try:
+        entity, (text,) = runtime.current().datastore.peek(blog_key, _kept_key(what, request.host, blog_key))
+    except CACHE_DOWN:
+        return None
+    if entity is None or text is None:
+        return None
+    stamp, _, body = text.partition(b"\n")
+    return body.decode() if int(stamp) == entity.properties["max_index"].integer_value else None
+
+
+def keep(blog, what, max_index, body):
+    """Keep `body`, the blog's `what` rendered for `max_index`."""
+    with contextlib.suppress(*CACHE_DOWN):  # not kept this time: the next request renders it again
+        runtime.current().datastore.keep(_kept_key(what, request.host, ndb.Key(BlogIndex, blog)),
+                                         f"{max_index}\n{body}".encode(), KEPT_LIFETIME)
+
+
+def visitor_front_page(blog):
+    """The front page kept for visitors, its footer's figures those of this request; None as `kept`."""
+    page = kept(blog, "front")
+    if page is None:
+        return None
+    cost = current_app.jinja_env.globals["request_cost"]()
+    return page.replace("\x00", str(escape(cost or "")), 1)
+
+
+def keep_for_visitors(blog, max_index, html):
+    """Keep `html`, the front page rendered for `max_index`, for visitors (its footer's figures left out)."""
+    keep(blog, "front", max_index, _COST.sub(_COST_SLOT, html, count=1))

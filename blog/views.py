@@ -39,9 +39,19 @@ def blogs():
 
 @bp.get("/blog/<blog>")
 def index(blog):
-    """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
+    """A page of a blog's entries, newest first: `?start=<index>` pages back by index. A visitor's front page is
+    served whole from the cache while it is current (pages.visitor_front_page)."""
+    visitor = pages.is_visitor()
+    if visitor:
+        kept = pages.visitor_front_page(blog)
+        if kept is not None:
+            return kept
     with _cache_or_not():
-        return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
+        page = service.get_page(blog, request.args.get("start"))
+        html = pages.render_index(blog, page)
+    if visitor and page.cached:  # kept only once the cached front page says so, as its text does
+        pages.keep_for_visitors(blog, page.max_index, html)
+    return html
 
 
 @bp.get("/blog/<blog>/<int:index>")
@@ -53,9 +63,14 @@ def entry(blog, index):
 
 @bp.get("/blog/<blog>/feed.atom")
 def feed(blog):
-    """The newest entries as an Atom feed."""
-    page = service.get_page(blog, None, service.FEED_SIZE)
-    response = make_response(render_template("blog/feed.xml", blog=blog, page=page))
+    """The newest entries as an Atom feed, the same for everyone: kept whole while it is current (pages.kept)."""
+    body = pages.kept(blog, "feed") if not request.query_string else None
+    if body is None:
+        page = service.get_page(blog, None, service.FEED_SIZE)
+        body = render_template("blog/feed.xml", blog=blog, page=page)
+        if page.cached:
+            pages.keep(blog, "feed", page.max_index, body)
+    response = make_response(body)
     response.mimetype = "application/atom+xml"
     return response
 

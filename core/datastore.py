@@ -1,9 +1,11 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import contextlib
+import functools
 import logging
 import os
 import random
 import time
+from typing import Any
 
 import grpc
 from google.api_core import exceptions as core_exceptions
@@ -19,6 +21,16 @@ log = logging.getLogger(__name__)
 
 # What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN.
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
+
+
+_GLOBAL_PREFIX = b"NDB30"  # google.cloud.ndb._cache: the prefix of its keys, and its lock values' prefixes
+_LOCKED = (b"0-", b"00")
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_cache_key(key: ndb.Key) -> bytes:
+    """ndb's global cache key of `key` (a key's protobuf is slow to build: once per process for each key asked)."""
+    return _GLOBAL_PREFIX + key._key.to_protobuf()._pb.SerializeToString()
 
 
 def is_contention(error: BaseException) -> bool:
@@ -164,6 +176,24 @@ class Datastore:
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None
         self.aggregations = aggregations  # COUNT and SUM queries (the backend may refuse them)
+
+    def peek(self, key: ndb.Key, *others: bytes) -> tuple[Any, list[bytes | None]]:
+        """One round trip to the global cache: the entity ndb keeps there for `key` (None when it is absent, or locked:
+        ndb locks an entity's entry before a commit to it and refills it only by compare-and-swap, so an entity found
+        here is never older than Datastore), and the values of `others`, keys this app keeps beside ndb's (`keep`).
+        No ndb context needed. The entry's layout is ndb's own (google-cloud-ndb 2.x, pinned: NDB30 + the key's
+        protobuf, the entity's protobuf as the value); a change to it only makes every peek a miss."""
+        if self.global_cache is None:
+            return None, [None] * len(others)
+        entry, *values = self.global_cache.get([_global_cache_key(key), *others])
+        if not entry or entry.startswith(_LOCKED):
+            return None, values
+        return datastore_v1.Entity.pb().FromString(entry), values  # the raw protobuf: no proto-plus wrapping
+
+    def keep(self, key: bytes, value: bytes, expire: int) -> None:
+        """Store `value` in the global cache beside ndb's entries, for `peek` to read with one of them."""
+        if self.global_cache is not None:
+            self.global_cache.set({key: value}, expires=expire)
 
     def context(self) -> contextlib.AbstractContextManager[ndb.Context]:
         """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""

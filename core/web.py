@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, current_app, flash, jsonify, render_template, request
+from flask import Flask, Response, current_app, flash, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
@@ -124,6 +124,41 @@ def _page_globals():
             "nav": features.of(current_app).navigation}
 
 
+class OncePerProcessTalisman(Talisman):
+    """Flask-Talisman, its headers worked out once per process instead of on every response.
+
+    Talisman rebuilds the same headers for every response from its configuration (the CSP parsed back into a string,
+    each view's options looked up). Here Talisman itself computes them once, on an empty response, per kind of
+    request (secure or not: HSTS goes to HTTPS requests only), and each response gets a copy. A view with options of
+    its own (`@talisman(...)`) and a CSP nonce still go through Talisman on every response, as before."""
+
+    def _force_https(self) -> ResponseReturnValue | None:
+        return super()._force_https() if self.force_https else None
+
+    def _make_nonce(self) -> None:
+        if self.content_security_policy_nonce_in:
+            super()._make_nonce()
+
+    def _set_response_headers(self, response: Response) -> Response:
+        view = current_app.view_functions.get(request.endpoint)
+        if self.content_security_policy_nonce_in or hasattr(view, "talisman_view_options"):
+            return super()._set_response_headers(response)
+        secure = request.is_secure or request.headers.get("X-Forwarded-Proto", "http") == "https"
+        headers = self._computed.get(secure)
+        if headers is None:
+            blank = Response()
+            before = set(blank.headers.items())
+            super()._set_response_headers(blank)
+            headers = self._computed[secure] = [item for item in blank.headers.items() if item not in before]
+        for name, value in headers:
+            response.headers[name] = value
+        return response
+
+    @property
+    def _computed(self) -> dict[bool, list[tuple[str, str]]]:
+        return self.__dict__.setdefault("_headers_by_kind", {})
+
+
 def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
@@ -132,7 +167,7 @@ def init_app(app: Flask) -> None:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
     # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
     # One Talisman per app: it keeps its options (HSTS or not) on itself, and a process may build several apps.
-    app.extensions["talisman"] = Talisman(
+    app.extensions["talisman"] = OncePerProcessTalisman(
         app, force_https=False, frame_options="DENY", content_security_policy=CONTENT_SECURITY_POLICY,
         referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
         session_cookie_secure=on_app_engine)

@@ -1,12 +1,14 @@
 """The blog over HTTP: the JSON API, the pages, the admin form, the feed."""
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from blog import pages as blog_pages
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from core import runtime
 from main import MAX_BODY_BYTES
-from tests.support import csrf_token
+from tests.support import billed, csrf_token
 
 
 def _stored(kind):
@@ -144,6 +146,46 @@ def test_front_page_html_is_cached_and_never_stale(client, auth):
     html = client.get("/blog/news").get_data(as_text=True)
     assert "brand new" in html
     assert client.get("/api/blogs/news/entries").get_json()["entries"][0]["title"] == "brand new"
+
+
+def test_a_visitors_front_page_is_kept_whole_and_never_stale(app, client, auth):
+    """A visitor's front page comes whole from the cache, read in one round trip with the blog's index entry: no
+    Datastore RPC, one cache call, the footer's figures this request's own. A post shows at once, and a page a slow
+    reader rendered before the post and kept after it is never served. Signed-in people never get the kept page."""
+    auth.admin()
+    for i in range(3):
+        _post(client, title=f"entry {i}")
+    visitor = app.test_client()
+    pages = [visitor.get("/blog/news") for _ in range(3)]
+    assert "read from Datastore" in pages[0].get_data(as_text=True)
+    whole = pages[2].get_data(as_text=True)
+    assert "front page from memcache" in whole and "entry 2" in whole
+    footer = re.search(r"this page: <span data-cost>0 Datastore RPCs \(0.0 ms\), 1 (memcached|redis) call", whole)
+    assert footer, whole[-700:]
+    assert billed(pages[2])[:3] == (0, 0, 0) and "datastore;desc=\"0 RPCs" in pages[2].headers["Server-Timing"]
+    assert "\x00" not in whole and "New entry" not in whole  # no slot left, no admin form
+    assert "New entry" in client.get("/blog/news").get_data(as_text=True)  # the admin's own page, not the kept one
+
+    stale = pages[2].get_data(as_text=True)
+    assert _post(client, title="brand new").status_code == 201
+    assert "brand new" in visitor.get("/blog/news").get_data(as_text=True)
+    with app.test_request_context("/blog/news"), runtime.of(app).context():  # a slow reader keeps its old page
+        blog_pages.keep("news", "front", 2, stale)
+    for _ in range(3):
+        assert "brand new" in visitor.get("/blog/news").get_data(as_text=True)
+    assert "brand new" in visitor.get("/blog/news/feed.atom").get_data(as_text=True)
+
+
+def test_the_feed_is_kept_whole_and_never_stale(client, auth):
+    auth.admin()
+    _post(client, title="first")
+    feeds = [client.get("/blog/news/feed.atom") for _ in range(3)]
+    assert feeds[2].get_data() == feeds[1].get_data() and billed(feeds[2])[:3] == (0, 0, 0)
+    assert feeds[2].mimetype == "application/atom+xml"
+    _post(client, title="second")
+    root = ET.fromstring(client.get("/blog/news/feed.atom").get_data())
+    titles = [e.text for e in root.iter("{http://www.w3.org/2005/Atom}title")]
+    assert "second" in titles and "first" in titles
 
 
 def test_pages_link_older_and_newer(client, auth):
