@@ -140,7 +140,7 @@ class OncePerProcessTalisman(Talisman):
             super()._make_nonce()
 
     def _set_response_headers(self, response: Response) -> Response:
-        view = current_app.view_functions.get(request.endpoint)
+        view = current_app.view_functions.get(request.endpoint or "")
         if self.content_security_policy_nonce_in or hasattr(view, "talisman_view_options"):
             return super()._set_response_headers(response)
         secure = request.is_secure or request.headers.get("X-Forwarded-Proto", "http") == "https"
