@@ -9,7 +9,7 @@ import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import runtime
+from core import clock, runtime
 from core.datastore import ServerIncrements
 from counters.models import AppliedIncrement, CounterShard
 from main import create_app
@@ -32,14 +32,15 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
                 values = list(pool.map(lambda _: increments.commit(key, "count"), range(80)))
             assert sorted(values) == list(range(6, 86))  # each commit saw its own increment applied
             assert key.get(use_cache=False).count == 85
-            marker = AppliedIncrement(key=AppliedIncrement.key_for("blind", "k1"), token="mine")
+            marker = AppliedIncrement.new(AppliedIncrement.key_for("blind", "k1"), "mine", clock.now())
             assert increments.commit(key, "count", 1, insert=marker) == 86
             with pytest.raises(core_exceptions.AlreadyExists):
                 increments.commit(key, "count", 1, insert=marker)
             assert key.get(use_cache=False).count == 86  # the refused commit wrote nothing
             stored = AppliedIncrement.key_for("blind", "k1").get(use_cache=False)
-            # stored as a put() of the model would store it: its token, and its auto_now_add date for the TTL policy
-            assert stored.token == "mine" and isinstance(stored.created, datetime.datetime)
+            # stored as a put() of the model would store it: its token, and its expiry for the TTL policy and the sweep
+            assert stored.token == "mine" and stored.expires == marker.expires
+            assert isinstance(stored.expires, datetime.datetime)
 
 
 def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
