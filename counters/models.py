@@ -72,8 +72,9 @@ class AppliedIncrement(ndb.Model):
     token = ndb.TextProperty()  # which call applied it, so that call's own retry still says "applied"
     # Midnight UTC, a day or two ahead: indexed for the sweep's query, and coarse on purpose. Index rows sort by value
     # then key, so one day's markers spread over their keys (random idempotency keys), where an exact timestamp would
-    # put every new row at the end of the index, the hotspot that limits such an index to about 500 writes a second
-    # (https://cloud.google.com/datastore/docs/best-practices#indexes) while the counter's shards take far more.
+    # put every new row at the end of the index: the hotspot Firestore documents as a limit of 500 writes a second
+    # (https://cloud.google.com/firestore/docs/solutions/shard-timestamp; blog/production.py), while the counter's
+    # shards take far more.
     expires = ndb.DateTimeProperty(required=True)
 
     @classmethod
