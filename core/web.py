@@ -132,6 +132,10 @@ class OncePerProcessTalisman(Talisman):
     request (secure or not: HSTS goes to HTTPS requests only), and each response gets a copy. A view with options of
     its own (`@talisman(...)`) and a CSP nonce still go through Talisman on every response, as before."""
 
+    def init_app(self, app: Flask, **options: object) -> None:
+        self._headers_by_kind: dict[bool, list[tuple[str, str]]] = {}  # secure or not: the headers Talisman set
+        super().init_app(app, **options)
+
     def _force_https(self) -> ResponseReturnValue | None:
         return super()._force_https() if self.force_https else None
 
@@ -144,19 +148,15 @@ class OncePerProcessTalisman(Talisman):
         if self.content_security_policy_nonce_in or hasattr(view, "talisman_view_options"):
             return super()._set_response_headers(response)
         secure = request.is_secure or request.headers.get("X-Forwarded-Proto", "http") == "https"
-        headers = self._computed.get(secure)
+        headers = self._headers_by_kind.get(secure)
         if headers is None:
             blank = Response()
             before = set(blank.headers.items())
             super()._set_response_headers(blank)
-            headers = self._computed[secure] = [item for item in blank.headers.items() if item not in before]
+            headers = self._headers_by_kind[secure] = [item for item in blank.headers.items() if item not in before]
         for name, value in headers:
             response.headers[name] = value
         return response
-
-    @property
-    def _computed(self) -> dict[bool, list[tuple[str, str]]]:
-        return self.__dict__.setdefault("_headers_by_kind", {})
 
 
 def init_app(app: Flask) -> None:
