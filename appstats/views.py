@@ -8,7 +8,7 @@ bp = Blueprint("appstats", __name__)
 
 
 def _recent():
-    return current_app.extensions["appstats"].items()
+    return [served.record() for served in current_app.extensions["appstats"].items()]
 
 
 @bp.get("/appstats")

@@ -16,6 +16,7 @@ of Flask, like everything below core/web.py (pyproject.toml's contract): benchma
 import collections
 import contextlib
 import contextvars
+import functools
 import re
 import threading
 import time
@@ -34,26 +35,29 @@ class Cost:
 
     def __init__(self):
         self.started = time.perf_counter()
-        self.datastore = collections.Counter()
-        self.cache = collections.Counter()
+        # plain dicts, not Counters: a Cost is made for every request, and the accounting must stay a few
+        # microseconds of it (bench/overhead.py's on/off target)
+        self.datastore: dict[str, int] = {}
+        self.cache: dict[str, int] = {}
         self.datastore_s = 0.0
         self.cache_s = 0.0
         self.billed = billing.Billed()
-        self.counted = collections.Counter()  # what the bill was counted from: found, missing, skipped, ...
+        self.counted: dict[str, int] = {}  # what the bill was counted from: found, missing, skipped, ...
         self._lock = threading.Lock()
 
     def add_rpc(self, method: str, seconds: float, billed: billing.Billed | None = None,
                 counted: dict[str, int] | None = None) -> None:
         with self._lock:
-            self.datastore[method] += 1
+            self.datastore[method] = self.datastore.get(method, 0) + 1
             self.datastore_s += seconds
             if billed is not None:
                 self.billed += billed
-                self.counted.update(counted or {})
+                for what, n in (counted or {}).items():
+                    self.counted[what] = self.counted.get(what, 0) + n
 
     def add_cache(self, call: str, seconds: float) -> None:
         with self._lock:
-            self.cache[call] += 1
+            self.cache[call] = self.cache.get(call, 0) + 1
             self.cache_s += seconds
 
     @property
@@ -67,26 +71,26 @@ class Cost:
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
 
-    def summary(self, cache_backend: str) -> dict[str, Any]:
+    def summary(self, cache_backend: str, app_ms: float | None = None) -> dict[str, Any]:
         """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
-        its backend ("memcached", "redis" or "none") named inside."""
+        its backend ("memcached", "redis" or "none") named inside; `app_ms` the request's time (by default, so far)."""
         with self._lock:
             return {"datastore": {"rpcs": self.rpcs, "ms": round(self.datastore_s * 1000, 1),
                                   "by_method": dict(self.datastore)},
                     "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted.items() if n}},
                     "cache": {"backend": cache_backend, "calls": self.cache_calls, "ms": round(self.cache_s * 1000, 1),
                               "by_call": dict(self.cache)},
-                    "app_ms": round(self.elapsed_ms(), 1)}
+                    "app_ms": round(self.elapsed_ms() if app_ms is None else app_ms, 1)}
 
-    def server_timing(self) -> str:
+    def server_timing(self, app_ms: float | None = None) -> str:
         """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
         billed;desc="11 reads: $3.30 per million"` (a metric without a duration: what production would bill)."""
         with self._lock:
-            parts = [_metric("datastore", _described(self.datastore, "RPC"), self.datastore_s),
-                     _metric("cache", _described(self.cache, "call"), self.cache_s),
-                     f'billed;desc="{self._billed()}"']
-        parts.append(f"app;dur={self.elapsed_ms():.1f}")
-        return ", ".join(parts)
+            datastore, cache, billed = (_described(tuple(self.datastore.items()), "RPC"),
+                                        _described(tuple(self.cache.items()), "call"), self._billed())
+            datastore_ms, cache_ms = self.datastore_s * 1000, self.cache_s * 1000
+        return (f'datastore;desc="{datastore}";dur={datastore_ms:.1f}, cache;desc="{cache}";dur={cache_ms:.1f}, '
+                f'billed;desc="{billed}", app;dur={self.elapsed_ms() if app_ms is None else app_ms:.1f}')
 
     def footer(self, cache_name: str) -> str:
         """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
@@ -98,9 +102,7 @@ class Cost:
 
     def _billed(self, requests: str = "") -> str:
         """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
-        if not (self.billed.reads or self.billed.writes or self.billed.deletes):
-            return "nothing in Datastore"
-        return f"{self.billed.describe()}: ${self.billed.usd_per_million():.2f} per million{requests}"
+        return _billed_text(self.billed.reads, self.billed.writes, self.billed.deletes, requests)
 
 
 _BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
@@ -119,14 +121,22 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _described(counts: collections.Counter, noun: str) -> str:
-    total = sum(counts.values())
-    detail = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+# The texts below are worked out once per process for each mix of calls and bill: every request has one, most
+# requests have one of a few.
+@functools.lru_cache(maxsize=1024)
+def _described(counts: tuple[tuple[str, int], ...], noun: str) -> str:
+    """'3 RPCs: 2 Lookup, 1 RunQuery' for ((name, n), ...)."""
+    total = sum(n for _, n in counts)
+    detail = ", ".join(f"{n} {name}" for name, n in sorted(counts, key=lambda kv: (-kv[1], kv[0])))
     return _plural(total, noun) + (f": {detail}" if detail else "")
 
 
-def _metric(name: str, desc: str, seconds: float) -> str:
-    return f'{name};desc="{desc}";dur={seconds * 1000:.1f}'
+@functools.lru_cache(maxsize=1024)
+def _billed_text(reads: int, writes: int, deletes: int, requests: str) -> str:
+    if not (reads or writes or deletes):
+        return "nothing in Datastore"
+    billed = billing.Billed(reads=reads, writes=writes, deletes=deletes)
+    return f"{billed.describe()}: ${billed.usd_per_million():.2f} per million{requests}"
 
 
 def current() -> Cost | None:
@@ -195,6 +205,8 @@ class CountedClient:
         if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
             return attribute
 
+        counted_as = self._prefix + name
+
         def call(*args, **kwargs):
             cost = _current.get()
             started = time.perf_counter()
@@ -202,7 +214,8 @@ class CountedClient:
                 return attribute(*args, **kwargs)
             finally:
                 if cost is not None:
-                    cost.add_cache(self._prefix + name, time.perf_counter() - started)
+                    cost.add_cache(counted_as, time.perf_counter() - started)
+        self.__dict__[name] = call  # made once: the next lookup finds it without coming here
         return call
 
 
@@ -210,13 +223,13 @@ class Recent:
     """The last `size` requests' costs in this process, newest first (bounded: a deque), for /appstats."""
 
     def __init__(self, size: int = 100) -> None:
-        self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self._items: collections.deque[Any] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Any) -> None:
         with self._lock:
             self._items.appendleft(record)
 
-    def items(self) -> list[dict[str, Any]]:
+    def items(self) -> list[Any]:
         with self._lock:
             return list(self._items)
