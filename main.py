@@ -3,7 +3,6 @@ import logging
 import os
 
 import click
-from flask import Flask
 
 import accounts
 import appstats
@@ -34,7 +33,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list` is FEATURES, or a part of it
     that keeps each feature's dependencies (the tests show blog standing alone). `flask_config` overrides Flask
     settings (TESTING=True). devstack.apps.app_on builds one on a local stack."""
-    app = Flask(__name__)
+    app = web.App(__name__)
     settings = settings or Settings.from_env()
     app.config.update(
         SECRET_KEY=settings.secret_key,
@@ -51,7 +50,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
     rt = app.extensions[runtime.EXTENSION] = Runtime(settings, task_queue)
     app.extensions["iap_keys"] = identity.IapKeys()
-    app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
+    app.wsgi_app = app.extensions[runtime.MIDDLEWARE] = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
     appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature

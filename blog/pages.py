@@ -11,9 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import current_app, render_template, request
+from flask import Response, current_app, render_template, request
 from google.cloud import ndb
 from markupsafe import Markup, escape
+from werkzeug.http import parse_cookie
+from werkzeug.wsgi import get_host
 
 from blog import service
 from blog.models import BlogIndex
@@ -57,6 +59,7 @@ def summaries(refs):
 
 def init_app(app):
     app.extensions[FRAGMENTS] = Fragments()
+    runtime.add_shortcut(app, functools.partial(serve_kept, app))
 
 
 def render_index(blog, page, form=None):
@@ -91,52 +94,78 @@ def render_entry(ref, status=200, state=None):
 # guarantee of the cached front page (service._page_cache_key) holds for the whole page too. What else the page shows,
 # the entries' comment counts, may be KEPT_LIFETIME old, as a cached total may be up to a minute old
 # (counters/totals.py).
+#
+# A kept copy is served ahead of Flask (`serve_kept`, a core.runtime shortcut): no ndb context, no request context,
+# no routing, no session; the security headers and the accounting are added as to every response. The views render
+# and keep a copy when there is none.
 KEPT_LIFETIME = 5  # seconds
 _COST = re.compile(r"<span data-cost>.*?</span>", re.S)
 _COST_SLOT = "<span data-cost>\x00</span>"
+_KEPT_PATH = re.compile(r"/blog/(?P<blog>[^/]+)(?P<feed>/feed\.atom)?")
+_IAP_ENVIRON = "HTTP_" + identity.IAP_HEADER.upper().replace("-", "_")
 
 
-def is_visitor():
+def is_visitor(environ, session_cookie):
     """Whether this request is a visitor's plain look at a page: nothing about it depends on who asks."""
-    return (not request.query_string and current_app.config["SESSION_COOKIE_NAME"] not in request.cookies
-            and identity.IAP_HEADER not in request.headers)
+    return (not environ.get("QUERY_STRING") and _IAP_ENVIRON not in environ
+            and ("HTTP_COOKIE" not in environ or session_cookie not in parse_cookie(environ["HTTP_COOKIE"])))
+
+
+def _keys(what, host, blog):
+    """The blog's BlogIndex key, and the key its `what` is kept under for `host`. Made without an ndb context (a
+    shortcut has none): the project, namespace and database named, as the app's client has them."""
+    client = runtime.current().datastore.client
+    return _keys_in(client.project, client.namespace, client.database, what, host, blog)
 
 
 @functools.lru_cache(maxsize=1024)
-def _kept_key(what, host, blog_key):
-    return f"kept-{what}:{host}:".encode() + blog_key.urlsafe()
+def _keys_in(project, namespace, database, what, host, blog):  # once per process each: a Key is slow to build
+    blog_key = ndb.Key(BlogIndex, blog, project=project, namespace=namespace, database=database)
+    return blog_key, f"kept-{what}:{host}:".encode() + blog_key.urlsafe()
 
 
-def kept(blog, what):
-    """The blog's `what` ("front" or "feed") as kept for the blog's current max_index; None when there is none (or
-    the cache is away, or the blog does not exist)."""
-    blog_key = ndb.Key(BlogIndex, service.validate_blog(blog))
+def kept(blog, what, host):
+    """The blog's `what` ("front" or "feed") as kept for the blog's current max_index, as bytes; None when there is
+    none (or the cache is away, or the blog does not exist)."""
+    blog_key, kept_key = _keys(what, host, blog)
     try:
-        entity, (text,) = runtime.current().datastore.peek(blog_key, _kept_key(what, request.host, blog_key))
+        entity, (text,) = runtime.current().datastore.peek(blog_key, kept_key)
     except CACHE_DOWN:
         return None
     if entity is None or text is None:
         return None
     stamp, _, body = text.partition(b"\n")
-    return body.decode() if int(stamp) == entity.properties["max_index"].integer_value else None
+    return body if int(stamp) == entity.properties["max_index"].integer_value else None
 
 
 def keep(blog, what, max_index, body):
-    """Keep `body`, the blog's `what` rendered for `max_index`."""
+    """Keep `body`, the blog's `what` rendered for `max_index`, for the request's host (a front page with its footer's
+    figures left out)."""
+    if what == "front":
+        body = _COST.sub(_COST_SLOT, body, count=1)
     with contextlib.suppress(*CACHE_DOWN):  # not kept this time: the next request renders it again
-        runtime.current().datastore.keep(_kept_key(what, request.host, ndb.Key(BlogIndex, blog)),
-                                         f"{max_index}\n{body}".encode(), KEPT_LIFETIME)
+        runtime.current().datastore.keep(_keys(what, request.host, blog)[1], f"{max_index}\n{body}".encode(),
+                                         KEPT_LIFETIME)
 
 
-def visitor_front_page(blog):
-    """The front page kept for visitors, its footer's figures those of this request; None as `kept`."""
-    page = kept(blog, "front")
-    if page is None:
+def serve_kept(app, environ):
+    """A shortcut (core.runtime.add_shortcut): a visitor's `GET /blog/<blog>` or anyone's `GET
+    /blog/<blog>/feed.atom`, answered with the kept copy while it is current, the front page's footer given this
+    request's figures; None for any other request, or when there is no current copy."""
+    if environ["REQUEST_METHOD"] != "GET" or environ.get("QUERY_STRING"):
         return None
-    cost = current_app.jinja_env.globals["request_cost"]()
-    return page.replace("\x00", str(escape(cost or "")), 1)
-
-
-def keep_for_visitors(blog, max_index, html):
-    """Keep `html`, the front page rendered for `max_index`, for visitors (its footer's figures left out)."""
-    keep(blog, "front", max_index, _COST.sub(_COST_SLOT, html, count=1))
+    match = _KEPT_PATH.fullmatch(environ.get("PATH_INFO", ""))
+    if match is None or not service.NAME_PATTERN.fullmatch(match["blog"]):
+        return None
+    if match["feed"]:
+        body = kept(match["blog"], "feed", get_host(environ))
+        return None if body is None else Response(body, mimetype="application/atom+xml")
+    if not is_visitor(environ, app.config["SESSION_COOKIE_NAME"]):
+        return None
+    body = kept(match["blog"], "front", get_host(environ))
+    if body is None:
+        return None
+    cost = app.jinja_env.globals["request_cost"]()
+    response = Response(body.replace(b"\x00", str(escape(cost or "")).encode(), 1), mimetype="text/html")
+    response.vary.add("Cookie")  # a signed-in visitor's page is another
+    return response

@@ -1,7 +1,7 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
 import contextlib
 
-from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, flash, jsonify, make_response, redirect, render_template, request, url_for
 
 from blog import pages, service
 from core import identity, runtime
@@ -40,17 +40,13 @@ def blogs():
 @bp.get("/blog/<blog>")
 def index(blog):
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index. A visitor's front page is
-    served whole from the cache while it is current (pages.visitor_front_page)."""
-    visitor = pages.is_visitor()
-    if visitor:
-        kept = pages.visitor_front_page(blog)
-        if kept is not None:
-            return kept
+    served whole from the cache, ahead of this view, while it is current (pages.serve_kept); this view keeps it."""
     with _cache_or_not():
         page = service.get_page(blog, request.args.get("start"))
         html = pages.render_index(blog, page)
-    if visitor and page.cached:  # kept only once the cached front page says so, as its text does
-        pages.keep_for_visitors(blog, page.max_index, html)
+    # kept only once the cached front page says so, as its text does
+    if page.cached and pages.is_visitor(request.environ, current_app.config["SESSION_COOKIE_NAME"]):
+        pages.keep(blog, "front", page.max_index, html)
     return html
 
 
@@ -63,13 +59,12 @@ def entry(blog, index):
 
 @bp.get("/blog/<blog>/feed.atom")
 def feed(blog):
-    """The newest entries as an Atom feed, the same for everyone: kept whole while it is current (pages.kept)."""
-    body = pages.kept(blog, "feed") if not request.query_string else None
-    if body is None:
-        page = service.get_page(blog, None, service.FEED_SIZE)
-        body = render_template("blog/feed.xml", blog=blog, page=page)
-        if page.cached:
-            pages.keep(blog, "feed", page.max_index, body)
+    """The newest entries as an Atom feed, the same for everyone: kept whole while it is current, and served so ahead
+    of this view (pages.serve_kept)."""
+    page = service.get_page(blog, None, service.FEED_SIZE)
+    body = render_template("blog/feed.xml", blog=blog, page=page)
+    if page.cached and not request.query_string:
+        pages.keep(blog, "feed", page.max_index, body)
     response = make_response(body)
     response.mimetype = "application/atom+xml"
     return response

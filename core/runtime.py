@@ -9,6 +9,7 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from core.settings import Settings
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
 _current: contextvars.ContextVar["Runtime"] = contextvars.ContextVar("runtime")
 EXTENSION = "runtime"  # where create_app keeps an app's runtime
 
@@ -118,38 +120,70 @@ class RequestMiddleware:
     request, as The Blue Alliance does).
 
     The view runs inside both; the body is handed back as it comes (a streamed body is not buffered), each chunk
-    produced, and `close()` run, with the runtime and that same ndb context current again, so a generator or a
-    `call_on_close` callback can still use them. Between chunks nothing is left behind on the thread, so a server that
-    reads the body late, or never closes it, cannot make the thread's next request find a context already there.
+    produced, and `close()` run, in the request's own context again: the contextvars (the runtime, the cost, the ndb
+    context) as the view left them, so a generator or a `call_on_close` callback can still use them. Between chunks
+    nothing is left behind on the thread, so a server that reads the body late, or never closes it, cannot make the
+    thread's next request find a context already there.
+
+    Shortcuts (`add_shortcut`) answer some requests ahead of the app, from the cache alone: the runtime is current and
+    the cost counted, but no ndb context is built and Flask never sees the request. Each returns a finished response
+    (a werkzeug Response) or None; the finishers (`add_finisher`) then do to it what the app's own hooks do to every
+    response (its security headers, its accounting). A shortcut that fails, or says None, leaves the request to the
+    app, counted in the same cost.
     """
 
     def __init__(self, wsgi_app: Callable, rt: Runtime) -> None:
         self.wsgi_app = wsgi_app
         self.runtime = rt
+        self.shortcuts: list[Callable[[dict], Any]] = []
+        self.finishers: list[Callable[[dict, Any], None]] = []
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         # The request's cost (core/costs.py) is counted from here: every Datastore RPC and cache call it makes.
-        measuring = costs.measured if self.runtime.settings.appstats else contextlib.nullcontext
-        with measuring() as cost, self.runtime.context() as context:
+        cost = costs.Cost() if self.runtime.settings.appstats else None
+        if self.shortcuts:
+            with costs.measuring(cost), self.runtime.activated():
+                response = self._shortcut(environ)
+            if response is not None:
+                return response(environ, start_response)
+        with costs.measuring(cost), self.runtime.context():
             body = self.wsgi_app(environ, start_response)
-
-        @contextlib.contextmanager
-        def again():
-            with self.runtime.activated(), costs.measuring(cost), context.use():
-                yield
+            request_context = contextvars.copy_context()  # one C call to enter again per chunk: not three blocks
 
         def close():
             if hasattr(body, "close"):
-                with again():
-                    body.close()
-        return ClosingIterator(_chunks_in(again, body), close)
+                request_context.run(body.close)
+        return ClosingIterator(_chunks_in(request_context, body), close)
+
+    def _shortcut(self, environ: dict) -> Any:
+        for shortcut in self.shortcuts:
+            try:
+                response = shortcut(environ)
+                if response is not None:
+                    for finish in self.finishers:
+                        finish(environ, response)
+                    return response
+            except Exception:  # the app answers instead, and says what went wrong if it goes wrong there too
+                log.exception("shortcut %s failed on %s; the app answers instead", getattr(shortcut, "__name__", "?"),
+                              environ.get("PATH_INFO"))
+        return None
 
 
-def _chunks_in(again: Callable[[], contextlib.AbstractContextManager], body: Iterable[bytes]) -> Iterator[bytes]:
-    chunks = iter(body)
-    while True:
-        with again():
-            chunk = next(chunks, None)
-        if chunk is None:
-            return
+MIDDLEWARE = "runtime.middleware"  # where create_app keeps an app's RequestMiddleware
+
+
+def add_shortcut(app: Any, shortcut: Callable[[dict], Any]) -> None:
+    """`shortcut(environ)` answers requests of `app` ahead of it, or says None (RequestMiddleware)."""
+    app.extensions[MIDDLEWARE].shortcuts.append(shortcut)
+
+
+def add_finisher(app: Any, finisher: Callable[[dict, Any], None]) -> None:
+    """`finisher(environ, response)` completes every response a shortcut of `app` gives, as the app's own
+    after-request hook does its responses."""
+    app.extensions[MIDDLEWARE].finishers.append(finisher)
+
+
+def _chunks_in(request_context: contextvars.Context, body: Iterable[bytes]) -> Iterator[bytes]:
+    chunks = request_context.run(iter, body)
+    while (chunk := request_context.run(next, chunks, None)) is not None:
         yield chunk

@@ -2,10 +2,11 @@
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, Response, current_app, flash, jsonify, render_template, request
+from flask import Flask, Request, Response, current_app, flash, jsonify, render_template, request
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionMixin
 from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
@@ -147,30 +148,95 @@ class OncePerProcessTalisman(Talisman):
         view = current_app.view_functions.get(request.endpoint or "")
         if self.content_security_policy_nonce_in or hasattr(view, "talisman_view_options"):
             return super()._set_response_headers(response)
-        secure = request.is_secure or request.headers.get("X-Forwarded-Proto", "http") == "https"
+        for name, value in self._headers(_is_secure(request.environ)):
+            response.headers[name] = value
+        return response
+
+    def _headers(self, secure: bool) -> list[tuple[str, str]]:
+        """The headers Talisman sets on a response to a request of this kind (in a request context)."""
         headers = self._headers_by_kind.get(secure)
         if headers is None:
             blank = Response()
             before = set(blank.headers.items())
             super()._set_response_headers(blank)
             headers = self._headers_by_kind[secure] = [item for item in blank.headers.items() if item not in before]
-        for name, value in headers:
-            response.headers[name] = value
-        return response
+        return headers
+
+    def finish(self, app: Flask, environ: dict, response: Response) -> None:
+        """The same headers on a response a shortcut gave (core.runtime.add_finisher), outside Flask: worked out in a
+        request context of its own the first time."""
+        secure = _is_secure(environ)
+        if secure not in self._headers_by_kind:
+            with app.request_context(environ):
+                self._headers(secure)
+        response.headers.extend(self._headers_by_kind[secure])  # added, not set: the shortcut's response has none
+
+
+def _is_secure(environ: dict) -> bool:
+    return environ.get("wsgi.url_scheme") == "https" or environ.get("HTTP_X_FORWARDED_PROTO", "http") == "https"
+
+
+class App(Flask):
+    """Flask, asking once per process whether each view and hook is a coroutine function. Flask asks `inspect` again
+    on every call of every one of them (`ensure_sync`): seven times for a page that does nothing else."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sync: dict[Callable, Callable] = {}
+
+    def ensure_sync(self, func: Callable) -> Callable:
+        sync = self._sync.get(func)
+        if sync is None:
+            sync = self._sync[func] = super().ensure_sync(func)
+        return sync
+
+
+class CookieSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, without their per-request set-up where there is nothing to sign or check.
+
+    Flask builds the signing serializer (key derivation set up, salt, digest) on every request, a visitor's without
+    a cookie included, and reads seven cookie settings before it finds the session empty. Here the serializer is built
+    once per process for the app's keys, a request without the cookie gets an empty session straight away, and an
+    empty, unchanged session is done with at once. Signed, checked and set exactly as Flask does otherwise."""
+
+    def __init__(self) -> None:
+        self._serializers: dict[tuple, Any] = {}  # the app's keys: their itsdangerous serializer (or None)
+
+    def get_signing_serializer(self, app: Flask) -> Any:
+        keys = (app.secret_key, tuple(app.config["SECRET_KEY_FALLBACKS"] or ()))
+        serializer = self._serializers.get(keys)
+        if serializer is None and keys not in self._serializers:
+            serializer = self._serializers[keys] = super().get_signing_serializer(app)
+        return serializer
+
+    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+        if app.secret_key and ("HTTP_COOKIE" not in request.environ  # no cookies at all: none to parse
+                               or not request.cookies.get(self.get_cookie_name(app))):
+            return self.session_class()
+        return super().open_session(app, request)
+
+    def save_session(self, app: Flask, session: SessionMixin, response: Response) -> None:
+        if not session and not session.modified:  # as Flask: no cookie to set or delete, only Vary if it was read
+            if session.accessed:
+                response.vary.add("Cookie")
+            return
+        super().save_session(app, session, response)
 
 
 def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
+    app.session_interface = CookieSessions()
     on_app_engine = runtime.of(app).settings.on_app_engine
     # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
     # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
     # One Talisman per app: it keeps its options (HSTS or not) on itself, and a process may build several apps.
-    app.extensions["talisman"] = OncePerProcessTalisman(
+    talisman = app.extensions["talisman"] = OncePerProcessTalisman(
         app, force_https=False, frame_options="DENY", content_security_policy=CONTENT_SECURITY_POLICY,
         referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
         session_cookie_secure=on_app_engine)
+    runtime.add_finisher(app, lambda environ, response: talisman.finish(app, environ, response))
     app.add_template_filter(when)
     app.add_template_global(new_form_token)
     app.context_processor(_page_globals)

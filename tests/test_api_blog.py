@@ -3,6 +3,7 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
+from flask import request
 
 from blog import pages as blog_pages
 from blog.models import BlogEntry, BlogIndex, PostMarker
@@ -174,6 +175,58 @@ def test_a_visitors_front_page_is_kept_whole_and_never_stale(app, client, auth):
     for _ in range(3):
         assert "brand new" in visitor.get("/blog/news").get_data(as_text=True)
     assert "brand new" in visitor.get("/blog/news/feed.atom").get_data(as_text=True)
+
+
+def test_a_kept_page_is_served_ahead_of_flask_as_the_app_would_serve_it(app, client, auth, capsys):
+    """The kept front page and feed are answered ahead of Flask (pages.serve_kept): Flask's hooks never run for them,
+    yet they carry every header the app's own response has (the security headers, Vary: Cookie), their own
+    Server-Timing, a log line and a place among the recent requests. Anything but a visitor's plain GET reaches the
+    app."""
+    reached = []
+    app.before_request(lambda: reached.append(request.full_path) if request.path.startswith("/blog/") else None)
+    auth.admin()
+    _post(client, title="first")
+    visitor = app.test_client()
+    for _ in range(2):  # rendered by the app: first from Datastore, then from the cached front page, and kept
+        rendered = visitor.get("/blog/news")
+        visitor.get("/blog/news/feed.atom")
+    assert reached == ["/blog/news?", "/blog/news/feed.atom?"] * 2
+    capsys.readouterr()
+    recent = len(app.extensions["appstats"].items())
+    kept, feed = visitor.get("/blog/news"), visitor.get("/blog/news/feed.atom")
+    assert len(reached) == 4  # neither reached Flask
+    assert kept.status_code == feed.status_code == 200 and "first" in kept.get_data(as_text=True)
+    ignore = {"Content-Length", "Server-Timing"}
+    assert {k: v for k, v in kept.headers.items() if k not in ignore} == \
+        {k: v for k, v in rendered.headers.items() if k not in ignore}
+    assert kept.headers["Vary"] == "Cookie" and "frame-ancestors 'none'" in kept.headers["Content-Security-Policy"]
+    assert feed.mimetype == "application/atom+xml" and feed.headers["X-Frame-Options"] == "DENY"
+    for response in (kept, feed):
+        assert 'cache;desc="1 call: 1 get_many"' in response.headers["Server-Timing"], response.headers
+    assert len(app.extensions["appstats"].items()) == recent + 2
+    lines = [line for line in capsys.readouterr().err.split("\n") if line.startswith("GET /blog/news")]
+    assert len(lines) == 2 and "datastore 0 RPCs" in lines[0] and lines[1].startswith("GET /blog/news/feed.atom 200")
+
+    # another cookie is still a visitor's; a query, a session, HEAD or POST go to the app
+    visitor.set_cookie("theme", "dark")
+    assert visitor.get("/blog/news").status_code == 200 and len(reached) == 4
+    visitor.get("/blog/news?start=0")
+    visitor.head("/blog/news")
+    client.get("/blog/news")
+    assert reached[4:] == ["/blog/news?start=0", "/blog/news?", "/blog/news?"]
+
+
+def test_a_shortcut_that_fails_leaves_the_request_to_the_app(app, client, auth, caplog):
+    auth.admin()
+    _post(client, title="first")
+
+    def broken(environ):
+        raise RuntimeError("broken shortcut")
+    runtime.add_shortcut(app, broken)
+    runtime.of(app).cache.flush()  # nothing kept: every shortcut is asked
+    r = app.test_client().get("/blog/news")
+    assert r.status_code == 200 and "first" in r.get_data(as_text=True)
+    assert "broken shortcut" in caplog.text and "broken shortcut" not in r.get_data(as_text=True)  # logged, not shown
 
 
 def test_the_feed_is_kept_whole_and_never_stale(client, auth):
