@@ -164,8 +164,7 @@ class RequestMiddleware:
                         finish(environ, response)
                     return response
             except Exception:  # the app answers instead, and says what went wrong if it goes wrong there too
-                log.exception("shortcut %s failed on %s; the app answers instead", getattr(shortcut, "__name__", "?"),
-                              environ.get("PATH_INFO"))
+                log.exception("shortcut %r failed on %s; the app answers instead", shortcut, environ.get("PATH_INFO"))
         return None
 
 
