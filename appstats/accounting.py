@@ -3,11 +3,17 @@
 /appstats. Installed on every app by create_app, whichever features it has.
 
 It runs on every request, the cheapest included, so it does the least it can there (bench/overhead.py holds it to
-3% of the cached front page): the header, one line written, and the request kept as it is. The figures /appstats
-shows are worked out from it only when someone looks.
+3% of the cached front page): the request formats its header, and leaves its figures to one thread of the process
+(`Writer`), which keeps them for /appstats and writes the log lines of many requests at once. The figures /appstats
+shows are worked out from them only when someone looks.
 """
+import atexit
+import collections
+import contextlib
 import functools
 import json
+import logging
+import os
 import re
 import sys
 import threading
@@ -17,11 +23,11 @@ from typing import Any, NamedTuple
 from flask import current_app, request
 from werkzeug.wsgi import get_path_info
 
-from core import clock, runtime
+from core import billing, clock, runtime
 from core.costs import Cost, Recent, current
 
-TRACE_HEADER = "X-Cloud-Trace-Context"  # TRACE_ID/SPAN_ID;o=1, set by App Engine's front end
-TRACE_ENVIRON = "HTTP_X_CLOUD_TRACE_CONTEXT"
+log = logging.getLogger(__name__)
+TRACE_ENVIRON = "HTTP_X_CLOUD_TRACE_CONTEXT"  # X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=1, from App Engine
 RECENT = 100  # requests kept per process for /appstats
 TRACE_CONTEXT = re.compile(r"(?P<trace>[0-9a-f]{32})(?:/(?P<span>\d{1,20}))?(?:;o=(?P<options>[01]))?")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -30,12 +36,11 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def init_app(app):
     """Bind the accounting to `app`: every response gets its Server-Timing header and one log line, and joins the
     process's recent requests; pages get `request_cost()` for their footer. Off with APPSTATS=off (no counting)."""
-    recent = app.extensions["appstats"] = Recent(RECENT)
+    recent = app.extensions["appstats"] = RecentRequests(RECENT)
     app.add_template_global(_request_cost, "request_cost")
     app.after_request(_account)
     # a response given ahead of Flask (core.runtime.add_shortcut) is accounted for alike
-    runtime.add_finisher(app, lambda environ, response: _bill(
-        recent, environ["REQUEST_METHOD"], _full_path(environ), response, environ.get(TRACE_ENVIRON)))
+    runtime.add_finisher(app, lambda environ, response: _bill(recent, environ, response))
 
 
 def _cache_name(backend):
@@ -64,53 +69,134 @@ class Served(NamedTuple):
 
 
 def _account(response):
-    _bill(current_app.extensions["appstats"], request.method, request.full_path.rstrip("?"), response,
-          request.headers.get(TRACE_HEADER))
+    _bill(current_app.extensions["appstats"], request.environ, response)
     return response
 
 
-def _full_path(environ):
+@functools.lru_cache(maxsize=256)
+def _full_path(path_info, query):
     """The path and query as Flask's request.full_path gives them (the path decoded), without a lone "?"."""
-    query = environ.get("QUERY_STRING")
-    return get_path_info(environ) + (f"?{query.encode('latin-1').decode(errors='replace')}" if query else "")
+    return (get_path_info({"PATH_INFO": path_info})
+            + (f"?{query.encode('latin-1').decode(errors='replace')}" if query else ""))
 
 
-def _bill(recent, method, path, response, trace_header):
-    """The response's Server-Timing header, its place among the recent requests, and its log line."""
+def _bill(recent, environ, response):
+    """The response's Server-Timing header; the rest (its place among the recent requests, its log line) is left to
+    the writer, LOG."""
     cost = current()
     if cost is None:
         return
     rt = runtime.current()
     app_ms = cost.elapsed_ms()
-    response.headers["Server-Timing"] = cost.server_timing(app_ms)
-    served = Served(method, path, response.status_code, time.time(), app_ms, cost, rt.cache.backend)
-    recent.add(served)
-    if rt.settings.on_app_engine:
-        _write(json.dumps(_structured(served.record(), rt.settings.project, trace_header)), sys.stdout)
-    else:
-        _write(_readable(served), sys.stderr)
+    response.headers.add("Server-Timing", cost.server_timing(app_ms))  # added: set() would look for one first
+    LOG.add(recent, (environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
+                     response.status_code, time.time(), app_ms, cost, rt.cache.backend),
+            rt.settings.project if rt.settings.on_app_engine else None, environ.get(TRACE_ENVIRON))
 
 
-_writing = threading.Lock()
+class RecentRequests(Recent):
+    """The last requests of an app in this process, for /appstats: those still waiting for the writer join first."""
+
+    def items(self):
+        LOG.flush()
+        return super().items()
 
 
-def _write(line, stream):
-    """One log line, whole, to stdout or stderr, where App Engine's Cloud Logging reads each line as an entry (a JSON
-    line is a structured entry: https://cloud.google.com/appengine/docs/standard/writing-application-logs). Straight
-    to the stream, not through `logging`: its record (caller, thread, process) would cost more than the accounting
-    itself, and the line needs none of it."""
-    with _writing:  # the threads of a worker: one line at a time
-        stream.write(line + "\n")
+class Writer:
+    """What the accounting does for a request once its response is on its way: the request joins its app's recent
+    requests and gets its log line, one line to stderr (locally) or one JSON line to stdout (on App Engine), where
+    Cloud Logging reads each line as an entry (a JSON line is a structured entry:
+    https://cloud.google.com/appengine/docs/standard/writing-application-logs).
+
+    A request only leaves its figures here; one thread of the process does the rest for every request that came in
+    the last EVERY seconds, its lines in one write. Done by each request, the line and the record cost it more than
+    the rest of the accounting, and the write a system call, with a hand-over of the GIL to another of the worker's
+    threads (bench/overhead.py). Python's logging does the same for a web app with a QueueHandler
+    (https://docs.python.org/3/howto/logging-cookbook.html#dealing-with-handlers-that-block), but with a LogRecord per
+    line: its caller, thread and process would cost more than the accounting itself, and the line needs none of them.
+    The price: a process killed outright (SIGKILL, out of memory) loses the lines of its last EVERY seconds; one that
+    exits (gunicorn's graceful stop, App Engine's shutdown) writes them first. A JSON line carries the request's own
+    time, so Cloud Logging dates it when it was served, not when it was written."""
+
+    EVERY = 0.1  # seconds
+    MOST = 1000  # requests waiting at most: past that, the request that adds one does the writer's work itself
+
+    def __init__(self) -> None:
+        # (recent, (method, PATH_INFO, QUERY_STRING, status, at, app_ms, cost, backend), project on App Engine or
+        # None, trace header): appended and popped thread-safely
+        self._waiting: collections.deque[tuple] = collections.deque()
+        self._writing = threading.Lock()
+        self._started = False
+        os.register_at_fork(after_in_child=self._forked)
+        atexit.register(self.flush)
+
+    def add(self, recent: Recent, figures: tuple, project: str | None, trace_header: str | None) -> None:
+        self._waiting.append((recent, figures, project, trace_header))
+        if not self._started:
+            self._start()
+        if len(self._waiting) >= self.MOST:
+            self.flush()
+
+    def flush(self) -> None:
+        """Every request waiting now joins its recent requests, and its line is written, in the order they came."""
+        with self._writing:
+            served_by_recent: dict[Recent, list[Served]] = collections.defaultdict(list)
+            lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+            for _ in range(len(self._waiting)):
+                recent, (method, path_info, query, *figures), project, trace_header = self._waiting.popleft()
+                served = Served(method, _full_path(path_info, query), *figures)
+                served_by_recent[recent].append(served)
+                if project is None:
+                    lines["stderr"].append(_readable(served))
+                else:
+                    lines["stdout"].append(json.dumps(_structured(served, project, trace_header)))
+            for recent, served_ones in served_by_recent.items():
+                recent.add(*served_ones)
+            for stream, written in lines.items():
+                if written:
+                    _write(getattr(sys, stream), "\n".join(written) + "\n")  # looked up now: a test may replace it
+
+    def _start(self) -> None:
+        with self._writing:
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._write_every, name="accounting-writer", daemon=True).start()
+
+    def _forked(self) -> None:
+        """In a new process (a gunicorn worker forked from a master that had served): no writer yet, and a lock that
+        may have been held by a thread the fork left behind."""
+        self._started = False
+        self._writing = threading.Lock()
+
+    def _write_every(self) -> None:
+        while True:
+            time.sleep(self.EVERY)
+            try:
+                self.flush()
+            except Exception:  # a line that could not be made: said, and the writer goes on
+                log.exception("the accounting's writer failed")
+
+
+def _write(stream, text):
+    with contextlib.suppress(OSError, ValueError):  # a closed stream: nowhere left to say it
+        stream.write(text)
         stream.flush()
 
 
-def _structured(record, project, trace_header):
+LOG = Writer()
+
+
+def _structured(served, project, trace_header):
     """One Cloud Logging entry (https://cloud.google.com/logging/docs/structured-logging): severity, message, the
-    httpRequest, the figures, and the trace the request belongs to, so it sits under its request in Logs Explorer."""
+    time it was served, the httpRequest, the figures, and the trace the request belongs to, so it sits under its
+    request in Logs Explorer."""
+    record = served.record()
     entry = {"severity": "INFO", "message": f"{record['method']} {record['path']} {record['status']}: "
                                             f"{record['datastore']['rpcs']} Datastore RPCs, "
                                             f"{record['billed']['reads']} reads, {record['billed']['writes']} writes, "
                                             f"{record['billed']['deletes']} deletes billed",
+             # a special field: the entry's timestamp (structured-logging#special-payload-fields)
+             "timestamp": {"seconds": int(served.at), "nanos": int(served.at % 1 * 1e9)},
              "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
                              "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
              "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
@@ -132,19 +218,28 @@ def _printable(text):
     return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+# The line's texts are worked out once per process for each request line and each mix of calls, with a slot (%.1f)
+# for each time: a request then only formats its three times into them.
+@functools.lru_cache(maxsize=256)
+def _line_head(method, path, status):
+    return f"{_printable(method)} {_printable(path)} {status} "
+
+
 @functools.lru_cache(maxsize=1024)
-def _listed(counts):
-    """'1 Lookup, 2 RunQuery' for ((name, n), ...), by name; 'none'. Once per process for each mix of calls."""
-    return ", ".join(f"{n} {name}" for name, n in sorted(counts)) or "none"
+def _line_figures(datastore, cache, cache_name, bill):
+    """The line after its request line, for ((Lookup, 1), ...), ((get_many, 1), ...) and (reads, writes, deletes)."""
+    def listed(counts):  # '1 Lookup, 2 RunQuery', by name; 'none'; a fixed part of the format
+        return (", ".join(f"{n} {name}" for name, n in sorted(counts)) or "none").replace("%", "%%")
+    billed = billing.Billed(*bill)
+    return (f"%.1f ms | datastore {sum(n for _, n in datastore)} RPCs %.1f ms ({listed(datastore)}) | "
+            f"{cache_name} {sum(n for _, n in cache)} calls %.1f ms ({listed(cache)}) | "
+            f"billed {billed.reads} reads {billed.writes} writes {billed.deletes} deletes "
+            f"${billed.usd_per_million():.2f}/M")
 
 
 def _readable(served):
     cost = served.cost
-    by_method, by_call = _listed(tuple(cost.datastore.items())), _listed(tuple(cost.cache.items()))
-    billed = cost.billed
-    return (f"{_printable(served.method)} {_printable(served.path)} {served.status} {served.app_ms:.1f} ms | "
-            f"datastore {cost.rpcs} RPCs {cost.datastore_s * 1000:.1f} ms ({by_method}) | "
-            f"{_cache_name(served.backend)} {cost.cache_calls} calls {cost.cache_s * 1000:.1f} ms "
-            f"({by_call}) | "
-            f"billed {billed.reads} reads {billed.writes} writes {billed.deletes} deletes "
-            f"${billed.usd_per_million():.2f}/M")
+    figures = _line_figures(tuple(cost.datastore.items()), tuple(cost.cache.items()), _cache_name(served.backend),
+                            (cost.billed.reads, cost.billed.writes, cost.billed.deletes))
+    return (_line_head(served.method, served.path, served.status)
+            + figures % (served.app_ms, cost.datastore_s * 1000, cost.cache_s * 1000))

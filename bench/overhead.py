@@ -1,11 +1,13 @@
 """Benchmark: what a request costs around its work, against the framework's own ceiling.
 
 A bare Flask view (a 4.4 KB page, nothing else), the floor (a bare Flask view returning the front page's bytes read
-from the same cache server in one `get`: the least a cached page can cost) and the app's cheapest pages, served by
-one gunicorn (App Engine's entrypoint, 2 workers x 8 threads) in the same process, so that the only difference is the
-app's own per-request work: the runtime and ndb context, the session, the security headers, the accounting
-(core/costs.py), the page's cache reads and its template. A second gunicorn serves the same app with APPSTATS=off,
-to price the accounting alone.
+from the same cache server in one `get`: the least a cached page can cost) and the app's cheapest pages, with the
+accounting on and off, all served by one gunicorn (App Engine's entrypoint, 2 workers x 8 threads) in the same
+processes, so that the only difference is the app's own per-request work: the runtime, the security headers, the
+accounting (core/costs.py), the page's cache reads. The app with APPSTATS=off is a second app in the same workers,
+reached by its own Host name: the accounting is priced by two apps that share the workers, their threads, their
+memory and the machine's every spell (two gunicorns did not: the one measured less often ran colder, and the ratio
+swung from 0.85 to 1.35 between runs of the same code).
 Load from wrk (Debian's, a C client: it takes far less CPU than a Python one on this 2-core machine), 8 keep-alive
 connections; in each round every variant gets its seconds one at a time, the variants in turn; medians over rounds
 of the rounds' ratios.
@@ -16,16 +18,20 @@ page with the accounting on >= 0.97 of it off.
 Run: `.venv/bin/python -m bench.overhead [--rounds 5 --seconds 5]` (legacy emulator unless DATASTORE says otherwise).
 """
 import argparse
+import contextlib
+import dataclasses
 import glob
 import os
 import re
 import subprocess
 import sys
+import time
 
 import requests
 from flask import Flask
 
 from bench import harness
+from core import runtime
 from devstack import Stack
 from devstack.services import REPO, backend_from_env, debian_binary
 from devstack.serving import Gunicorn, app_env, wait_until
@@ -37,14 +43,23 @@ FLOOR_PATH, FLOOR_KEY = "/__floor", "bench-overhead-floor-page"
 FRONT_TARGET, FLOOR_TARGET, ACCOUNTING_TARGET = 0.35, 0.8, 0.97
 
 
+FRONT, BARE, FLOOR, OFF = ("/blog/demo (cached front page)", "bare Flask view", "floor: one cache get",
+                            "/blog/demo, APPSTATS=off")
+
+
+OFF_HOST = "appstats-off.localhost"  # the Host name the app with APPSTATS=off answers to
+
+
 def served():
-    """gunicorn's app (`bench.overhead:served()`): the real app, and beside it in the same process two bare Flask views
-    (so all share the workers, the threads and the machine): BARE_PATH answers a fixed string, FLOOR_PATH the front
-    page's bytes read from the app's own cache server in one `get` (the least a cached page can cost here: one round
-    trip, no Datastore, no template). The floor's copy of the page is the page a visitor gets, taken once."""
-    from core import runtime
+    """gunicorn's app (`bench.overhead:served()`): the real app, the same app with APPSTATS=off (for requests to
+    OFF_HOST), and beside them in the same process two bare Flask views (so all share the workers, the threads and the
+    machine): BARE_PATH answers a fixed string, FLOOR_PATH the front page's bytes read from the app's own cache server
+    in one `get` (the least a cached page can cost here: one round trip, no Datastore, no template). The floor's copy
+    of the page is the page a visitor gets, taken once."""
+    from core.settings import Settings
     from main import create_app
-    real = create_app()
+    settings = Settings.from_env()
+    real, off = create_app(settings), create_app(dataclasses.replace(settings, appstats=False))
     client = runtime.of(real).cache_client  # the raw memcached or Redis client: nothing counted, nothing wrapped
     bare = Flask("bare")
     bare.add_url_rule(BARE_PATH, "bare", lambda: BARE_BODY)
@@ -58,15 +73,18 @@ def served():
     bare.add_url_rule(FLOOR_PATH, "floor", floor)
 
     def app(environ, start_response):
-        target = bare if environ.get("PATH_INFO") in (BARE_PATH, FLOOR_PATH) else real
+        # the same two lookups for every request, whichever app answers it
+        target = bare if environ.get("PATH_INFO") in (BARE_PATH, FLOOR_PATH) else \
+            off if environ.get("HTTP_HOST") == OFF_HOST else real
         return target(environ, start_response)
     return app
 
 
-def wrk(url, seconds):
-    """(requests, seconds) wrk sustained on `url` over CONNECTIONS keep-alive connections; a non-2xx answer is an
-    error."""
-    out = subprocess.run([WRK, "-t", "1", "-c", str(CONNECTIONS), "-d", f"{seconds}s", url], capture_output=True,
+def wrk(url, seconds, host=None):
+    """(requests, seconds) wrk sustained on `url` (with the Host header `host`) over CONNECTIONS keep-alive
+    connections; a non-2xx answer is an error."""
+    out = subprocess.run([WRK, "-t", "1", "-c", str(CONNECTIONS), "-d", f"{seconds}s",
+                          *(["-H", f"Host: {host}"] if host else []), url], capture_output=True,
                          text=True, check=True, timeout=seconds + 30).stdout
     if "Non-2xx" in out or "Socket errors" in out:
         raise RuntimeError(f"wrk {url}: errors\n{out}")
@@ -92,11 +110,56 @@ def cpu_seconds(server):
     return total / TICK
 
 
-def start_server(stack, env, appstats):
+def start_server(env):
     # its log lines (one a request: part of what the accounting costs) are written, then dropped
-    server = Gunicorn(dict(env, APPSTATS=appstats), app="bench.overhead:served()", output=subprocess.DEVNULL)
+    server = Gunicorn(env, app="bench.overhead:served()", output=subprocess.DEVNULL)
     wait_until(lambda: requests.get(server.url + "/healthz", timeout=5).ok, "the app answers", timeout=60)
     return server
+
+
+def accounting_in_process(env, pairs=200, block=20):
+    """The accounting's own cost, steady: the front page served in this process through the app's whole WSGI stack
+    (no HTTP), by the app and by the same app with APPSTATS=off, in alternating blocks of `block` requests, timed by
+    the serving thread's own CPU time (time.thread_time: neither what the machine gives to others nor the wait for
+    memcached counts). Each block with the accounting on ends by doing the writer's work for its requests
+    (accounting.LOG.flush(): their records and log lines), so that it is counted too. Medians over `pairs` pairs of
+    blocks: ({"on": us, "off": us}, the pairs' median difference in us)."""
+    import io
+    import statistics
+
+    from appstats import accounting
+    from core.settings import Settings
+    from main import create_app
+    settings = Settings.from_env(dict(os.environ, **env))
+    apps = {"on": create_app(settings), "off": create_app(dataclasses.replace(settings, appstats=False))}
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/blog/demo", "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": "80", "HTTP_HOST": "127.0.0.1", "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr}
+
+    def start_response(status, headers, exc_info=None):
+        assert status.startswith("200"), status
+
+    def served(name, n):
+        started = time.thread_time()
+        for _ in range(n):
+            body = apps[name].wsgi_app(dict(environ), start_response)
+            b"".join(body)
+            body.close()
+        if name == "on":
+            accounting.LOG.flush()
+        return (time.thread_time() - started) / n * 1e6
+
+    per_request = {"on": [], "off": []}
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):  # the log lines, dropped
+        for name in ("on", "off", "on", "off"):  # warm: templates, pages kept, connections
+            served(name, 200)
+        for i in range(pairs):
+            for name in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                per_request[name].append(served(name, block))
+    for app in apps.values():
+        runtime.of(app).close()
+    return ({name: statistics.median(v) for name, v in per_request.items()},
+            statistics.median([a - b for a, b in zip(per_request["on"], per_request["off"], strict=True)]))
 
 
 def main(argv=None):
@@ -112,42 +175,42 @@ def main(argv=None):
         env = app_env(stack, "bench-overhead", admins="")
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL)
-        on, off = start_server(stack, env, "on"), start_server(stack, env, "off")
-        servers += [on, off]
-        variants = {"bare Flask view": on.url + BARE_PATH, "floor: one cache get": on.url + FLOOR_PATH,
-                    "/blog/demo (cached front page)": on.url + "/blog/demo",
-                    "/healthz": on.url + "/healthz", "/blog/demo, APPSTATS=off": off.url + "/blog/demo"}
-        for url in variants.values():  # warm: templates compiled, caches filled, connections pooled
-            wrk(url, 1)
+        server = start_server(env)
+        servers.append(server)
+        # (path, Host): the app with the accounting off is the same gunicorn's, by its Host name
+        variants = {BARE: (BARE_PATH, None), FLOOR: (FLOOR_PATH, None), FRONT: ("/blog/demo", None),
+                    OFF: ("/blog/demo", OFF_HOST), "/healthz": ("/healthz", None)}
+        for path, host in variants.values():  # warm: templates compiled, caches filled, connections pooled
+            wrk(server.url + path, 1, host)
         # what production would bill one warm request of each (the bare view and APPSTATS=off say nothing)
-        bills = {name: requests.get(url, timeout=10).headers.get("Server-Timing") for name, url in variants.items()}
-        servers_of = {name: on if url.startswith(on.url) else off for name, url in variants.items()}
+        bills = {name: requests.get(server.url + path, headers={"Host": host} if host else {},
+                                    timeout=10).headers.get("Server-Timing") for name, (path, host) in variants.items()}
         rates, cpu = {name: [] for name in variants}, {name: [] for name in variants}
         for r in range(args.rounds):
             # Each variant's seconds are taken one at a time, the variants in turn, so that each round's variants share
-            # the same spells of this shared machine's speed (it swings twofold within minutes).
+            # the same spells of this shared machine's speed (it swings twofold within minutes); every other second
+            # in the reverse order, so that a drift within the turn weighs on both ends alike.
             served = {name: [0, 0.0, 0.0] for name in variants}  # requests, seconds, server CPU seconds
-            for _ in range(args.seconds):
-                for name, url in variants.items():
-                    before = cpu_seconds(servers_of[name])
-                    n, seconds = wrk(url, 1)
+            for second in range(args.seconds):
+                for name in list(variants)[::1 if second % 2 == 0 else -1]:
+                    path, host = variants[name]
+                    before = cpu_seconds(server)
+                    n, seconds = wrk(server.url + path, 1, host)
                     served[name][0] += n
                     served[name][1] += seconds
-                    served[name][2] += cpu_seconds(servers_of[name]) - before
+                    served[name][2] += cpu_seconds(server) - before
             for name, (n, seconds, cpu_s) in served.items():
                 rates[name].append(n / seconds)
                 cpu[name].append(cpu_s / n * 1e6)
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s {cpu[n][-1]:.0f} us" for n in variants),
                   flush=True)
-        return report(args, rates, cpu, stack.backend, bills)
+        server.stop()
+        in_process = accounting_in_process(env)
+        return report(args, rates, cpu, stack.backend, bills, in_process)
     finally:
         for server in servers:
             server.stop()
         stack.stop()
-
-
-FRONT, BARE, FLOOR, OFF = ("/blog/demo (cached front page)", "bare Flask view", "floor: one cache get",
-                            "/blog/demo, APPSTATS=off")
 
 
 def ratio(numerators, denominators):
@@ -155,7 +218,9 @@ def ratio(numerators, denominators):
     return harness.median([a / b for a, b in zip(numerators, denominators, strict=True)])
 
 
-def report(args, rates, cpu, backend, bills):
+def report(args, rates, cpu, backend, bills, in_process):
+    in_us, in_diff = in_process
+    each_round = ", ".join(f"{a / b:.2f}" for a, b in zip(rates[FRONT], rates[OFF], strict=True))
     medians = {name: harness.median(v) for name, v in rates.items()}
     rows = [[name, f"{m:.0f}", f"{min(rates[name]):.0f}-{max(rates[name]):.0f}", f"{m / medians[BARE]:.2f}",
              f"{harness.median(cpu[name]):.0f}", harness.bill_cell_of(bills[name])]
@@ -169,9 +234,9 @@ def report(args, rates, cpu, backend, bills):
     text = f"""# Per-request overhead: the app's cheapest pages against a bare Flask view
 
 {harness.machine_line([backend])}. gunicorn 2 workers x 8 threads serving the app and a bare Flask view (a 4.4 KB
-string) in the same process; a second gunicorn serves the app with APPSTATS=off. wrk, {CONNECTIONS} keep-alive
-connections, {args.seconds:g} s per variant in each of {args.rounds} rounds, taken a second at a time, the variants in
-turn; medians.
+string) in the same processes, and the same app with APPSTATS=off beside it, reached by its own Host name. wrk,
+{CONNECTIONS} keep-alive connections, {args.seconds:g} s per variant in each of {args.rounds} rounds, taken a second
+at a time, the variants in turn (every other second in the reverse order); medians.
 A visitor (no session cookie), the demo content of `flask seed`, every cache warm.
 
 {harness.markdown_table(["variant", "requests/s (median)", "range", "of the bare view",
@@ -182,6 +247,16 @@ what the machine gave to others and what wrk itself took, so it is the steadier 
 targets are on requests/s, as the issue sets them. The ratios both ways (medians of the rounds' ratios):
 
 {harness.markdown_table(["ratio", "by server CPU per request", "by requests/s"], by_cpu)}
+
+The accounting on / off in each round, by requests/s: {each_round}.
+A few percent is less than this machine's swing from one second to the next, so the accounting is also measured
+steadily, in this process: the front page through the app's whole WSGI stack (no HTTP), on and off in alternating
+blocks of 20 requests, by the serving thread's own CPU time, each block on ending with the writer's work for its
+requests; medians of 200 pairs. On {in_us["on"]:.1f} us, off {in_us["off"]:.1f} us a request: the accounting is
+{in_diff:.1f} us ({in_diff / in_us["on"]:.1%} of the page in process, where there is no HTTP server around it; on
+{in_us["off"] / in_us["on"]:.3f} of off). Served, the page costs {harness.median(cpu[OFF]):.0f} us of server CPU with
+the accounting off (median), so the same {in_diff:.1f} us put the served page at about
+{1 - in_diff / (harness.median(cpu[OFF]) + in_diff):.3f} of off.
 
 {harness.BILL_NOTE}
 """

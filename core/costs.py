@@ -30,18 +30,23 @@ from core import billing
 _current: contextvars.ContextVar["Cost | None"] = contextvars.ContextVar("request_cost", default=None)
 
 
+_NOTHING = billing.Billed()
+
+
 class Cost:
     """One request's RPCs and cache calls: counts by method and their summed time."""
 
+    # A Cost is made for every request, and the accounting must stay a few microseconds of it (bench/overhead.py's
+    # on/off target): slots, plain dicts rather than Counters, and the bill of nothing shared until there is one.
+    __slots__ = ("started", "datastore", "cache", "datastore_s", "cache_s", "billed", "counted", "_lock")
+
     def __init__(self):
         self.started = time.perf_counter()
-        # plain dicts, not Counters: a Cost is made for every request, and the accounting must stay a few
-        # microseconds of it (bench/overhead.py's on/off target)
         self.datastore: dict[str, int] = {}
         self.cache: dict[str, int] = {}
         self.datastore_s = 0.0
         self.cache_s = 0.0
-        self.billed = billing.Billed()
+        self.billed = _NOTHING  # never changed in place: `+=` makes a new Billed
         self.counted: dict[str, int] = {}  # what the bill was counted from: found, missing, skipped, ...
         self._lock = threading.Lock()
 
@@ -86,23 +91,19 @@ class Cost:
         """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
         billed;desc="11 reads: $3.30 per million"` (a metric without a duration: what production would bill)."""
         with self._lock:
-            datastore, cache, billed = (_described(tuple(self.datastore.items()), "RPC"),
-                                        _described(tuple(self.cache.items()), "call"), self._billed())
+            billed = self.billed
+            template = _server_timing(tuple(self.datastore.items()), tuple(self.cache.items()),
+                                      (billed.reads, billed.writes, billed.deletes))
             datastore_ms, cache_ms = self.datastore_s * 1000, self.cache_s * 1000
-        return (f'datastore;desc="{datastore}";dur={datastore_ms:.1f}, cache;desc="{cache}";dur={cache_ms:.1f}, '
-                f'billed;desc="{billed}", app;dur={self.elapsed_ms() if app_ms is None else app_ms:.1f}')
+        return template % (datastore_ms, cache_ms, self.elapsed_ms() if app_ms is None else app_ms)
 
     def footer(self, cache_name: str) -> str:
         """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
         such requests)': so far, as the page is rendered."""
         with self._lock:
-            return (f"{_plural(self.rpcs, 'Datastore RPC')} ({self.datastore_s * 1000:.1f} ms), "
-                    f"{_plural(self.cache_calls, cache_name + ' call')} ({self.cache_s * 1000:.1f} ms); "
-                    f"billed in production: {self._billed(' such requests')}")
-
-    def _billed(self, requests: str = "") -> str:
-        """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
-        return _billed_text(self.billed.reads, self.billed.writes, self.billed.deletes, requests)
+            billed = self.billed
+            return _footer(self.rpcs, self.cache_calls, cache_name, (billed.reads, billed.writes, billed.deletes)) \
+                % (self.datastore_s * 1000, self.cache_s * 1000)
 
 
 _BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
@@ -121,8 +122,8 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-# The texts below are worked out once per process for each mix of calls and bill: every request has one, most
-# requests have one of a few.
+# The texts below are worked out once per process for each mix of calls and bill, with a slot (%.1f) for each time:
+# every request has one, most requests have one of a few, and a request then only formats its times into it.
 @functools.lru_cache(maxsize=1024)
 def _described(counts: tuple[tuple[str, int], ...], noun: str) -> str:
     """'3 RPCs: 2 Lookup, 1 RunQuery' for ((name, n), ...)."""
@@ -131,8 +132,29 @@ def _described(counts: tuple[tuple[str, int], ...], noun: str) -> str:
     return _plural(total, noun) + (f": {detail}" if detail else "")
 
 
+def _slotted(text: str) -> str:
+    """`text` as a %-format's fixed part."""
+    return text.replace("%", "%%")
+
+
 @functools.lru_cache(maxsize=1024)
-def _billed_text(reads: int, writes: int, deletes: int, requests: str) -> str:
+def _server_timing(datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
+                   bill: tuple[int, int, int]) -> str:
+    return (f'datastore;desc="{_slotted(_described(datastore, "RPC"))}";dur=%.1f, '
+            f'cache;desc="{_slotted(_described(cache, "call"))}";dur=%.1f, '
+            f'billed;desc="{_slotted(_billed_text(*bill))}", app;dur=%.1f')
+
+
+@functools.lru_cache(maxsize=1024)
+def _footer(rpcs: int, cache_calls: int, cache_name: str, bill: tuple[int, int, int]) -> str:
+    return (f"{_slotted(_plural(rpcs, 'Datastore RPC'))} (%.1f ms), "
+            f"{_slotted(_plural(cache_calls, cache_name + ' call'))} (%.1f ms); "
+            f"billed in production: {_slotted(_billed_text(*bill, ' such requests'))}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _billed_text(reads: int, writes: int, deletes: int, requests: str = "") -> str:
+    """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
     if not (reads or writes or deletes):
         return "nothing in Datastore"
     billed = billing.Billed(reads=reads, writes=writes, deletes=deletes)
@@ -226,9 +248,10 @@ class Recent:
         self._items: collections.deque[Any] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
-    def add(self, record: Any) -> None:
+    def add(self, *records: Any) -> None:
+        """`records`, oldest first."""
         with self._lock:
-            self._items.appendleft(record)
+            self._items.extendleft(records)
 
     def items(self) -> list[Any]:
         with self._lock:

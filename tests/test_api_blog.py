@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from flask import request
 
+from appstats import accounting
 from blog import pages as blog_pages
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from core import runtime
@@ -191,6 +192,7 @@ def test_a_kept_page_is_served_ahead_of_flask_as_the_app_would_serve_it(app, cli
         rendered = visitor.get("/blog/news")
         visitor.get("/blog/news/feed.atom")
     assert reached == ["/blog/news?", "/blog/news/feed.atom?"] * 2
+    accounting.LOG.flush()
     capsys.readouterr()
     recent = len(app.extensions["appstats"].items())
     kept, feed = visitor.get("/blog/news"), visitor.get("/blog/news/feed.atom")
@@ -205,6 +207,7 @@ def test_a_kept_page_is_served_ahead_of_flask_as_the_app_would_serve_it(app, cli
         # one round trip: memcached's get_many or Redis's mget
         assert re.search(r'cache;desc="1 call: 1 (get_many|mget)"', response.headers["Server-Timing"]), response.headers
     assert len(app.extensions["appstats"].items()) == recent + 2
+    accounting.LOG.flush()
     lines = [line for line in capsys.readouterr().err.split("\n") if line.startswith("GET /blog/news")]
     assert len(lines) == 2 and "datastore 0 RPCs" in lines[0] and lines[1].startswith("GET /blog/news/feed.atom 200")
 

@@ -2,9 +2,14 @@
 one log line per request (Cloud Logging's JSON on App Engine, with the trace id), and admins see the last requests."""
 import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from appstats import accounting
 from core import runtime
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
@@ -84,10 +89,13 @@ def test_the_recent_requests_are_bounded(client):
 def appstats_log(capsys):
     """The accounting's lines written since the last call, as written to stderr (locally) or stdout (on App Engine),
     where Cloud Logging reads them: one per request, whole, each a line of its own. Only the request lines: anything
-    else written there (a warning) is not the accounting's."""
+    else written there (a warning) is not the accounting's. The lines wait a moment to be written in batches
+    (accounting.LogLines): they are written first."""
+    accounting.LOG.flush()
     capsys.readouterr()
 
     def lines():
+        accounting.LOG.flush()
         out = capsys.readouterr()
         return [line for line in (out.err + out.out).split("\n")
                 if re.match(r'(GET|POST|PUT|DELETE|HEAD) |\{"severity"', line)]
@@ -118,6 +126,7 @@ def gae_app(stack):
 
 
 def test_on_app_engine_one_structured_line_carries_the_trace(gae_app, appstats_log):
+    before = time.time()
     r = gae_app.test_client().get("/api/counters/x", headers={
         "X-Cloud-Trace-Context": "105445aa7843bc8bf206b12000100000/1;o=1"})
     entries = [json.loads(line) for line in appstats_log()]
@@ -128,6 +137,8 @@ def test_on_app_engine_one_structured_line_carries_the_trace(gae_app, appstats_l
     assert entry["logging.googleapis.com/spanId"] == "0000000000000001"
     assert entry["logging.googleapis.com/trace_sampled"] is True
     assert entry["severity"] == "INFO" and entry["httpRequest"]["status"] == r.status_code == 404
+    # dated when it was served, not when the writer wrote it
+    assert before <= entry["timestamp"]["seconds"] + entry["timestamp"]["nanos"] / 1e9 <= time.time()
     assert entry["appstats"]["datastore"]["rpcs"] == timing(r)["datastore"][0] >= 1
 
 
@@ -147,3 +158,34 @@ def test_accounting_off_counts_nothing(stack):
         r = app.test_client().get("/api/counters")
         assert r.status_code == 200 and "Server-Timing" not in r.headers
         assert app.extensions["appstats"].items() == []
+
+
+def test_the_writer_writes_each_requests_line_by_itself_soon_after(client, capsys):
+    """A request leaves its figures to the writer thread (accounting.Writer), which writes them within its interval,
+    with nobody asking it to flush."""
+    capsys.readouterr()
+    client.get("/api/counters/writer-test")
+    written = ""
+    deadline = time.monotonic() + 10 * accounting.Writer.EVERY + 2
+    while "GET /api/counters/writer-test 404" not in written and time.monotonic() < deadline:
+        time.sleep(accounting.Writer.EVERY / 2)
+        written += capsys.readouterr().err
+    assert "GET /api/counters/writer-test 404" in written
+
+
+def test_a_process_that_exits_writes_the_lines_still_waiting():
+    """A process that exits (gunicorn's graceful stop, App Engine's shutdown) writes what the writer had not yet
+    written: the line left just before exit is there, whole."""
+    script = """
+import time
+from appstats import accounting
+from core.costs import Cost, Recent
+cost = Cost()
+cost.add_cache("get_many", 0.0003)
+accounting.LOG.add(Recent(), ("GET", "/last", "", 200, time.time(), 1.5, cost, "memcached"), None, None)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^GET /last 200 1\.5 ms \| datastore 0 RPCs 0\.0 ms \(none\) \| memcached 1 calls 0\.3 ms "
+                     r"\(1 get_many\) \| billed 0 reads 0 writes 0 deletes \$0\.00/M$", done.stderr, re.M), done.stderr
