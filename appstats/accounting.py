@@ -195,7 +195,7 @@ def _structured(served, project, trace_header):
                                             f"{record['datastore']['rpcs']} Datastore RPCs, "
                                             f"{record['billed']['reads']} reads, {record['billed']['writes']} writes, "
                                             f"{record['billed']['deletes']} deletes billed",
-             # a special field: the entry's timestamp (structured-logging#special-payload-fields)
+             # a special field: the entry's timestamp (https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)
              "timestamp": {"seconds": int(served.at), "nanos": int(served.at % 1 * 1e9)},
              "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
                              "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
