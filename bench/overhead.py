@@ -50,6 +50,12 @@ FRONT, BARE, FLOOR, OFF = ("/blog/demo (cached front page)", "bare Flask view", 
 OFF_HOST = "appstats-off.localhost"  # the Host name the app with APPSTATS=off answers to
 
 
+def on_and_off(settings):
+    """The app on `settings`, and the same app with the accounting off."""
+    from main import create_app
+    return create_app(settings), create_app(dataclasses.replace(settings, appstats=False))
+
+
 def served():
     """gunicorn's app (`bench.overhead:served()`): the real app, the same app with APPSTATS=off (for requests to
     OFF_HOST), and beside them in the same process two bare Flask views (so all share the workers, the threads and the
@@ -57,9 +63,7 @@ def served():
     in one `get` (the least a cached page can cost here: one round trip, no Datastore, no template). The floor's copy
     of the page is the page a visitor gets, taken once."""
     from core.settings import Settings
-    from main import create_app
-    settings = Settings.from_env()
-    real, off = create_app(settings), create_app(dataclasses.replace(settings, appstats=False))
+    real, off = on_and_off(Settings.from_env())
     client = runtime.of(real).cache_client  # the raw memcached or Redis client: nothing counted, nothing wrapped
     bare = Flask("bare")
     bare.add_url_rule(BARE_PATH, "bare", lambda: BARE_BODY)
@@ -125,13 +129,10 @@ def accounting_in_process(env, pairs=200, block=20):
     (accounting.LOG.flush(): their records and log lines), so that it is counted too. Medians over `pairs` pairs of
     blocks: ({"on": us, "off": us}, the pairs' median difference in us)."""
     import io
-    import statistics
 
     from appstats import accounting
     from core.settings import Settings
-    from main import create_app
-    settings = Settings.from_env(dict(os.environ, **env))
-    apps = {"on": create_app(settings), "off": create_app(dataclasses.replace(settings, appstats=False))}
+    apps = dict(zip(("on", "off"), on_and_off(Settings.from_env(dict(os.environ, **env))), strict=True))
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/blog/demo", "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
                "SERVER_PORT": "80", "HTTP_HOST": "127.0.0.1", "SERVER_PROTOCOL": "HTTP/1.1",
                "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr}
@@ -158,8 +159,8 @@ def accounting_in_process(env, pairs=200, block=20):
                 per_request[name].append(served(name, block))
     for app in apps.values():
         runtime.of(app).close()
-    return ({name: statistics.median(v) for name, v in per_request.items()},
-            statistics.median([a - b for a, b in zip(per_request["on"], per_request["off"], strict=True)]))
+    return ({name: harness.median(v) for name, v in per_request.items()},
+            harness.median([a - b for a, b in zip(per_request["on"], per_request["off"], strict=True)]))
 
 
 def main(argv=None):
@@ -170,13 +171,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     WRK = debian_binary("wrk", "wrk")
     stack = Stack(consistency=1.0, backend=backend_from_env()).start()
-    servers = []
+    server = None
     try:
         env = app_env(stack, "bench-overhead", admins="")
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL)
         server = start_server(env)
-        servers.append(server)
         # (path, Host): the app with the accounting off is the same gunicorn's, by its Host name
         variants = {BARE: (BARE_PATH, None), FLOOR: (FLOOR_PATH, None), FRONT: ("/blog/demo", None),
                     OFF: ("/blog/demo", OFF_HOST), "/healthz": ("/healthz", None)}
@@ -204,11 +204,11 @@ def main(argv=None):
                 cpu[name].append(cpu_s / n * 1e6)
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}/s {cpu[n][-1]:.0f} us" for n in variants),
                   flush=True)
-        server.stop()
-        in_process = accounting_in_process(env)
+        server.stop()  # the in-process figure gets the machine to itself
+        server, in_process = None, accounting_in_process(env)
         return report(args, rates, cpu, stack.backend, bills, in_process)
     finally:
-        for server in servers:
+        if server is not None:
             server.stop()
         stack.stop()
 
