@@ -219,7 +219,7 @@ def _printable(text):
 
 
 # The line's texts are worked out once per process for each request line and each mix of calls, with a slot (%.1f)
-# for each time: a request then only formats its three times into them.
+# for each time: the writer then only formats a request's three times into them.
 @functools.lru_cache(maxsize=256)
 def _line_head(method, path, status):
     return f"{_printable(method)} {_printable(path)} {status} "
