@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from flask import current_app, request
+from markupsafe import Markup, escape
 from werkzeug.wsgi import get_path_info
 
-from core import billing, clock, runtime
-from core.costs import Cost, Recent, current
+from core import clock, costs, runtime
+from core.costs import Cost, Recent, Texts, current
 
 log = logging.getLogger(__name__)
 TRACE_ENVIRON = "HTTP_X_CLOUD_TRACE_CONTEXT"  # X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=1, from App Engine
@@ -36,11 +36,12 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def init_app(app):
     """Bind the accounting to `app`: every response gets its Server-Timing header and one log line, and joins the
     process's recent requests; pages get `request_cost()` for their footer. Off with APPSTATS=off (no counting)."""
-    recent = app.extensions["appstats"] = RecentRequests(RECENT)
-    app.add_template_global(_request_cost, "request_cost")
-    app.after_request(_account)
-    # a response given ahead of Flask (core.runtime.add_shortcut) is accounted for alike
-    runtime.add_finisher(app, lambda environ, response: _bill(recent, environ, response))
+    settings = runtime.of(app).settings
+    recent = app.extensions["appstats"] = RecentRequests(
+        RECENT, runtime.of(app).cache.backend, settings.project if settings.on_app_engine else None)
+    app.add_template_global(functools.partial(_request_cost, recent.backend), "request_cost")
+    # every counted response, the app's and those given ahead of it (core.runtime.add_shortcut), as it starts
+    runtime.account_responses(app, functools.partial(_bill, recent))
 
 
 def _cache_name(backend):
@@ -48,29 +49,48 @@ def _cache_name(backend):
     return backend if backend != "none" else "cache"
 
 
-def _request_cost():
+def _request_cost(backend, encoded=False):
+    """The footer of the request so far, as HTML: Markup (a template inserts it as it is), or its UTF-8 bytes when
+    `encoded` (for a page kept as bytes: a Markup takes a Python call to make, a fifth of the footer's cost); None when
+    nothing is counted. `backend`: the app's cache's."""
     cost = current()
-    return cost.footer(_cache_name(runtime.current().cache.backend)) if cost is not None else None
+    if cost is None:
+        return None
+    texts, datastore_ms, cache_ms, _ = cost.now()
+    html = _footer_html(texts, backend) % (datastore_ms, cache_ms)
+    return html.encode() if encoded else Markup(html)
+
+
+@functools.lru_cache(maxsize=1024)
+def _footer_html(texts, backend):
+    """The footer's template (costs.footer_template) escaped once: the times put in it need no escaping."""
+    return str(escape(costs.footer_template(texts, _cache_name(backend))))
 
 
 class Served(NamedTuple):
-    """One request as the accounting keeps it; `record()` is what /appstats shows of it."""
+    """One request as the accounting keeps it; `record()` is what /appstats shows of it. A request leaves the same
+    fields to the writer as a plain tuple (`_bill`: a NamedTuple takes a Python call to make), and the recent
+    requests keep them so: a Served is made of one only when someone looks (/appstats, an App Engine log entry)."""
+    recent: "RecentRequests"  # its app's
     method: str
-    path: str
+    path_info: str  # as WSGI gives it: decoded for the log line and /appstats only (`path`)
+    query: str | None
     status: int
     at: float  # seconds since the epoch (time.time(): a datetime is made only for /appstats)
     app_ms: float
     cost: Cost
-    backend: str
+    texts: Texts  # the texts of its calls, and their times, as its Server-Timing header said them
+    datastore_ms: float
+    cache_ms: float
+    trace_header: str | None  # X-Cloud-Trace-Context, as it came
+
+    @property
+    def path(self) -> str:
+        return _full_path(self.path_info, self.query)
 
     def record(self) -> dict[str, Any]:
         return {"method": self.method, "path": self.path, "status": self.status, "at": clock.iso_of(self.at),
-                **self.cost.summary(self.backend, self.app_ms)}
-
-
-def _account(response):
-    _bill(current_app.extensions["appstats"], request.environ, response)
-    return response
+                **self.cost.summary(self.recent.backend, self.app_ms)}
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,26 +100,33 @@ def _full_path(path_info, query):
             + (f"?{query.encode('latin-1').decode(errors='replace')}" if query else ""))
 
 
-def _bill(recent, environ, response):
-    """The response's Server-Timing header; the rest (its place among the recent requests, its log line) is left to
-    the writer, LOG."""
-    cost = current()
-    if cost is None:
-        return
-    rt = runtime.current()
-    app_ms = cost.elapsed_ms()
-    response.headers.add("Server-Timing", cost.server_timing(app_ms))  # added: set() would look for one first
-    LOG.add(recent, (environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
-                     response.status_code, time.time(), app_ms, cost, rt.cache.backend),
-            rt.settings.project if rt.settings.on_app_engine else None, environ.get(TRACE_ENVIRON))
+def _bill(recent, cost, environ, start_response, status, headers, exc_info=None):
+    """The response's Server-Timing header, added as it starts; the rest (its place among the recent requests, its log
+    line) is left to the writer, LOG.
+
+    The header joins the WSGI list as it is: Werkzeug's Headers.add would first scan the value for a line break with
+    a regular expression, a fifth of what this costs a request. The value is made of the app's own names (RPC methods,
+    cache calls: core.costs.Texts checks them once) and of numbers, never of anything a request sent, and the server
+    checks every header value again anyway (gunicorn's Response.process_headers)."""
+    texts, datastore_ms, cache_ms, app_ms = cost.now()
+    headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
+    LOG.add((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
+             int(status[:3]), time.time(), app_ms, cost, texts, datastore_ms, cache_ms,
+             environ.get(TRACE_ENVIRON)))  # a Served's fields
+    return start_response(status, headers, exc_info)
 
 
 class RecentRequests(Recent):
-    """The last requests of an app in this process, for /appstats: those still waiting for the writer join first."""
+    """The last requests of an app in this process, for /appstats: those still waiting for the writer join first.
+    With what its log lines say of the app: its cache, and its project when on App Engine (None: locally)."""
+
+    def __init__(self, size, backend, project):
+        super().__init__(size)
+        self.backend, self.cache_name, self.project = backend, _cache_name(backend), project
 
     def items(self):
         LOG.flush()
-        return super().items()
+        return [Served._make(served) for served in super().items()]
 
 
 class Writer:
@@ -122,16 +149,15 @@ class Writer:
     MOST = 1000  # requests waiting at most: past that, the request that adds one does the writer's work itself
 
     def __init__(self) -> None:
-        # (recent, (method, PATH_INFO, QUERY_STRING, status, at, app_ms, cost, backend), project on App Engine or
-        # None, trace header): appended and popped thread-safely
-        self._waiting: collections.deque[tuple] = collections.deque()
+        self._waiting: collections.deque[tuple] = collections.deque()  # Served's fields; appended and popped
+        # thread-safely
         self._writing = threading.Lock()
         self._started = False
         os.register_at_fork(after_in_child=self._forked)
         atexit.register(self.flush)
 
-    def add(self, recent: Recent, figures: tuple, project: str | None, trace_header: str | None) -> None:
-        self._waiting.append((recent, figures, project, trace_header))
+    def add(self, served: tuple) -> None:
+        self._waiting.append(served)
         if not self._started:
             self._start()
         if len(self._waiting) >= self.MOST:
@@ -140,16 +166,19 @@ class Writer:
     def flush(self) -> None:
         """Every request waiting now joins its recent requests, and its line is written, in the order they came."""
         with self._writing:
-            served_by_recent: dict[Recent, list[Served]] = collections.defaultdict(list)
+            served_by_recent: dict[Recent, list[tuple]] = collections.defaultdict(list)
             lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
             for _ in range(len(self._waiting)):
-                recent, (method, path_info, query, *figures), project, trace_header = self._waiting.popleft()
-                served = Served(method, _full_path(path_info, query), *figures)
+                served = self._waiting.popleft()
+                recent = served[0]
                 served_by_recent[recent].append(served)
-                if project is None:
-                    lines["stderr"].append(_readable(served))
+                if recent.project is None:  # the readable line, from the texts of its request line and its calls
+                    _, method, path_info, query, status, _, app_ms, _, texts, datastore_ms, cache_ms, _ = served
+                    lines["stderr"].append(_line_head(method, path_info, query, status)
+                                           + _line_figures(texts, recent.cache_name) % (app_ms, datastore_ms,
+                                                                                        cache_ms))
                 else:
-                    lines["stdout"].append(json.dumps(_structured(served, project, trace_header)))
+                    lines["stdout"].append(json.dumps(_structured(Served._make(served))))
             for recent, served_ones in served_by_recent.items():
                 recent.add(*served_ones)
             for stream, written in lines.items():
@@ -186,7 +215,7 @@ def _write(stream, text):
 LOG = Writer()
 
 
-def _structured(served, project, trace_header):
+def _structured(served):
     """One Cloud Logging entry (https://cloud.google.com/logging/docs/structured-logging): severity, message, the
     time it was served, the httpRequest, the figures, and the trace the request belongs to, so it sits under its
     request in Logs Explorer."""
@@ -202,9 +231,9 @@ def _structured(served, project, trace_header):
              "appstats": {k: v for k, v in record.items() if k not in ("method", "path", "status", "at")}}
     # The header comes with the request, and a client may send its own: only a well-formed one is used
     # (TRACE_ID/SPAN_ID;o=OPTIONS, https://cloud.google.com/trace/docs/trace-context#legacy-http-header).
-    trace = TRACE_CONTEXT.fullmatch(trace_header or "")
+    trace = TRACE_CONTEXT.fullmatch(served.trace_header or "")
     if trace:
-        entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace['trace']}"
+        entry["logging.googleapis.com/trace"] = f"projects/{served.recent.project}/traces/{trace['trace']}"
         if trace["span"] and 0 < int(trace["span"]) < 2 ** 64:
             # The header says the span in decimal; a LogEntry's spanId is 16 hex digits
             # (https://cloud.google.com/logging/docs/reference/v2/rest/v2/LogEntry; googleapis/python-logging#942).
@@ -218,28 +247,21 @@ def _printable(text):
     return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-# The line's texts are worked out once per process for each request line and each mix of calls, with a slot (%.1f)
-# for each time: the writer then only formats a request's three times into them.
+# The line's texts are worked out once per process for each request line and each mix of calls (core.costs.Texts),
+# with a slot (%.1f) for each time: the writer then only formats a request's three times into them.
 @functools.lru_cache(maxsize=256)
-def _line_head(method, path, status):
-    return f"{_printable(method)} {_printable(path)} {status} "
+def _line_head(method, path_info, query, status):
+    return f"{_printable(method)} {_printable(_full_path(path_info, query))} {status} "
 
 
 @functools.lru_cache(maxsize=1024)
-def _line_figures(datastore, cache, cache_name, bill):
-    """The line after its request line, for ((Lookup, 1), ...), ((get_many, 1), ...) and (reads, writes, deletes)."""
+def _line_figures(texts, cache_name):
+    """The line after its request line, for a mix of calls and its bill."""
     def listed(counts):  # '1 Lookup, 2 RunQuery', by name; 'none'; a fixed part of the format
         return (", ".join(f"{n} {name}" for name, n in sorted(counts)) or "none").replace("%", "%%")
-    billed = billing.Billed(*bill)
-    return (f"%.1f ms | datastore {sum(n for _, n in datastore)} RPCs %.1f ms ({listed(datastore)}) | "
-            f"{cache_name} {sum(n for _, n in cache)} calls %.1f ms ({listed(cache)}) | "
+    billed = texts.billed
+    return (f"%.1f ms | datastore {sum(n for _, n in texts.datastore)} RPCs %.1f ms ({listed(texts.datastore)}) | "
+            f"{cache_name} {sum(n for _, n in texts.cache)} calls %.1f ms ({listed(texts.cache)}) | "
             f"billed {billed.reads} reads {billed.writes} writes {billed.deletes} deletes "
             f"${billed.usd_per_million():.2f}/M")
 
-
-def _readable(served):
-    cost = served.cost
-    figures = _line_figures(tuple(cost.datastore.items()), tuple(cost.cache.items()), _cache_name(served.backend),
-                            (cost.billed.reads, cost.billed.writes, cost.billed.deletes))
-    return (_line_head(served.method, served.path, served.status)
-            + figures % (served.app_ms, cost.datastore_s * 1000, cost.cache_s * 1000))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flask import Response, current_app, render_template, request
 from google.cloud import ndb
-from markupsafe import Markup, escape
+from markupsafe import Markup
 from werkzeug.http import parse_cookie
 from werkzeug.wsgi import get_host
 
@@ -165,7 +165,7 @@ def serve_kept(app, environ):
     body = kept(match["blog"], "front", get_host(environ))
     if body is None:
         return None
-    cost = app.jinja_env.globals["request_cost"]()
-    response = Response(body.replace(b"\x00", str(escape(cost or "")).encode(), 1), mimetype="text/html")
+    cost = app.jinja_env.globals["request_cost"](encoded=True)  # HTML, encoded; None when nothing is counted
+    response = Response(body.replace(b"\x00", cost or b"", 1), mimetype="text/html")
     response.vary.add("Cookie")  # a signed-in visitor's page is another
     return response

@@ -31,14 +31,18 @@ _current: contextvars.ContextVar["Cost | None"] = contextvars.ContextVar("reques
 
 
 _NOTHING = billing.Billed()
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Cost:
     """One request's RPCs and cache calls: counts by method and their summed time."""
 
     # A Cost is made for every request, and the accounting must stay a few microseconds of it (bench/overhead.py's
-    # on/off target): slots, plain dicts rather than Counters, and the bill of nothing shared until there is one.
-    __slots__ = ("started", "datastore", "cache", "datastore_s", "cache_s", "billed", "counted", "_lock")
+    # on/off target): slots, plain dicts rather than Counters, the bill of nothing shared until there is one, and the
+    # texts of its mix of calls (`Texts`) found once for the footer, the header and the log line, unless a call came
+    # in between.
+    __slots__ = ("started", "datastore", "cache", "datastore_s", "cache_s", "billed", "counted", "_lock", "_calls",
+                 "_texts", "_texts_at")
 
     def __init__(self):
         self.started = time.perf_counter()
@@ -49,12 +53,16 @@ class Cost:
         self.billed = _NOTHING  # never changed in place: `+=` makes a new Billed
         self.counted: dict[str, int] = {}  # what the bill was counted from: found, missing, skipped, ...
         self._lock = threading.Lock()
+        self._calls = 0  # every RPC and cache call so far: the texts found at another count are another mix's
+        self._texts: Texts | None = None
+        self._texts_at = -1
 
     def add_rpc(self, method: str, seconds: float, billed: billing.Billed | None = None,
                 counted: dict[str, int] | None = None) -> None:
         with self._lock:
             self.datastore[method] = self.datastore.get(method, 0) + 1
             self.datastore_s += seconds
+            self._calls += 1
             if billed is not None:
                 self.billed += billed
                 for what, n in (counted or {}).items():
@@ -64,6 +72,7 @@ class Cost:
         with self._lock:
             self.cache[call] = self.cache.get(call, 0) + 1
             self.cache_s += seconds
+            self._calls += 1
 
     @property
     def rpcs(self) -> int:
@@ -75,6 +84,18 @@ class Cost:
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
+
+    def now(self) -> tuple["Texts", float, float, float]:
+        """The texts of the calls so far, their Datastore and cache milliseconds, and the request's so far: one
+        consistent view (an RPC's answer may be counted on a gRPC thread meanwhile), in one call."""
+        with self._lock:
+            if self._texts_at != self._calls:
+                billed = self.billed
+                self._texts = _texts(tuple(self.datastore.items()), tuple(self.cache.items()),
+                                     (billed.reads, billed.writes, billed.deletes))
+                self._texts_at = self._calls
+            return (self._texts, self.datastore_s * 1000, self.cache_s * 1000,
+                    (time.perf_counter() - self.started) * 1000)
 
     def summary(self, cache_backend: str, app_ms: float | None = None) -> dict[str, Any]:
         """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
@@ -90,20 +111,34 @@ class Cost:
     def server_timing(self, app_ms: float | None = None) -> str:
         """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
         billed;desc="11 reads: $3.30 per million"` (a metric without a duration: what production would bill)."""
-        with self._lock:
-            billed = self.billed
-            template = _server_timing(tuple(self.datastore.items()), tuple(self.cache.items()),
-                                      (billed.reads, billed.writes, billed.deletes))
-            datastore_ms, cache_ms = self.datastore_s * 1000, self.cache_s * 1000
-        return template % (datastore_ms, cache_ms, self.elapsed_ms() if app_ms is None else app_ms)
+        texts, datastore_ms, cache_ms, so_far = self.now()
+        return texts.server_timing % (datastore_ms, cache_ms, so_far if app_ms is None else app_ms)
 
     def footer(self, cache_name: str) -> str:
         """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
         such requests)': so far, as the page is rendered."""
-        with self._lock:
-            billed = self.billed
-            return _footer(self.rpcs, self.cache_calls, cache_name, (billed.reads, billed.writes, billed.deletes)) \
-                % (self.datastore_s * 1000, self.cache_s * 1000)
+        texts, datastore_ms, cache_ms, _ = self.now()
+        return footer_template(texts, cache_name) % (datastore_ms, cache_ms)
+
+
+class Texts:
+    """One mix of calls and bill: the RPCs and cache calls by method, and what production bills them. Every request
+    with the same mix has the same (most requests have one of a few), so what is said of it is worked out once per
+    process, as a %-format with a slot (%.1f) for each time, and a request only formats its times into it. Found by
+    `_texts`; the footer's and the log line's texts are kept by (Texts, cache name), which hashes as fast as an
+    object can (by identity)."""
+
+    __slots__ = ("datastore", "cache", "billed", "server_timing")
+
+    def __init__(self, datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
+                 billed: billing.Billed) -> None:
+        self.datastore, self.cache, self.billed = datastore, cache, billed
+        bill = _slotted(_billed_text(billed.reads, billed.writes, billed.deletes))
+        self.server_timing = (f'datastore;desc="{_slotted(_described(datastore, "RPC"))}";dur=%.1f, '
+                              f'cache;desc="{_slotted(_described(cache, "call"))}";dur=%.1f, '
+                              f'billed;desc="{bill}", app;dur=%.1f')
+        if CONTROL.search(self.server_timing):  # names the code gave: a header value may not break its line
+            raise ValueError(f"not a header value: {self.server_timing!r}")
 
 
 _BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
@@ -138,18 +173,18 @@ def _slotted(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _server_timing(datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
-                   bill: tuple[int, int, int]) -> str:
-    return (f'datastore;desc="{_slotted(_described(datastore, "RPC"))}";dur=%.1f, '
-            f'cache;desc="{_slotted(_described(cache, "call"))}";dur=%.1f, '
-            f'billed;desc="{_slotted(_billed_text(*bill))}", app;dur=%.1f')
+def _texts(datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
+           bill: tuple[int, int, int]) -> Texts:
+    return Texts(datastore, cache, billing.Billed(*bill))
 
 
 @functools.lru_cache(maxsize=1024)
-def _footer(rpcs: int, cache_calls: int, cache_name: str, bill: tuple[int, int, int]) -> str:
-    return (f"{_slotted(_plural(rpcs, 'Datastore RPC'))} (%.1f ms), "
-            f"{_slotted(_plural(cache_calls, cache_name + ' call'))} (%.1f ms); "
-            f"billed in production: {_slotted(_billed_text(*bill, ' such requests'))}")
+def footer_template(texts: Texts, cache_name: str) -> str:
+    """The footer of `texts` (Cost.footer), with a slot (%.1f) for each of its two times."""
+    billed = _billed_text(texts.billed.reads, texts.billed.writes, texts.billed.deletes, " such requests")
+    return (f"{_slotted(_plural(sum(n for _, n in texts.datastore), 'Datastore RPC'))} (%.1f ms), "
+            f"{_slotted(_plural(sum(n for _, n in texts.cache), cache_name + ' call'))} (%.1f ms); "
+            f"billed in production: {_slotted(billed)}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -161,9 +196,9 @@ def _billed_text(reads: int, writes: int, deletes: int, requests: str = "") -> s
     return f"{billed.describe()}: ${billed.usd_per_million():.2f} per million{requests}"
 
 
-def current() -> Cost | None:
-    """The cost of the request being served, or None outside one."""
-    return _current.get()
+# current(): the cost of the request being served, or None outside one. The ContextVar's own get, called by every
+# request more than once: no Python frame around it.
+current: Callable[[], Cost | None] = _current.get
 
 
 @contextlib.contextmanager

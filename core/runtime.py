@@ -9,6 +9,7 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -130,6 +131,9 @@ class RequestMiddleware:
     (a werkzeug Response) or None; the finishers (`add_finisher`) then do to it what the app's own hooks do to every
     response (its security headers, its accounting). A shortcut that fails, or says None, leaves the request to the
     app, counted in the same cost.
+
+    A counted request's response is started through `accounted` (`account_responses`), whichever gave it: it gets the
+    cost, and the status and the headers' list as the server will get them.
     """
 
     def __init__(self, wsgi_app: Callable, rt: Runtime) -> None:
@@ -137,10 +141,13 @@ class RequestMiddleware:
         self.runtime = rt
         self.shortcuts: list[Callable[[dict], Any]] = []
         self.finishers: list[Callable[[dict, Any], None]] = []
+        self.accounted: Callable[..., Any] | None = None
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         # The request's cost (core/costs.py) is counted from here: every Datastore RPC and cache call it makes.
         cost = costs.Cost() if self.runtime.settings.appstats else None
+        if cost is not None and self.accounted is not None:
+            start_response = functools.partial(self.accounted, cost, environ, start_response)
         if self.shortcuts:
             with costs.measuring(cost), self.runtime.activated():
                 response = self._shortcut(environ)
@@ -174,6 +181,16 @@ MIDDLEWARE = "runtime.middleware"  # where create_app keeps an app's RequestMidd
 def add_shortcut(app: Any, shortcut: Callable[[dict], Any]) -> None:
     """`shortcut(environ)` answers requests of `app` ahead of it, or says None (RequestMiddleware)."""
     app.extensions[MIDDLEWARE].shortcuts.append(shortcut)
+
+
+def account_responses(app: Any, accounted: Callable[..., Any]) -> None:
+    """`accounted(cost, environ, start_response, status, headers, exc_info=None)` starts the response of every request
+    of `app` that is counted (APPSTATS on), shortcut's or app's, in place of the server's `start_response`: it may add
+    to `headers` (a WSGI list of (name, value)), and calls `start_response` itself. One per app: the accounting."""
+    middleware = app.extensions[MIDDLEWARE]
+    if middleware.accounted is not None:
+        raise RuntimeError("the responses of this app are accounted for already")
+    middleware.accounted = accounted
 
 
 def add_finisher(app: Any, finisher: Callable[[dict, Any], None]) -> None:

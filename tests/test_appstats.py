@@ -179,10 +179,13 @@ def test_a_process_that_exits_writes_the_lines_still_waiting():
     script = """
 import time
 from appstats import accounting
-from core.costs import Cost, Recent
+from core.costs import Cost
 cost = Cost()
 cost.add_cache("get_many", 0.0003)
-accounting.LOG.add(Recent(), ("GET", "/last", "", 200, time.time(), 1.5, cost, "memcached"), None, None)
+texts, datastore_ms, cache_ms, _ = cost.now()
+recent = accounting.RecentRequests(10, "memcached", None)
+accounting.LOG.add(accounting.Served(recent, "GET", "/last", "", 200, time.time(), 1.5, cost, texts, datastore_ms,
+                                     cache_ms, None))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[1])
