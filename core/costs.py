@@ -74,14 +74,6 @@ class Cost:
             self.cache_s += seconds
             self._calls += 1
 
-    @property
-    def rpcs(self) -> int:
-        return sum(self.datastore.values())
-
-    @property
-    def cache_calls(self) -> int:
-        return sum(self.cache.values())
-
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
 
@@ -92,21 +84,18 @@ class Cost:
             if self._texts_at != self._calls:
                 billed = self.billed
                 self._texts = _texts(tuple(self.datastore.items()), tuple(self.cache.items()),
-                                     (billed.reads, billed.writes, billed.deletes))
+                                     (billed.reads, billed.writes, billed.deletes, billed.small),
+                                     tuple(self.counted.items()))
                 self._texts_at = self._calls
             return (self._texts, self.datastore_s * 1000, self.cache_s * 1000,
                     (time.perf_counter() - self.started) * 1000)
 
     def summary(self, cache_backend: str, app_ms: float | None = None) -> dict[str, Any]:
-        """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
-        its backend ("memcached", "redis" or "none") named inside; `app_ms` the request's time (by default, so far)."""
-        with self._lock:
-            return {"datastore": {"rpcs": self.rpcs, "ms": round(self.datastore_s * 1000, 1),
-                                  "by_method": dict(self.datastore)},
-                    "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted.items() if n}},
-                    "cache": {"backend": cache_backend, "calls": self.cache_calls, "ms": round(self.cache_s * 1000, 1),
-                              "by_call": dict(self.cache)},
-                    "app_ms": round(self.elapsed_ms() if app_ms is None else app_ms, 1)}
+        """A dict of the figures, as the log line, the admin view and the API give them (Texts.figures); `app_ms` the
+        request's time (by default, so far)."""
+        texts, datastore_ms, cache_ms, so_far = self.now()
+        return texts.figures(cache_backend, round(datastore_ms, 1), round(cache_ms, 1),
+                             round(so_far if app_ms is None else app_ms, 1))
 
     def server_timing(self, app_ms: float | None = None) -> str:
         """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
@@ -128,17 +117,28 @@ class Texts:
     `_texts`; the footer's and the log line's texts are kept by (Texts, cache name), which hashes as fast as an
     object can (by identity)."""
 
-    __slots__ = ("datastore", "cache", "billed", "server_timing")
+    __slots__ = ("datastore", "cache", "billed", "counted", "server_timing")
 
     def __init__(self, datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
-                 billed: billing.Billed) -> None:
-        self.datastore, self.cache, self.billed = datastore, cache, billed
+                 billed: billing.Billed, counted: tuple[tuple[str, int], ...] = ()) -> None:
+        self.datastore, self.cache, self.billed, self.counted = datastore, cache, billed, counted
         bill = _slotted(_billed_text(billed.reads, billed.writes, billed.deletes))
         self.server_timing = (f'datastore;desc="{_slotted(_described(datastore, "RPC"))}";dur=%.1f, '
                               f'cache;desc="{_slotted(_described(cache, "call"))}";dur=%.1f, '
                               f'billed;desc="{bill}", app;dur=%.1f')
         if CONTROL.search(self.server_timing):  # names the code gave: a header value may not break its line
             raise ValueError(f"not a header value: {self.server_timing!r}")
+
+    def figures(self, cache_backend: str, datastore_ms: Any, cache_ms: Any, app_ms: Any) -> dict[str, Any]:
+        """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
+        its backend ("memcached", "redis" or "none") named inside. The times as given: numbers, or the slots of a
+        template (appstats.accounting's JSON line)."""
+        return {"datastore": {"rpcs": sum(n for _, n in self.datastore), "ms": datastore_ms,
+                              "by_method": dict(self.datastore)},
+                "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted if n}},
+                "cache": {"backend": cache_backend, "calls": sum(n for _, n in self.cache), "ms": cache_ms,
+                          "by_call": dict(self.cache)},
+                "app_ms": app_ms}
 
 
 _BILLED_METRIC = re.compile(r'billed;desc="(?P<desc>[^"]*)"')
@@ -174,8 +174,8 @@ def _slotted(text: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _texts(datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
-           bill: tuple[int, int, int]) -> Texts:
-    return Texts(datastore, cache, billing.Billed(*bill))
+           bill: tuple[int, int, int, int], counted: tuple[tuple[str, int], ...]) -> Texts:
+    return Texts(datastore, cache, billing.Billed(*bill), counted)
 
 
 @functools.lru_cache(maxsize=1024)

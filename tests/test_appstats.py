@@ -153,6 +153,38 @@ def test_a_clients_trace_header_is_used_only_when_well_formed(gae_app, appstats_
         assert "logging.googleapis.com/trace" not in entry and "logging.googleapis.com/spanId" not in entry, header
 
 
+def test_a_structured_line_is_its_requests_entry_whatever_the_path_or_project(gae_app, appstats_log):
+    """Each entry is a template made once per request line and mix of calls, its numbers put in per request: a path or
+    a project with %, quotes, backslashes or line breaks in it still gives one line of JSON, with them as they were
+    and this request's own times."""
+    client = gae_app.test_client()
+    for path, url in (("/x%25s%25(app_ms).1f", "/x%s%(app_ms).1f"), ('/x%22%5C%0a%7B', '/x"\\\n{'),
+                      ("/healthz", "/healthz")):
+        before = time.time()
+        first = client.get(path, headers={"X-Cloud-Trace-Context": "105445aa7843bc8bf206b12000100000/255;o=0"})
+        second = client.get(path)
+        [one, two] = [json.loads(line) for line in appstats_log()]
+        assert one["httpRequest"]["requestUrl"] == two["httpRequest"]["requestUrl"] == url
+        assert one["httpRequest"]["status"] == first.status_code and two["httpRequest"]["status"] == second.status_code
+        assert before <= one["timestamp"]["seconds"] + one["timestamp"]["nanos"] / 1e9 <= time.time()
+        assert one["logging.googleapis.com/spanId"] == "00000000000000ff"
+        assert one["logging.googleapis.com/trace_sampled"] is False and "logging.googleapis.com/trace" not in two
+        for entry, response in ((one, first), (two, second)):  # its own figures, as its header said them
+            said = timing(response)
+            assert entry["appstats"]["app_ms"] == said["app"] and entry["appstats"]["cache"]["ms"] == said["cache"][2]
+            assert entry["appstats"]["cache"]["calls"] == said["cache"][0]
+
+
+def test_a_header_value_cannot_be_made_of_a_name_that_breaks_its_line():
+    """The Server-Timing value joins the response's headers unchecked (appstats.accounting._bill), so its texts are
+    checked when they are made: a call's name with a line break in it is refused there."""
+    from core.costs import Cost
+    cost = Cost()
+    cost.add_cache("get\r\nSet-Cookie: x=1", 0.001)
+    with pytest.raises(ValueError, match="not a header value"):
+        cost.now()
+
+
 def test_accounting_off_counts_nothing(stack):
     with running(make_app(stack, APPSTATS="off")) as app:
         r = app.test_client().get("/api/counters")
