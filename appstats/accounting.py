@@ -76,7 +76,7 @@ class Served(NamedTuple):
     method: str
     path_info: str  # as WSGI gives it: decoded for the log line and /appstats only (`path`)
     query: str | None
-    status: int
+    status: str  # the status line as the response started with it ("200 OK"): its code is read only when shown
     at: float  # seconds since the epoch (time.time(): a datetime is made only for /appstats)
     app_ms: float
     cost: Cost
@@ -90,7 +90,7 @@ class Served(NamedTuple):
         return _full_path(self.path_info, self.query)
 
     def record(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "status": self.status, "at": clock.iso_of(self.at),
+        return {"method": self.method, "path": self.path, "status": int(self.status[:3]), "at": clock.iso_of(self.at),
                 **self.cost.summary(self.recent.backend, self.app_ms)}
 
 
@@ -112,7 +112,7 @@ def _bill(recent, cost, environ, start_response, status, headers, exc_info=None)
     texts, datastore_ms, cache_ms, app_ms = cost.now()
     headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
     LOG.add((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
-             int(status[:3]), time.time(), app_ms, cost, texts, datastore_ms, cache_ms,
+             status, time.time(), app_ms, cost, texts, datastore_ms, cache_ms,
              environ.get(TRACE_ENVIRON)))  # a Served's fields
     return start_response(status, headers, exc_info)
 
@@ -248,7 +248,7 @@ def _structured_template(method, path_info, query, status, texts, backend, proje
     than the rest of the accounting together."""
     def slot(name):
         return f"{_SLOT}{name}"
-    path = _full_path(path_info, query)
+    path, status = _full_path(path_info, query), int(status[:3])
     billed = texts.billed
     entry = {"severity": "INFO",
              "message": f"{method} {path} {status}: {sum(n for _, n in texts.datastore)} Datastore RPCs, "
@@ -281,7 +281,7 @@ def _printable(text):
 # with a slot (%.1f) for each time: the writer then only formats a request's three times into them.
 @functools.lru_cache(maxsize=256)
 def _line_head(method, path_info, query, status):
-    return f"{_printable(method)} {_printable(_full_path(path_info, query))} {status} "
+    return f"{_printable(method)} {_printable(_full_path(path_info, query))} {status[:3]} "
 
 
 @functools.lru_cache(maxsize=1024)

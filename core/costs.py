@@ -69,10 +69,14 @@ class Cost:
                     self.counted[what] = self.counted.get(what, 0) + n
 
     def add_cache(self, call: str, seconds: float) -> None:
-        with self._lock:
+        # acquire/release rather than `with`: half the instructions, here and in now(), which every request runs
+        self._lock.acquire()
+        try:
             self.cache[call] = self.cache.get(call, 0) + 1
             self.cache_s += seconds
             self._calls += 1
+        finally:
+            self._lock.release()
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
@@ -80,7 +84,8 @@ class Cost:
     def now(self) -> tuple["Texts", float, float, float]:
         """The texts of the calls so far, their Datastore and cache milliseconds, and the request's so far: one
         consistent view (an RPC's answer may be counted on a gRPC thread meanwhile), in one call."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             if self._texts_at != self._calls:
                 billed = self.billed
                 self._texts = _texts(tuple(self.datastore.items()), tuple(self.cache.items()),
@@ -89,6 +94,8 @@ class Cost:
                 self._texts_at = self._calls
             return (self._texts, self.datastore_s * 1000, self.cache_s * 1000,
                     (time.perf_counter() - self.started) * 1000)
+        finally:
+            self._lock.release()
 
     def summary(self, cache_backend: str, app_ms: float | None = None) -> dict[str, Any]:
         """A dict of the figures, as the log line, the admin view and the API give them (Texts.figures); `app_ms` the
