@@ -44,7 +44,7 @@ class Cost:
     __slots__ = ("started", "datastore", "cache", "datastore_s", "cache_s", "billed", "counted", "_lock", "_calls",
                  "_texts", "_texts_at")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.started = time.perf_counter()
         self.datastore: dict[str, int] = {}
         self.cache: dict[str, int] = {}
@@ -86,14 +86,14 @@ class Cost:
         consistent view (an RPC's answer may be counted on a gRPC thread meanwhile), in one call."""
         self._lock.acquire()
         try:
-            if self._texts_at != self._calls:
+            texts = self._texts
+            if texts is None or self._texts_at != self._calls:
                 billed = self.billed
-                self._texts = _texts(tuple(self.datastore.items()), tuple(self.cache.items()),
-                                     (billed.reads, billed.writes, billed.deletes, billed.small),
-                                     tuple(self.counted.items()))
+                texts = self._texts = _texts(tuple(self.datastore.items()), tuple(self.cache.items()),
+                                             (billed.reads, billed.writes, billed.deletes, billed.small),
+                                             tuple(self.counted.items()))
                 self._texts_at = self._calls
-            return (self._texts, self.datastore_s * 1000, self.cache_s * 1000,
-                    (time.perf_counter() - self.started) * 1000)
+            return texts, self.datastore_s * 1000, self.cache_s * 1000, (time.perf_counter() - self.started) * 1000
         finally:
             self._lock.release()
 

@@ -129,7 +129,7 @@ class RequestMiddleware:
     Shortcuts (`add_shortcut`) answer some requests ahead of the app, from the cache alone: the runtime is current and
     the cost counted, but no ndb context is built and Flask never sees the request. Each returns a finished response
     (a werkzeug Response) or None; the finishers (`add_finisher`) then do to it what the app's own hooks do to every
-    response (its security headers, its accounting). A shortcut that fails, or says None, leaves the request to the
+    response (its security headers). A shortcut that fails, or says None, leaves the request to the
     app, counted in the same cost.
 
     A counted request's response is started through `accounted` (`account_responses`), whichever gave it: it gets the
