@@ -78,9 +78,6 @@ class Cost:
         finally:
             self._lock.release()
 
-    def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.started) * 1000
-
     def now(self) -> tuple["Texts", float, float, float]:
         """The texts of the calls so far, their Datastore and cache milliseconds, and the request's so far: one
         consistent view (an RPC's answer may be counted on a gRPC thread meanwhile), in one call."""
@@ -104,25 +101,15 @@ class Cost:
         return texts.figures(cache_backend, round(datastore_ms, 1), round(cache_ms, 1),
                              round(so_far if app_ms is None else app_ms, 1))
 
-    def server_timing(self, app_ms: float | None = None) -> str:
-        """The W3C Server-Timing header's value: `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ...,
-        billed;desc="11 reads: $3.30 per million"` (a metric without a duration: what production would bill)."""
-        texts, datastore_ms, cache_ms, so_far = self.now()
-        return texts.server_timing % (datastore_ms, cache_ms, so_far if app_ms is None else app_ms)
-
-    def footer(self, cache_name: str) -> str:
-        """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
-        such requests)': so far, as the page is rendered."""
-        texts, datastore_ms, cache_ms, _ = self.now()
-        return footer_template(texts, cache_name) % (datastore_ms, cache_ms)
-
 
 class Texts:
     """One mix of calls and bill: the RPCs and cache calls by method, and what production bills them. Every request
     with the same mix has the same (most requests have one of a few), so what is said of it is worked out once per
     process, as a %-format with a slot (%.1f) for each time, and a request only formats its times into it. Found by
     `_texts`; the footer's and the log line's texts are kept by (Texts, cache name), which hashes as fast as an
-    object can (by identity)."""
+    object can (by identity). `server_timing`: the W3C Server-Timing header's value,
+    `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ..., billed;desc="11 reads: $3.30 per million"` (a
+    metric without a duration: what production would bill), for the Datastore, cache and request milliseconds."""
 
     __slots__ = ("datastore", "cache", "billed", "counted", "server_timing")
 
@@ -187,7 +174,8 @@ def _texts(datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int],
 
 @functools.lru_cache(maxsize=1024)
 def footer_template(texts: Texts, cache_name: str) -> str:
-    """The footer of `texts` (Cost.footer), with a slot (%.1f) for each of its two times."""
+    """The footer of `texts`, '2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads
+    ($3.30 per million such requests)', with a slot (%.1f) for each of its two times."""
     billed = _billed_text(texts.billed.reads, texts.billed.writes, texts.billed.deletes, " such requests")
     return (f"{_slotted(_plural(sum(n for _, n in texts.datastore), 'Datastore RPC'))} (%.1f ms), "
             f"{_slotted(_plural(sum(n for _, n in texts.cache), cache_name + ' call'))} (%.1f ms); "
