@@ -108,7 +108,9 @@ def _bill(recent, cost, environ, start_response, status, headers, exc_info=None)
     The header joins the WSGI list as it is: Werkzeug's Headers.add would first scan the value for a line break with
     a regular expression, a fifth of this function's instructions (callgrind). The value is made of the app's own
     names (RPC methods, cache calls: core.costs.Texts checks them once) and of numbers, never of anything a request
-    sent, and the server checks every header value again anyway (gunicorn's Response.process_headers)."""
+    sent, and the server checks every header value again anyway (gunicorn's Response.process_headers:
+    https://github.com/benoitc/gunicorn/blob/master/gunicorn/http/wsgi.py; Werkzeug's scan is `_str_header_value` in
+    https://github.com/pallets/werkzeug/blob/main/src/werkzeug/datastructures/headers.py)."""
     texts, datastore_ms, cache_ms, app_ms = cost.now()
     headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
     LOG.add((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
