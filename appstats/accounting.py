@@ -25,13 +25,12 @@ from markupsafe import Markup, escape
 from werkzeug.wsgi import get_path_info
 
 from core import clock, costs, runtime
-from core.costs import Cost, Recent, Texts, current
+from core.costs import CONTROL, Cost, Recent, Texts, current
 
 log = logging.getLogger(__name__)
 TRACE_ENVIRON = "HTTP_X_CLOUD_TRACE_CONTEXT"  # X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=1, from App Engine
 RECENT = 100  # requests kept per process for /appstats
 TRACE_CONTEXT = re.compile(r"(?P<trace>[0-9a-f]{32})(?:/(?P<span>\d{1,20}))?(?:;o=(?P<options>[01]))?")
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def init_app(app):
@@ -236,7 +235,8 @@ def _structured(served):
 
 
 _SLOT = f"slot-{secrets.token_hex(8)}-"  # a slot's mark in a template's making: no request can spell it
-_NUMBERS = {"seconds": "d", "nanos": "d", "datastore_ms": ".1f", "cache_ms": ".1f", "app_ms": ".1f", "sampled": "s"}
+_WHOLE_VALUES = {"seconds": "d", "nanos": "d", "datastore_ms": ".1f", "cache_ms": ".1f", "app_ms": ".1f",
+                 "sampled": "s"}
 _IN_TEXT = {"latency": ".4f", "trace": "s", "span": "016x"}
 
 
@@ -253,7 +253,7 @@ def _structured_template(method, path_info, query, status, texts, backend, proje
     path, status = _full_path(path_info, query), int(status[:3])
     billed = texts.billed
     entry = {"severity": "INFO",
-             "message": f"{method} {path} {status}: {sum(n for _, n in texts.datastore)} Datastore RPCs, "
+             "message": f"{method} {path} {status}: {texts.rpcs} Datastore RPCs, "
                         f"{billed.reads} reads, {billed.writes} writes, {billed.deletes} deletes billed",
              # a special field: the entry's timestamp
              # (https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)
@@ -267,7 +267,7 @@ def _structured_template(method, path_info, query, status, texts, backend, proje
             entry["logging.googleapis.com/spanId"] = slot("span")
         entry["logging.googleapis.com/trace_sampled"] = slot("sampled")
     text = json.dumps(entry).replace("%", "%%")
-    for name, form in _NUMBERS.items():  # a number: the whole value, quotes and all
+    for name, form in _WHOLE_VALUES.items():  # a number or true/false: the whole value, quotes and all
         text = text.replace(f'"{slot(name)}"', f"%({name}){form}")
     for name, form in _IN_TEXT.items():  # within a string
         text = text.replace(slot(name), f"%({name}){form}")
@@ -292,8 +292,8 @@ def _line_figures(texts, cache_name):
     def listed(counts):  # '1 Lookup, 2 RunQuery', by name; 'none'; a fixed part of the format
         return (", ".join(f"{n} {name}" for name, n in sorted(counts)) or "none").replace("%", "%%")
     billed = texts.billed
-    return (f"%.1f ms | datastore {sum(n for _, n in texts.datastore)} RPCs %.1f ms ({listed(texts.datastore)}) | "
-            f"{cache_name} {sum(n for _, n in texts.cache)} calls %.1f ms ({listed(texts.cache)}) | "
+    return (f"%.1f ms | datastore {texts.rpcs} RPCs %.1f ms ({listed(texts.datastore)}) | "
+            f"{cache_name} {texts.cache_calls} calls %.1f ms ({listed(texts.cache)}) | "
             f"billed {billed.reads} reads {billed.writes} writes {billed.deletes} deletes "
             f"${billed.usd_per_million():.2f}/M")
 

@@ -31,7 +31,7 @@ _current: contextvars.ContextVar["Cost | None"] = contextvars.ContextVar("reques
 
 
 _NOTHING = billing.Billed()
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no header value or log line has one
 
 
 class Cost:
@@ -111,11 +111,12 @@ class Texts:
     `datastore;desc="2 RPCs: 1 Lookup, 1 RunQuery";dur=4.1, ..., billed;desc="11 reads: $3.30 per million"` (a
     metric without a duration: what production would bill), for the Datastore, cache and request milliseconds."""
 
-    __slots__ = ("datastore", "cache", "billed", "counted", "server_timing")
+    __slots__ = ("datastore", "cache", "billed", "counted", "rpcs", "cache_calls", "server_timing")
 
     def __init__(self, datastore: tuple[tuple[str, int], ...], cache: tuple[tuple[str, int], ...],
-                 billed: billing.Billed, counted: tuple[tuple[str, int], ...] = ()) -> None:
+                 billed: billing.Billed, counted: tuple[tuple[str, int], ...]) -> None:
         self.datastore, self.cache, self.billed, self.counted = datastore, cache, billed, counted
+        self.rpcs, self.cache_calls = sum(n for _, n in datastore), sum(n for _, n in cache)
         bill = _slotted(_billed_text(billed.reads, billed.writes, billed.deletes))
         self.server_timing = (f'datastore;desc="{_slotted(_described(datastore, "RPC"))}";dur=%.1f, '
                               f'cache;desc="{_slotted(_described(cache, "call"))}";dur=%.1f, '
@@ -127,10 +128,10 @@ class Texts:
         """A dict of the figures, as the log line, the admin view and the API give them; the cache's under "cache",
         its backend ("memcached", "redis" or "none") named inside. The times as given: numbers, or the slots of a
         template (appstats.accounting's JSON line)."""
-        return {"datastore": {"rpcs": sum(n for _, n in self.datastore), "ms": datastore_ms,
+        return {"datastore": {"rpcs": self.rpcs, "ms": datastore_ms,
                               "by_method": dict(self.datastore)},
                 "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted if n}},
-                "cache": {"backend": cache_backend, "calls": sum(n for _, n in self.cache), "ms": cache_ms,
+                "cache": {"backend": cache_backend, "calls": self.cache_calls, "ms": cache_ms,
                           "by_call": dict(self.cache)},
                 "app_ms": app_ms}
 
@@ -177,8 +178,8 @@ def footer_template(texts: Texts, cache_name: str) -> str:
     """The footer of `texts`, '2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads
     ($3.30 per million such requests)', with a slot (%.1f) for each of its two times."""
     billed = _billed_text(texts.billed.reads, texts.billed.writes, texts.billed.deletes, " such requests")
-    return (f"{_slotted(_plural(sum(n for _, n in texts.datastore), 'Datastore RPC'))} (%.1f ms), "
-            f"{_slotted(_plural(sum(n for _, n in texts.cache), cache_name + ' call'))} (%.1f ms); "
+    return (f"{_slotted(_plural(texts.rpcs, 'Datastore RPC'))} (%.1f ms), "
+            f"{_slotted(_plural(texts.cache_calls, cache_name + ' call'))} (%.1f ms); "
             f"billed in production: {_slotted(billed)}")
 
 
