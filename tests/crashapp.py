@@ -1,9 +1,13 @@
 """The app as gunicorn serves it (`tests.crashapp:app()`), with one job more for tests/test_crashes.py: add_credit
 slowed down to a quarter second per chunk of 5, so that a test can kill the worker running a task between two of its
 chunks' transactions; and for that job only, the moment between a task's last commit and its `incr` of the job's
-running sum widened to a second, so that a test can kill a worker inside it."""
+running sum widened to a second, so that a test can kill a worker inside it. A worker entering that second says so
+with a file named `<job id>.<pid>` in `$CRASH_SIGNALS` (the test's own directory): the test kills that very process
+on the file, instead of guessing the moment from the records it polls through the emulator."""
 import dataclasses
+import os
 import time
+from pathlib import Path
 
 import main
 from accounts.service import ADD_CREDIT
@@ -11,6 +15,7 @@ from mapper import service as mapper
 
 CHUNK_SECONDS = 0.25
 INCR_DELAY = 1.0
+SIGNALS = os.environ.get("CRASH_SIGNALS")
 
 
 def _slow_credit(accounts, params, prepared):
@@ -24,6 +29,8 @@ _maybe_finish = mapper._maybe_finish
 
 def _late_finish(job, returned, last_attempt):
     if job.name == SLOW_CREDIT.name and returned:
+        if SIGNALS:
+            Path(SIGNALS, f"{job.id}.{os.getpid()}").touch()
         time.sleep(INCR_DELAY)
     return _maybe_finish(job, returned, last_attempt)
 

@@ -29,8 +29,8 @@ ACCOUNTS = 150
 
 
 class Fleet:
-    def __init__(self, url, server, app, stack):
-        self.url, self.server, self.app, self.stack = url, server, app, stack
+    def __init__(self, url, server, app, stack, signals):
+        self.url, self.server, self.app, self.stack, self.signals = url, server, app, stack, signals
 
     def read(self, fn):
         return runtime.of(self.app).in_context(fn)()
@@ -51,12 +51,14 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(stack):
+def fleet(stack, tmp_path_factory):
     namespace = f"c{uuid.uuid4().hex[:12]}"  # the server outlives any one test: a namespace of its own
-    with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", DATASTORE_NAMESPACE=namespace) as server:
+    signals = tmp_path_factory.mktemp("crash-signals")
+    with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", DATASTORE_NAMESPACE=namespace,
+                CRASH_SIGNALS=str(signals)) as server:
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
         with running(app):
-            fleet = Fleet(server.url, server, app, stack)
+            fleet = Fleet(server.url, server, app, stack, signals)
             _seed_accounts(fleet)
             yield fleet
 
@@ -254,13 +256,12 @@ def test_a_job_finishes_when_a_worker_dies_between_a_task_commit_and_its_incr(fl
     cut = {}
 
     def kill_before_incr(job_id):
-        # tests/crashapp.py holds a task a second between its record's last commit and its incr
-        def leaf_done():
-            records = _records(fleet, job_id)
-            done = [r for r in records if r.state == "done" and r.returned]
-            return done if done and any(r.state == "running" for r in records) else None
-        cut["leaves"] = len(wait_until(leaf_done, "a leaf task's record final", timeout=60, interval=0.05))
-        fleet.kill_workers(2)
+        # tests/crashapp.py holds a task a second between its record's last commit and its incr, and names the worker
+        # holding it by a file; that worker is killed inside the second (the file is polled, not the emulator)
+        held = wait_until(lambda: sorted(fleet.signals.glob(f"{job_id}.*")), "a task between its commit and its incr",
+                          timeout=60, interval=0.01)
+        cut["pid"] = int(held[0].suffix[1:])
+        os.kill(cut["pid"], signal.SIGKILL)
     final = _run_job(fleet, "test_slow_credit", 4, killing=kill_before_incr, page_size=20)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
     _credited_once(before, _balances(fleet), 4)
