@@ -109,6 +109,13 @@ def test_a_local_request_logs_one_readable_line(client, appstats_log):
     assert re.match(r"GET /api/counters/x 404 [\d.]+ ms \| datastore \d+ RPCs [\d.]+ ms \(.*Lookup.*\) \| ", lines[0])
 
 
+def test_a_local_line_says_a_path_with_format_marks_as_it_came(client, appstats_log):
+    """The line is a %-template per request line (its path fixed in it): a path's own % is not a slot."""
+    client.get("/x%25s%25(app_ms).1f%25%25")
+    lines = appstats_log()
+    assert len(lines) == 1 and re.match(r"GET /x%s%\(app_ms\)\.1f%% 404 [\d.]+ ms \| datastore 0 RPCs ", lines[0])
+
+
 def test_a_path_cannot_forge_a_log_line(client, appstats_log):
     """The path is logged decoded: %0a would end the line and let the rest pose as another request's."""
     client.get("/x%0aGET%20/api/session%20200%0d%1b[2J")
@@ -177,10 +184,13 @@ def test_a_structured_line_is_its_requests_entry_whatever_the_path_or_project(ga
 
 def test_a_header_value_cannot_be_made_of_a_name_that_breaks_its_line():
     """The Server-Timing value joins the response's headers unchecked (appstats.accounting._bill), so its texts are
-    checked when they are made: a call's name with a line break in it is refused there."""
+    checked when they are made (for cache calls, as the call is counted): a call's name with a line break in it is
+    refused there, and a Datastore method's as well."""
     from core.costs import Cost
+    with pytest.raises(ValueError, match="not a header value"):
+        Cost().add_cache("get\r\nSet-Cookie: x=1", 0.001)
     cost = Cost()
-    cost.add_cache("get\r\nSet-Cookie: x=1", 0.001)
+    cost.add_rpc("Lookup\nX: 1", 0.001)
     with pytest.raises(ValueError, match="not a header value"):
         cost.now()
 
