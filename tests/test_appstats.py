@@ -195,6 +195,27 @@ def test_a_header_value_cannot_be_made_of_a_name_that_breaks_its_line():
         cost.now()
 
 
+def test_cache_calls_find_their_mixs_texts_in_any_order_and_past_the_last_link(monkeypatch):
+    """A request's cache calls find their mix as they come in (core.costs.CacheMix): the same calls in another order
+    are the same mix; once a process has linked CacheMix.LINKS mixes, a mix is found by its counts, links no more, and
+    says the same."""
+    from core.costs import CacheMix, Cost
+
+    def texts_of(calls):
+        cost = Cost()
+        for call in calls:
+            cost.add_cache(call, 0.001)
+        return cost.now()[0]
+    first = texts_of(["get", "set", "get"])
+    assert first is texts_of(["set", "get", "get"])
+    assert (first.cache, first.cache_calls, first.datastore) == ((("get", 2), ("set", 1)), 3, ())
+    assert 'cache;desc="3 calls: 2 get, 1 set"' in first.server_timing
+    monkeypatch.setattr(CacheMix, "linked", CacheMix.LINKS)
+    late = texts_of(["incr", "get", "incr", "delete-unlinked"])
+    assert late.cache == (("delete-unlinked", 1), ("get", 1), ("incr", 2)) and CacheMix.linked == CacheMix.LINKS
+    assert late is texts_of(["delete-unlinked", "incr", "incr", "get"])
+
+
 def test_accounting_off_counts_nothing(stack):
     with running(make_app(stack, APPSTATS="off")) as app:
         r = app.test_client().get("/api/counters")
