@@ -25,7 +25,7 @@ from markupsafe import Markup, escape
 from werkzeug.wsgi import get_path_info
 
 from core import clock, costs, runtime
-from core.costs import CONTROL, Cost, Recent, Texts, current
+from core.costs import CONTROL, Recent, Texts, current
 
 log = logging.getLogger(__name__)
 TRACE_ENVIRON = "HTTP_X_CLOUD_TRACE_CONTEXT"  # X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=1, from App Engine
@@ -70,7 +70,9 @@ def _footer_html(texts, backend):
 class Served(NamedTuple):
     """One request as the accounting keeps it; `record()` is what /appstats shows of it. A request leaves the same
     fields to the writer as a plain tuple (`_bill`: a NamedTuple takes a Python call to make), and the recent
-    requests keep them so: a Served is made of one only when someone looks (/appstats, an App Engine log entry)."""
+    requests keep them so: a Served is made of one only when someone looks (/appstats, an App Engine log entry). Its
+    figures are those its header said; the request's Cost is not kept (nor its dicts and lock, for the collector to
+    go through while the record waits and then stays among the recent ones)."""
     recent: "RecentRequests"  # its app's
     method: str
     path_info: str  # as WSGI gives it: decoded for the log line and /appstats only (`path`)
@@ -78,7 +80,6 @@ class Served(NamedTuple):
     status: str  # the status line as the response started with it ("200 OK"): its code is read only when shown
     at: float  # seconds since the epoch (time.time(): a datetime is made only for /appstats)
     app_ms: float
-    cost: Cost
     texts: Texts  # the texts of its calls, and their times, as its Server-Timing header said them
     datastore_ms: float
     cache_ms: float
@@ -90,7 +91,8 @@ class Served(NamedTuple):
 
     def record(self) -> dict[str, Any]:
         return {"method": self.method, "path": self.path, "status": int(self.status[:3]), "at": clock.iso_of(self.at),
-                **self.cost.summary(self.recent.backend, self.app_ms)}
+                **self.texts.figures(self.recent.backend, round(self.datastore_ms, 1), round(self.cache_ms, 1),
+                                     round(self.app_ms, 1))}
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,7 +116,7 @@ def _bill(recent, cost, environ, start_response, status, headers, exc_info=None)
     headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
     waiting = LOG.waiting  # LOG.add's work without its call: a Python call is a tenth of this function's time
     waiting.append((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
-                    status, time.time(), app_ms, cost, texts, datastore_ms, cache_ms,
+                    status, time.time(), app_ms, texts, datastore_ms, cache_ms,
                     environ.get(TRACE_ENVIRON)))  # a Served's fields
     if not LOG.started or len(waiting) >= Writer.MOST:
         LOG.attend()
@@ -183,7 +185,7 @@ class Writer:
                 recent = served[0]
                 served_by_recent[recent].append(served)
                 if recent.project is None:  # the readable line, from the texts of its request line and its calls
-                    _, method, path_info, query, status, _, app_ms, _, texts, datastore_ms, cache_ms, _ = served
+                    _, method, path_info, query, status, _, app_ms, texts, datastore_ms, cache_ms, _ = served
                     lines["stderr"].append(_line_template(method, path_info, query, status, texts, recent.cache_name)
                                            % (app_ms, datastore_ms, cache_ms))
                 else:
@@ -227,7 +229,7 @@ LOG = Writer()
 def _structured(served):
     """The request's Cloud Logging entry (https://cloud.google.com/logging/docs/structured-logging), one JSON line:
     its template (`_structured_template`), with this request's times and trace put in."""
-    recent, method, path_info, query, status, at, app_ms, _, texts, datastore_ms, cache_ms, trace_header = served
+    recent, method, path_info, query, status, at, app_ms, texts, datastore_ms, cache_ms, trace_header = served
     # The header comes with the request, and a client may send its own: only a well-formed one is used
     # (TRACE_ID/SPAN_ID;o=OPTIONS, https://cloud.google.com/trace/docs/trace-context#legacy-http-header).
     trace = TRACE_CONTEXT.fullmatch(trace_header or "")

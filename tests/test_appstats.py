@@ -247,7 +247,7 @@ cost = Cost()
 cost.add_cache("get_many", 0.0003)
 texts, datastore_ms, cache_ms, _ = cost.now()
 recent = accounting.RecentRequests(10, "memcached", None)
-accounting.LOG.add(accounting.Served(recent, "GET", "/last", "", "200 OK", time.time(), 1.5, cost, texts, datastore_ms,
+accounting.LOG.add(accounting.Served(recent, "GET", "/last", "", "200 OK", time.time(), 1.5, texts, datastore_ms,
                                      cache_ms, None))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
