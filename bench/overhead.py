@@ -273,14 +273,15 @@ targets are on requests/s, as the issue sets them. The ratios both ways (medians
 
 The accounting on / off in each round, by requests/s: {each_round}.
 A few percent is less than this machine's swing from one second to the next, so the accounting is also measured
-steadily, in this process: the front page through the app's whole WSGI stack (no HTTP), on and off in alternating
+steadily, in this process: the front page served by gunicorn's own code (its parser, `wsgi.create`, the app, its
+Response checking and writing the headers and the body) to a socket that sends nothing, on and off in alternating
 blocks of 20 requests, by the serving thread's own CPU time, each block on ending with the writer's work for its
 requests; medians of 200 pairs. On {in_us["on"]:.1f} us, off {in_us["off"]:.1f} us a request: the accounting is
-{in_diff:.1f} us ({in_diff / in_us["on"]:.1%} of the page in process, where there is no HTTP server around it; on
-{in_us["off"] / in_us["on"]:.3f} of off). Served, the page costs {harness.median(cpu[OFF]):.0f} us of server CPU with
-the accounting off (median), so the same {in_diff:.1f} us put the served page at about
-{1 - in_diff / (harness.median(cpu[OFF]) + in_diff):.3f} of off. (The server's own handling of the longer headers,
-gunicorn checking the `Server-Timing` value and writing it, is not in that figure: it is in the served ones.)
+{in_diff:.1f} us ({in_diff / in_us["on"]:.1%} of the page in process, where the kernel's socket work and the wait
+for memcached are left out; on {in_us["off"] / in_us["on"]:.3f} of off). Served, the page costs
+{harness.median(cpu[OFF]):.0f} us of server CPU with the accounting off (median), so the same {in_diff:.1f} us put the
+served page at about {1 - in_diff / (harness.median(cpu[OFF]) + in_diff):.3f} of off. (gunicorn checking and
+writing the `Server-Timing` header is in that figure; the kernel sending its few hundred bytes more is not.)
 The same two apps as on App Engine, where each line is a Cloud Logging entry (JSON, with the request's trace):
 on {gae_us["on"]:.1f} us, off {gae_us["off"]:.1f} us, the accounting {gae_diff:.1f} us, about
 {1 - gae_diff / (harness.median(cpu[OFF]) + gae_diff):.3f} of off served.
