@@ -71,8 +71,7 @@ class Served(NamedTuple):
     """One request as the accounting keeps it; `record()` is what /appstats shows of it. A request leaves the same
     fields to the writer as a plain tuple (`_bill`: a NamedTuple takes a Python call to make), and the recent
     requests keep them so: a Served is made of one only when someone looks (/appstats, an App Engine log entry). Its
-    figures are those its header said; the request's Cost is not kept (nor its dicts and lock, for the collector to
-    go through while the record waits and then stays among the recent ones)."""
+    figures are those its header said: the request's Cost goes with the request."""
     recent: "RecentRequests"  # its app's
     method: str
     path_info: str  # as WSGI gives it: decoded for the log line and /appstats only (`path`)
@@ -114,7 +113,7 @@ def _bill(recent, cost, environ, start_response, status, headers, exc_info=None)
     https://github.com/pallets/werkzeug/blob/main/src/werkzeug/datastructures/headers.py)."""
     texts, datastore_ms, cache_ms, app_ms = cost.now()
     headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
-    waiting = LOG.waiting  # LOG.add's work without its call: a Python call is a tenth of this function's time
+    waiting = LOG.waiting  # LOG.add's work, without a Python call more for every request
     waiting.append((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
                     status, time.time(), app_ms, texts, datastore_ms, cache_ms,
                     environ.get(TRACE_ENVIRON)))  # a Served's fields
