@@ -140,7 +140,8 @@ class Texts:
 
 class CacheMix:
     """A mix of cache calls, as counts by call (`counts`, by name), with the texts of a request that made these and no
-    Datastore RPC (most requests: a kept page, /healthz), and the mix one call more of each name makes (`then`).
+    Datastore RPC (a kept page or feed, what most visitors get), and the mix one call more of each name makes
+    (`then`).
     Mixes link up as requests make their calls, so that a request finds its mix one dict lookup per call as they
     come in, rather than by hashing all its counts when its texts are wanted (that was two thirds of a request's
     first look at its texts: 565 of 876 ns, in a loop). Links stop at LINKS mixes per process (past that, a mix is
