@@ -96,13 +96,6 @@ class Cost:
         finally:
             self._lock.release()
 
-    def summary(self, cache_backend: str, app_ms: float | None = None) -> dict[str, Any]:
-        """A dict of the figures, as the log line, the admin view and the API give them (Texts.figures); `app_ms` the
-        request's time (by default, so far)."""
-        texts, datastore_ms, cache_ms, so_far = self.now()
-        return texts.figures(cache_backend, round(datastore_ms, 1), round(cache_ms, 1),
-                             round(so_far if app_ms is None else app_ms, 1))
-
 
 class Texts:
     """One mix of calls and bill: the RPCs and cache calls by method, and what production bills them. Every request
