@@ -39,7 +39,9 @@ def init_app(app):
     settings = runtime.of(app).settings
     recent = app.extensions["appstats"] = RecentRequests(
         RECENT, runtime.of(app).cache.backend, settings.project if settings.on_app_engine else None)
+    recent.modelled = runtime.of(app).latency.on
     app.add_template_global(functools.partial(_request_cost, recent.backend), "request_cost")
+    app.add_template_global(recent.modelled, "latency_modelled")
     # every counted response, the app's and those given ahead of it (core.runtime.add_shortcut), as it starts
     runtime.account_responses(app, functools.partial(_bill, recent))
 
@@ -58,6 +60,8 @@ def _request_cost(backend, encoded=False):
         return None
     texts, datastore_ms, cache_ms, _ = cost.now()
     html = _footer_html(texts, backend) % (datastore_ms, cache_ms)
+    if cost.waited_s:
+        html += f"; {cost.waited_s * 1000:.1f} ms of it modelled production waits (LATENCY=production)"
     return html.encode() if encoded else Markup(html)
 
 
@@ -112,7 +116,12 @@ def _bill(recent, cost, environ, start_response, status, headers, exc_info=None)
     https://github.com/benoitc/gunicorn/blob/master/gunicorn/http/wsgi.py; Werkzeug's scan is `_str_header_value` in
     https://github.com/pallets/werkzeug/blob/main/src/werkzeug/datastructures/headers.py)."""
     texts, datastore_ms, cache_ms, app_ms = cost.now()
-    headers.append(("Server-Timing", texts.server_timing % (datastore_ms, cache_ms, app_ms)))
+    timing = texts.server_timing % (datastore_ms, cache_ms, app_ms)
+    if cost.retried:  # collisions: transactions tried again (core.transactions.transact)
+        timing += f', retried;desc="{costs.plural(cost.retried, "transaction")} retried after a collision"'
+    if recent.modelled:  # the production latency model's share of the times above
+        timing += f', model;desc="LATENCY=production: modelled round trips";dur={cost.waited_s * 1000:.1f}'
+    headers.append(("Server-Timing", timing))
     waiting = LOG.waiting  # LOG.add's work, without a Python call more for every request
     waiting.append((recent, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("QUERY_STRING"),
                     status, time.time(), app_ms, texts, datastore_ms, cache_ms,
@@ -129,6 +138,7 @@ class RecentRequests(Recent):
     def __init__(self, size, backend, project):
         super().__init__(size)
         self.backend, self.cache_name, self.project = backend, _cache_name(backend), project
+        self.modelled = False  # under the production latency model (LATENCY=production)
 
     def items(self):
         LOG.flush()

@@ -19,6 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from core.costs import CountedClient
+from core.production_latency import OFF, Model
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class CacheClient(Protocol):
     `name` for the pages and logs, and ndb's global cache on the same server. A failure raises one of CACHE_DOWN;
     `Cache` turns those into misses."""
     name: str
+    model: Model  # the production latency model its calls wait under (LATENCY)
 
     def get(self, key: str) -> bytes | None: ...
     def get_many(self, keys: list[str]) -> dict[str, bytes]: ...
@@ -52,13 +54,18 @@ class CacheClient(Protocol):
     def global_cache(self) -> ndb.GlobalCache | None: ...
 
 
-def make_client(settings: Settings) -> CacheClient:
-    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache."""
+def make_client(settings: Settings, model: Model = OFF) -> CacheClient:
+    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache; its calls
+    wait under the production latency `model`."""
+    client: CacheClient
     if settings.redis_url:
-        return RedisCacheClient(settings.redis_url)
-    if settings.memcached_hosts:
-        return MemcachedCacheClient(settings.memcached_hosts)
-    return NoCache()
+        client = RedisCacheClient(settings.redis_url)
+    elif settings.memcached_hosts:
+        client = MemcachedCacheClient(settings.memcached_hosts)
+    else:
+        return NoCache()
+    client.model = model
+    return client
 
 
 # Both global caches below with the same strictness, on purpose:
@@ -76,6 +83,7 @@ class MemcachedCacheClient:
     """memcached (pymemcache): one server and a pool of connections, or several with keys spread by rendezvous
     hash (a dead one retried after 5 s)."""
     name = "memcached"
+    model = OFF
 
     def __init__(self, hosts: tuple[str, ...]) -> None:
         servers = [_parse(h) for h in hosts]
@@ -113,7 +121,7 @@ class MemcachedCacheClient:
         self.memcached.close()
 
     def global_cache(self) -> ndb.GlobalCache | None:
-        return ndb.MemcacheCache(CountedClient(self.memcached), **_STRICTNESS)
+        return ndb.MemcacheCache(CountedClient(self.memcached, model=self.model), **_STRICTNESS)
 
 
 def _parse(host: str) -> tuple[str, int]:
@@ -132,6 +140,7 @@ _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('D
 class RedisCacheClient:
     """Redis/Valkey (redis-py), answering as memcached does."""
     name = "redis"
+    model = OFF
 
     def __init__(self, url: str) -> None:
         # One retry, on a broken connection only: a pooled connection to a server that restarted fails once and is
@@ -170,7 +179,7 @@ class RedisCacheClient:
         self.redis.close()
 
     def global_cache(self) -> ndb.GlobalCache | None:
-        return ndb.RedisCache(CountedClient(self.redis), **_STRICTNESS)
+        return ndb.RedisCache(CountedClient(self.redis, model=self.model), **_STRICTNESS)
 
 
 class NoCacheServer(Exception):
@@ -180,6 +189,7 @@ class NoCacheServer(Exception):
 class NoCache:
     """No cache server (settings with neither MEMCACHED_HOSTS nor REDIS_URL): every call a miss, no global cache."""
     name = "none"
+    model = OFF  # no server, no round trip to wait for
 
     def _absent(self, *args: object, **kwargs: object) -> NoReturn:
         raise NoCacheServer()
@@ -202,7 +212,8 @@ class Cache:
     def __init__(self, client: CacheClient) -> None:
         self.client = client
         self.backend = client.name
-        self._counted = CountedClient(client)  # each call counted for the request (core/costs.py)
+        # each call counted for the request, and waited for under the latency model (core/costs.py)
+        self._counted = CountedClient(client, model=client.model)
 
     def _safely(self, default: T, call: Callable[[CacheClient], T]) -> T:
         """call(the counted client), or `default` when the request bypasses the cache, there is none, or it fails."""

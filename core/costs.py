@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from core import billing
+from core.production_latency import OFF, Model
 
 _current: contextvars.ContextVar["Cost | None"] = contextvars.ContextVar("request_cost", default=None)
 
@@ -41,8 +42,8 @@ class Cost:
     # on/off target): slots, plain dicts rather than Counters, the bill of nothing shared until there is one, its
     # cache calls as a CacheMix that already knows its texts, and, once there are RPCs, the texts of its mix of calls
     # (`Texts`) found once for the footer, the header and the log line, unless a call came in between.
-    __slots__ = ("started", "datastore", "datastore_s", "cache_s", "billed", "counted", "_lock", "_calls", "_mix",
-                 "_texts", "_texts_at")
+    __slots__ = ("started", "datastore", "datastore_s", "cache_s", "waited_s", "retried", "billed", "counted", "_lock",
+                 "_calls", "_mix", "_texts", "_texts_at")
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -50,6 +51,8 @@ class Cost:
         self._mix = _NO_CALL  # its cache calls so far (CacheMix)
         self.datastore_s = 0.0
         self.cache_s = 0.0
+        self.waited_s = 0.0  # of the times above, what the production latency model made it wait (LATENCY)
+        self.retried = 0  # transactions tried again after a collision (core.transactions.transact)
         self.billed = _NOTHING  # never changed in place: `+=` makes a new Billed
         self.counted: dict[str, int] = {}  # what the bill was counted from: found, missing, skipped, ...
         self._lock = threading.Lock()
@@ -67,6 +70,14 @@ class Cost:
                 self.billed += billed
                 for what, n in (counted or {}).items():
                     self.counted[what] = self.counted.get(what, 0) + n
+
+    def add_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.waited_s += seconds
+
+    def add_retry(self) -> None:
+        with self._lock:
+            self.retried += 1
 
     def add_cache(self, call: str, seconds: float) -> None:
         # acquire/release rather than `with`: half the instructions, here and in now(), which every request runs
@@ -178,7 +189,7 @@ def billed_from_server_timing(header: str | None) -> billing.Billed:
     return billing.Billed(reads=counts.get("read", 0), writes=counts.get("write", 0), deletes=counts.get("delete", 0))
 
 
-def _plural(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
@@ -189,7 +200,7 @@ def _described(counts: tuple[tuple[str, int], ...], noun: str) -> str:
     """'3 RPCs: 2 Lookup, 1 RunQuery' for ((name, n), ...)."""
     total = sum(n for _, n in counts)
     detail = ", ".join(f"{n} {name}" for name, n in sorted(counts, key=lambda kv: (-kv[1], kv[0])))
-    return _plural(total, noun) + (f": {detail}" if detail else "")
+    return plural(total, noun) + (f": {detail}" if detail else "")
 
 
 def _slotted(text: str) -> str:
@@ -208,8 +219,8 @@ def footer_template(texts: Texts, cache_name: str) -> str:
     """The footer of `texts`, '2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads
     ($3.30 per million such requests)', with a slot (%.1f) for each of its two times."""
     billed = _billed_text(texts.billed.reads, texts.billed.writes, texts.billed.deletes, " such requests")
-    return (f"{_slotted(_plural(texts.rpcs, 'Datastore RPC'))} (%.1f ms), "
-            f"{_slotted(_plural(texts.cache_calls, cache_name + ' call'))} (%.1f ms); "
+    return (f"{_slotted(plural(texts.rpcs, 'Datastore RPC'))} (%.1f ms), "
+            f"{_slotted(plural(texts.cache_calls, cache_name + ' call'))} (%.1f ms); "
             f"billed in production: {_slotted(billed)}")
 
 
@@ -246,16 +257,24 @@ def measured() -> contextlib.AbstractContextManager[Cost | None]:
 
 class RpcCounter(grpc.UnaryUnaryClientInterceptor):
     """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
-    (on the request's thread, in its context); the answer may arrive on a gRPC thread, which only adds to that cost."""
+    (on the request's thread, in its context); the answer may arrive on a gRPC thread, which only adds to that cost.
+    Under a production latency model (`model`), the RPC first waits its modelled round trip, timed with it."""
+
+    def __init__(self, model: Model = OFF) -> None:
+        self.model = model
 
     def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
                               request: Any) -> Any:
         cost = _current.get()
         started = time.perf_counter()
+        method = client_call_details.method
+        method = method.rsplit("/", 1)[-1] if isinstance(method, str) else method.decode().rsplit("/", 1)[-1]
+        if self.model.on:
+            waited = self.model.before_rpc(method)
+            if cost is not None:
+                cost.add_wait(waited)
         outcome = continuation(client_call_details, request)
         if cost is not None:
-            method = client_call_details.method
-            method = method.rsplit("/", 1)[-1] if isinstance(method, str) else method.decode().rsplit("/", 1)[-1]
 
             def done(answered: grpc.Future) -> None:
                 seconds = time.perf_counter() - started
@@ -266,35 +285,44 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         return outcome
 
 
-def intercepted(channel: grpc.Channel) -> grpc.Channel:
-    """`channel` with every RPC counted (a public gRPC API: grpc.intercept_channel)."""
-    return grpc.intercept_channel(channel, RpcCounter())
+def intercepted(channel: grpc.Channel, model: Model = OFF) -> grpc.Channel:
+    """`channel` with every RPC counted, after its modelled wait under `model` (a public gRPC API:
+    grpc.intercept_channel)."""
+    return grpc.intercept_channel(channel, RpcCounter(model))
 
 
 class CountedClient:
     """A cache client with every call counted for the current request, whatever the client (pymemcache, redis-py, the
-    app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted by their round trips."""
+    app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted by their round trips, and
+    each round trip first waits its modelled time under a production latency model (`model`)."""
 
     PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
 
-    def __init__(self, client: Any, prefix: str = "") -> None:
+    def __init__(self, client: Any, prefix: str = "", model: Model = OFF) -> None:
         self._client = client
         self._prefix = prefix
+        self._model = model
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._client, name)
         if name.startswith("_") or not callable(attribute):
             return attribute
         if name == "pipeline":
-            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.")
+            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.",
+                                                         model=self._model)
         if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
             return attribute
 
         counted_as = self._prefix + name
+        model = self._model
 
         def call(*args, **kwargs):
             cost = _current.get()
             started = time.perf_counter()
+            if model.on:
+                waited = model.before_cache_call()
+                if cost is not None:
+                    cost.add_wait(waited)
             try:
                 return attribute(*args, **kwargs)
             finally:

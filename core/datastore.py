@@ -15,6 +15,7 @@ from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrp
 from google.cloud.ndb import model as ndb_model
 
 from core import costs
+from core.production_latency import OFF, Model
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,11 @@ def backoff(attempt: int, base: float, cap: float) -> None:
     time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
 
 
-def make_client(settings: Settings) -> ndb.Client:
+def make_client(settings: Settings, model: Model = OFF) -> ndb.Client:
     """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
-    the request that made it (core/costs.py)."""
+    the request that made it (core/costs.py), and waiting under the production latency `model`."""
     if not settings.emulator_host:
-        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace))
+        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace), model)
     # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
     # another emulator than the process environment (tests run two), so set it for exactly this call.
     saved = os.environ.get("DATASTORE_EMULATOR_HOST")
@@ -60,7 +61,7 @@ def make_client(settings: Settings) -> ndb.Client:
     try:
         # The emulator needs no credentials; looking for them would fail on a machine without gcloud auth.
         return _counted(ndb.Client(project=settings.project, namespace=settings.namespace,
-                                   credentials=AnonymousCredentials()))
+                                   credentials=AnonymousCredentials()), model)
     finally:
         if saved is None:
             del os.environ["DATASTORE_EMULATOR_HOST"]
@@ -68,20 +69,20 @@ def make_client(settings: Settings) -> ndb.Client:
             os.environ["DATASTORE_EMULATOR_HOST"] = saved
 
 
-def _counted(client: ndb.Client) -> ndb.Client:
+def _counted(client: ndb.Client, model: Model) -> ndb.Client:
     """The client, its RPCs sent through an intercepted copy of its own channel. ndb makes every call through
     `client.stub`, the Datastore transport it built on that channel; the replacement is the same transport class on
     the same channel, intercepted (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
-    client.stub = DatastoreGrpcTransport(host=client.host, channel=costs.intercepted(client.stub.grpc_channel))
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=costs.intercepted(client.stub.grpc_channel, model))
     return client
 
 
-def make_api(settings: Settings) -> datastore_v1.DatastoreClient:
+def make_api(settings: Settings, model: Model = OFF) -> datastore_v1.DatastoreClient:
     """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process, its RPCs
-    counted like ndb's."""
+    counted and waiting like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
                else DatastoreGrpcTransport.create_channel())
-    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=costs.intercepted(channel)))
+    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=costs.intercepted(channel, model)))
 
 
 class DatastoreApi:

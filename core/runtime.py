@@ -18,7 +18,7 @@ from google.cloud import ndb
 from werkzeug.wsgi import ClosingIterator
 
 from core import cache as cache_module
-from core import costs, hotspots
+from core import costs, hotspots, production_latency
 from core import datastore as datastore_module
 from core import tasks as tasks_module
 from core.settings import Settings
@@ -35,11 +35,13 @@ class Runtime:
         self.settings = settings or Settings.from_env()
         # The backend differences are chosen here, once: the cache (memcached, Redis/Valkey or none, each with its
         # global cache for ndb) and, below, server-side increments (Firestore only).
-        self.cache_client = cache_module.make_client(self.settings)
+        # LATENCY=production: every Datastore RPC and cache call below waits a modelled production round trip
+        self.latency = production_latency.Model(self.settings.latency)
+        self.cache_client = cache_module.make_client(self.settings, self.latency)
         self.cache = cache_module.Cache(self.cache_client)
-        api = datastore_module.make_api(self.settings)  # one channel for both uses of the Datastore API
+        api = datastore_module.make_api(self.settings, self.latency)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
-            datastore_module.make_client(self.settings),
+            datastore_module.make_client(self.settings, self.latency),
             self.cache_client.global_cache(),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
             datastore_module.Aggregations(self.settings, api))

@@ -36,6 +36,9 @@ class Settings:
     # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
     # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
     hot_leases: bool = True
+    # LATENCY=production: every Datastore RPC and cache call waits a modelled production round trip first
+    # (core/production_latency.py). Only against a local emulator: production waits by itself.
+    latency: str = "none"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -60,6 +63,12 @@ class Settings:
             raise RuntimeError("Set MEMCACHED_HOSTS or REDIS_URL, not both: the app uses one cache.")
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise RuntimeError("REDIS_URL must be a redis://host:port[/db] URL (rediss:// for TLS).")
+        latency = env.get("LATENCY") or "none"
+        if latency not in ("none", "production"):
+            raise RuntimeError("LATENCY must be none or production.")
+        if latency != "none" and not local:
+            raise RuntimeError("LATENCY=production models production's waits on a local emulator; it cannot be set "
+                               "anywhere else.")
         return cls(
             project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
             emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
@@ -77,4 +86,5 @@ class Settings:
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",
+            latency=latency,
         )
