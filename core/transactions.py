@@ -6,7 +6,7 @@ from typing import TypeVar
 
 from google.cloud import ndb
 
-from core import runtime
+from core import costs, runtime
 from core.datastore import backoff, is_contention
 from core.errors import Unavailable
 
@@ -30,6 +30,9 @@ def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, ca
             except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
                 if not is_contention(e):
                     raise
+        cost = costs.current()
+        if cost is not None:  # a collision, shown in the request's Server-Timing (appstats.accounting)
+            cost.add_retry()
         backoff(attempt, base, cap)
     raise Unavailable(busy_message, "contention")
 

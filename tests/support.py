@@ -111,11 +111,13 @@ class Tasks:
         self.queue = rt.tasks.queue
         self.token = tasks.local_token(rt.settings.secret_key)
         self.responses = []
+        self.timings = []  # each delivery's Server-Timing header
 
     def deliver(self, task):
         response = self.app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
                                                headers=tasks.local_headers(self.token, task))
         self.responses.append((task, response.status_code, response.get_json()))
+        self.timings.append(response.headers.get("Server-Timing", ""))
         return 200 <= response.status_code < 300
 
     def drain(self, workers=1, deliver=None, **limits):
