@@ -3,12 +3,14 @@ that audits the summary against the accounts.
 
 The summary is never counted from the accounts on a page view: a count or sum over a kind reads every entity (the
 talk: `Model.count()` is O(N)), and the old projection here took 2.68 s at 7,000 accounts. Instead the app keeps the
-two figures itself, as sharded counters written in the very transactions that create and credit accounts: a seed
-chunk adds its new accounts to `count`, a credit chunk adds its credit to `balance`, each in the transaction that
-writes those accounts (and, for a credit, the mapper's task record). So a figure moves exactly when the accounts do,
-once, whatever a retried or duplicated task does, and reading it is a get of the counters' shards: the same cost at
-a hundred accounts as at a hundred thousand. The audit job recounts the accounts (a mapper job: in parallel, no
-offset) and says whether the kept figures hold.
+two figures itself, as sharded counters, each moved exactly once, whatever a retried or duplicated task does:
+- `count`: a seed chunk adds its new accounts to it in the transaction that creates them;
+- `balance`: a credit job's chunks add their credit to their own task's record (the mapper's tally), and the job's
+  total lands on `balance` once, in the transaction that marks the job finished (`settle`). So concurrent chunks share
+  no entity (a chunk that collided on a shared shard would redo all its accounts), and the summary shows a job's
+  credit when the job has finished: a running job's progress is on its own page.
+Reading them is a get of the counters' shards: the same cost at a hundred accounts as at a hundred thousand. The audit
+job recounts the accounts (a mapper job: in parallel, no offset) and says whether the kept figures hold.
 """
 import functools
 import hashlib
@@ -40,7 +42,7 @@ KEPT_SHARDS = 16
 # A transaction may touch 25 entity groups on the legacy emulator (Datastore before Firestore); every Account is one.
 # A counter added to in a transaction takes two more (its config and a shard), a mapper chunk one more (its record).
 SEED_CHUNK = mapper.MAX_GROUPS - 2
-CREDIT_CHUNK = mapper.MAX_GROUPS - 1 - 2
+CREDIT_CHUNK = mapper.MAX_GROUPS - 1
 
 
 def account_key(seed_id, number):
@@ -101,12 +103,21 @@ def _credit_params(params):
 
 
 def _credit(accounts, params, prepared):
-    # Inside the chunk's transaction, with the task's record and the kept balance: committed together, so each
-    # account gets the credit exactly once however often the task is delivered or dies half way, and the kept
-    # balance moves by exactly what the accounts did.
+    # Inside the chunk's transaction, with the task's record and its tally (`_credited`): committed together, so each
+    # account gets the credit exactly once however often the task is delivered or dies half way, and the record
+    # counts exactly what the accounts got.
     for account in accounts:
         account.balance += params["amount"]
-    return accounts + COUNTERS.add_in_transaction(BALANCE, params["amount"] * len(accounts))
+    return accounts
+
+
+def _credited(accounts, params):
+    return {BALANCE: params["amount"] * len(accounts)}
+
+
+def _settle_credit(tally, params):
+    """The job's whole credit onto the kept balance, in the transaction that ends the job (once)."""
+    return COUNTERS.add_in_transaction(BALANCE, tally[BALANCE]) if tally.get(BALANCE) else []
 
 
 def _start_credit(params):
@@ -117,7 +128,8 @@ def _start_credit(params):
 ADD_CREDIT = mapper.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    apply=_credit, parse_params=_start_credit, fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK)
+    apply=_credit, tally=_credited, settle=_settle_credit, parse_params=_start_credit,
+    fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK)
 
 
 # --- the audit: recount the accounts, compare with the kept figures --------------------------------------------------
@@ -128,6 +140,8 @@ def _audit_tally(accounts, params):
 
 def _record_audit(job):
     """When the audit has finished: its tally (every account read once, by the mapper) beside the kept figures."""
+    if job.outcome != "done":
+        return  # cancelled or failed: it did not read every account
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     tally = (job.summary or {}).get("tally", {})
     AccountsAudit(id=AccountsAudit.LATEST, job=job.id, found_count=tally.get(COUNT, 0),

@@ -8,13 +8,13 @@ import dataclasses
 
 from google.cloud import ndb
 
-# A job's credit: the root task holds all of it; a task that splits hands its credit to its children, a task that does
-# not returns it. The credits returned sum to TOTAL_CREDIT exactly when every task of the tree has finished. Integers,
-# so the sum is exact (a split gives the remainder of the division to the first child).
+# A job's credit: the root task holds all of it; a task that splits hands shares of its credit to its children and
+# keeps one for its own page, which it returns when its page is done. The credits returned sum to TOTAL_CREDIT exactly
+# when every task of the tree has finished. Integers, so the sum is exact (the splitter keeps the remainder).
 TOTAL_CREDIT = 2 ** 62
 
 
-JOB_OUTCOMES = ("done", "failed")
+JOB_OUTCOMES = ("done", "failed", "cancelled")
 RECORD_STATES = ("running", "done", "failed")
 
 
@@ -118,7 +118,7 @@ class TaskRecord(ndb.Model):
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (Job.tally)
     children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into, enqueued again on a retry
-    returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned: all of it if no children, else 0
+    returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
     started = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
     updated = ndb.DateTimeProperty(auto_now=True, indexed=False)
@@ -131,19 +131,24 @@ class TaskRecord(ndb.Model):
     def page(self) -> Page | None:
         return Page(self.page_start, self.page_end, self.more) if self.page_end is not None else None
 
-    def advance(self, page: Page, chunk: list, processed: int, tally: dict | None = None,
-                children: list[TaskPayload] | None = None) -> None:
-        """Move this record past `chunk`, inside that chunk's transaction: the page fixed (by its first chunk), the
-        chunk's last key, `processed` entities more (those of the chunk that still existed), their `tally` added.
-        `children` when it was the page's last chunk: the record is done, and returns its credit unless it split
-        (then its children hold the credit)."""
+    @property
+    def kept_credit(self) -> int:
+        """The credit this task kept for its own page: what it did not hand to its children."""
+        return self.credit - sum(child["credit"] for child in self.children or [])
+
+    def advance(self, page: Page, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
+                final: bool) -> None:
+        """Move this record past `chunk`, inside that chunk's transaction: the page and the `children` the rest of
+        the range splits into fixed (by its first chunk), the chunk's last key, `processed` entities more (those of
+        the chunk that still existed), their `tally` added. `final`: the page's last chunk: the record is done and
+        returns the credit it kept for its page."""
         if self.page_end is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
+            self.children = [c.to_json() for c in children]
         if chunk:
             self.last_key = chunk[-1]
         self.processed += processed
         if tally:
             self.tally = summed(self.tally or {}, tally)
-        if children is not None:
-            self.state, self.children = "done", [c.to_json() for c in children]
-            self.returned = 0 if children else self.credit
+        if final:
+            self.state, self.returned = "done", self.kept_credit

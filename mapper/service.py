@@ -1,14 +1,19 @@
 """The adaptive-sharding mapper: visit every entity of a kind with a tree of tasks split by key range.
 
-A task fetches one page of its key range (keys only, in key order), processes it in transactions of a few entities,
-and, if keys remain after the page, splits the rest of its range into `fanout` ranges, each a new task. The tree is
-O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an offset query reads and skips
+A task fetches one page of its key range (keys only, in key order) and, if keys remain after the page, splits the rest
+of its range into `fanout` ranges, each a new task started at once; then it processes its page in transactions of a
+few entities. The tree is O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an offset query reads and skips
 every entity before the page, so walking N entities that way reads O(N^2) (bench/mapper.py measures it).
 
 Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
 that dies half way is retried from where its record says, and a second delivery of the same task finds the record
-moved on and steps back. A finished record keeps the children it split into; a retry enqueues those same named
-tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+moved on and steps back. The record keeps the children it split into from its first chunk on; a retry enqueues those
+same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+
+No hot entity: a chunk's transaction writes its entities and its own task's record, nothing another task writes, so
+concurrent tasks never collide with each other. What a job adds up over its entities (its tally: a credit job's total
+credit) is kept in each task's record and summed once, when the last credit comes back, in the transaction that
+marks the job finished (`settle`): the talk's sharded counter, with one shard per task.
 
 Jobs are defined by name (a JobDefinition), by the feature that owns the kind, from its init_app
 (`register(app, JobDefinition(...))`): each app keeps its own (on its runtime). A run of one is a MapperJob; its tasks
@@ -60,6 +65,9 @@ class JobDefinition:
     `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
     to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
     sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
+    `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job finished (done,
+    failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
+    committed, instead of each chunk writing one shared entity.
     """
     name: str
     kind: str
@@ -70,6 +78,7 @@ class JobDefinition:
     prepare: Callable[[list, dict], Any] | None = None
     on_done: Callable[[MapperJob], None] | None = None
     tally: Callable[[list, dict], dict] | None = None
+    settle: Callable[[dict, dict], list] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
     chunk: int = 20
     page_size: int = 100
@@ -201,39 +210,47 @@ def run_task(body, attempt=0):
     """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
     payload = TaskPayload.from_json(body)
     job = MapperJob.get_by_id(payload.job)
-    if job is None or job.cancelled or job.finished:
-        return {"skipped": "the job is gone, cancelled or finished"}
+    if job is None or job.finished:
+        return {"skipped": "the job is gone or finished"}
     definition = _jobs().get(job.name)
     record_key = ndb.Key(TaskRecord, payload.name)
-    # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
-    # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
-    # reads the record first). One lookup fewer per task.
-    record = (record_key.get() if attempt else None) or TaskRecord.new(record_key, payload)
-    returned_here = 0  # credit this delivery returned: only the one that finished the record counts it
-    if record.state == "running":
-        try:
-            if definition is None:
-                raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
-            processed_before = record.processed
-            record = _process(job, definition, record, payload)
-            returned_here = record.returned
-            _hint(job, record, record.processed - processed_before, record.state == "done")
-        except Superseded:
-            raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
-        except Exception as e:
-            if attempt + 1 < tasks.MAX_ATTEMPTS:
-                raise
-            log.exception("mapper task %s failed for good", record_key.id())
-            _fail(job, record_key, payload, e)
-            return {"failed": str(e)}
-    for child in record.children:  # a retry enqueues the recorded children again; the queue drops the repeats
-        _enqueue(TaskPayload.from_json(child))
+    if job.cancelled:
+        # The rest of this task's range is left unvisited and its credit handed back, so that the job still ends and
+        # settles what its tasks did before the cancel.
+        record, returned_here = _hand_back(record_key, payload, "done")
+    else:
+        record, returned_here = _run(job, definition, record_key, payload, attempt)
     if record.returned:
         # Only the delivery that finished the record adds its credit to the running sum. Any other delivery of a
         # finished record (attempt 1+) cannot know whether the one that finished it lived to add it: 0 here, and
         # _maybe_finish then trusts the records over the sum.
-        _maybe_finish(job, returned_here, attempt + 1 >= tasks.MAX_ATTEMPTS)
+        _maybe_finish(job, returned_here)
     return {"processed": record.processed, "children": len(record.children)}
+
+
+def _run(job, definition, record_key, payload, attempt):
+    """This delivery's work on its task: (the record as it left it, the credit it returned)."""
+    # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
+    # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
+    # reads the record first). One lookup fewer per task.
+    record = (record_key.get() if attempt else None) or TaskRecord.new(record_key, payload)
+    if record.state != "running":
+        _enqueue_children(record)  # the delivery that finished it may have died before enqueueing them
+        return record, 0  # only the delivery that finished the record returned its credit
+    try:
+        if definition is None:
+            raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
+        processed_before = record.processed
+        record = _process(job, definition, record, payload)
+        _hint(job, record, record.processed - processed_before, record.state == "done")
+        return record, record.returned
+    except Superseded:
+        raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
+    except Exception as e:
+        if attempt + 1 < tasks.MAX_ATTEMPTS:
+            raise
+        log.exception("mapper task %s failed for good", record_key.id())
+        return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
 
 def _page_query(kind, after, upto):
@@ -244,7 +261,13 @@ def _page_query(kind, after, upto):
 
 
 def _process(job, definition, record, payload):
-    """Process this task's page in chunks and record its split; the final record."""
+    """Process this task's page in chunks; the final record.
+
+    The page's first chunk also records the tasks the rest of the range splits into, and they are enqueued as soon
+    as it commits, while this task goes on with its page: the tree grows one page query and one commit per level,
+    not one whole page per level, so a job's critical path (the RPCs that must follow one another) is its depth in
+    short steps plus one page. Each task keeps a share of its credit for its own page and hands the rest to its
+    children: the credit comes back whole only when every page, the splitters' own included, is done."""
     hi = payload.hi_key
     resume = record.last_key or payload.lo_key
     page = record.page
@@ -254,15 +277,13 @@ def _process(job, definition, record, payload):
         page = Page(keys[0], keys[-1], more) if keys else Page(None, None, False)
     else:  # a retry: the rest of the page its first delivery fixed
         keys = _page_query(job.kind, resume, page.end).fetch(job.page_size, keys_only=True)
-    children = _split(job, payload, page, hi, record.credit) if page.more else []
+    children = _split(job, payload, page, hi, record.credit) if page.more and record.page_end is None else []
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     chunks = [keys[i:i + definition.chunk] for i in range(0, len(keys), definition.chunk)] or [[]]
 
     def txn(chunk, expected, final):
-        # One lookup for the record and the chunk. ndb's own lookup retry is kept here (a lookup that meets an entity
-        # another chunk holds waits 1 s, then tries again), unlike the counters' reads: aborting the whole chunk at
-        # once and retrying it soon collides again. Measured on legacy, 10,000 accounts, 8 workers: 2.5x the reads
-        # and 1.3x the time with retries=0 (58 s and 13,600 reads a job against 77 s and 34,800).
+        # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
+        # own key range and its own record), so chunks of concurrent tasks never collide.
         current, *entities = ndb.get_multi([record.key] + chunk)
         if current is None and not expected and record.page_end is None:  # no delivery has written it yet
             current = TaskRecord.new(record.key, payload)
@@ -271,17 +292,26 @@ def _process(job, definition, record, payload):
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
         writes = definition.apply(entities, job.params, prepared) if entities else []
         tally = definition.tally(entities, job.params) if definition.tally and entities else None
-        current.advance(page, chunk, len(entities), tally, children if final else None)
+        current.advance(page, chunk, len(entities), tally, children, final)
         ndb.put_multi([*writes, current])
         return current
 
     for number, chunk in enumerate(chunks):
         record = transact(functools.partial(txn, chunk, record.last_key, number == len(chunks) - 1))
+        if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
+            _enqueue_children(record)
     return record
+
+
+def _enqueue_children(record):
+    """Enqueue the tasks `record` split into; a repeat (a retry's) is dropped by the queue, which knows their names."""
+    for child in record.children:
+        _enqueue(TaskPayload.from_json(child))
 
 
 def _split(job, payload, page, hi, credit):
     """The payloads of the tasks the rest of the range (page.end, hi] splits into; one child when it cannot split.
+    Each child gets an equal share of `credit`, and the task keeps one share and the remainder for its own page.
     Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained, and
     its ends are in the record), so a retry splits exactly as the first delivery did."""
     parts = keyrange.parts_needed(payload.lo_key, page.end, hi, job.page_size, job.page_size, job.fanout,
@@ -289,19 +319,29 @@ def _split(job, payload, page, hi, credit):
     points = keyrange.split_points(page.end, hi, parts, job.samples, page.start) if parts > 1 else []
     bounds = [page.end] + points + [hi]
     count = len(bounds) - 1
-    share, remainder = divmod(credit, count)
-    if share == 0:  # credit too finely divided to split further (never at these depths): one child takes it all
-        bounds, count, share, remainder = [page.end, hi], 1, credit, 0
-    return [payload.child(i, bounds[i], bounds[i + 1], share + (remainder if i == 0 else 0)) for i in range(count)]
+    share = credit // (count + 1)
+    if share == 0:  # credit too finely divided to split further (never at these depths): one child, half of it
+        bounds, count, share = [page.end, hi], 1, credit // 2
+    return [payload.child(i, bounds[i], bounds[i + 1], share) for i in range(count)]
 
 
-def _fail(job, record_key, payload, error):
+def _hand_back(record_key, payload, state, error=None):
+    """End a task's record without visiting the rest of its page (its job is cancelled, or the task failed for good):
+    `state`, and the credit it kept for its page returned, so the job still ends when every other task has. What its
+    chunks committed before stays in the record's tally; children it recorded are enqueued (again: a delivery may
+    have died before it did) and return their own credit. (the record, the credit this call returned: 0 when another
+    delivery ended the record first)."""
     def txn():
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
-        record.state, record.error = "failed", f"{type(error).__name__}: {error}"[:2000]
+        if record.state != "running":
+            return record, 0
+        record.state, record.error = state, error
+        record.returned = record.kept_credit
         record.put()
-    transact(txn)
-    _finalize(job, "failed")
+        return record, record.returned
+    record, returned = transact(txn)
+    _enqueue_children(record)
+    return record, returned
 
 
 # --- state, progress and completion, all derived from the task records ------------------------------------------
@@ -323,21 +363,30 @@ class Status:
 
 
 def _derive(job):
-    """Sum the job's task records (one query on the job's id; each record is its own entity group)."""
+    """Sum the job's task records, walking its tree by key from the root's record, one get_multi per level: gets by
+    key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore, and could sum a
+    record before its last chunk). A record not written yet is a task whose credit is still out."""
     status = Status("running")
-    for record in TaskRecord.query(TaskRecord.job == job.id):
-        status.processed += record.processed
-        status.returned += record.returned
-        status.tasks += 1
-        status.depth = max(status.depth, record.depth + 1)
-        status.failed += record.state == "failed"
-        status.tally = summed(status.tally, record.tally or {})
+    keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
+    while keys:
+        children = []
+        for record in ndb.get_multi(keys):
+            if record is None:
+                continue
+            status.processed += record.processed
+            status.returned += record.returned
+            status.tasks += 1
+            status.depth = max(status.depth, record.depth + 1)
+            status.failed += record.state == "failed"
+            status.tally = summed(status.tally, record.tally or {})
+            children += [ndb.Key(TaskRecord, TaskPayload.from_json(child).name) for child in record.children]
+        keys = children
     return status
 
 
-def _maybe_finish(job, returned, last_attempt):
+def _maybe_finish(job, returned):
     """After a task returned credit: finish the job if every credit is back. The cache keeps a running sum so that
-    only the last task pays for summing the records (a query over them); the records are the truth, the sum a hint.
+    only the last task pays for summing the records (reading every one); the records are the truth, the sum a hint.
 
     `returned` is what this delivery adds to the sum: the credit of the record it finished, 0 from any other delivery
     of that record. At-least-once queues deliver a task again, and a sum that counted each delivery would say "every
@@ -349,30 +398,25 @@ def _maybe_finish(job, returned, last_attempt):
     and if they do not add up yet, a check task (`run_check`) sums them again later until they do. So the job
     finishes however much the cache lost, and the cost of that falls only on jobs where something was lost.
 
-    The records are summed by a query (each record is its own entity group), which is eventually consistent on
-    legacy Datastore: the last task may not see its own record, or a sibling's, yet. When the sum says every credit is
-    back but the query does not, this task raises, so that the queue delivers it again later (a retry re-reads its
-    finished record and comes back here) until the records agree; its last attempt leaves it to the checks.
+    The records are read by key (`_derive`), so when they do not add up, a credit is really still out.
     """
     total = runtime.cache().incr(_returned_key(job.id), returned) if returned else None
     if total is not None and total < TOTAL_CREDIT:
         return  # ranges are still out, by a sum this delivery has just added its own credit to
     current = _derive(job)
-    if current.returned == TOTAL_CREDIT:
-        _finalize(job, "done", current)
-    elif total is not None and not last_attempt:
-        raise Conflict("Every range has reported back, but not every record is visible yet; try later.",
-                       "records_lagging")
+    outcome = _outcome(job, current)
+    if outcome:
+        _finalize(job, outcome, current)
     else:
         _check_later(job.id, 1)
 
 
-def _outcome(status):
-    """How a job ends once every task has reported back: "failed" if one failed for good, "done" when every credit is
-    back; None while ranges are still out."""
-    if status.failed:
-        return "failed"
-    return "done" if status.returned == TOTAL_CREDIT else None
+def _outcome(job, status):
+    """How a job ends once every task has handed its credit back: "failed" if one failed for good, "cancelled" if it
+    was, else "done"; None while ranges are still out."""
+    if status.returned != TOTAL_CREDIT:
+        return None
+    return "failed" if status.failed else "cancelled" if job.cancelled else "done"
 
 
 def _check_later(job_id, number):
@@ -387,7 +431,7 @@ def run_check(payload, attempt=0):
     if job is None or job.cancelled or job.finished:
         return {"skipped": "the job is gone, cancelled or finished"}
     current = _derive(job)
-    outcome = _outcome(current)
+    outcome = _outcome(job, current)
     if outcome:
         _finalize(job, outcome, current)
         return {"finished": outcome}
@@ -396,19 +440,23 @@ def run_check(payload, attempt=0):
     return {"progress": round(current.progress, 4)}
 
 
-def _finalize(job, outcome, status=None):
-    """Mark the job finished, once: a transaction on the job, so of all who see it finish, one does it.
-    `status`: the records' sums, when the caller has just derived them."""
-    status = status or _derive(job)
+def _finalize(job, outcome, status):
+    """Mark the job finished, once, and settle its tally (JobDefinition.settle) in the same transaction: of all who
+    see it finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the
+    records' sums, every credit back (no chunk can commit after that)."""
+    definition = _jobs().get(job.name)
 
     def txn():
         current = job.key.get(retries=0)
-        if current.finished or current.cancelled:
+        if current.finished:
             return None
-        current.finished, current.outcome = clock.now(), outcome
+        # cancelled since the caller read the job: its last tasks handed their ranges back unvisited
+        current.finished, current.outcome = clock.now(), "cancelled" if current.cancelled and outcome == "done" \
+            else outcome
         current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
                            "tally": status.tally}
-        current.put()
+        settled = definition.settle(status.tally, current.params) if definition and definition.settle else []
+        ndb.put_multi([current, *settled])
         return current
     finished = transact(txn, hot_key=job.key)
     if finished is not None:
@@ -425,8 +473,8 @@ def _finished(job):
 def status(job):
     """The job's state and figures, read only: a finished job answers from itself (the records' sums, exact), a running
     or cancelled one from its hints (`_hinted`: no read that grows with its tasks, however often the pages poll)."""
-    if job.finished:
-        return Status(job.outcome, **(job.summary or {}))
+    if job.finished:  # every task had handed its credit back
+        return Status(job.outcome, returned=TOTAL_CREDIT, **(job.summary or {}))
     current = _hinted(job)
     if job.cancelled:
         current.state = "cancelled"
@@ -440,10 +488,8 @@ def finish_job(job_id):
     job = get_job(job_id)
     if job.finished:
         return job
-    if job.cancelled:
-        raise Conflict("The job was cancelled.", "job_cancelled")
     current = _derive(job)
-    outcome = _outcome(current)
+    outcome = _outcome(job, current)
     if outcome is None:
         raise Conflict(f"The job is still running: {current.progress:.0%} of its key range has reported back.",
                        "job_running")

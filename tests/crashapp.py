@@ -27,12 +27,12 @@ SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_sl
 _maybe_finish = mapper._maybe_finish
 
 
-def _late_finish(job, returned, last_attempt):
+def _late_finish(job, returned):
     if job.name == SLOW_CREDIT.name and returned:
         if SIGNALS:
             Path(SIGNALS, f"{job.id}.{os.getpid()}").touch()
         time.sleep(INCR_DELAY)
-    return _maybe_finish(job, returned, last_attempt)
+    return _maybe_finish(job, returned)
 
 
 mapper._maybe_finish = _late_finish

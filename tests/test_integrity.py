@@ -7,6 +7,7 @@ from flask import Response, stream_with_context
 from google.cloud import ndb
 from google.cloud.ndb import context as context_module
 
+from accounts import service as accounts_service
 from blog import service as blog
 from comments import service as comments
 from core import runtime
@@ -261,9 +262,13 @@ def test_a_job_is_finished_by_its_last_task_or_by_an_admin_never_by_a_read(clien
     task_queue.drain()
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"  # the last task finished it
     with runtime.current().context():
-        stuck = MapperJob.get_by_id(job["id"])
-        stuck.finished = None
-        stuck.put()
+        # As if its last task had died before finishing it: not finished, and so (the same transaction) its credit
+        # not yet settled on the kept balance.
+        def unfinish():
+            stuck = MapperJob.get_by_id(job["id"])
+            stuck.finished = None
+            ndb.put_multi([stuck, *accounts_service.COUNTERS.add_in_transaction(accounts_service.BALANCE, -60)])
+        ndb.transaction(unfinish)
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "running"
     auth.sign_in("ann@example.com")
     assert client.post(f"/api/jobs/{job['id']}/finish").status_code == 403
