@@ -10,6 +10,8 @@
 - ceiling:  each writer comments on an entry of its own, through the same post_comment: the same work with nothing
             shared at all.
 Each run counts the comments stored afterwards: a comment acknowledged but not stored, or stored twice, is "lost".
+Every variant runs on each backend, on the bare emulator and under the production latency model (LATENCY=production,
+core/production_latency.py), side by side in one run.
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.comments [--rounds 3 --seconds 8]`.
 """
@@ -22,7 +24,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from core import clock
+from core import clock, runtime
 from core.transactions import transact
 
 VARIANTS = ("designed", "shared", "ceiling")
@@ -79,13 +81,15 @@ def _counted(refs):
     return sum(service.COUNTERS.totals(names).values())
 
 
-def measure(rounds, seconds):
+def measure(rounds, seconds, column=""):
+    """`column` names this run's blogs apart from another column's in the same process (an adaptive counter's
+    contention window is kept per process and name: counters/growth.py)."""
     results = {v: [] for v in VARIANTS}
     lost = dict.fromkeys(VARIANTS, 0)
     bills = {}
     for r in range(rounds):
         for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
-            op, refs = harness.in_context(_prepare)(variant, f"r{r}-{variant}")
+            op, refs = harness.in_context(_prepare)(variant, f"{column}r{r}-{variant}")
             load = harness.run_writers(WRITERS, op, seconds, warmup=WARMUP)
             stored = harness.in_context(_stored)(refs)
             acknowledged = load.commits + load.warm_commits
@@ -102,10 +106,13 @@ def measure(rounds, seconds):
     return results, lost, bills
 
 
-TARGET_VS_SHARED = {"legacy": 2, "firestore": 5}
+TARGET_VS_SHARED = {("legacy", "none"): 2, ("firestore", "none"): 5, ("legacy", "production"): 3,
+                    ("firestore", "production"): 3}
 
 
-def _section(backend, results, lost, bills, seconds):
+def _section(column, results, lost, bills, seconds, rounds):
+    backend, latency = column
+    name = harness.column_name(column)
     med = {v: {"rate": harness.median([x.per_second for x in loads]),
                "p50": harness.median([x.pct(50) for x in loads]) * 1000,
                "p99": harness.median([x.pct(99) for x in loads]) * 1000,
@@ -113,18 +120,28 @@ def _section(backend, results, lost, bills, seconds):
     rows = [[v, f"{m['rate']:.1f}", f"{m['p50']:.1f}", f"{m['p99']:.1f}", m["errors"], lost[v],
              harness.bill_cell(bills[v])] for v, m in med.items()]
     d, s, c = med["designed"], med["shared"], med["ceiling"]
-    target = TARGET_VS_SHARED[backend]
-    vs_shared = d["rate"] / s["rate"] if s["rate"] else float("inf")
-    # A variant that committed nothing in its window has no latency to take a percentile of: the window, at least.
-    shared_p99 = s["p99"] if s["rate"] else 1000 * (WARMUP + seconds)
-    checks = [
-        (f"{backend}: designed / shared sequence, comments/s", vs_shared, f">= {target}", vs_shared >= target),
-        (f"{backend}: designed p99 / shared sequence p99", d["p99"] / shared_p99, "<= 0.2",
-         d["p99"] / shared_p99 <= 0.2),
-        (f"{backend}: designed / ceiling, comments/s", d["rate"] / c["rate"], ">= 0.8", d["rate"] / c["rate"] >= 0.8),
-        (f"{backend}: comments lost or doubled (designed, all rounds)", lost["designed"], "0", lost["designed"] == 0),
-    ]
-    text = f"""## {harness.BACKEND_NAMES[backend]}
+    target = TARGET_VS_SHARED[column]
+    shared_comments = sum(x.commits for x in results["shared"])
+    # A ratio against a variant that committed nothing measures nothing: the check says so, and is missed.
+    vs_shared = d["rate"] / s["rate"] if s["rate"] else f"shared committed nothing in {rounds} x {seconds} s"
+    checks = [(f"{name}: designed / shared sequence, comments/s", vs_shared, f">= {target}",
+               not isinstance(vs_shared, str) and vs_shared >= target)]
+    if latency == "none":
+        # A variant that committed nothing in its window has no latency to take a percentile of: the window, at least.
+        shared_p99 = s["p99"] if s["rate"] else 1000 * (WARMUP + seconds)
+        checks += [
+            (f"{name}: designed p99 / shared sequence p99", d["p99"] / shared_p99, "<= 0.2",
+             d["p99"] / shared_p99 <= 0.2),
+            (f"{name}: designed / ceiling, comments/s", d["rate"] / c["rate"], ">= 0.8",
+             d["rate"] / c["rate"] >= 0.8)]
+    checks.append((f"{name}: comments lost or doubled (designed, all rounds)", lost["designed"], "0",
+                   lost["designed"] == 0))
+    chain = ("Critical path: a designed comment is one transaction on its writer's own group (Lookup, Commit) and one "
+             "on a shard of the entry's counter, and nothing another writer holds; with the shared sequence every "
+             f"comment's transaction waits for the one before: {shared_comments} of them followed one another here.")
+    text = f"""## {name}
+
+{chain}
 
 {harness.markdown_table(["variant", "comments/s", "p50 ms", "p99 ms", "errors", "lost", "billed per comment, alone"],
                         rows)}
@@ -134,28 +151,33 @@ def _section(backend, results, lost, bills, seconds):
 
 def report(args, measured):
     sections, checks = [], []
-    harness.bar_chart("comments", list(measured), VARIANTS,
-                      {(b, v): harness.median([x.per_second for x in measured[b][0][v]]) for b in measured
-                       for v in VARIANTS}, f"comments/s, {WRITERS} writers (log; higher is better)", log=True)
-    for backend, (results, lost, bills) in measured.items():
-        text, backend_checks = _section(backend, results, lost, bills, args.seconds)
+    harness.bar_chart("comments", [harness.column_name(c) for c in measured], VARIANTS,
+                      {(harness.column_name(c), v): harness.median([x.per_second for x in measured[c][0][v]])
+                       for c in measured for v in VARIANTS}, f"comments/s, {WRITERS} writers (log; higher is better)",
+                      log=True)
+    for column, (results, lost, bills) in measured.items():
+        text, backend_checks = _section(column, results, lost, bills, args.seconds, args.rounds)
         sections.append(text)
         checks += backend_checks
+    machine = harness.machine_line(sorted({b for b, _ in measured}))
     text = f"""# Comments benchmark
 
-{harness.machine_line(list(measured))}. {WRITERS} writers, {args.rounds} rounds x {args.seconds} s per variant after
+{machine}. {WRITERS} writers, {args.rounds} rounds x {args.seconds} s per variant after
 {WARMUP} s of the same load unmeasured; variants side by side in each round, order rotating; medians over the rounds.
 `errors`: comments that gave up, summed over the rounds. `lost`: comments acknowledged but not stored (or stored
 twice), plus, where the count is kept, any difference between the comment count and the comments.
 {harness.BILL_NOTE} A comment that collides is billed again for each retry: the bill above is the least it costs.
+
+{harness.WHOSE_FIGURES}
 
 {chr(10).join(sections)}"""
     return harness.publish("comments", text, [harness.target(*check) for check in checks])
 
 
 def main(argv=None):
-    return harness.main_per_backend("bench.comments", argv, lambda args, stack, app: measure(args.rounds, args.seconds),
-                                    report)
+    return harness.main_per_column(
+        "bench.comments", argv,
+        lambda args, stack, app: measure(args.rounds, args.seconds, f"{runtime.of(app).settings.latency}-"), report)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Benchmark: one entity vs sharded vs adaptive counters under 1, 8 and 32 concurrent writers, against the ceiling.
 
-Measured on both backends in one run (legacy Datastore emulator, Firestore emulator in Datastore mode), side by side.
+Measured on both backends in one run (legacy Datastore emulator, Firestore emulator in Datastore mode), side by side,
+each on the bare emulator and under the production latency model (LATENCY=production, core/production_latency.py:
+every RPC waits a modelled round trip, so a transaction holds its entity for milliseconds, as in production; that
+column measures 32 writers only).
 The counters run the app's code path (`counters.service.increment`, one ndb context per call as in a request), which
 differs by backend: a read-modify-write transaction on legacy, a blind server-side increment on Firestore.
 - single:   a general counter with one shard, the design the talk warns against (legacy: with one shard there is no
@@ -25,6 +28,7 @@ import time
 from google.cloud import ndb
 
 from bench import harness
+from core import costs, runtime
 from core.transactions import transact
 from counters import service
 from counters.models import CounterShard
@@ -38,13 +42,15 @@ WARMUP = 3.0  # seconds of the same load before measuring: the adaptive counter'
 
 
 def _prepare(variant, tag, writers):
-    """Create the counter(s) this variant writes; returns op(writer_index) -> attempts, and a way to read the sum."""
+    """Create the counter(s) this variant writes; returns op(writer_index) -> attempts, a way to read the count of
+    each entity it writes (its shards), and the counter's name."""
     if variant == "ceiling":
         names = [f"ceiling-{tag}-{i}" for i in range(writers)]
         for name in names:
             service.configure(name, "general", 1)
         return (lambda i: service.increment(names[i]).attempts,
-                lambda: sum(map(sum, service.shard_counts_many([service.require_config(n) for n in names]))),
+                lambda: [n for counts in service.shard_counts_many([service.require_config(n) for n in names])
+                         for n in counts],
                 names[0])
     name = f"{variant}-{tag}"
     if variant == "txn":
@@ -57,7 +63,7 @@ def _prepare(variant, tag, writers):
         # At most 10 attempts: on Firestore each collision costs a 2.3 s lock timeout, and an operation still running
         # when the window closes holds up the whole run.
         return (lambda i: transact(increment_in_transaction, max_attempts=10, base=0.02, cap=1.0),
-                lambda: (key.get() or CounterShard(count=0)).count, name)
+                lambda: [(key.get() or CounterShard(count=0)).count], name)
     if variant == "ndb":
         key = CounterShard.key_for(name, 0)
 
@@ -66,37 +72,45 @@ def _prepare(variant, tag, writers):
             shard = key.get() or CounterShard(key=key)
             shard.count += 1
             shard.put()
-        return lambda i: textbook_increment(), lambda: (key.get() or CounterShard(count=0)).count, name
+        return lambda i: textbook_increment(), lambda: [(key.get() or CounterShard(count=0)).count], name
     mode, shards = {"single": ("general", 1), "general": ("general", None), "sized": ("general", 4 * writers),
                     "adaptive": ("adaptive", None)}[variant]
     service.configure(name, mode, shards)
     return (lambda i: service.increment(name).attempts,
-            lambda: sum(service.shard_counts(service.require_config(name))), name)
+            lambda: list(service.shard_counts(service.require_config(name))), name)
 
 
-def measure_writes(rounds, seconds):
-    results = {(v, w): [] for v in VARIANTS for w in WRITERS}
+def measure_writes(rounds, seconds, writer_counts=WRITERS, column=""):
+    """`column` names this run's counters apart from another column's in the same process: an adaptive counter's
+    contention window is kept per process and name (counters/growth.py), and a counter never shrinks in one
+    datastore, so a name grown on another stack would stop it growing on this one."""
+    results = {(v, w): [] for v in VARIANTS for w in writer_counts}
     exact = dict.fromkeys(results, True)
-    shards_reached, bills = {}, {}
+    shards_reached, bills, rpcs, busiest = {}, {}, {}, {key: [] for key in results}
     for r in range(rounds):
-        for writers in WRITERS:
+        for writers in writer_counts:
             # Side by side within each round, so drift on the machine hits all alike; the order rotates from round
             # to round, so that being first (or last) after a change of load favours no variant.
             for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
-                op, read_sum, name = harness.in_context(_prepare)(variant, f"r{r}w{writers}", writers)
+                op, read_counts, name = harness.in_context(_prepare)(variant, f"{column}r{r}w{writers}", writers)
                 load = harness.run_writers(writers, op, seconds, warmup=WARMUP)
-                total = harness.in_context(read_sum)()
+                counts = harness.in_context(read_counts)()
+                total = sum(counts)
+                # Commits to one entity follow one another: the busiest one's are the run's critical path.
+                busiest[(variant, writers)].append(max(counts, default=0))
                 exact[(variant, writers)] &= total == load.commits + load.warm_commits
                 results[(variant, writers)].append(load)
                 if variant not in bills:  # one more increment, alone, after the count was checked: its bill
-                    bills[variant] = harness.billed(harness.in_context(op))(0)[1]
+                    with costs.measured() as alone:
+                        harness.in_context(op)(0)
+                    bills[variant], rpcs[variant] = alone.billed, sum(alone.datastore.values())
                 if variant == "adaptive":
                     shards_reached.setdefault(writers, []).append(
                         harness.in_context(lambda name=name: service.require_config(name).num_shards)())
                 print(f"round {r + 1} {variant:>8} x{writers:<2}: {load.per_second:7.1f} commits/s, "
                       f"{load.attempts_per_commit:5.2f} attempts/commit, p99 {load.pct(99) * 1000:7.1f} ms, "
                       f"errors {load.errors}, exact {total == load.commits + load.warm_commits}", flush=True)
-    return results, exact, shards_reached, bills
+    return results, exact, shards_reached, bills, rpcs, busiest
 
 
 def measure_reads(rounds):
@@ -139,45 +153,62 @@ def _medians(results):
     } for key, loads in results.items()}
 
 
-def _section(backend, measured, rounds, seconds):
-    results, exact, shards_reached, bills, (cached, summed, (cached_bill, summed_bill)) = measured
+def _section(column, measured, rounds, seconds):
+    backend, latency = column
+    results, exact, shards_reached, bills, rpcs, busiest, (cached, summed, (cached_bill, summed_bill)) = measured
+    writer_counts = sorted({w for _, w in results})
     med = _medians(results)
     rows = [[v, w, f"{med[(v, w)]['rate']:.1f}",
              "n/a" if v in ("ndb", "txn") else f"{med[(v, w)]['attempts']:.2f}",  # their retries are internal
              f"{med[(v, w)]['p50']:.1f}",
              f"{med[(v, w)]['p99']:.1f}", "yes" if exact[(v, w)] else "**no**", med[(v, w)]["errors"],
-             harness.bill_cell(bills[v])]
-            for w in WRITERS for v in VARIANTS]
+             harness.bill_cell(bills[v]), f"{harness.median(busiest[(v, w)]) * rpcs[v]:.0f}"]
+            for w in writer_counts for v in VARIANTS]
     table = harness.markdown_table(
         ["variant", "writers", "commits/s", "attempts/commit", "p50 ms", "p99 ms", "exact", "errors",
-         "billed per increment, alone"], rows)
+         "billed per increment, alone", "critical path, RPCs"], rows)
     at = {v: med[(v, 32)] for v in VARIANTS}
     # One entity at its best: whichever of its transactional variants did better on each measure.
     one = ONE_ENTITY[backend]
     one_rate = max(at[v]["rate"] for v in one)
     # A variant that committed nothing in the window has no latency: its p99 is the whole window, at least.
     one_p99 = min(at[v]["p99"] if at[v]["rate"] else 1000 * (WARMUP + seconds) for v in one)
-    target = TARGET_VS_ONE[backend]
+    name = harness.column_name(column)
+    one_commits = max(sum(x.commits for x in results[(v, 32)]) for v in one)
     checks = []
-    for v in ("sized", "adaptive", "general"):
-        checks += [
-            (f"{backend}: {v} commits/s vs one entity's best transaction, 32 writers",
-             at[v]["rate"] / one_rate if one_rate else float("inf"), f">= {target}", target, True),
-            (f"{backend}: {v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"], ">= 0.8", .8,
-             True),
-            (f"{backend}: {v} p99 / one entity's best p99, 32 writers", at[v]["p99"] / one_p99, "<= 0.1", .1, False),
-        ]
-    checks.append((f"{backend}: cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20,
-                   True))
-    checks.append((f"{backend}: every run exact (0 lost, 0 doubled)", sum(not ok for ok in exact.values()), "0", 0,
+    if latency == "production":  # the talk's claim where writes wait as in production
+        for v in ("general", "sized", "adaptive"):
+            # A ratio against one entity that committed nothing measures nothing: then the check says so, missed.
+            checks.append((f"{name}: {v} commits/s vs one entity's best transaction, 32 writers",
+                           at[v]["rate"] / one_rate if one_rate else
+                           f"one entity committed nothing in {rounds} x {seconds} s", ">= 5", 5, True))
+    else:
+        target = TARGET_VS_ONE[backend]
+        for v in ("sized", "adaptive", "general"):
+            checks += [
+                (f"{name}: {v} commits/s vs one entity's best transaction, 32 writers",
+                 at[v]["rate"] / one_rate if one_rate else f"one entity committed nothing in {rounds} x {seconds} s",
+                 f">= {target}", target, True),
+                (f"{name}: {v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"], ">= 0.8",
+                 .8, True),
+                (f"{name}: {v} p99 / one entity's best p99, 32 writers", at[v]["p99"] / one_p99, "<= 0.1", .1,
+                 False),
+            ]
+        checks.append((f"{name}: cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20,
+                       True))
+    checks.append((f"{name}: every run exact (0 lost, 0 doubled)", sum(not ok for ok in exact.values()), "0", 0,
                    False))
     growth = ", ".join(f"{w} writers: {sorted(s)}" for w, s in sorted(shards_reached.items()))
     blind_line = "" if backend == "legacy" else (
         f"One entity at 32 writers, blind (`single`) vs its best transaction: {at['single']['rate']:.1f} vs "
         f"{one_rate:.1f} commits/s.\n")
-    text = f"""## {harness.BACKEND_NAMES[backend]}
+    chain = ("Critical path: commits to one entity follow one another, so a run's is the busiest entity's commits "
+             "(warm-up included) times the RPCs of one increment alone (median over the rounds).")
+    text = f"""## {name}
 
 {table}
+
+{chain} One entity committed {one_commits} increments in all its rounds at 32 writers.
 
 Reads, median per read over {rounds} x {READS}: cached total {cached * 1e6:.0f} µs, billed
 {harness.bill_cell(cached_bill)}; summed from 20 shards {summed * 1e6:.0f} µs, billed {harness.bill_cell(summed_bill)}.
@@ -189,15 +220,18 @@ Adaptive counter's shard count at the end of each round (it starts at 1): {growt
 
 def report(args, measured):
     sections, checks, meds = [], [], {}
-    for backend, data in measured.items():
-        text, backend_checks, meds[backend] = _section(backend, data, args.rounds, args.seconds)
+    for column, data in measured.items():
+        text, column_checks, med = _section(column, data, args.rounds, args.seconds)
+        if column[1] == "none":
+            meds[column[0]] = med
         sections.append(text)
-        checks += backend_checks
-    check_rows = [harness.target(what, value, target, value >= bound if higher else value <= bound)
-                  for what, value, target, bound, higher in checks]
+        checks += column_checks
+    check_rows = [harness.target(what, value, target, not isinstance(value, str) and (
+        value >= bound if higher else value <= bound)) for what, value, target, bound, higher in checks]
+    machine = harness.machine_line(sorted({b for b, _ in measured}))
     text = f"""# Counters benchmark
 
-{harness.machine_line(list(measured))}. {args.rounds} rounds x {args.seconds} s per variant and concurrency, after
+{machine}. {args.rounds} rounds x {args.seconds} s per variant and concurrency, after
 {WARMUP} s of the same load unmeasured (in which the adaptive counter, created with one shard, finds its size);
 variants side by side in each round, their order rotating from round to round; figures are medians over the rounds.
 `exact`: after every run (warm-up included), the shards summed to the number of committed increments. `errors`:
@@ -206,8 +240,11 @@ over the rounds; `attempts/commit` is not known for the retries inside ndb's and
 counters take a transaction per increment on legacy and a blind server-side increment on Firestore
 (counters/writes.py, one ShardWriter per backend). {harness.BILL_NOTE}
 
+{harness.WHOSE_FIGURES}
+
 {chr(10).join(sections)}"""
-    chart(meds)
+    if meds:  # the chart shows the bare columns, at every concurrency
+        chart(meds)
     return harness.publish("counters", text, check_rows)
 
 
@@ -235,12 +272,13 @@ def chart(meds):
 
 
 def measure(args, stack, app):
-    results, exact, shards, bills = measure_writes(args.rounds, args.seconds)
-    return results, exact, shards, bills, measure_reads(args.rounds)
+    latency = runtime.of(app).settings.latency
+    return (*measure_writes(args.rounds, args.seconds, WRITERS if latency == "none" else (32,), f"{latency}-"),
+            measure_reads(args.rounds))
 
 
 def main(argv=None):
-    return harness.main_per_backend("bench.counters", argv, measure, report)
+    return harness.main_per_column("bench.counters", argv, measure, report)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ variant side by side in each round, repeats the rounds, and reports medians and 
 noisy, so only figures measured together in one run are compared.
 """
 import argparse
+import collections
 import concurrent.futures
+import contextvars
 import datetime
 import os
 import platform
+import re
 import statistics
 import threading
 import time
@@ -51,14 +54,115 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
 
 
 BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore emulator (Datastore mode)"}
+LATENCIES = ("none", "production")
+LATENCY_NAMES = {"none": "bare emulator", "production": "LATENCY=production"}
 
 
-def start_stack(backend=None):
-    """A fresh stack (`backend`, else DATASTORE's) and an app on it: (stack, app). Its tasks wait in a queue the
-    benchmark drains itself (devstack.taskqueue.DrainedQueue)."""
+def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
+    """A benchmark measured in every column of one run, side by side: each backend (`--backends`, as
+    main_per_backend), each bare and under the production latency model (`--latency`: none, production or both,
+    default LATENCY's when it is set, else both; core/production_latency.py). measure(args, stack, app) on a fresh
+    stack per column, then report(args, {(backend, latency): measured}) -> verdict."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
+                        help="legacy, firestore or both (comma-separated)")
+    parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(LATENCIES),
+                        help="none, production or both (comma-separated)")
+    if extra:
+        extra(parser)
+    args = parser.parse_args(argv)
+    measured = {}
+    for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
+        for latency in LATENCIES if args.latency == "both" else args.latency.split(","):
+            print(f"--- {prog} on {backend}, {LATENCY_NAMES[latency]}", flush=True)
+            stack, app = start_stack(backend, latency)
+            rt = runtime.of(app)
+            try:
+                with rt.activated():
+                    measured[(backend, latency)] = measure(args, stack, app)
+            finally:
+                rt.close()
+                stack.stop()
+    return report(args, measured)
+
+
+def column_name(column):
+    backend, latency = column
+    return f"{BACKEND_NAMES[backend]}, {LATENCY_NAMES[latency]}"
+
+
+def start_stack(backend=None, latency="none"):
+    """A fresh stack (`backend`, else DATASTORE's) and an app on it, waiting production's round trips when `latency`
+    is "production": (stack, app). Its tasks wait in a queue the benchmark drains itself
+    (devstack.taskqueue.DrainedQueue)."""
     stack = Stack(consistency=1.0, backend=backend or backend_from_env()).start()
-    app = app_on(stack, task_queue=DrainedQueue(), SECRET_KEY="bench")
+    app = app_on(stack, task_queue=DrainedQueue(), SECRET_KEY="bench", LATENCY=latency)
     return stack, app
+
+
+_RPCS = re.compile(r'datastore;desc="(\d+) RPC')
+
+
+def rpcs_in(server_timing):
+    """The Datastore RPCs a response's Server-Timing header counts (0 without one)."""
+    match = _RPCS.search(server_timing or "")
+    return int(match[1]) if match else 0
+
+
+_RETRIED = re.compile(r'retried;desc="(\d+) transaction')
+
+
+def retried_in(server_timing):
+    """The transactions a response's Server-Timing header says were retried after a collision (0 without)."""
+    match = _RETRIED.search(server_timing or "")
+    return int(match[1]) if match else 0
+
+
+WHOSE_FIGURES = (
+    "Whose figures: the bills and the critical paths (in RPCs) are production's: the same RPCs are billed, and must "
+    "follow one another, there. Wall times under LATENCY=production are the model's: its round trips are assumptions "
+    "(core/production_latency.py), waited on this machine's 2 cores, where production would have many instances. "
+    "Bare wall times are this machine's alone: the emulators answer in microseconds, from the same 2 cores as the app.")
+
+
+class TaskChains:
+    """The critical path of a tree of tasks, in Datastore RPCs: the longest chain of RPCs that must follow one another,
+    whatever the number of workers. A task can start only once the delivery that enqueued it has made the RPCs it made
+    before enqueueing it; its own deliveries' RPCs follow one another. So a task's chain ends at
+    (its parent's chain where the parent enqueued it) + (its own RPCs), and the longest of those is the job's. It
+    depends on the code and the data, not on this machine: what production gains with enough instances.
+
+    Watches the app's queue (a DrainedQueue) as tasks are enqueued, and each delivery as `delivered(task, header)`
+    reports it; `delivering(task)` marks the thread's delivery so that an enqueue knows its parent."""
+
+    def __init__(self, queue):
+        self.starts = {}  # task name -> RPCs on its chain before it could start
+        self.own = collections.defaultdict(int)  # task name -> the RPCs of its deliveries
+        self._current = contextvars.ContextVar("delivering", default=None)
+        enqueue = queue.enqueue
+
+        def watched(name, payload, task_name, delay=0):
+            cost, parent = costs.current(), self._current.get()
+            made = sum(cost.datastore.values()) if cost is not None else 0
+            self.starts.setdefault(task_name, (self.starts.get(parent, 0) if parent else 0) + made)
+            return enqueue(name, payload, task_name, delay)
+        self._queue, self._enqueue = queue, enqueue
+        queue.enqueue = watched
+
+    def close(self):
+        """Stop watching the queue."""
+        self._queue.enqueue = self._enqueue
+
+    def delivering(self, task):
+        self._current.set(task.name)
+
+    def delivered(self, task, server_timing):
+        self.own[task.name] += rpcs_in(server_timing)
+
+    def critical_path(self):
+        return max((self.starts.get(name, 0) + rpcs for name, rpcs in self.own.items()), default=0)
 
 
 def in_context(fn):
