@@ -25,7 +25,7 @@ from accounts.models import Account, AccountsAudit
 from core import clock, runtime
 from core.errors import BadInput
 from core.transactions import transact
-from core.validate import whole_number
+from core.validate import text, whole_number
 from counters import service as counters
 from mapper import service as mapper
 
@@ -71,8 +71,14 @@ def seed(count):
 
 
 def seed_batch(payload, attempt=0):
-    """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction."""
-    keys = [account_key(payload["seed"], n) for n in range(payload["start"], payload["stop"])]
+    """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction. A payload
+    `seed` did not make (a seed id that is not one, numbers beyond MAX_SEED or more than SEED_BATCH of them) is a
+    422 that writes nothing: the task route takes only the queue's deliveries, but a task's size is what one delivery
+    may cost."""
+    seed_id = text(payload.get("seed"), "seed", 64)
+    start = whole_number(payload.get("start"), "start", 0, MAX_SEED - 1, from_json=True)
+    stop = whole_number(payload.get("stop"), "stop", start + 1, min(start + SEED_BATCH, MAX_SEED), from_json=True)
+    keys = [account_key(seed_id, n) for n in range(start, stop)]
     created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK]))
                   for i in range(0, len(keys), SEED_CHUNK))
     return {"created": created}

@@ -11,10 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import Response, current_app, render_template, request
+from flask import Response, current_app, render_template
 from google.cloud import ndb
 from markupsafe import Markup
 from werkzeug.http import parse_cookie
+from werkzeug.sansio.utils import host_is_trusted
 from werkzeug.wsgi import get_host
 
 from blog import service
@@ -111,11 +112,15 @@ def is_visitor(environ, session_cookie):
             and ("HTTP_COOKIE" not in environ or session_cookie not in parse_cookie(environ["HTTP_COOKIE"])))
 
 
-def _keys(what, host, blog):
-    """The blog's BlogIndex key, and the key its `what` is kept under for `host`. Made without an ndb context (a
-    shortcut has none): the project, namespace and database named, as the app's client has them."""
-    client = runtime.current().datastore.client
-    return _keys_in(client.project, client.namespace, client.database, what, host, blog)
+def _keys(what, blog):
+    """The blog's BlogIndex key, and the key its `what` is kept under. Made without an ndb context (a shortcut has
+    none): the project, namespace and database named, as the app's client has them. The app's canonical host name is
+    in the key, never the request's: what is kept links by path and names entries by canonical URLs, the same under
+    every Host, and a key per Host would let varied Host values (every `<anything>-dot-PROJECT.appspot.com` reaches
+    the app on App Engine) each render and bill the page again."""
+    rt = runtime.current()
+    client = rt.datastore.client
+    return _keys_in(client.project, client.namespace, client.database, what, rt.settings.canonical_host, blog)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -124,10 +129,10 @@ def _keys_in(project, namespace, database, what, host, blog):  # once per proces
     return blog_key, f"kept-{what}:{host}:".encode() + blog_key.urlsafe()
 
 
-def kept(blog, what, host):
+def kept(blog, what):
     """The blog's `what` ("front" or "feed") as kept for the blog's current max_index, as bytes; None when there is
     none (or the cache is away, or the blog does not exist)."""
-    blog_key, kept_key = _keys(what, host, blog)
+    blog_key, kept_key = _keys(what, blog)
     try:
         entity, (text,) = runtime.current().datastore.peek(blog_key, kept_key)
     except CACHE_DOWN:
@@ -139,12 +144,11 @@ def kept(blog, what, host):
 
 
 def keep(blog, what, max_index, body):
-    """Keep `body`, the blog's `what` rendered for `max_index`, for the request's host (a front page with its footer's
-    figures left out)."""
+    """Keep `body`, the blog's `what` rendered for `max_index` (a front page with its footer's figures left out)."""
     if what == "front":
         body = _COST.sub(_COST_SLOT, body, count=1)
     with contextlib.suppress(*CACHE_DOWN):  # not kept this time: the next request renders it again
-        runtime.current().datastore.keep(_keys(what, request.host, blog)[1], f"{max_index}\n{body}".encode(),
+        runtime.current().datastore.keep(_keys(what, blog)[1], f"{max_index}\n{body}".encode(),
                                          KEPT_LIFETIME)
 
 
@@ -157,12 +161,15 @@ def serve_kept(app, environ):
     match = _KEPT_PATH.fullmatch(environ.get("PATH_INFO", ""))
     if match is None or not service.NAME_PATTERN.fullmatch(match["blog"]):
         return None
+    trusted = app.config["TRUSTED_HOSTS"]
+    if trusted and not host_is_trusted(get_host(environ), trusted):  # Flask refuses it (400), as it does every page
+        return None
     if match["feed"]:
-        body = kept(match["blog"], "feed", get_host(environ))
+        body = kept(match["blog"], "feed")
         return None if body is None else Response(body, mimetype="application/atom+xml")
     if not is_visitor(environ, app.config["SESSION_COOKIE_NAME"]):
         return None
-    body = kept(match["blog"], "front", get_host(environ))
+    body = kept(match["blog"], "front")
     if body is None:
         return None
     cost = app.jinja_env.globals["request_cost"](encoded=True)  # HTML, encoded; None when nothing is counted

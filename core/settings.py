@@ -1,9 +1,18 @@
 """Settings, read once per process from the environment."""
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 DEV_SECRET = "dev-only-secret-not-for-app-engine"
+# The names a local app answers to. A page of another site whose name the attacker points at 127.0.0.1 (DNS
+# rebinding) reaches a local app as a same-origin request with that name in Host: refused, as every other name.
+# "localhost" is also the Werkzeug test client's Host, and devstack serves on 127.0.0.1 (devstack/serving.py). No IPv6
+# literal: Werkzeug 3.1 compares a listed name only up to its first ':' (so "[::1]" never matches), and nothing here
+# listens on ::1.
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
+HOST_NAME = re.compile(r"\.?[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*")  # a DNS name or an IPv4 address, no port
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,12 @@ class Settings:
     # Appstats (core/costs.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
     # and log line. APPSTATS=off turns the counting off (the benchmark of its own cost).
     appstats: bool = True
+    # The host names the app answers to (Flask's TRUSTED_HOSTS: a request with another Host is a 400), a leading "."
+    # taking a name's subdomains; empty: any (App Engine's front end routes only this app's names here, but any
+    # number of them: every `<anything>-dot-PROJECT.appspot.com`). The canonical name is the app's own: Atom ids and
+    # the keys of the pages kept whole in the cache are built from it, never from a request's Host.
+    trusted_hosts: tuple = LOCAL_HOSTS
+    canonical_host: str = LOCAL_HOSTS[0]
     # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
     # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
     hot_leases: bool = True
@@ -69,8 +84,9 @@ class Settings:
         if latency != "none" and not local:
             raise RuntimeError("LATENCY=production models production's waits on a local emulator; it cannot be set "
                                "anywhere else.")
+        project = env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo"
         return cls(
-            project=env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo",
+            project=project,
             emulator_host=env.get("DATASTORE_EMULATOR_HOST") or None,
             backend=datastore_backend,
             namespace=env.get("DATASTORE_NAMESPACE") or None,
@@ -87,4 +103,24 @@ class Settings:
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",
             latency=latency,
+            **hosts(env.get("TRUSTED_HOSTS", ""), gae, project),
         )
+
+    @property
+    def canonical_url_root(self) -> str:
+        """The app's own URL root, whatever Host a request came with: https on App Engine (`secure: always`)."""
+        return f"{'https' if self.on_app_engine else 'http'}://{self.canonical_host}"
+
+
+def hosts(text: str, gae: bool, project: str) -> dict[str, Any]:
+    """{"trusted_hosts", "canonical_host"} from TRUSTED_HOSTS (comma-separated names, the first the canonical one).
+    Unset: the loopback names locally; on App Engine any name, PROJECT.appspot.com the canonical one."""
+    names = tuple(name.strip().lower() for name in text.split(",") if name.strip())
+    if not names:
+        return {"trusted_hosts": () if gae else LOCAL_HOSTS,
+                "canonical_host": f"{project}.appspot.com" if gae else LOCAL_HOSTS[0]}
+    bad = [name for name in names if not HOST_NAME.fullmatch(name)]
+    if bad or names[0].startswith("."):
+        raise RuntimeError(f"TRUSTED_HOSTS must be host names, comma-separated, the first (the app's canonical name) "
+                           f"without a leading '.': {', '.join(bad) or names[0]!r} is not.")
+    return {"trusted_hosts": names, "canonical_host": names[0]}

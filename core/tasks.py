@@ -50,6 +50,28 @@ def local_token(secret_key: str) -> str:
     return hmac.new(secret_key.encode(), b"tasks", hashlib.sha256).hexdigest()
 
 
+API_TOKEN_METADATA = "x-tasks-token"  # gRPC metadata keys are lower case
+
+
+def local_channel(host: str, token: str) -> Any:
+    """A gRPC channel to devstack's local Cloud Tasks at `host`, every call carrying the app's task token: that
+    server adds the token to every task it delivers, so it takes tasks only from whoever holds the token already
+    (the app), not from any process that can reach a loopback port."""
+    import grpc
+
+    class WithToken(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            metadata = [*(details.metadata or ()), (API_TOKEN_METADATA, token)]
+            return continuation(_CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                             details.wait_for_ready, details.compression), request)
+    return grpc.intercept_channel(grpc.insecure_channel(host), WithToken())
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", "method timeout metadata credentials wait_for_ready compression")):
+    """grpc.ClientCallDetails with other metadata (grpc has no public constructor for one)."""
+
+
 def local_headers(token: str, task: "Task") -> dict[str, str]:
     """The headers a test's queue delivers `task` with: the token, and App Engine's task headers as Cloud Tasks sends
     them (devstack/cloudtasks.py sends the same)."""
@@ -112,14 +134,15 @@ class TaskRouter:
 
 class CloudTasksQueue:
     """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process. With
-    `emulator_host`, the channel goes to devstack's local Cloud Tasks instead (plain gRPC on loopback, no
-    credentials)."""
+    `emulator_host`, the channel goes to devstack's local Cloud Tasks instead (plain gRPC on loopback, each call
+    carrying `emulator_token`, the app's task token: local_channel)."""
 
     def __init__(self, project: str, location: str, queue: str, client: Any = None,
-                 emulator_host: str | None = None) -> None:
+                 emulator_host: str | None = None, emulator_token: str = "") -> None:
         from google.cloud import tasks_v2  # only a process that enqueues needs it loaded
         self._tasks_v2 = tasks_v2
         self._client, self._emulator_host, self._lock = client, emulator_host, threading.Lock()
+        self._emulator_token = emulator_token
         self.parent = tasks_v2.CloudTasksClient.queue_path(project, location, queue)
 
     @property
@@ -131,9 +154,9 @@ class CloudTasksQueue:
             if self._client is None:
                 transport = None
                 if self._emulator_host:
-                    import grpc
                     from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
-                    transport = CloudTasksGrpcTransport(channel=grpc.insecure_channel(self._emulator_host))
+                    transport = CloudTasksGrpcTransport(
+                        channel=local_channel(self._emulator_host, self._emulator_token))
                 self._client = self._tasks_v2.CloudTasksClient(transport=transport)
             return self._client
 
@@ -173,5 +196,6 @@ def make_queue(settings: Settings) -> Queue:
     # Settings.from_env names a location wherever there is a queue to reach (App Engine requires TASKS_LOCATION).
     if (settings.on_app_engine or settings.tasks_emulator_host) and settings.tasks_location:
         return CloudTasksQueue(settings.project, settings.tasks_location, settings.tasks_queue,
-                               emulator_host=settings.tasks_emulator_host)
+                               emulator_host=settings.tasks_emulator_host,
+                               emulator_token=local_token(settings.secret_key) if settings.tasks_emulator_host else "")
     return NoQueue()

@@ -5,13 +5,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, Request, Response, current_app, flash, jsonify, render_template, request
+from flask import Flask, Request, Response, current_app, flash, jsonify, render_template, request, url_for
+from flask.globals import request_ctx
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionMixin
 from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import BadHost, HTTPException, SecurityError
 
 from core import clock, features, identity, runtime
 from core.cache import CACHE_DOWN
@@ -61,7 +62,34 @@ def json_body() -> dict:
 def error_response(status: int, code: str, message: str) -> ResponseReturnValue:
     if is_api():
         return jsonify(error={"code": code, "message": message}), status
-    return render_template("error.html", status=status, message=message), status
+    _bind_urls()
+    return render_template("error.html", status=status, message=message, back=_same_site_referrer()), status
+
+
+def _bind_urls() -> None:
+    """Lets the error page build its links when Flask has no URL adapter for the request: a Host that is not trusted
+    (TRUSTED_HOSTS) or not a name (BadHost: a label of 64 characters) is refused before routing, and `url_for` would
+    fail on the page that says so. Its links are paths, built on the app's own name, never on the refused one."""
+    if request_ctx.url_adapter is None:
+        request_ctx.url_adapter = current_app.url_map.bind(
+            runtime.current().settings.canonical_host, script_name=request.script_root or None,
+            url_scheme=request.scheme)
+
+
+def _same_site_referrer() -> str | None:
+    """The page the visitor came from, when it is one of this site's (the error page's "Go back")."""
+    try:
+        host_url = request.host_url  # the refused Host again, for a request refused for it
+    except SecurityError:
+        return None
+    referrer = request.referrer
+    return referrer if referrer and referrer.startswith(host_url) else None
+
+
+def canonical_url(endpoint: str, **values: Any) -> str:
+    """The page's URL on the app's own name (Settings.canonical_host), whatever Host the request came with: for what
+    must not change with it (Atom ids)."""
+    return runtime.current().settings.canonical_url_root + url_for(endpoint, **values)
 
 
 def _cross_site() -> bool:
@@ -227,6 +255,9 @@ def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
     app.session_interface = CookieSessions()
+    # Another Host is a 400 (`bad_host`) before any view runs: a local app is reached only by its loopback names, so
+    # another site's page cannot rebind its own name to 127.0.0.1 and act as same-origin (Settings.trusted_hosts).
+    app.config["TRUSTED_HOSTS"] = list(runtime.of(app).settings.trusted_hosts) or None
     on_app_engine = runtime.of(app).settings.on_app_engine
     # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
@@ -239,6 +270,7 @@ def init_app(app: Flask) -> None:
     runtime.add_finisher(app, lambda environ, response: talisman.finish(app, environ, response))
     app.add_template_filter(when)
     app.add_template_global(new_form_token)
+    app.add_template_global(canonical_url)
     app.context_processor(_page_globals)
     app.before_request(_check_unsafe_request)
 
@@ -253,6 +285,8 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> ResponseReturnValue:
+        if isinstance(e, SecurityError | BadHost):
+            return error_response(400, "bad_host", "This site does not answer to that host name.")
         code = (e.name or "error").lower().replace(" ", "_")
         messages = {404: "There is nothing here.", 405: "That method is not allowed here.",
                     413: "The request body is too large."}

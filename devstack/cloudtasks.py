@@ -17,13 +17,16 @@ What it does as Cloud Tasks does (sources beside each rule):
 
 What differs: Cloud Tasks trusts a delivery by App Engine's X-AppEngine-* headers, which App Engine strips from outside
 requests; nothing strips them locally, so this server also sends the app's secret token (X-Tasks-Token), which the
-task route checks off App Engine (core/tasks.py). Only App Engine targets; no OIDC; one delivery at a time per task.
+task route checks off App Engine (core/tasks.py). So its API is not open to every local process either: each call
+must carry that token (gRPC metadata x-tasks-token, core.tasks.local_channel), else UNAUTHENTICATED; Cloud Tasks
+itself takes Google credentials. Only App Engine targets; no OIDC; one delivery at a time per task.
 
 Run: `python -m devstack.cloudtasks --port P --target http://127.0.0.1:8080 [--store FILE]`, the token in TASKS_TOKEN.
 """
 import argparse
 import concurrent.futures
 import dataclasses
+import hmac
 import json
 import logging
 import os
@@ -42,7 +45,7 @@ import yaml
 from google.cloud import tasks_v2
 from google.protobuf import timestamp_pb2
 
-from core.tasks import NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
+from core.tasks import API_TOKEN_METADATA, NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
 log = logging.getLogger("devstack.cloudtasks")
@@ -297,14 +300,15 @@ class Server:
     """The API (gRPC, google.cloud.tasks.v2.CloudTasks: CreateTask, GetTask, DeleteTask) and a dispatcher per queue."""
 
     def __init__(self, port, target, token, queues, store_path=":memory:"):
+        self.token = token
         self.store = Store(store_path)
         self.queues = queues
         self.dispatchers = {name: Dispatcher(config, self.store, target, token) for name, config in queues.items()}
         self.grpc = grpc.server(concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="api"))
         task, empty = tasks_v2.Task.serialize, lambda _: b""  # DeleteTask answers google.protobuf.Empty: no bytes
-        methods = {"CreateTask": (tasks_v2.CreateTaskRequest, self.create_task, task),
-                   "GetTask": (tasks_v2.GetTaskRequest, self.get_task, task),
-                   "DeleteTask": (tasks_v2.DeleteTaskRequest, self.delete_task, empty)}
+        methods = {"CreateTask": (tasks_v2.CreateTaskRequest, self._authenticated(self.create_task), task),
+                   "GetTask": (tasks_v2.GetTaskRequest, self._authenticated(self.get_task), task),
+                   "DeleteTask": (tasks_v2.DeleteTaskRequest, self._authenticated(self.delete_task), empty)}
         self.grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=kind.deserialize,
                                                       response_serializer=serialize)
@@ -321,6 +325,19 @@ class Server:
         self.grpc.stop(1)
         for dispatcher in self.dispatchers.values():
             dispatcher.stop()
+
+    def _authenticated(self, method):
+        """`method`, for callers that show the app's task token: this server adds it to every delivery, so a task
+        from anyone else would reach the task route as the app's own (any local process can reach the port)."""
+        expected = self.token.encode()
+
+        def checked(request, context):
+            given = dict(context.invocation_metadata()).get(API_TOKEN_METADATA, "")
+            if not expected or not hmac.compare_digest(given.encode("utf-8", "replace"), expected):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "Calls need the app's task token "
+                                                               f"({API_TOKEN_METADATA} metadata).")
+            return method(request, context)
+        return checked
 
     def _queue(self, parent, context):
         match = PARENT.fullmatch(parent)

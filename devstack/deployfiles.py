@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from core.settings import hosts
 from devstack.services import REPO, DevstackError, sdk_roots
 
 DEPLOYED = ("app.yaml", "index.yaml", "queue.yaml")
@@ -23,6 +24,7 @@ index = yaml_parsing.ConfigYamlInfo.FromFile(index_yaml).parsed
 queue = yaml_parsing.ConfigYamlInfo.FromFile(queue_yaml).parsed
 print(json.dumps({
     "runtime": app.runtime, "entrypoint": app.entrypoint, "env_variables": sorted((app.env_variables or {}).keys()),
+    "trusted_hosts": (app.env_variables or {}).get("TRUSTED_HOSTS") or "",
     "handlers": [{"url": h.url, "script": h.script, "static_dir": h.static_dir, "secure": h.secure}
                  for h in app.handlers],
     "automatic_scaling": bool(app.automatic_scaling and app.automatic_scaling.max_instances),
@@ -62,9 +64,18 @@ def parse(folder=REPO, secret=None):
     return json.loads(done.stdout), done.stderr.strip()
 
 
+def check_settings(parsed):
+    """What the app would refuse to start with, said before the deploy rather than by every instance at its start."""
+    try:
+        hosts(parsed["trusted_hosts"], True, "PROJECT_ID")
+    except RuntimeError as e:
+        raise DevstackError(f"app.yaml: {e}") from None
+
+
 if __name__ == "__main__":  # `make deploy` runs this first
     try:
         parsed, warnings = parse()
+        check_settings(parsed)
     except DevstackError as e:
         sys.exit(str(e))
     if warnings:

@@ -18,7 +18,7 @@ class Measurement(ndb.Model):
     _use_global_cache = False
 
     measured = ndb.DateTimeProperty(indexed=False)
-    by = ndb.TextProperty()
+    by = ndb.TextProperty()  # the admin's display name (core.identity.display_name), never an email
     backend = ndb.TextProperty()  # which datastore was measured: "legacy" or "firestore"
     backend_name = ndb.TextProperty()  # said in words: an emulator, or the real database
     runs = ndb.IntegerProperty(indexed=False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import clock, runtime
+from core import clock, identity, runtime
 from core.errors import Conflict
 from core.transactions import transact
 from latency.models import Measurement, Probe
@@ -112,8 +112,9 @@ def _backend():
 
 
 def measure(by):
-    """Time every operation now, keep the result as the latest measurement and return it. 409 while another
-    measurement runs (memcached holds the claim; when memcached is away, measurements are not kept apart)."""
+    """Time every operation now (`by`: the admin's display name, shown to everyone), keep the result as the latest
+    measurement and return it. 409 while another measurement runs (memcached holds the claim; when memcached is
+    away, measurements are not kept apart)."""
     cache = runtime.cache()
     if not cache.claim(LOCK_KEY, LOCK_SECONDS):
         raise Conflict("A measurement is running already; its figures will be here in a few seconds.", "measuring")
@@ -155,7 +156,9 @@ def measurement_dict(measurement):
         operations.append({"name": op.name, "label": op.label, "median_ms": row["median_ms"], "p90_ms": row["p90_ms"],
                            "per_item_ms": per_item, "runs": row["runs"], "talk": op.talk, "talk_ms": op.talk_ms})
     write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
-    return {"measured": clock.iso(measurement.measured), "by": measurement.by,
+    # A measurement kept before `by` held display names holds an address: anyone may read this, so it is shown as one.
+    by = measurement.by and identity.display_name_of(measurement.by)
+    return {"measured": clock.iso(measurement.measured), "by": by,
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,

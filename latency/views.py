@@ -18,7 +18,7 @@ def index():
 def measure_form():
     """Measure again."""
     user = identity.require_admin()
-    service.measure(user["email"])
+    service.measure(identity.display_name(user))
     return redirect(url_for("latency.index"))
 
 
@@ -32,4 +32,4 @@ def api_latest():
 def api_measure():
     """Measure now (admin) -> 201 the new measurement."""
     user = identity.require_admin()
-    return jsonify(service.measure(user["email"])), 201
+    return jsonify(service.measure(identity.display_name(user))), 201

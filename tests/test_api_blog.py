@@ -10,7 +10,7 @@ from blog import pages as blog_pages
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from core import runtime
 from main import MAX_BODY_BYTES
-from tests.support import billed, csrf_token
+from tests.support import billed, csrf_token, timing
 
 
 def _stored(kind):
@@ -293,6 +293,44 @@ def test_atom_feed(client, auth):
     assert entries[0].find("a:id", ns).text == "http://localhost/blog/news/24"
     assert entries[0].find("a:content", ns).text == "<p><strong>bold 24</strong></p>"
     assert client.get("/blog/nope/feed.atom").status_code == 404
+
+
+ATOM = "{http://www.w3.org/2005/Atom}"
+HOSTS = ("localhost", "127.0.0.1:8080", "localhost:5000", "127.0.0.1")
+
+
+def test_feed_ids_are_the_same_under_every_host(client, auth):
+    """Atom ids are permanent (RFC 4287 4.2.6): built on the app's canonical name, never on the request's Host."""
+    auth.admin()
+    _post(client, title="first")
+    _post(client, title="second")
+    ids = {}
+    for host in HOSTS:  # `?rendered`: past the kept copy, rendered for this request
+        root = ET.fromstring(client.get("/blog/news/feed.atom?rendered", headers={"Host": host}).get_data())
+        ids[host] = [e.text for e in root.iter(f"{ATOM}id")]
+        links = [e.get("href") for e in root.iter(f"{ATOM}link")]
+        assert links == ["/blog/news", "/blog/news/feed.atom", "/blog/news/1", "/blog/news/0"], host
+    assert ids["localhost"] == ["http://localhost/blog/news", "http://localhost/blog/news/1",
+                                "http://localhost/blog/news/0"]
+    assert all(found == ids["localhost"] for found in ids.values()), ids
+
+
+@pytest.mark.parametrize("path", ["/blog/news", "/blog/news/feed.atom"])
+def test_a_kept_page_is_kept_once_whatever_the_host(app, client, auth, path):
+    """The front page and the feed are kept under the app's canonical name: another Host gets the same kept copy (one
+    cache round trip), where a copy per Host rendered the page again and kept another copy for every name (measured:
+    5 cache calls for the front page, 4 for the feed, a set_many among them, per new Host; no billed read while the
+    page's entries were cached)."""
+    auth.admin()
+    _post(client, title="first")
+    visitor = app.test_client()
+    for _ in range(2):
+        first = visitor.get(path, headers={"Host": HOSTS[0]})
+    assert billed(first)[:3] == (0, 0, 0)
+    for host in HOSTS[1:]:
+        r = visitor.get(path, headers={"Host": host})
+        assert r.status_code == 200 and billed(r)[:3] == (0, 0, 0), (host, r.headers["Server-Timing"])
+        assert timing(r)["cache"][:2] == (1, {"get_many": 1}), (host, r.headers["Server-Timing"])  # the kept copy
 
 
 def test_admin_post_form(client, auth):

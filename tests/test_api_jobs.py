@@ -115,6 +115,33 @@ def test_bad_seed_requests(client, auth, task_queue, body):
     assert not task_queue.queue.pending
 
 
+@pytest.mark.parametrize("payload", [
+    {"seed": "x", "start": 0, "stop": 1_000_000_000}, {"seed": "x", "start": 5, "stop": 5},
+    {"seed": "x", "start": -1, "stop": 10}, {"seed": "x", "start": 0, "stop": 501},
+    {"seed": "x", "start": "0", "stop": 10}, {"seed": "", "start": 0, "stop": 1},
+    {"seed": ["x"], "start": 0, "stop": 1}, {"start": 0, "stop": 1}])
+def test_a_seed_task_of_unbounded_size_is_refused_and_writes_nothing(client, task_queue, payload):
+    """The task route runs only what the queue delivers, but whatever it delivers is bounded: one seed task writes at
+    most SEED_BATCH accounts, numbered below MAX_SEED."""
+    r = client.post(tasks.ROUTE.format("accounts.seed"), json=payload,
+                    headers=tasks.local_headers(task_queue.token, tasks.Task("accounts.seed", payload, "t", 0)))
+    assert r.status_code == 422, r.get_data(as_text=True)
+    assert r.get_json()["error"]["code"] in ("bad_seed", "bad_start", "bad_stop")
+    assert client.get("/api/accounts/summary").get_json() == {"count": 0, "total_balance": 0}
+
+
+def test_the_seed_forms_banner_is_the_apps_own(client, auth, task_queue):
+    """The banner after seeding comes from the app (a flashed message), not from the URL: a link cannot put a
+    visitor's text on the page."""
+    assert "Seeding" not in client.get("/accounts?seeded=Your+account+is+locked.+Call+0800").get_data(as_text=True)
+    auth.admin()
+    r = client.post("/accounts/seed", data={"count": "12", "csrf_token": csrf_token(client, "/accounts")})
+    assert r.status_code == 302 and r.headers["Location"] == "/accounts"
+    html = client.get("/accounts").get_data(as_text=True)
+    assert "Seeding 12 accounts in the background" in html
+    assert "Seeding" not in client.get("/accounts").get_data(as_text=True)  # once
+
+
 def test_seeding_needs_an_admin(client, auth, task_queue):
     assert client.post("/api/accounts/seed", json={"count": 5}).status_code == 401
     auth.sign_in()

@@ -72,13 +72,13 @@ def target():
     target.stop()
 
 
-def _client(server):
-    channel = grpc.insecure_channel(server.host)
+def _client(server, token=TOKEN):
+    channel = tasks.local_channel(server.host, token) if token is not None else grpc.insecure_channel(server.host)
     return tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
 
 
 def _queue(server, name="q"):
-    return tasks.CloudTasksQueue("p", "local", name, client=_client(server))
+    return tasks.CloudTasksQueue("p", "local", name, emulator_host=server.host, emulator_token=TOKEN)
 
 
 def test_queue_yaml_is_read_as_cloud_tasks_reads_it():
@@ -119,6 +119,25 @@ def test_a_task_is_delivered_with_app_engine_headers_and_its_name_stays_taken(tm
                 "relative_uri": "/x"}})
         with pytest.raises(exceptions.InvalidArgument):
             client.create_task(parent=queue.parent, task={"http_request": {"url": "http://example.com/"}})
+
+
+@pytest.mark.parametrize("token", [None, "", "not-the-token", TOKEN + "x"])
+def test_only_the_app_may_call_the_api(tmp_path, target, token):
+    """The server adds the app's task token to every delivery: a task from any other local process would reach the
+    task route as the app's own, so calls without the token are refused and nothing is queued or delivered."""
+    with LocalTasks(target.url, TOKEN, queue_yaml=_queue_yaml(tmp_path, rate="50/s")) as server:
+        intruder, parent = _client(server, token), _queue(server).parent
+        with pytest.raises(exceptions.Unauthenticated):
+            intruder.create_task(parent=parent, task={"name": f"{parent}/tasks/forged", "app_engine_http_request": {
+                "relative_uri": "/api/tasks/accounts.seed", "body": b'{"seed":"x","start":0,"stop":1000000000}'}})
+        with pytest.raises(exceptions.Unauthenticated):
+            intruder.get_task(name=f"{parent}/tasks/forged")
+        with pytest.raises(exceptions.Unauthenticated):
+            intruder.delete_task(name=f"{parent}/tasks/forged")
+        time.sleep(0.3)
+        assert target.deliveries == []
+        with pytest.raises(exceptions.NotFound):  # nothing was queued
+            _client(server).get_task(name=f"{parent}/tasks/forged")
 
 
 def test_failed_deliveries_are_retried_with_backoff_until_the_attempts_are_spent(tmp_path):

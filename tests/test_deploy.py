@@ -73,7 +73,8 @@ def test_app_yaml_names_every_setting_app_engine_needs(deployed):
     parsed, _ = deployed
     names = set(parsed["env_variables"])
     assert {"SECRET_KEY", "ADMIN_EMAILS", "IAP_AUDIENCE", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
-            "TASKS_QUEUE"} <= names
+            "TASKS_QUEUE", "TRUSTED_HOSTS"} <= names
+    deployfiles.check_settings(parsed)
     env = dict.fromkeys(names, "") | {"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
                                       "TASKS_QUEUE": "mapper", "REDIS_URL": "redis://10.0.0.3:6379/0"}
     settings = Settings.from_env(env)
@@ -88,6 +89,16 @@ def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
     assert kinds and kinds <= set(ndb.Model._kind_map), kinds - set(ndb.Model._kind_map)
     queue = next(q for q in parsed["queues"] if q["name"] == runtime.of(app).settings.tasks_queue)
     assert queue["retry_limit"] == tasks.MAX_ATTEMPTS  # the handler records a failure on the last delivery
+
+
+def test_trusted_hosts_the_app_would_refuse_stop_the_deploy(tmp_path):
+    for name in deployfiles.DEPLOYED:
+        (tmp_path / name).write_text((REPO / name).read_text())
+    app_yaml = (REPO / "app.yaml").read_text().replace('TRUSTED_HOSTS: ""', 'TRUSTED_HOSTS: ".example.com,a b"')
+    (tmp_path / "app.yaml").write_text(app_yaml)
+    parsed, _ = deployfiles.parse(tmp_path)
+    with pytest.raises(DevstackError, match="TRUSTED_HOSTS"):
+        deployfiles.check_settings(parsed)
 
 
 def test_a_broken_app_yaml_is_refused(tmp_path):

@@ -127,15 +127,63 @@ def test_each_lesson_says_how_production_differs_today_on_its_page_and_in_the_re
             assert caveat.source in part, (section, caveat.source)
 
 
-def test_app_yaml_is_shown_without_a_deployments_values(client):
-    """A deployment's app.yaml holds its admins' emails and its cache's address: /source/app.yaml shows its keys and
-    comments, never a value under env_variables (a one-line value, or one that runs on over lines)."""
+SECRETS = ("sekrit-42", "boss@corp.example", "old@corp.example", "10.0.0.3")
+# A deployment's app.yaml, spelled every way gcloud's YAML parser reads the same env_variables.
+SPELLINGS = {
+    "block": [('ADMIN_EMAILS: ""', 'ADMIN_EMAILS: "boss@corp.example"'),
+              ('REDIS_URL: ""', "REDIS_URL: |\n    redis://10.0.0.3:6379/0#x")],
+    "comment after the key": [("env_variables:\n", "env_variables:  # the deployment's\n"),
+                              ('ADMIN_EMAILS: ""', 'ADMIN_EMAILS: "boss@corp.example"  # was "old@corp.example"')],
+    "flow": [("env_variables:\n", "env_variables: {SECRET_KEY: sekrit-42, 'REDIS_URL': \"redis://10.0.0.3\"}\nx:\n")],
+    "quoted key": [("env_variables:\n", '"env_variables":\n'), ('IAP_AUDIENCE: ""', "SECRET_KEY: 'sekrit-42'")],
+    "commented out": [('IAP_AUDIENCE: ""', 'IAP_AUDIENCE: ""\n  # SECRET_KEY: sekrit-42')],
+    "merge key": [("runtime:", "x-base: &base {SECRET_KEY: sekrit-42}\nruntime:"),
+                  ("env_variables:\n", "env_variables:\n  <<: *base\n")],
+    "alias": [("runtime:", "x-secret: &secret sekrit-42\nruntime:"),
+              ("env_variables:\n", "env_variables:\n  SECRET_KEY: *secret\n")],
+}
+
+
+@pytest.fixture
+def deployed_app_yaml(tmp_path, monkeypatch):
+    """write(text): /source/app.yaml reads `text` as a deployment's app.yaml (the repo's other files as they are)."""
     from tour import service as tour
-    deployed = (features.REPO / "app.yaml").read_text().replace('ADMIN_EMAILS: ""', 'ADMIN_EMAILS: "boss@corp.example"')
-    deployed = deployed.replace('REDIS_URL: ""', "REDIS_URL: |\n    redis://10.0.0.3:6379/0#x")
+
+    def write(text):
+        (tmp_path / "app.yaml").write_text(text)
+        tour._read.cache_clear()
+    monkeypatch.setattr(tour, "REPO", tmp_path)
+    yield write
+    tour._read.cache_clear()
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_app_yaml_is_shown_without_a_deployments_values(client, deployed_app_yaml, spelling):
+    """A deployment's app.yaml holds its admins' emails and its cache's address, perhaps SECRET_KEY (with which anyone
+    could forge an admin's session): /source/app.yaml shows its keys and comments, never a value under env_variables,
+    however the YAML spells it."""
+    deployed = (features.REPO / "app.yaml").read_text()
+    for old, new in SPELLINGS[spelling]:
+        assert old in deployed
+        deployed = deployed.replace(old, new, 1)
+    deployed_app_yaml(deployed)
+    r = client.get("/source/app.yaml")
+    page = r.get_data(as_text=True)
+    assert r.status_code == 200 and "entrypoint: gunicorn" in page
+    assert not [secret for secret in SECRETS if secret in page]
+    assert "(set at deploy; not shown here)" in page
+    from tour import service as tour
     shown = tour.without_deployment_values(deployed)
-    assert "boss@corp.example" not in shown and "10.0.0.3" not in shown
-    assert "ADMIN_EMAILS: # (set at deploy; not shown here)" in shown and "runtime: python313" in shown
     assert shown.count("\n") == deployed.count("\n")  # line for line: nothing else moved
+    assert "# Comma-separated emails that are admins" in shown  # the comments that document the settings stay
+
+
+def test_app_yaml_that_does_not_parse_is_not_shown(client, deployed_app_yaml):
+    deployed_app_yaml((features.REPO / "app.yaml").read_text() + "---\nenv_variables: {SECRET_KEY: sekrit-42}\n")
+    r = client.get("/source/app.yaml")
+    assert r.status_code == 404 and "sekrit-42" not in r.get_data(as_text=True)
+
+
+def test_the_repos_app_yaml_is_shown(client):
     page = client.get("/source/app.yaml").get_data(as_text=True)
-    assert "ADMIN_EMAILS: # (set at deploy; not shown here)" in page and "entrypoint: gunicorn" in page
+    assert "ADMIN_EMAILS: &#34;(set at deploy; not shown here)&#34;" in page and "entrypoint: gunicorn" in page

@@ -4,15 +4,14 @@ and the app's source files, readable in the browser. It knows the lessons only t
 import functools
 import re
 
+import yaml
+
 from core.features import REPO
 
 
 def figures(lessons):
     """{lesson slug: its live figure}; None for a lesson with nothing to show yet (no demo content)."""
     return {slug: lesson.figure() for slug, lesson in lessons.items()}
-
-
-ENV_KEY = re.compile(r"(\s+[A-Za-z_][A-Za-z0-9_]*:)")
 
 
 def read_source(path, sources):
@@ -27,17 +26,101 @@ def _read(path):
     return without_deployment_values(text) if path == "app.yaml" else text
 
 
+HIDDEN = "(set at deploy; not shown here)"
+# A commented-out setting under env_variables (`# SECRET_KEY: old-value`): its value is hidden like a live one's.
+COMMENTED_VALUE = re.compile(r"(?P<key>#\s*[\"']?[A-Z][A-Z0-9_]*[\"']?\s*:)\s*\S.*")
+# What may stand before a scalar's text in its span: an anchor and a tag, kept so that an alias to it still parses.
+NODE_PROPERTIES = re.compile(r"(?:[&!]\S*\s+)*")
+
+
 def without_deployment_values(app_yaml):
-    """app.yaml as a visitor may read it: each env_variables value replaced by a note. The file in the repo has them
-    empty, but a deployment's copy holds its admins' emails and its cache's address."""
-    lines, inside = [], False
-    for line in app_yaml.splitlines(keepends=True):
-        if line.strip() and not line[0].isspace() and not line.startswith("#"):
-            inside = line.rstrip() == "env_variables:"
-        if inside and line.strip() and not line.lstrip().startswith("#") and line[0].isspace():
-            key = ENV_KEY.match(line)
-            indent = line[:len(line) - len(line.lstrip())]
-            # a key's value, or a line that continues one (a block scalar): neither is shown
-            line = f"{key[1]} # (set at deploy; not shown here)\n" if key else f"{indent}#\n"
-        lines.append(line)
-    return "".join(lines)
+    """app.yaml as a visitor may read it: every value under env_variables replaced by a note, or None when that cannot
+    be done surely (the text is not one YAML document). The file in the repo has them empty, but a deployment's copy
+    holds its admins' emails, its cache's address, perhaps its SECRET_KEY (which would let anyone forge an admin's
+    session): so the file is parsed as gcloud parses it, and each value is found by where the parser read it, however
+    the YAML spells it (a quoted key, flow style, a block scalar, a comment after it, a merge key, an alias)."""
+    try:
+        root = yaml.compose(app_yaml, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    spans = sorted(set(_env_value_spans(root)), reverse=True)
+    text = app_yaml
+    for start, end in spans:  # from the end, so the earlier spans' places stay where the parser found them
+        value = text[start:end]
+        properties = NODE_PROPERTIES.match(value)[0]
+        text = text[:start] + properties + f'"{HIDDEN}"' + "\n" * value.count("\n") + text[end:]
+    lines = text.splitlines(keepends=True)
+    for first, last in _env_line_ranges(root):
+        for n in range(first, min(last, len(lines))):
+            at = _comment_at(lines[n])
+            if at is None:
+                continue
+            code, comment = lines[n][:at], lines[n][at:].rstrip("\n")
+            # A comment after a value (`KEY: "x"  # was "y"`) goes; a line of comment stays, but for the value of a
+            # setting it holds (`# SECRET_KEY: old-value`).
+            kept = code.rstrip() if code.strip() else code + COMMENTED_VALUE.sub(rf"\g<key> {HIDDEN}", comment)
+            lines[n] = kept + "\n"
+    shown = "".join(lines)
+    return shown if _all_hidden(shown) else None
+
+
+def _env_values(root):
+    """The value nodes of every env_variables at the top of `root`."""
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == "env_variables":
+                yield value
+
+
+def _env_value_spans(root):
+    for env in _env_values(root):
+        yield from _value_spans(env)
+
+
+def _value_spans(node, seen=None):
+    """(start, end) in the text of each value of the mapping `node` (and of the mappings it merges with `<<`); the whole
+    node when it is not a mapping."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:merge":
+                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                    yield from _value_spans(merged, seen)
+            else:
+                yield from _value_spans(value, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _value_spans(item, seen)
+    else:
+        yield node.start_mark.index, node.end_mark.index
+
+
+def _env_line_ranges(root):
+    """[first, last) lines of each env_variables value (the comments among and after its entries included)."""
+    for env in _env_values(root):
+        yield env.start_mark.line, env.end_mark.line + (env.end_mark.column > 0)
+
+
+def _comment_at(line):
+    """Where the YAML comment on `line` starts (a '#' at its start or after a space, outside quotes), or None."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'" and (i == 0 or line[i - 1] in " \t{[,:"):
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1] in " \t"):
+            return i
+    return None
+
+
+def _all_hidden(shown):
+    """Whether every value under env_variables in `shown` is the note (a check of the result, parsed again)."""
+    try:
+        root = yaml.compose(shown, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return False
+    return all(shown[start:end].endswith(f'"{HIDDEN}"') for start, end in _env_value_spans(root))
