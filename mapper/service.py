@@ -2,8 +2,9 @@
 
 A task fetches one page of its key range (keys only, in key order) and, if keys remain after the page, splits the rest
 of its range into `fanout` ranges, each a new task started at once; then it processes its page in transactions of a
-few entities. The tree is O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an offset query reads and skips
-every entity before the page, so walking N entities that way reads O(N^2) (bench/mapper.py measures it).
+few entities. The tree is O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an
+offset query reads and skips every entity before the page, so walking N entities that way reads O(N^2)
+(bench/mapper.py measures it).
 
 Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
 that dies half way is retried from where its record says, and a second delivery of the same task finds the record
