@@ -133,7 +133,7 @@ def measure(by):
         backend, backend_name = _backend()
         measurement = Measurement(id=LATEST, measured=clock.now(),
                                   by=by, backend=backend, backend_name=backend_name, runs=RUNS,
-                                  operations=rows)
+                                  operations=rows, latency=runtime.current().settings.latency)
         measurement.put()
         return measurement_dict(measurement)
     finally:
@@ -162,5 +162,7 @@ def measurement_dict(measurement):
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,
+            # "production": each figure includes the modelled round trips (core/production_latency.py)
+            "latency": measurement.latency or "none",
             # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
             "write_read_ratio": round(write / read, 1) if write and read else None}

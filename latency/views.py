@@ -1,7 +1,7 @@
 """The numbers page: what each Datastore and memcache operation costs here, beside the talk's figures."""
 from flask import Blueprint, jsonify, redirect, render_template, url_for
 
-from core import identity
+from core import identity, runtime
 from core.errors import found
 from latency import service
 
@@ -11,7 +11,8 @@ bp = Blueprint("latency", __name__)
 @bp.get("/numbers")
 def index():
     """The latest measurement and (admins) a button to measure again."""
-    return render_template("latency/index.html", numbers=service.latest(), runs=service.RUNS)
+    return render_template("latency/index.html", numbers=service.latest(), runs=service.RUNS,
+                           model=runtime.current().latency)
 
 
 @bp.post("/numbers")

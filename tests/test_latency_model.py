@@ -74,3 +74,18 @@ def test_a_transaction_under_the_model_holds_its_entity_group_for_its_round_trip
     assert response.status_code == 200
     timing = durations(response.headers["Server-Timing"])
     assert timing["model"] >= 2  # at least two Datastore round trips of milliseconds each
+
+
+def test_the_numbers_page_shows_the_model_and_says_when_it_measured_under_it(stack, client, auth):
+    html = client.get("/numbers").get_data(as_text=True)
+    assert "It is off in this" in html and "<th scope=\"row\">Commit</th><td class=\"num\">12" in html
+    with running(make_app(stack, LATENCY="production", **stack.fresh())) as modelled:
+        admin = modelled.test_client()
+        admin.post("/api/session", json={"email": "boss@example.com", "admin": True})
+        measured = admin.post("/api/numbers")
+        page = admin.get("/numbers").get_data(as_text=True)
+    assert measured.status_code == 201 and measured.get_json()["latency"] == "production"
+    assert "It is on in this app" in page and "under the production latency model" in page
+    # measured under the model, a transactional write takes at least a modelled Commit's typical share
+    write = next(op for op in measured.get_json()["operations"] if op["name"] == "txn_write")
+    assert write["median_ms"] >= 0.3 * production_latency.DATASTORE["Commit"].median_ms
