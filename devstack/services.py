@@ -522,6 +522,9 @@ class Stack:
             "DATASTORE_BACKEND": self.backend,
             "DEV_SIGNIN": "on",  # local development: the dev sign-in (core/settings.py)
             **self.cache.env(),
+            # LATENCY=production for make run, test, bench and load: the production latency model (an app's own
+            # LATENCY, given as it is built, wins)
+            **({"LATENCY": os.environ["LATENCY"]} if os.environ.get("LATENCY") else {}),
         }
 
     def __enter__(self):
