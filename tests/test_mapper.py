@@ -332,6 +332,28 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
 
 
+def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(extra_jobs, client, auth, task_queue):
+    """An at-least-once queue may deliver a task again after its first delivery committed, as a first delivery
+    (attempt 0: it does not read its record first) or as a retry. Either finds the record moved on, in the chunk's
+    own transaction, and credits nothing: the order is forced here, not left to threads meeting."""
+    keys = seed_accounts(60)
+    DONE.clear()
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)  # one task: its page is every account
+    root = task_queue.queue.take()
+    assert task_queue.deliver(root)  # the first delivery: every chunk committed, the job finished
+    assert balances(keys) == [10] * 60 and [job.id for job in DONE] == [job_id]
+    with runtime.current().context():  # as if the job were still running: the repeats must not skip it for that
+        job = MapperJob.get_by_id(job_id)
+        job.finished = None
+        job.put()
+    assert not task_queue.deliver(root)  # attempt 0 again: its first chunk's transaction finds the record done
+    assert task_queue.responses[-1][1] == 409
+    assert task_queue.deliver(root._replace(attempt=1))  # a retry reads its record, finished: nothing to do
+    assert balances(keys) == [10] * 60
+    with runtime.current().context():
+        assert TaskRecord.get_by_id(f"{job_id}-0").processed == 60
+
+
 def test_a_task_that_keeps_failing_fails_the_job(extra_jobs, client, auth, task_queue):
     seed_accounts(30)
     job_id = start(client, auth, "test_always_fails", params={})
