@@ -5,7 +5,7 @@ import pytest
 
 from comments.models import Comment, UserSequence
 from core import identity, runtime
-from tests.support import csrf_token
+from tests.support import Auth, csrf_token
 
 
 def _stored(kind):
@@ -43,6 +43,34 @@ def test_post_and_page_over_the_api(client, auth, entry):
     assert back == first
     assert client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 5
     assert client.get("/api/blogs/news/entries/1").get_json()["comment_count"] == 0
+
+
+def test_several_peoples_comments_come_back_in_writing_order_page_by_page_both_ways(app, entry):
+    """Three people comment in turns, each comment answered before the next is sent, so writing order is time order.
+    The listing gives them back in that order whoever wrote them: forwards page by page (`after=next`), and backwards
+    from the last page (`before=prev`)."""
+    writers = {}
+    for name in ("ann", "bob", "cy"):
+        writers[name] = app.test_client()
+        Auth(writers[name]).sign_in(f"{name}@example.com")
+    turns = ["ann", "bob", "cy", "bob", "ann", "cy", "cy", "ann", "bob", "ann", "cy", "bob", "bob"]
+    written = []
+    for n, name in enumerate(turns):
+        r = _comment(writers[name], f"{n} by {name}")
+        assert r.status_code == 201, r.get_data(as_text=True)
+        written.append((r.get_json()["id"], f"{n} by {name}"))
+
+    reader, listing = app.test_client(), "/api/blogs/news/entries/0/comments"
+    forwards = [reader.get(listing, query_string={"limit": 4}).get_json()]
+    while forwards[-1]["next"] is not None:
+        forwards.append(reader.get(listing, query_string={"limit": 4, "after": forwards[-1]["next"]}).get_json())
+    assert [(c["id"], c["text"]) for page in forwards for c in page["comments"]] == written
+    assert [len(page["comments"]) for page in forwards] == [4, 4, 4, 1]
+    backwards = [forwards[-1]]
+    while backwards[-1]["prev"] is not None:
+        backwards.append(reader.get(listing, query_string={"limit": 4, "before": backwards[-1]["prev"]}).get_json())
+    assert [(c["id"], c["text"]) for page in reversed(backwards) for c in page["comments"]] == written
+    assert backwards[1:] == forwards[-2::-1]  # the same pages, met the other way
 
 
 def test_public_ids_and_authors_say_nothing_guessable_about_who(client, auth, entry):

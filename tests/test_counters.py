@@ -33,6 +33,18 @@ def test_concurrent_increments_are_exact(ndb_context, backend, mode):
     assert service.get_total("hot") == service.Total(THREADS * EACH, False)
 
 
+def test_uncontended_increments_reach_every_shard(ndb_context):
+    """Every shard can be an increment's first pick: 80 increments one after another (nothing collides, so no retry
+    moves them) land on each of 3 shards. A uniform pick leaves some shard empty with probability at most
+    3 * (2/3)**80, about 2.4e-14; a pick that never chooses some shard leaves it empty every time."""
+    service.configure("spread", "general", 3)
+    results = [service.increment("spread") for _ in range(80)]
+    assert all(r.applied and r.attempts == 1 for r in results)
+    assert sorted({r.shard for r in results}) == [0, 1, 2]
+    counts = service.shard_counts(service.require_config("spread"))
+    assert len(counts) == 3 and all(counts) and sum(counts) == 80, counts
+
+
 def test_simple_counter_is_exact_under_concurrency(ndb_context):
     _hammer(service.increment_simple)
     counts = service.simple_shard_counts()

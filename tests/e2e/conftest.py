@@ -7,6 +7,7 @@ none of its Content-Security-Policy: all three are checked when the test ends.
 from urllib.parse import urlsplit
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import sync_playwright
 
 from core import runtime
@@ -16,6 +17,12 @@ from devstack.apps import app_on
 from tests.support import TEST_ENV, contract_checked
 
 ADMIN = "boss@example.com"  # in ADMIN_EMAILS of the tests' settings
+
+# axe-core as the pinned axe-playwright-python wheel ships it (its axe.min.js, injected into the page: nothing is
+# fetched), with the rules of WCAG 2.0 and 2.1 at levels A and AA and axe's best practices (unique landmarks, one main).
+AXE = Axe()
+AXE_OPTIONS = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]},
+               "resultTypes": ["violations"]}
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +119,13 @@ def api(page, method, path, data=None):
     response = page.request.fetch(path, method=method, data=data)
     assert response.ok, f"{method} {path}: {response.status} {response.text()}"
     return response.json() if response.text() else None
+
+
+def accessibility_violations(page):
+    """What axe-core finds on the page as it stands: one line per rule broken, with its impact and where."""
+    results = AXE.run(page, options=AXE_OPTIONS).response
+    # A run of no rules would find nothing too: it must have passed rules (a page of ours passes dozens).
+    assert len(results["passes"]) > 10, f"axe-core checked next to nothing on {page.url}"
+    found = results["violations"]
+    return [f"{v['id']} ({v['impact']}): {v['help']}: " + "; ".join(" ".join(n["target"]) for n in v["nodes"])
+            for v in found]

