@@ -4,16 +4,18 @@ them from here, never from conftest.
 """
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import re
 import threading
 import time
 
 from flask import request
+from google.cloud import ndb
 from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
-from core import costs, runtime, tasks
+from core import costs, runtime, tasks, transactions
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
 
@@ -157,6 +159,24 @@ def at_once(count, fn):
         return result, time.monotonic() - started
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         return list(pool.map(timed, range(count)))
+
+
+def writers_meet_before_writing(monkeypatch, at=(ndb, "put_multi"), parties=2, timeout=10.0):
+    """The interleaving a lost update needs, forced: writers that take no turns (`core.transactions.in_turn`
+    patched out, as for writers that each went on without their lease: core/hotspots.py) and whose first `parties`
+    transactions wait, after their reads and before their writes (at `at`: `ndb.put_multi`, or a model's `put`),
+    until every one of them has read. Later attempts (a retry after the collision) pass freely. A writer that never
+    reaches the meeting (something still puts them in turns) breaks the barrier after `timeout` s and fails the test
+    with BrokenBarrierError."""
+    monkeypatch.setattr(transactions, "in_turn", lambda hot_key: contextlib.nullcontext())
+    owner, name = at
+    barrier, calls, write = threading.Barrier(parties), itertools.count(), getattr(owner, name)
+
+    def meeting(*args, **options):
+        if next(calls) < parties:
+            barrier.wait(timeout)
+        return write(*args, **options)
+    monkeypatch.setattr(owner, name, meeting)
 
 
 def in_threads(count, fn):

@@ -245,6 +245,21 @@ def test_the_feed_is_kept_whole_and_never_stale(client, auth):
     assert "second" in titles and "first" in titles
 
 
+def test_a_feed_a_slow_reader_keeps_after_a_post_is_never_served(app, client, auth):
+    """The feed's half of the race the front page's test plays out: a reader renders the feed, a post commits and is
+    served, and the reader keeps its old feed after that. Its copy names the max_index it was rendered for, and is
+    refused."""
+    auth.admin()
+    _post(client, title="first")
+    old = [client.get("/blog/news/feed.atom") for _ in range(2)][1].get_data(as_text=True)
+    _post(client, title="second")
+    assert "second" in client.get("/blog/news/feed.atom").get_data(as_text=True)
+    with app.test_request_context("/blog/news/feed.atom"), runtime.of(app).context():
+        blog_pages.keep("news", "feed", 0, old)
+    for _ in range(2):
+        assert "second" in client.get("/blog/news/feed.atom").get_data(as_text=True)
+
+
 def test_pages_link_older_and_newer(client, auth):
     auth.admin()
     for i in range(25):

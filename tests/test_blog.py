@@ -7,7 +7,7 @@ from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from core import runtime
 from core.cache import CACHE_DOWN
 from core.errors import NotFound
-from tests.support import in_threads
+from tests.support import in_threads, writers_meet_before_writing
 
 
 def _post(n, blog="b", start=0):
@@ -33,6 +33,36 @@ def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
         assert sorted(e.index for e in stored) == list(range(20))
         # each thread's entry is the one stored at its index: nothing overwritten by a racing post
         assert {e.index: e.title for e in stored} == {e["index"]: e["title"] for e in entries}
+
+
+def test_two_posts_that_both_read_the_index_before_either_writes_get_two_indexes(app, monkeypatch):
+    """The transaction alone keeps indexes dense and unique; the turns only spare it collisions (core/hotspots.py).
+    With the turns gone, as for posts that each went on without the lease, two posts both read max_index 0 before
+    either writes, every time (writers_meet_before_writing): one commits index 1, the other collides, retries and
+    gets 2. The twenty posts above take turns in this process, so they would pass with no transaction at all."""
+    with runtime.current().context():
+        service.post_entry("b", "first", "body", "boss@example.com")
+    writers_meet_before_writing(monkeypatch)
+    entries = in_threads(2, lambda i: service.post_entry("b", f"t{i}", "body", "boss@example.com").entry)
+    assert sorted(e["index"] for e in entries) == [1, 2]
+    with runtime.current().context():
+        assert service.get_blog("b").max_index == 2
+        stored = BlogEntry.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()
+        assert {e.index: e.title for e in stored} == {0: "first", **{e["index"]: e["title"] for e in entries}}
+
+
+def test_a_request_sent_twice_whose_two_posts_both_read_before_either_writes_posts_once(app, monkeypatch):
+    """The Idempotency-Key's marker is read and written in the post's transaction: two sends of one request that
+    both find no marker before either writes (forced, as above) still post one entry; the one that collides retries,
+    finds the marker and answers with the same entry, not created."""
+    with runtime.current().context():
+        service.post_entry("b", "first", "body", "boss@example.com")
+    writers_meet_before_writing(monkeypatch)
+    results = in_threads(2, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "sent-twice"))
+    assert sorted(r.created for r in results) == [False, True] and {r.entry["index"] for r in results} == {1}
+    with runtime.current().context():
+        assert service.get_blog("b").max_index == 1
+        assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 2  # the first post's and this one
 
 
 @pytest.mark.parametrize("count,limit", [(0, 10), (1, 10), (9, 10), (10, 10), (11, 10), (20, 10), (21, 10), (7, 3),

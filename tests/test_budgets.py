@@ -101,3 +101,16 @@ def test_the_cached_front_page_reads_nothing_from_datastore_but_reads_it_all_wit
     bypassed = timing(client.get("/blog/demo?cache=bypass"))["datastore"]
     # the BlogIndex, the page's query, and every entry's counts from their counters' configs and shards
     assert bypassed[1].get("RunQuery") == 1 and bypassed[1].get("Lookup", 0) >= 2, bypassed
+
+
+def test_a_page_deep_in_the_blog_bills_what_a_page_near_its_top_bills(seeded):
+    """Pages at the same cost at any depth: a page of 10 found by index bills its 10 entries and the one after them
+    (where the next page starts), at start 58 as at start 1. By offset, the page at start 1 would bill the 57
+    entries above it as well."""
+    client = seeded.test_client()
+    bills = {}
+    for start in (58, 30, 10, 1):
+        path = f"/api/blogs/demo/entries?start={start}&limit=10"
+        client.get(path)  # warm: the BlogIndex from ndb's global cache, the entries' counts from memcache
+        bills[start] = billed(client.get(path))[:3]
+    assert bills == {58: (11, 0, 0), 30: (11, 0, 0), 10: (11, 0, 0), 1: (2, 0, 0)}, bills

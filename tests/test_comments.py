@@ -12,7 +12,7 @@ from comments.models import Comment, UserSequence
 from core import identity, runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import service as counters
-from tests.support import in_threads
+from tests.support import in_threads, writers_meet_before_writing
 
 
 def _user(name):
@@ -58,6 +58,24 @@ def test_sixteen_users_by_ten_concurrently(app):
             assert ndb.Key(UserSequence, group).get().seq == 10
         assert _exact_count("b", 0) == 160
         assert service.comment_counts([EntryRef("b", 0)]) == {EntryRef("b", 0): 160}
+
+
+def test_two_comments_of_one_user_that_both_read_the_sequence_before_either_writes_get_two_numbers(app, monkeypatch):
+    """One user's sequence stays dense and unique by its transaction alone: with the turns at the user's sequence gone
+    (as for two tabs that each went on without the lease), two comments both read seq 1 before either writes, every
+    time (writers_meet_before_writing); one commits 2, the other collides, retries and gets 3."""
+    user = _user("tabs")
+    with runtime.current().context():
+        _entry()
+        service.post_comment(EntryRef("b", 0), user, "first")
+    writers_meet_before_writing(monkeypatch)
+    in_threads(2, lambda i: service.post_comment(EntryRef("b", 0), user, f"tab {i}"))
+    with runtime.current().context():
+        group = identity.pseudonym(user)
+        mine = Comment.query(ancestor=ndb.Key(UserSequence, group)).fetch()
+        assert sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in mine) == [1, 2, 3]
+        assert sorted(c.text for c in mine) == ["first", "tab 0", "tab 1"]
+        assert ndb.Key(UserSequence, group).get().seq == 3
 
 
 def _insert(entry, when, user_id, seq, text="x"):

@@ -7,8 +7,8 @@ from google.cloud import ndb
 from core import runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import growth, service, totals
-from counters.models import CounterConfig, CounterShard, SimpleCounterShard
-from tests.support import in_threads
+from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
+from tests.support import in_threads, writers_meet_before_writing
 
 THREADS, EACH = 32, 50
 
@@ -164,6 +164,20 @@ def test_concurrent_retries_of_one_key_apply_once(ndb_context):
     results = in_threads(8, lambda i: service.increment("idem2", "same-key"))
     assert sum(r.applied for r in results) == 1
     assert sum(service.shard_counts(service.get_config("idem2"))) == 1
+
+
+def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_apply_once(legacy_app, monkeypatch):
+    """Legacy's increment reads the key's marker and writes it with the shard in one transaction. Two sends of one key
+    that both read "no marker" before either writes (forced: they meet at the marker's put) still count once: one
+    commits, the other collides, retries, finds the marker and answers not applied. (Firestore's blind increment
+    reads nothing: its marker is an insert in the same commit, which a second send cannot repeat; test_backends.)"""
+    with runtime.current().context():
+        service.configure("idem3", "general", 1)
+    writers_meet_before_writing(monkeypatch, at=(AppliedIncrement, "put"))
+    results = in_threads(2, lambda i: service.increment("idem3", "sent-twice"))
+    assert sorted(r.applied for r in results) == [False, True]
+    with runtime.current().context():
+        assert service.shard_counts(service.get_config("idem3")) == [1]
 
 
 def test_idempotency_keys_are_per_counter(ndb_context):
