@@ -1,5 +1,5 @@
 """Counter names: public ones, a feature's own ("<owner>:<name>", kept by an OwnedCounters handle), and the cache
-key of a counter's total."""
+keys of a counter's total and of its shard view."""
 import re
 
 from core import validate
@@ -37,3 +37,9 @@ def validate_num_shards(value: object) -> int:
 
 def total_cache_key(name: str) -> str:
     return f"counter-total:{name}"
+
+
+def shard_view_cache_key(name: str, num_shards: int) -> str:
+    """The cached copy of a counter's shard counts; the shard count is in the key, so a counter that grew is read
+    afresh at once instead of being drawn with its old number of shards."""
+    return f"counter-shards:{name}:{num_shards}"

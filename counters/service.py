@@ -39,13 +39,14 @@ from counters.totals import (
     shard_counts_many,
     simple_key,
     simple_shard_counts,
+    total_and_shards,
 )
 from counters.writes import commit_on_a_shard, shard_writer
 
 __all__ = ["ADAPTIVE_MAX_SHARDS", "DEFAULT_SHARDS", "MAX_SHARDS", "SIMPLE_SHARDS", "Increment", "OwnedCounters",
            "Total", "configure", "counters_page", "exact_totals", "get_config", "get_total", "increase_shards",
            "increment", "increment_simple", "list_counters", "owned", "public_name", "require_config",
-           "shard_counts", "shard_counts_many", "simple_shard_counts"]
+           "shard_counts", "shard_counts_many", "simple_shard_counts", "total_and_shards"]
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,11 @@ from google.cloud import ndb
 
 from core import runtime
 from counters.models import CounterConfig, CounterShard, SimpleCounterShard
-from counters.names import MAX_SHARDS, OWNER_SEPARATOR, total_cache_key, validate_name
+from counters.names import MAX_SHARDS, OWNER_SEPARATOR, shard_view_cache_key, total_cache_key, validate_name
 
 SIMPLE_SHARDS = 20
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
+SHARD_VIEW_LIFETIME = 5  # seconds an anonymous reader's cached copy of a counter's shard counts lives
 LIST_LIMIT = 100
 PAGE_COUNTERS = 10  # counters on one view of the counters page
 PAGE_SHARDS = MAX_SHARDS  # shards one view reads at most: one counter's most, so every counter can be drawn
@@ -44,8 +45,8 @@ def shard_counts(config: CounterConfig) -> list[int]:
     return shard_counts_many([config])[0]
 
 
-def cached_totals(names: list[str], configs: dict | None = None,
-                  with_shards: bool = False) -> dict[str, tuple[Total, list[int] | None]]:
+def cached_totals(names: list[str], configs: dict | None = None, with_shards: bool = False,
+                  shards_from_cache: bool = False) -> dict[str, tuple[Total, list[int] | None]]:
     """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one cache round
     trip, the rest summed from their shards in one Datastore batch (by key: strongly consistent, no query) and then
     cached. `configs` ({name: config or None}) when the caller has them; else the missing ones are read by key in one
@@ -59,11 +60,23 @@ def cached_totals(names: list[str], configs: dict | None = None,
     with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's
     shard read and its `add`, or whose `incr` is lost to a frozen cache, is missing from the cached value until it
     expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts` or `exact_totals`.
+
+    `shards_from_cache` (with `with_shards` and `configs`) is for anonymous readers: each counter's shard counts come
+    from a copy cached for SHARD_VIEW_LIFETIME seconds, fetched in the same cache round trip as the totals, and are
+    read from Datastore (then cached) only when there is no copy. The bill an anonymous GET can cause: reading the
+    shards bills one entity read per shard (128 to 256 for the demo's adaptive counter, up to MAX_SHARDS), and anyone
+    may ask for them as often as they like. With the copy, a counter's shards are billed at most once a lifetime
+    however many views ask (the talk's lesson: cache what many requests read the same way). The copy may lack the
+    last few seconds' increments (the total beside it, incr'd after each commit, has them); exact readers (a
+    signed-in person, increments, repairs, growth) leave it False and read the shards.
     """
     cache = runtime.cache()
     keys = {name: total_cache_key(name) for name in names}
-    cached = cache.get_many(list(keys.values()))
-    to_sum = [n for n in names if with_shards or keys[n] not in cached]
+    views = {}  # name -> the key of its cached shard view, when the shards may come from one
+    if with_shards and shards_from_cache:
+        views = {n: shard_view_cache_key(n, configs[n].num_shards) for n in names if configs.get(n) is not None}
+    cached = cache.get_many([*keys.values(), *views.values()])
+    to_sum = [n for n in names if keys[n] not in cached or (with_shards and views.get(n) not in cached)]
     if configs is None:
         read = ndb.get_multi([ndb.Key(CounterConfig, n) for n in to_sum]) if to_sum else []
         configs = dict(zip(to_sum, read, strict=True))
@@ -76,8 +89,20 @@ def cached_totals(names: list[str], configs: dict | None = None,
         else:
             total = Total(sum(shards.get(name, ())), False)
             cache.add(keys[name], total.count, expire=TOTAL_LIFETIME)
-        result[name] = (total, shards.get(name) if with_shards else None)
+        counts = shards.get(name) if with_shards else None
+        if name in views:
+            if counts is None:
+                counts = [int(n) for n in cached[views[name]].split(b",")]
+            else:
+                cache.add(views[name], ",".join(map(str, counts)), expire=SHARD_VIEW_LIFETIME)
+        result[name] = (total, counts)
     return result
+
+
+def total_and_shards(config: CounterConfig, shards_from_cache: bool = False) -> tuple[Total, list[int]]:
+    """A counter's cached total and each shard's count, in one cache round trip and at most one Datastore batch; the
+    shards from a short-lived cached copy with `shards_from_cache` (see `cached_totals`)."""
+    return cached_totals([config.name], {config.name: config}, True, shards_from_cache)[config.name]
 
 
 def get_total(name: str, config: CounterConfig | None = None) -> Total:
@@ -121,14 +146,16 @@ class CountersPage:
     next: str | None  # the name to show the next page after; None on the last page
 
 
-def counters_page(after: str | None = None) -> CountersPage:
+def counters_page(after: str | None = None, shards_from_cache: bool = False) -> CountersPage:
     """What the counters page shows: public counters by name after `after`, each with every shard drawn, and the
     simple counter's twenty shards, all the shards read in one Datastore batch.
 
-    Bounded in what it reads, since anyone may load it and shards are read uncached: at most PAGE_COUNTERS counters
-    and PAGE_SHARDS of their shards (a counter that would pass the budget starts the next page; a page always shows
-    one), so a view reads at most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + SIMPLE_SHARDS shards however many
-    counters exist and however many shards admins gave them.
+    Bounded in what it reads, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS of their
+    shards (a counter that would pass the budget starts the next page; a page always shows one), so a view reads at
+    most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + SIMPLE_SHARDS shards however many counters exist and however
+    many shards admins gave them. With `shards_from_cache` (an anonymous visitor) the counters' shards come from
+    their short-lived cached copies (see `cached_totals`), so a repeated view reads only the configs and the simple
+    counter's twenty shards.
 
     ndb sends every key asked for before its event loop next runs as one Lookup: the simple shards are asked for (not
     awaited) after the configs' query, so they travel with the counters' shards; nothing between runs the event loop
@@ -144,6 +171,6 @@ def counters_page(after: str | None = None) -> CountersPage:
         shown.append(config)
         drawn += config.num_shards
     more = len(shown) < len(configs)
-    totals = cached_totals([c.name for c in shown], {c.name: c for c in shown}, with_shards=True)
+    totals = cached_totals([c.name for c in shown], {c.name: c for c in shown}, True, shards_from_cache)
     simple_counts = [s.count if s else 0 for s in (f.result() for f in simple)]
     return CountersPage([(c, *totals[c.name]) for c in shown], simple_counts, shown[-1].name if more else None)

@@ -25,6 +25,13 @@ def _counter_json(config, total, shards=None):
     return data
 
 
+def _shards_from_cache():
+    """An anonymous visitor's views of shards come from a copy cached for a few seconds, so the bill an anonymous GET
+    can cause is bounded (a counter's every shard is one billed read; counters.totals.cached_totals); a signed-in
+    person, who may have just added to one, reads the shards themselves."""
+    return identity.current_user() is None
+
+
 def _form_int(field):
     try:
         return int(request.form.get(field, ""))
@@ -38,7 +45,7 @@ def _form_int(field):
 def index():
     """The counters by name, a page at a time (`?after=<name>`), each with its total, its shards drawn, and buttons
     to increment."""
-    page = service.counters_page(request.args.get("after"))
+    page = service.counters_page(request.args.get("after"), _shards_from_cache())
     return render_template("counters/index.html", counters=page.counters, next=page.next,
                            first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
                            max_shards=service.MAX_SHARDS)
@@ -104,11 +111,11 @@ def api_list():
 
 @bp.get("/api/counters/<name>")
 def api_get(name):
-    """One counter; `?shards=1` adds each shard's count."""
+    """One counter; `?shards=1` adds each shard's count (a few seconds old for an anonymous visitor)."""
     config = service.require_config(name)
-    total = service.get_total(name, config)
-    shards = service.shard_counts(config) if request.args.get("shards") in ("1", "true") else None
-    return jsonify(_counter_json(config, total, shards))
+    if request.args.get("shards") in ("1", "true"):
+        return jsonify(_counter_json(config, *service.total_and_shards(config, _shards_from_cache())))
+    return jsonify(_counter_json(config, service.get_total(name, config)))
 
 
 @bp.post("/api/counters/<name>/increment")
