@@ -345,7 +345,9 @@ def test_a_kept_page_is_kept_once_whatever_the_host(app, client, auth, path):
     for host in HOSTS[1:]:
         r = visitor.get(path, headers={"Host": host})
         assert r.status_code == 200 and billed(r)[:3] == (0, 0, 0), (host, r.headers["Server-Timing"])
-        assert timing(r)["cache"][:2] == (1, {"get_many": 1}), (host, r.headers["Server-Timing"])  # the kept copy
+        # the kept copy, in one round trip: memcached's get_many or Redis's mget
+        assert timing(r)["cache"][0] == 1 and set(timing(r)["cache"][1]) <= {"get_many", "mget"}, (
+            host, r.headers["Server-Timing"])
 
 
 def test_admin_post_form(client, auth):
