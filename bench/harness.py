@@ -31,16 +31,9 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
     """A benchmark measured on each backend in one run, side by side: `--backends` (default: DATASTORE's when it is
     set, else both); measure(args, stack) on a fresh stack of each, then report(args, {backend: measured}) -> verdict.
     `extra(parser)` adds the benchmark's own arguments."""
-    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=seconds)
-    parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
-                        help="legacy, firestore or both (comma-separated)")
-    if extra:
-        extra(parser)
-    args = parser.parse_args(argv)
+    args = _arguments(prog, argv, seconds, extra)
     measured = {}
-    for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
+    for backend in _backends(args):
         print(f"--- {prog} on {backend}", flush=True)
         stack, app = start_stack(backend)
         rt = runtime.of(app)
@@ -63,18 +56,14 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
     main_per_backend), each bare and under the production latency model (`--latency`: none, production or both,
     default LATENCY's when it is set, else both; core/production_latency.py). measure(args, stack, app) on a fresh
     stack per column, then report(args, {(backend, latency): measured}) -> verdict."""
-    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=seconds)
-    parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
-                        help="legacy, firestore or both (comma-separated)")
-    parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(LATENCIES),
-                        help="none, production or both (comma-separated)")
-    if extra:
-        extra(parser)
-    args = parser.parse_args(argv)
+    def with_latency(parser):
+        parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(LATENCIES),
+                            help="none, production or both (comma-separated)")
+        if extra:
+            extra(parser)
+    args = _arguments(prog, argv, seconds, with_latency)
     measured = {}
-    for backend in BACKENDS if args.backends == "both" else args.backends.split(","):
+    for backend in _backends(args):
         for latency in LATENCIES if args.latency == "both" else args.latency.split(","):
             print(f"--- {prog} on {backend}, {LATENCY_NAMES[latency]}", flush=True)
             stack, app = start_stack(backend, latency)
@@ -86,6 +75,22 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
                 rt.close()
                 stack.stop()
     return report(args, measured)
+
+
+def _arguments(prog, argv, seconds, extra):
+    """The arguments every benchmark takes (rounds, seconds, backends), and `extra(parser)`'s."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--backends", default=os.environ.get("DATASTORE") or ",".join(BACKENDS),
+                        help="legacy, firestore or both (comma-separated)")
+    if extra:
+        extra(parser)
+    return parser.parse_args(argv)
+
+
+def _backends(args):
+    return BACKENDS if args.backends == "both" else args.backends.split(",")
 
 
 def column_name(column):
