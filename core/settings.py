@@ -5,6 +5,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core import production_latency
+
 DEV_SECRET = "dev-only-secret-not-for-app-engine"
 # The names a local app answers to. A page of another site whose name the attacker points at 127.0.0.1 (DNS
 # rebinding) reaches a local app as a same-origin request with that name in Host: refused, as every other name.
@@ -79,8 +81,8 @@ class Settings:
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise RuntimeError("REDIS_URL must be a redis://host:port[/db] URL (rediss:// for TLS).")
         latency = env.get("LATENCY") or "none"
-        if latency not in ("none", "production"):
-            raise RuntimeError("LATENCY must be none or production.")
+        if latency not in production_latency.NAMES:
+            raise RuntimeError(f"LATENCY must be {' or '.join(production_latency.NAMES)}.")
         if latency != "none" and not local:
             raise RuntimeError("LATENCY=production models production's waits on a local emulator; it cannot be set "
                                "anywhere else.")
