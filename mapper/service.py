@@ -405,9 +405,8 @@ def _maybe_finish(job, returned):
     if total is not None and total < TOTAL_CREDIT:
         return  # ranges are still out, by a sum this delivery has just added its own credit to
     current = _derive(job)
-    outcome = _outcome(job, current)
-    if outcome:
-        _finalize(job, outcome, current)
+    if _outcome(job, current):
+        _finalize(job, current)
     else:
         _check_later(job.id, 1)
 
@@ -429,31 +428,29 @@ def _check_later(job_id, number):
 def run_check(payload, attempt=0):
     """A check task: finish the job if its records add up (or one failed for good), else check again later."""
     job = MapperJob.get_by_id(payload["job"])
-    if job is None or job.cancelled or job.finished:
-        return {"skipped": "the job is gone, cancelled or finished"}
+    if job is None or job.finished:  # a cancelled job still ends (its tasks hand their ranges back)
+        return {"skipped": "the job is gone or finished"}
     current = _derive(job)
-    outcome = _outcome(job, current)
-    if outcome:
-        _finalize(job, outcome, current)
-        return {"finished": outcome}
+    if _outcome(job, current):
+        finished = _finalize(job, current)
+        return {"finished": (finished or job.key.get()).outcome}
     if payload["check"] < MAX_CHECKS:
         _check_later(job.id, payload["check"] + 1)
     return {"progress": round(current.progress, 4)}
 
 
-def _finalize(job, outcome, status):
-    """Mark the job finished, once, and settle its tally (JobDefinition.settle) in the same transaction: of all who
-    see it finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the
-    records' sums, every credit back (no chunk can commit after that)."""
+def _finalize(job, status):
+    """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
+    since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
+    finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the records'
+    sums, every credit back (no chunk can commit after that)."""
     definition = _jobs().get(job.name)
 
     def txn():
         current = job.key.get(retries=0)
         if current.finished:
             return None
-        # cancelled since the caller read the job: its last tasks handed their ranges back unvisited
-        current.finished, current.outcome = clock.now(), "cancelled" if current.cancelled and outcome == "done" \
-            else outcome
+        current.finished, current.outcome = clock.now(), _outcome(current, status)
         current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
                            "tally": status.tally}
         settled = definition.settle(status.tally, current.params) if definition and definition.settle else []
@@ -490,11 +487,10 @@ def finish_job(job_id):
     if job.finished:
         return job
     current = _derive(job)
-    outcome = _outcome(job, current)
-    if outcome is None:
+    if _outcome(job, current) is None:
         raise Conflict(f"The job is still running: {current.progress:.0%} of its key range has reported back.",
                        "job_running")
-    return _finalize(job, outcome, current) or job.key.get()
+    return _finalize(job, current) or job.key.get()
 
 
 def job_dict(job):
