@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core import billing, costs, runtime
+from core import billing, costs, production_latency, runtime
 from devstack import Stack
 from devstack.apps import app_on
 from devstack.services import BACKENDS, backend_from_env
@@ -47,7 +47,7 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
 
 
 BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore emulator (Datastore mode)"}
-LATENCIES = ("none", "production")
+LATENCIES = production_latency.NAMES  # the columns: bare, and under the production latency model
 LATENCY_NAMES = {"none": "bare emulator", "production": "LATENCY=production"}
 
 
