@@ -4,9 +4,8 @@
             transaction on the writer's own entity group (its sequence and the comment), then +1 on the entry's
             adaptive comment counter;
 - shared:   the design the talk rejects: every comment takes its number from one shared sequence entity, in the
-            transaction that writes the comment. Retried with jittered backoff (core.datastore.transact, the best
-            policy for a single entity measured in bench/counters.py). It does less than `designed` (no comment
-            count), which only flatters it;
+            transaction that writes the comment, at its best on each backend (harness.one_entity_transaction). It
+            does less than `designed` (no comment count), which only flatters it;
 - ceiling:  each writer comments on an entry of its own, through the same post_comment: the same work with nothing
             shared at all.
 Each run counts the comments stored afterwards: a comment acknowledged but not stored, or stored twice, is "lost".
@@ -25,7 +24,6 @@ from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
 from core import clock, runtime
-from core.transactions import transact
 
 VARIANTS = ("designed", "shared", "ceiling")
 WRITERS = 32
@@ -66,9 +64,7 @@ def _prepare(variant, tag):
             ndb.put_multi([sequence, Comment(key=ndb.Key(UserSequence, users[w]["id"], Comment, key_name),
                                              entry=EntryRef(blog, 0).path, sort_key=key_name, text="a comment",
                                              author=f"w{w}", created=now)])
-        # At most 10 attempts: on Firestore each collision costs a 2.3 s lock timeout, and an operation still running
-        # when the window closes holds up the whole run. Gave up = an error, counted.
-        transact(txn, max_attempts=10, base=0.25, cap=1.0)
+        harness.one_entity_transaction(txn, seq_key, base=0.25)
     return shared, [EntryRef(blog, 0)]
 
 

@@ -9,8 +9,8 @@ differs by backend: a read-modify-write transaction on legacy, a blind server-si
 - single:   a general counter with one shard, the design the talk warns against (legacy: with one shard there is no
             other shard to retry on, so it backs off with jitter; Firestore: one blind increment after another, which
             the emulator does not limit, though production holds a document to about one sustained write a second);
-- txn:      one entity, read-modify-write in a transaction retried with jittered backoff (core.datastore.transact):
-            the talk's naive counter done as well as a transaction can be, on either backend;
+- txn:      one entity, read-modify-write in a transaction, the talk's naive counter done as well as a transaction
+            can be on each backend (harness.one_entity_transaction: backoff on legacy, in turn on Firestore);
 - ndb:      one entity again, but incremented the textbook way, `@ndb.transactional()` with ndb's own retries (3,
             backoff from 1 s), to show what immediate retrying on another shard is up against;
 - general:  the default twenty shards;
@@ -29,7 +29,6 @@ from google.cloud import ndb
 
 from bench import harness
 from core import costs, runtime
-from core.transactions import transact
 from counters import service
 from counters.models import CounterShard
 
@@ -60,9 +59,7 @@ def _prepare(variant, tag, writers):
             shard = key.get(retries=0) or CounterShard(key=key)
             shard.count += 1
             shard.put()
-        # At most 10 attempts: on Firestore each collision costs a 2.3 s lock timeout, and an operation still running
-        # when the window closes holds up the whole run.
-        return (lambda i: transact(increment_in_transaction, max_attempts=10, base=0.02, cap=1.0),
+        return (lambda i: harness.one_entity_transaction(increment_in_transaction, key, base=0.02),
                 lambda: [(key.get() or CounterShard(count=0)).count], name)
     if variant == "ndb":
         key = CounterShard.key_for(name, 0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import billing, costs, production_latency, runtime
+from core.transactions import transact
 from devstack import Stack
 from devstack.apps import app_on
 from devstack.services import BACKENDS, backend_from_env
@@ -168,6 +169,19 @@ class TaskChains:
 
     def critical_path(self):
         return max((self.starts.get(name, 0) + rpcs for name, rpcs in self.own.items()), default=0)
+
+
+def one_entity_transaction(fn, key, base):
+    """fn() in a transaction on the one entity `key` that every writer shares: the rejected design at its best, so
+    that a ratio against it flatters nobody. At most 10 attempts; one that gives up is an error, counted.
+    - Legacy (optimistic: collisions abort at once): retried after a jittered backoff from `base` seconds.
+      Measured under LATENCY=production, 32 writers on one comment sequence: 25.4 commits/s, against 18.8 in turn.
+    - Firestore (pessimistic: two transactions that read the entity both wait out the emulator's 2.3 s lock timeout,
+      core/hotspots.py): in turn at the entity, as the app's own hot entities are. Backed off instead it committed
+      nothing in 6 s; in turn, 16.8 commits/s."""
+    if runtime.current().settings.backend == "firestore":
+        return transact(fn, max_attempts=10, hot_key=key)
+    return transact(fn, max_attempts=10, base=base, cap=1.0)
 
 
 def in_context(fn):

@@ -20,21 +20,26 @@ class ContentionWindow:
 
     One collision is noise; growth is for contention that lasts. Every attempt is evidence, heard as it happens (an
     increment stuck behind many collisions would report too late), so a badly contended counter fills its window in a
-    fraction of a second. It grows when at least GROW_AT of the last WINDOW attempts here collided; the window then
-    starts afresh at the new size, so growth stops once the shards are enough for the load. Kept in the process (no
+    fraction of a second. It grows when at least GROW_AT of the last WINDOW attempts here collided, by as much as the
+    collisions say: an attempt collides about as often as the writers in flight outnumber the shards, so a rate of
+    collisions k times GROW_AT asks for k times the shards (rounded up to a power of two). The window then starts
+    afresh at the new size, so growth stops once the shards are enough for the load. Kept in the process (no
     shared entity to contend on); each process judges from its own attempts, and the config transaction keeps their
     verdicts from adding up.
     """
     WINDOW = 32
-    GROW_AT = 0.1  # of the attempts collided: double
-    SURGE_AT = 0.5  # of the attempts collided: quadruple, to catch up with a burst in few steps
+    # A counter of few shards is judged sooner: growing it wrongly costs a shard or two, and on one shard every retry
+    # also waits its backoff, so 32 attempts there took seconds.
+    ATTEMPTS_PER_SHARD = 8
+    GROW_AT = 0.1  # of the attempts collided: grow
 
     def __init__(self):
         self._lock = threading.Lock()
         self._seen = {}  # name -> (num_shards the window is about, attempts, collisions)
 
     def observe(self, name, num_shards, collided):
-        """Record one attempt at `num_shards`; the factor to grow by (2 or 4) when the window calls for it, else 0."""
+        """Record one attempt at `num_shards`; the factor to grow by (a power of two) when the window calls for it,
+        else 0."""
         with self._lock:
             size, tried, hits = self._seen.get(name, (num_shards, 0, 0))
             if num_shards < size:
@@ -42,11 +47,16 @@ class ContentionWindow:
             if num_shards > size:
                 size, tried, hits = num_shards, 0, 0
             tried, hits = tried + 1, hits + bool(collided)
-            if tried < self.WINDOW:
+            if tried < min(self.WINDOW, self.ATTEMPTS_PER_SHARD * size):
                 self._seen[name] = (size, tried, hits)
                 return 0
             rate = hits / tried
-            factor = 4 if rate >= self.SURGE_AT else 2 if rate >= self.GROW_AT else 0
+            # Growing a step at a time took 7 s to reach 128 shards for 32 commenters under LATENCY=production, each
+            # step a window of its own, while every writer kept colliding.
+            factor = 1
+            while rate >= self.GROW_AT * factor:
+                factor *= 2
+            factor = factor if factor > 1 else 0
             # After a verdict, judge only attempts at the size it asks for.
             self._seen[name] = (size * (factor or 1), 0, 0)
             return factor

@@ -217,13 +217,15 @@ def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
 
 def test_contention_window_grows_only_on_lasting_contention():
     window, n = growth.ContentionWindow(), growth.ContentionWindow.WINDOW
-    assert [window.observe("w", 1, i == 0) for i in range(n)] == [0] * n  # one collision in a window: noise
-    assert [window.observe("w", 1, i % 3 == 0) for i in range(n)] == [0] * (n - 1) + [2]  # a third: double
-    # The verdict asked for 2 shards: attempts still reported at 1 are from before the growth and are ignored.
-    assert [window.observe("w", 1, True) for _ in range(2 * n)] == [0] * 2 * n
-    assert [window.observe("w", 2, True) for _ in range(n)] == [0] * (n - 1) + [4]  # all collided: quadruple
-    assert window.observe("w", 16, False) == 0  # grown further elsewhere: the window starts afresh at 16
-    assert [window.observe("w", 16, i % 2 == 0) for i in range(n - 1)][-1] == 4
+    assert [window.observe("w", 4, i == 0) for i in range(n)] == [0] * n  # one collision in 32: noise
+    assert [window.observe("w", 4, i % 8 == 0) for i in range(n)] == [0] * (n - 1) + [2]  # an eighth: double
+    # The verdict asked for 8 shards: attempts still reported at 4 are from before the growth and are ignored.
+    assert [window.observe("w", 4, True) for _ in range(2 * n)] == [0] * 2 * n
+    assert [window.observe("w", 8, i % 3 == 0) for i in range(n)] == [0] * (n - 1) + [4]  # a third: 3.4x GROW_AT
+    assert window.observe("w", 256, False) == 0  # grown further elsewhere: the window starts afresh at 256
+    assert [window.observe("w", 256, i % 2 == 0) for i in range(n - 1)][-1] == 8  # half: 5x GROW_AT
+    # One shard is judged after 8 attempts; all of them collided, 10x GROW_AT: 16 shards at once.
+    assert [window.observe("new", 1, True) for _ in range(8)] == [0] * 7 + [16]
     assert window.observe("other", 1, True) == 0  # windows are per counter
 
 
