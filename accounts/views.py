@@ -2,7 +2,7 @@
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 
 from accounts import service
-from core import identity
+from core import identity, runtime
 from core.web import json_body, submit_form
 from mapper import service as mapper
 
@@ -18,7 +18,9 @@ def index():
 
 def _page(status=200, comparison=None):
     return render_template("accounts/index.html", summary=service.summary(), audit=service.latest_audit(),
-                           comparison=comparison, max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT), status
+                           comparison=comparison, max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT,
+                           # only Firestore in Datastore mode has aggregation queries
+                           aggregations=runtime.current().settings.backend == "firestore"), status
 
 
 @bp.post("/accounts/seed")

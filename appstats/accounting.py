@@ -42,6 +42,7 @@ def init_app(app):
     recent.modelled = runtime.of(app).latency.on
     app.add_template_global(functools.partial(_request_cost, recent.backend), "request_cost")
     app.add_template_global(recent.modelled, "latency_modelled")
+    app.add_template_global(costs.plural)
     # every counted response, the app's and those given ahead of it (core.runtime.add_shortcut), as it starts
     runtime.account_responses(app, functools.partial(_bill, recent))
 
@@ -271,8 +272,8 @@ def _structured_template(method, path_info, query, status, texts, backend, proje
     path, status = _full_path(path_info, query), int(status[:3])
     billed = texts.billed
     entry = {"severity": "INFO",
-             "message": f"{method} {path} {status}: {texts.rpcs} Datastore RPCs, "
-                        f"{billed.reads} reads, {billed.writes} writes, {billed.deletes} deletes billed",
+             "message": f"{method} {path} {status}: {costs.plural(texts.rpcs, 'Datastore RPC')}, "
+                        f"{billed.describe()} billed",
              # a special field: the entry's timestamp
              # (https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)
              "timestamp": {"seconds": slot("seconds"), "nanos": slot("nanos")},
@@ -310,8 +311,7 @@ def _line_figures(texts, cache_name):
     def listed(counts):  # '1 Lookup, 2 RunQuery', by name; 'none'; a fixed part of the format
         return (", ".join(f"{n} {name}" for name, n in sorted(counts)) or "none").replace("%", "%%")
     billed = texts.billed
-    return (f"%.1f ms | datastore {texts.rpcs} RPCs %.1f ms ({listed(texts.datastore)}) | "
-            f"{cache_name} {texts.cache_calls} calls %.1f ms ({listed(texts.cache)}) | "
-            f"billed {billed.reads} reads {billed.writes} writes {billed.deletes} deletes "
-            f"${billed.usd_per_million():.2f}/M")
+    return (f"%.1f ms | datastore {costs.plural(texts.rpcs, 'RPC')} %.1f ms ({listed(texts.datastore)}) | "
+            f"{cache_name} {costs.plural(texts.cache_calls, 'call')} %.1f ms ({listed(texts.cache)}) | "
+            f"billed {billed.describe()} ${billed.usd_per_million():.2f}/M")
 

@@ -12,6 +12,7 @@ from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
+from markupsafe import Markup, escape
 from werkzeug.exceptions import BadHost, HTTPException, SecurityError
 
 from core import clock, features, identity, runtime
@@ -43,7 +44,7 @@ def _not_json():
 
 
 def is_api() -> bool:
-    return request.path.startswith("/api/")
+    return request.path == "/api" or request.path.startswith("/api/")
 
 
 def json_body() -> dict:
@@ -140,6 +141,12 @@ def when(iso: str) -> str:
         return clock.parse_iso(iso).strftime("%-d %b %Y, %H:%M UTC")
     except (TypeError, ValueError):
         return iso
+
+
+def code_spans(text: str) -> Markup:
+    """Text written for the README too, where `x` is code: escaped, with each `x` as <code>x</code>."""
+    parts = str(escape(text)).split("`")
+    return Markup("".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts)))
 
 
 def new_form_token() -> str:
@@ -269,6 +276,7 @@ def init_app(app: Flask) -> None:
         session_cookie_secure=on_app_engine)
     runtime.add_finisher(app, lambda environ, response: talisman.finish(app, environ, response))
     app.add_template_filter(when)
+    app.add_template_filter(code_spans)
     app.add_template_global(new_form_token)
     app.add_template_global(canonical_url)
     app.context_processor(_page_globals)

@@ -1,6 +1,8 @@
 """The counters' demo: content for a fresh `make run`, an admin's burst of increments (contention on demand), and the
 live figure of their lesson on the tour."""
-from core import runtime, validate
+import secrets
+
+from core import clock, runtime, validate
 from counters import service
 from counters.models import CounterConfig
 
@@ -47,3 +49,11 @@ def burst(name: str, writers: int, increments: int) -> tuple[int, int, int]:
         lambda count: [service.increment(name).attempts for _ in range(count)], shares)
     attempts = [a for batch in batches for a in batch]
     return len(attempts), sum(attempts), service.get_config(name).num_shards
+
+
+def burst_new_adaptive(writers: int = 16, increments: int = 200) -> tuple[str, int, int, int]:
+    """A new adaptive counter, burst at once: the lesson out of the box, where the seeded one has grown already.
+    Returns (its name, increments, attempts, num_shards afterwards)."""
+    name = f"burst-{clock.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    service.configure(name, "adaptive")
+    return (name, *burst(name, writers, increments))

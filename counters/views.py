@@ -1,7 +1,7 @@
 """Counters: the /counters page with its forms, and the /api/counters and /api/simple-counter routes."""
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 
-from core import identity
+from core import identity, runtime
 from core.errors import Unprocessable
 from core.web import json_body
 from counters import demo, service
@@ -99,6 +99,24 @@ def burst_form(name):
     flash(f"{name}: {done} increments from {request.form['writers']} writers took {attempts / done:.2f} attempts "
           f"each; it has {num_shards} shards now.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
+
+
+@bp.post("/counters/burst-new")
+def burst_new_form():
+    """Admin: a new adaptive counter and a burst on it, to watch it grow from one shard."""
+    identity.require_admin()
+    name, done, attempts, num_shards = demo.burst_new_adaptive()
+    if num_shards > 1:
+        grew = f"it grew from 1 shard to {num_shards}."
+    elif runtime.current().settings.backend == "firestore":
+        grew = ("it stayed at 1 shard: on Firestore an increment is a blind server-side write, which never collides, "
+                "so nothing asked it to grow (production still holds one entity to about one sustained write a "
+                "second).")
+    else:
+        grew = "it stayed at 1 shard: its writers did not collide often enough to ask for more."
+    flash(f"New adaptive counter {name}: {done} increments from 16 writers took {attempts / done:.2f} attempts each; "
+          f"{grew}", "info")
+    return redirect(url_for("counters.index"))
 
 
 # --- JSON API -------------------------------------------------------------------------------------------------------

@@ -12,11 +12,14 @@ import secrets
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from devstack.services import REPO, DevstackError, Stack, _port_open, backend_from_env, free_port
 from devstack.serving import Gunicorn, app_env, local_tasks
 
-STATE = REPO / ".devstack"
+# DEVSTACK_STATE: another folder for the lock, the secret and the data (tests/test_run.py runs `make run`'s code beside
+# a developer's own).
+STATE = Path(os.environ.get("DEVSTACK_STATE") or REPO / ".devstack")
 
 
 def _dev_secret():
@@ -79,7 +82,7 @@ def run(port):
         tasks.start()
         env = app_env(stack, secret, tasks=tasks)
         subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
-        server = Gunicorn(env, port, access_log=True, wait=False)
+        server = Gunicorn(env, port, wait=False)  # the app logs a line per request itself (appstats)
         print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator, the task queue and {stack.cache.name})\n",
               flush=True)
         server.proc.wait()

@@ -2,11 +2,12 @@
 Engine's entrypoint (`make run`, bench/pages.py)."""
 import concurrent.futures
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 
 import requests
 from werkzeug.serving import WSGIRequestHandler, make_server
@@ -41,7 +42,12 @@ class Gunicorn:
             [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", str(workers),
              "--threads", str(threads),
              *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), app],
-            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent, stdout=output, stderr=output)
+            env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent, stdout=output, stderr=output,
+            # A session of its own, so that a terminal's Ctrl-C reaches only whoever started it, who stops the master,
+            # which stops its workers once. In the terminal's process group every worker got SIGINT twice (from the
+            # terminal and from its master), and gunicorn's gthread worker can hang in its second shutdown, orphaned
+            # and still holding the port.
+            start_new_session=True)
         if wait:
             self.wait_ready()
 
@@ -55,7 +61,11 @@ class Gunicorn:
         return self
 
     def stop(self):
-        _terminate(self.proc, timeout=20)  # gunicorn finishes the requests in flight (its graceful timeout is 30 s)
+        """SIGTERM to the master, which finishes the requests in flight (its graceful timeout is 30 s) and stops its
+        workers; then SIGKILL to whatever of its session is left (a worker that outlived its master)."""
+        _terminate(self.proc, timeout=20)
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @contextmanager

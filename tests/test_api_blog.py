@@ -50,6 +50,19 @@ def test_paging_over_the_api(client, auth):
     assert [e["index"] for e in last["entries"]] == [0] and last["next"] is None
 
 
+def test_the_blog_page_says_which_entries_it_shows_of_how_many(client, auth):
+    auth.admin()
+    assert _post(client, title="only").status_code == 201
+
+    def said():
+        html = client.get("/blog/news").get_data(as_text=True)
+        return " ".join(re.search(r'<p class="src">(.*?)·', html, re.S)[1].split())
+    assert said() == "Entries 0&ndash;0 (by index, from 0) of 1 entry"
+    for i in range(11):
+        assert _post(client, title=f"t{i}").status_code == 201
+    assert said() == "Entries 2&ndash;11 (by index, from 0) of 12 entries"
+
+
 def test_unknown_blog_and_entry_are_404(client, auth):
     assert client.get("/api/blogs/nope/entries").status_code == 404
     assert client.get("/api/blogs/nope/entries/0").status_code == 404

@@ -382,3 +382,23 @@ def test_burst_form(client, auth):
                     follow_redirects=True)
     assert r.status_code == 200 and "shown: 40 increments from 8 writers" in r.get_data(as_text=True)
     assert client.get("/api/counters/shown").get_json()["count"] == 40
+
+
+def test_a_new_adaptive_counter_burst_from_its_page_shows_the_lesson(client, auth, backend):
+    auth.sign_in()
+    assert client.post("/counters/burst-new", data={"csrf_token": csrf_token(client)}).status_code == 403
+    assert _stored(CounterConfig) == []
+    auth.admin()
+    page = client.get("/counters").get_data(as_text=True)
+    assert "Watch one grow" in page
+    r = client.post("/counters/burst-new", data={"csrf_token": csrf_token(client)}, follow_redirects=True)
+    said = re.search(r"New adaptive counter (burst-[\w.-]+): 200 increments from 16 writers took ([\d.]+) attempts "
+                     r"each; it (grew from 1 shard to \d+|stayed at 1 shard)", r.get_data(as_text=True))
+    assert r.status_code == 200 and said
+    with runtime.current().context():
+        config = counters_service.get_config(said[1])
+        assert config.mode == "adaptive" and sum(counters_service.shard_counts(config)) == 200
+    if backend == "legacy":  # 16 writers on one shard collide, and it grows
+        assert float(said[2]) > 1 and said[3] == f"grew from 1 shard to {config.num_shards}" and config.num_shards > 1
+    else:  # blind increments never collide
+        assert said[3] == "stayed at 1 shard" and config.num_shards == 1

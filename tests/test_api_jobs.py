@@ -311,6 +311,9 @@ def test_aggregation_queries_beside_the_kept_figures(client, auth, task_queue, b
         assert aggregation["available"] is False and "501" in aggregation["reason"]
     html = client.post("/accounts/aggregation", data={"csrf_token": csrf_token(client, "/accounts")})
     assert html.status_code == 200 and "data-comparison" in html.get_data(as_text=True)
+    # The page offers the timing only where it can be done, and says where that is otherwise.
+    page = client.get("/accounts").get_data(as_text=True)
+    assert ("Time both now" in page) == (backend == "firestore") != ("data-no-aggregations" in page)
     auth.sign_in()
     assert client.post("/api/accounts/aggregation").status_code == 403
     auth.sign_out()

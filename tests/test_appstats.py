@@ -62,8 +62,13 @@ def test_the_footer_shows_the_pages_cost_and_admins_see_the_last_requests(client
     assert re.search(r"this page: <span data-cost>" + figures, page), page[-600:]
     assert "recent requests" not in page
     assert client.get("/appstats").status_code == 401 and client.get("/api/appstats").status_code == 401
+    # A visitor's page says what Appstats is and where their own figures are, without the list.
+    visitor = client.get("/appstats").get_data(as_text=True)
+    assert "data-admins-only" in visitor and "Server-Timing" in visitor and "data-appstats-table" not in visitor
     auth.sign_in()
     assert client.get("/api/appstats").status_code == 403
+    signed_in = client.get("/appstats")
+    assert signed_in.status_code == 403 and "data-admins-only" in signed_in.get_data(as_text=True)
     auth.admin()
     client.get("/api/counters/x")  # a 404, recorded like any other
     recent = client.get("/api/appstats").get_json()
@@ -253,5 +258,5 @@ accounting.LOG.add(accounting.Served(recent, "GET", "/last", "", "200 OK", time.
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
-    assert re.search(r"^GET /last 200 1\.5 ms \| datastore 0 RPCs 0\.0 ms \(none\) \| memcached 1 calls 0\.3 ms "
-                     r"\(1 get_many\) \| billed 0 reads 0 writes 0 deletes \$0\.00/M$", done.stderr, re.M), done.stderr
+    assert re.search(r"^GET /last 200 1\.5 ms \| datastore 0 RPCs 0\.0 ms \(none\) \| memcached 1 call 0\.3 ms "
+                     r"\(1 get_many\) \| billed nothing \$0\.00/M$", done.stderr, re.M), done.stderr

@@ -94,9 +94,19 @@ def test_signin_page_and_form(client):
 def test_html_errors_are_pages_and_api_errors_are_json(client):
     r = client.get("/no/such/page")
     assert r.status_code == 404 and r.content_type.startswith("text/html") and b"There is nothing here" in r.data
-    r = client.get("/api/no/such/thing")
-    assert r.status_code == 404
-    assert r.get_json() == {"error": {"code": "not_found", "message": "There is nothing here."}}
+    for path in ("/api/no/such/thing", "/api"):
+        r = client.get(path)
+        assert r.status_code == 404
+        assert r.get_json() == {"error": {"code": "not_found", "message": "There is nothing here."}}, path
+
+
+def test_addresses_a_visitor_guesses_lead_where_they_meant(client):
+    for path in ("/tour", "/source", "/source/"):
+        r = client.get(path)
+        assert r.status_code == 302 and r.headers["Location"] == "/", path
+    r = client.get("/comments")
+    assert r.status_code == 302 and r.headers["Location"] == "/#lesson-comments"
+    assert 'id="lesson-comments"' in client.get("/").get_data(as_text=True)
 
 
 def test_home_page(client):

@@ -120,6 +120,10 @@ def test_each_lesson_says_how_production_differs_today_on_its_page_and_in_the_re
         shown = re.search(r'<section class="card" data-in-production.*?</section>', html, re.S)
         assert shown, page
         assert shown[0].count("data-caveat") == len(caveats), page
+        # The README's Markdown code spans are code on the page, never raw backticks.
+        assert "`" not in shown[0], page
+        spans = sum((c.fact + c.app).count("`") for c in caveats) // 2
+        assert shown[0].count("<code>") == spans, page
         part = sections[section].partition("### In production today")[2]
         assert part, f"README {section} has no 'In production today' part"
         for caveat in caveats:

@@ -1,5 +1,5 @@
 """The tour: the home page (one card per lesson, each with a live figure) and the app's source files."""
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, current_app, redirect, render_template, url_for
 
 from core import features
 from core.errors import found
@@ -13,6 +13,20 @@ def home():
     """The tour of the lessons."""
     lessons = features.of(current_app).lesson_index
     return render_template("tour/home.html", lessons=lessons, figures=service.figures(lessons))
+
+
+@bp.get("/tour")
+@bp.get("/source")
+@bp.get("/source/")
+def tour_again():
+    """Addresses a visitor guesses for the tour and the source files: the tour, whose cards list each lesson's."""
+    return redirect(url_for("tour.home"))
+
+
+@bp.get("/comments")
+def comments_lesson():
+    """The comments lesson has no page of its own (comments live on an entry's page): its card on the tour."""
+    return redirect(url_for("tour.home", _anchor="lesson-comments"))
 
 
 @bp.get("/source/<path:path>")
