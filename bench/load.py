@@ -15,7 +15,7 @@ every round (side by side, so a noisy machine or network moves them alike), medi
              the shared sequence the talk rejects, in the app's own code.
 
 Bounded: at most 64 users, 300 s per variant, 5 rounds. Setup (counters, a blog, sign-ins) uses the API: locally the
-dev sign-in; on App Engine, give `--token` (an identity IAP accepts; see README, "Load-testing a deployment").
+dev sign-in; on App Engine, give `--token` (an identity IAP accepts; see docs/load.md, "Load-testing a deployment").
 Writes bench/results/load.md and load.csv (or --out). Run: `make load [URL=...] [SCENARIO=...] [LOAD_ARGS=...]`.
 """
 import argparse
@@ -59,7 +59,7 @@ class Target:
         r = requests.post(f"{self.url}/api/session", json={"email": email, "admin": admin}, timeout=30)
         if r.status_code == 404:
             raise LoadError(f"{self.url} has no dev sign-in (App Engine): pass --token with an identity IAP accepts "
-                            "(README, 'Load-testing a deployment').")
+                            "(docs/load.md, 'Load-testing a deployment').")
         if r.status_code >= 400:
             raise LoadError(f"signing in as {email} failed: HTTP {r.status_code} {r.text[:200]}")
         return {"Cookie": "; ".join(f"{k}={v}" for k, v in r.cookies.items())}

@@ -1,6 +1,6 @@
 """Writing a counter: +1 on one of its shards in one commit, on another shard at once when that one is contended.
 
-Where the two backends differ (see README, "Two backends"), one ShardWriter each, chosen by what the process's
+Where the two backends differ (see docs/backends.md), one ShardWriter each, chosen by what the process's
 Datastore offers (core/datastore.py builds ServerIncrements for Firestore only):
 - Firestore in Datastore mode (`BlindShardWriter`): a blind server-side increment, no read, so no lock to wait on.
   The idempotency marker is inserted in the same commit; if it exists, nothing was written and the marker says whose
