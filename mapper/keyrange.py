@@ -31,15 +31,34 @@ def inside(samples, lo, hi):
 
 
 def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
-    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the pages it holds by the samples'
-    density over the page just read, at most k. Without samples to judge by, k. Splitting a few entities k ways only
-    makes k tasks that each pay a task's fixed costs for a handful of entities."""
+    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the pages it holds, at most k.
+    Splitting a few entities k ways only makes k tasks that each pay a task's fixed costs for a handful of entities.
+    The rest's size is judged by the samples' density over the page just read (page_start, page_end]; without
+    samples there (the Firestore emulator keeps none), by its ids' density when the keys are ids of one kind under
+    one parent (this app's accounts, scattered ids); else it is not known, and the answer is k."""
     in_page = len(inside(samples, page_start, page_end)) + (page_end in samples)
     in_rest = len(inside(samples, page_end, hi)) + (hi in samples)
-    if not samples or not in_page:
-        return k
-    remaining = in_rest * page_len / in_page
+    if samples and in_page:
+        remaining = in_rest * page_len / in_page
+    else:
+        remaining = _by_id_density(page_start, page_end, hi, page_len)
+        if remaining is None:
+            return k
     return max(1, min(k, math.ceil(2 * remaining / page_size)))
+
+
+def _by_id_density(page_start, page_end, hi, page_len):
+    """About how many entities (page_end, hi] holds if its ids lie as densely as the page's `page_len` in
+    (page_start, page_end]: for keys that differ only in a last element of integer ids; None for any other keys."""
+    if page_start is None:
+        return None
+    paths = [key.pairs() for key in (page_start, page_end, hi)]
+    if len({len(p) for p in paths}) != 1 or len({(p[:-1], p[-1][0]) for p in paths}) != 1:
+        return None
+    low, end, high = (p[-1][1] for p in paths)
+    if not all(isinstance(i, int) for i in (low, end, high)) or not low < end <= high:
+        return None
+    return page_len * (high - end) / (end - low)
 
 
 def split_points(lo, hi, k, samples=(), page_start=None):

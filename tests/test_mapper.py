@@ -95,6 +95,19 @@ def test_sample_quantiles_are_used_when_the_range_holds_enough(ndb_context):
     assert [p.id() for p in points] == [125, 150, 175]  # quantiles of the samples, not the middle of the ids
 
 
+def test_without_samples_the_rest_of_a_range_of_ids_is_judged_by_the_pages_density(ndb_context):
+    """No samples (the Firestore emulator): the page just read, 100 entities over ids (0, 1000], says the rest holds
+    about 10 per 100 ids, so the rest is split about twice per page it holds, at most k ways, never k ways blindly."""
+    page = (ndb.Key(Thing, 0), ndb.Key(Thing, 1000))
+    assert keyrange.parts_needed(*page, ndb.Key(Thing, 1500), 100, 100, 4) == 1  # about half a page left
+    assert keyrange.parts_needed(*page, ndb.Key(Thing, 2500), 100, 100, 4) == 3  # about 1.5 pages
+    assert keyrange.parts_needed(*page, ndb.Key(Thing, 10 ** 6), 100, 100, 4) == 4  # many: k
+    # Unknown density (a name, another parent, the root's open start): k, as before.
+    assert keyrange.parts_needed(*page, ndb.Key(Thing, "a"), 100, 100, 4) == 4
+    assert keyrange.parts_needed(*page, ndb.Key("Zone", 1, Thing, 1500), 100, 100, 4) == 4
+    assert keyrange.parts_needed(None, page[1], ndb.Key(Thing, 1500), 100, 100, 4) == 4
+
+
 def test_without_samples_a_range_ending_in_another_kind_gallops_from_its_page(ndb_context):
     """No __scatter__ samples (the Firestore emulator has none) and a far end arithmetic cannot aim at (a parent's
     children follow the names): the points go on from the page just read, spaced like it and growing fourfold, so the

@@ -55,7 +55,7 @@ def test_ctrl_c_stops_every_process_make_run_started_and_frees_its_port(tmp_path
         run = subprocess.Popen([sys.executable, "-m", "devstack", "run"], cwd=REPO, env=env, start_new_session=True,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            wait_until(lambda: _serving(url) or run.poll() is not None, "make run to serve", timeout=240)
+            wait_until(lambda run=run: _serving(url) or run.poll() is not None, "make run to serve", timeout=240)
             assert run.poll() is None, run.stdout.read()
             ours = _started_by(marker)
             gunicorn = [pid for pid in ours if "gunicorn" in _command(pid)]
