@@ -69,8 +69,11 @@ class Settings:
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
-        if gae and not env.get("TASKS_LOCATION"):
+        if gae and not env.get("TASKS_LOCATION", "").strip():
             raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
+        tasks_location = tasks_region(env.get("TASKS_LOCATION") or "") or ("local" if tasks_emulator else None)
+        if gae and not REGION_NAME.fullmatch(tasks_location or ""):
+            raise RuntimeError(f"TASKS_LOCATION {tasks_location!r} is not a region's name, such as us-central1.")
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
             raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")
@@ -100,7 +103,7 @@ class Settings:
             dev_signin=local and env.get("DEV_SIGNIN") == "on",
             iap_audience=env.get("IAP_AUDIENCE") or None,
             tasks_emulator_host=tasks_emulator,
-            tasks_location=env.get("TASKS_LOCATION") or ("local" if tasks_emulator else None),
+            tasks_location=tasks_location,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",
@@ -112,6 +115,19 @@ class Settings:
     def canonical_url_root(self) -> str:
         """The app's own URL root, whatever Host a request came with: https on App Engine (`secure: always`)."""
         return f"{'https' if self.on_app_engine else 'http'}://{self.canonical_host}"
+
+
+# App Engine calls two regions by older names than every other service, Cloud Tasks included: "europe-west and
+# us-central in App Engine commands ... are called europe-west1 and us-central1 elsewhere"
+# (https://cloud.google.com/appengine/docs/standard/locations). `gcloud app describe` prints the App Engine name.
+APP_ENGINE_REGION_NAMES = {"us-central": "us-central1", "europe-west": "europe-west1"}
+REGION_NAME = re.compile(r"[a-z]+(?:-[a-z]+)+[0-9]+")
+
+
+def tasks_region(location: str) -> str:
+    """TASKS_LOCATION as Cloud Tasks names the region: App Engine's own name for it is taken too."""
+    location = location.strip().lower()
+    return APP_ENGINE_REGION_NAMES.get(location, location)
 
 
 def hosts(text: str, gae: bool, project: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The app's own routes: health, sign-in (page and API), the route every task is delivered to."""
-from flask import Blueprint, current_app, flash, jsonify, redirect, render_template, request
+from flask import Blueprint, Response, current_app, flash, jsonify, redirect, render_template, request
 from flask.typing import ResponseReturnValue
 from google.cloud import ndb
 
@@ -15,12 +15,28 @@ def healthz() -> ResponseReturnValue:
     """Datastore and cache reachability; 503 only when Datastore is down (the cache is optional)."""
     cache = runtime.cache()
     cache_state = {"backend": cache.backend, "status": cache.ping()}
-    try:
-        # A lookup by key that bypasses both caches: it proves Datastore itself answers.
-        ndb.Key("Healthz", "ping").get(use_cache=False, use_global_cache=False, timeout=3, retries=0)
-    except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
+    if not _datastore_answers():
         return jsonify(datastore="down", cache=cache_state), 503
     return jsonify(datastore="ok", cache=cache_state)
+
+
+def _datastore_answers() -> bool:
+    """A lookup by key that bypasses both caches: whether Datastore itself answers."""
+    try:
+        ndb.Key("Healthz", "ping").get(use_cache=False, use_global_cache=False, timeout=3, retries=0)
+    except Exception:  # noqa: BLE001 - whatever the failure, Datastore did not answer this lookup
+        return False
+    return True
+
+
+@bp.get("/_ah/warmup")
+def warmup() -> ResponseReturnValue:
+    """App Engine's warmup request (app.yaml: inbound_services: warmup), sent to a new instance before it takes
+    traffic. The process that answers it was built at import and opens its Datastore channel here with one lookup
+    by key (the instance's other gunicorn worker opens its own on its first request). It answers 200 even if that
+    lookup fails: the instance serves anyway."""
+    _datastore_answers()
+    return "", 200
 
 
 @bp.get("/api/openapi.json")
@@ -94,3 +110,21 @@ def run_task(name: str) -> ResponseReturnValue:
     attempt = request.headers.get(tasks.RETRY_HEADER, "0")
     result = fn(json_body(), int(attempt) if attempt.isdigit() else 0)
     return jsonify(result or {})
+
+
+# The answers that mean "this task, again later" rather than "the app is overloaded" (core/errors.py, core/web.py).
+RETRY_THIS_TASK = {"unavailable", "index_not_ready"}
+
+
+@bp.after_app_request
+def _retry_without_throttling(response: Response) -> Response:
+    """A task that met contention, or an index still building, answers 503 as any request would. Cloud Tasks reads a
+    503 from an App Engine target as an overloaded target and slows the whole queue
+    (https://cloud.google.com/tasks/docs/common-pitfalls), so these become a 500, which it retries on the queue's
+    backoff. Datastore or the cache away stays a 503: then slowing the queue is what helps."""
+    if request.endpoint == f"{bp.name}.run_task" and response.status_code == 503:
+        error = (response.get_json(silent=True) or {}).get("error", {})
+        if error.get("code") in RETRY_THIS_TASK:
+            response.status_code = 500
+            response.headers.pop("Retry-After", None)
+    return response

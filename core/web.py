@@ -5,7 +5,18 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, Request, Response, current_app, flash, jsonify, render_template, request, url_for
+from flask import (
+    Flask,
+    Request,
+    Response,
+    current_app,
+    flash,
+    jsonify,
+    make_response,
+    render_template,
+    request,
+    url_for,
+)
 from flask.globals import request_ctx
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionMixin
 from flask.typing import ResponseReturnValue
@@ -320,3 +331,17 @@ def init_app(app: Flask) -> None:
     def unexpected(e: Exception) -> ResponseReturnValue:
         log.exception("Unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", "Something went wrong on our side; it has been logged.")
+
+    @app.errorhandler(core_exceptions.FailedPrecondition)
+    def index_not_ready(e: core_exceptions.FailedPrecondition) -> ResponseReturnValue:
+        # A query whose composite index is missing or still building (after a first deploy, for minutes: `gcloud
+        # datastore indexes list` shows it CREATING) fails with FailedPrecondition. A building index is worth a retry;
+        # a missing one is a bug that the log says loudly either way. The status carries no reason code for it, so
+        # the message is what tells it from another failed precondition, which stays a 500.
+        if "index" not in str(e).lower():
+            return unexpected(e)
+        log.error("a query's index is building or missing: %s", e)
+        response = make_response(error_response(
+            503, "index_not_ready", "This page needs a Datastore index that is not ready yet; try again in a minute."))
+        response.headers["Retry-After"] = "60"
+        return response

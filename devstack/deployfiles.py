@@ -4,27 +4,41 @@ the CLI's bundled Python), and what they say handed back as JSON. `make deploy` 
 holds the app's routes to the handlers it returns.
 """
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from core.settings import hosts
+from core.settings import REGION_NAME, Settings, tasks_region
 from devstack.services import REPO, DevstackError, sdk_roots
 
 DEPLOYED = ("app.yaml", "index.yaml", "queue.yaml")
 
 # Runs on the CLI's Python, with its lib/ on the path: what gcloud app deploy does with each file before uploading.
 _PARSE = r"""
-import json, sys
+import json, os, sys
 from googlecloudsdk.api_lib.app import yaml_parsing
-app_yaml, index_yaml, queue_yaml = sys.argv[1:4]
-app = yaml_parsing.ServiceYamlInfo.FromFile(app_yaml).parsed
+from googlecloudsdk.command_lib.app import source_files_util
+app_yaml, index_yaml, queue_yaml, source = sys.argv[1:5]
+info = yaml_parsing.ServiceYamlInfo.FromFile(app_yaml)
+app = info.parsed
 index = yaml_parsing.ConfigYamlInfo.FromFile(index_yaml).parsed
 queue = yaml_parsing.ConfigYamlInfo.FromFile(queue_yaml).parsed
+env = app.env_variables or {}
+# The files gcloud app deploy would upload from the source folder: its own choice (.gcloudignore), as in deploy_util.
+# Without a .gcloudignore gcloud would write one into the folder: nothing is listed then, and the check refuses.
+upload = None
+if os.path.exists(os.path.join(source, ".gcloudignore")):
+    upload = sorted(source_files_util.GetSourceFiles(source, app.skip_files.regex, info.HasExplicitSkipFiles(),
+                                                     info.runtime, info.env, source))
 print(json.dumps({
-    "runtime": app.runtime, "entrypoint": app.entrypoint, "env_variables": sorted((app.env_variables or {}).keys()),
-    "trusted_hosts": (app.env_variables or {}).get("TRUSTED_HOSTS") or "",
+    "runtime": app.runtime, "entrypoint": app.entrypoint, "env_variables": sorted(env.keys()),
+    "env": {name: value for name, value in env.items() if name != "SECRET_KEY"},
+    "trusted_hosts": env.get("TRUSTED_HOSTS") or "",
+    "vpc_access_connector": app.vpc_access_connector and app.vpc_access_connector.name,
+    "inbound_services": list(app.inbound_services or []),
+    "max_concurrent_requests": int(app.automatic_scaling and app.automatic_scaling.max_concurrent_requests or 0),
     "handlers": [{"url": h.url, "script": h.script, "static_dir": h.static_dir, "secure": h.secure}
                  for h in app.handlers],
     "automatic_scaling": bool(app.automatic_scaling and app.automatic_scaling.max_instances),
@@ -32,6 +46,7 @@ print(json.dumps({
                  "properties": [(p.name, p.direction or "asc") for p in i.properties or []]} for i in index.indexes],
     "queues": [{"name": q.name, "rate": q.rate, "retry_limit": q.retry_parameters and
                 q.retry_parameters.task_retry_limit} for q in queue.queue],
+    "upload": upload,
 }))
 """
 
@@ -57,19 +72,56 @@ def parse(folder=REPO, secret=None):
         secret_file = Path(folder) / "secret.yaml"
         (Path(tmp) / "secret.yaml").write_text(
             secret or (secret_file.read_text() if secret_file.exists() else "env_variables:\n  SECRET_KEY: 'x'\n"))
-        done = subprocess.run([python, "-c", _PARSE, *(str(Path(tmp) / n) for n in DEPLOYED)], capture_output=True,
-                              text=True, timeout=120, env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"})
+        # The user's gcloud configuration (HOME, CLOUDSDK_CONFIG) as the deploy reads it: gcloudignore/enabled among it.
+        env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
+        env |= {name: os.environ[name] for name in ("HOME", "CLOUDSDK_CONFIG") if name in os.environ}
+        done = subprocess.run([python, "-c", _PARSE, *(str(Path(tmp) / n) for n in DEPLOYED), str(folder)],
+                              capture_output=True, text=True, timeout=120, env=env)
     if done.returncode != 0:
         raise DevstackError(f"gcloud's parser refused the deploy files:\n{done.stderr.strip()[-3000:]}")
     return json.loads(done.stdout), done.stderr.strip()
 
 
+# App Engine's limit on the files of one version (the deployment quotas,
+# https://cloud.google.com/appengine/docs/standard/quotas#Deployments); the deploy itself is refused past it.
+MAX_UPLOAD_FILES = 10_000
+
+
 def check_settings(parsed):
-    """What the app would refuse to start with, said before the deploy rather than by every instance at its start."""
+    """What would break on App Engine, said before the upload, one sentence each: what the app would refuse to start
+    with (Settings.from_env, given app.yaml's variables), and what would start but not work."""
+    env = parsed["env"]
+    location = tasks_region(env.get("TASKS_LOCATION", ""))
+    if not REGION_NAME.fullmatch(location):
+        raise DevstackError(
+            f"app.yaml: set TASKS_LOCATION to the app's region as Cloud Tasks names it (now {location!r}): "
+            "`gcloud app describe --format='value(locationId)'` prints it, us-central meaning us-central1 and "
+            "europe-west meaning europe-west1.")
     try:
-        hosts(parsed["trusted_hosts"], True, "PROJECT_ID")
+        Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: secret.yaml is not read here"})
     except RuntimeError as e:
         raise DevstackError(f"app.yaml: {e}") from None
+    if not env.get("IAP_AUDIENCE", "").strip():
+        raise DevstackError("app.yaml: set IAP_AUDIENCE (/projects/PROJECT_NUMBER/apps/PROJECT_ID): without it IAP's "
+                            "signed header is never read, so nobody is ever signed in and there is no admin.")
+    cache = [name for name in ("REDIS_URL", "MEMCACHED_HOSTS") if env.get(name, "").strip()]
+    if cache and not parsed["vpc_access_connector"]:
+        raise DevstackError(f"app.yaml: {cache[0]} is set but there is no vpc_access_connector: App Engine reaches a "
+                            "Memorystore private IP only through a Serverless VPC Access connector, and without one "
+                            "every cache call waits out its timeout.")
+    upload = parsed["upload"]
+    if upload is None:
+        raise DevstackError("There is no .gcloudignore beside app.yaml: restore it, or the upload would carry "
+                            "secret.yaml, the virtualenvs and the tests.")
+    if "secret.yaml" in upload:
+        raise DevstackError("The upload would include secret.yaml: list it in .gcloudignore (app.yaml includes it "
+                            "when gcloud reads it; the upload needs no copy).")
+    if len(upload) > MAX_UPLOAD_FILES:
+        folders = sorted({name.split("/")[0] for name in upload if "/" in name},
+                         key=lambda top: -sum(name.startswith(top + "/") for name in upload))
+        raise DevstackError(f"The upload would be {len(upload)} files, over App Engine's {MAX_UPLOAD_FILES:,} a "
+                            "version: list what need not be uploaded in .gcloudignore (the largest folders: "
+                            f"{', '.join(folders[:3]) or 'none, the files are at the top'}).")
 
 
 if __name__ == "__main__":  # `make deploy` runs this first

@@ -9,12 +9,13 @@ from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
 
-from core import identity, runtime
+from core import identity, runtime, tasks
+from core.errors import Unavailable
 from core.settings import Settings
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from tests.support import at_once, csrf_token, running
+from tests.support import at_once, csrf_token, make_app, running
 
 
 def test_healthz(client, stack):
@@ -128,6 +129,65 @@ def test_index_yaml_is_enforced(legacy_app):
         with pytest.raises(core_exceptions.GoogleAPICallError) as info:
             IndexProbe.query(IndexProbe.a == 1).order(-IndexProbe.b).fetch()
         assert "index" in str(info.value).lower()
+
+
+def test_a_query_whose_index_is_not_ready_answers_503_with_retry_after(legacy_stack):
+    """After a first deploy, a query whose composite index is still building fails with FailedPrecondition for
+    minutes: a 503 with Retry-After, not a 500. The legacy emulator refuses a query whose index is missing the same
+    way, so that is how it is met here; an HTML page and a JSON answer alike."""
+    class ReadyProbe(ndb.Model):
+        a = ndb.IntegerProperty()
+        b = ndb.IntegerProperty()
+
+    app = make_app(legacy_stack, checked=False, **legacy_stack.fresh())
+
+    def unindexed():
+        ReadyProbe.query(ReadyProbe.a == 1).order(-ReadyProbe.b).fetch()
+        return "indexed after all"
+
+    def another_precondition():
+        raise core_exceptions.FailedPrecondition("The referenced transaction has expired.")
+    app.add_url_rule("/probe", view_func=unindexed)
+    app.add_url_rule("/api/probe", endpoint="api_probe", view_func=unindexed)
+    app.add_url_rule("/api/other", view_func=another_precondition)
+    with running(app):
+        client = app.test_client()
+        page, answer, other = client.get("/probe"), client.get("/api/probe"), client.get("/api/other")
+    for r in (page, answer):
+        assert r.status_code == 503 and r.headers["Retry-After"] == "60"
+    assert answer.get_json()["error"]["code"] == "index_not_ready"
+    assert "index that is not ready" in page.get_data(as_text=True)
+    # Any other failed precondition is the app's error: a 500, with no invitation to retry.
+    assert other.status_code == 500 and "Retry-After" not in other.headers
+    assert other.get_json()["error"]["code"] == "internal"
+
+
+def test_the_warmup_request_answers(client):
+    r = client.get("/_ah/warmup")
+    assert r.status_code == 200 and r.get_data() == b""
+    assert "1 Lookup" in r.headers["Server-Timing"]  # it reached Datastore, which opened this process's channel
+
+
+def test_a_task_asked_to_retry_is_not_read_as_a_congested_queue(client, app):
+    """Cloud Tasks slows a whole queue on a 503 from an App Engine target. A task that met contention or an index
+    still building answers 500 instead (and without Retry-After); Datastore away stays a 503, as on every route."""
+    def contended(payload, attempt):
+        raise Unavailable("Contention outlasted the retries; try again.")
+
+    def index_building(payload, attempt):
+        raise core_exceptions.FailedPrecondition("The query requires an index that is not ready.")
+
+    def datastore_away(payload, attempt):
+        raise core_exceptions.ServiceUnavailable("Datastore did not answer.")
+    for fn in (contended, index_building, datastore_away):
+        runtime.of(app).tasks.register(f"test.{fn.__name__}", fn)
+    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    answers = {name: client.post(f"/api/tasks/test.{name}", json={}, headers=token)
+               for name in ("contended", "index_building", "datastore_away")}
+    assert {name: (r.status_code, r.get_json()["error"]["code"]) for name, r in answers.items()} == {
+        "contended": (500, "unavailable"), "index_building": (500, "index_not_ready"),
+        "datastore_away": (503, "datastore_unavailable")}
+    assert "Retry-After" not in answers["index_building"].headers
 
 
 # --- identity on App Engine: the IAP-signed JWT -----------------------------------------------------------------------

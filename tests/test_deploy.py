@@ -69,18 +69,102 @@ def test_a_route_app_yaml_does_not_hand_to_the_app_is_found(app):
     assert "/healthz (core.healthz)" in missing and not any(m.startswith("/blog") for m in missing)
 
 
-def test_app_yaml_names_every_setting_app_engine_needs(deployed):
+# app.yaml as a user fills it in for a project with a Valkey instance behind a connector (docs/deploy.md).
+SHIPPED_CONNECTOR = ("# vpc_access_connector:\n#   name: projects/PROJECT_ID/locations/REGION/connectors/CONNECTOR\n"
+                     "#   egress_setting: private-ranges-only")
+CONNECTOR = ("vpc_access_connector:\n  name: projects/p/locations/us-central1/connectors/c\n"
+             "  egress_setting: private-ranges-only")
+FILLED = {'IAP_AUDIENCE: ""': 'IAP_AUDIENCE: "/projects/1/apps/p"',
+          'TASKS_LOCATION: ""': 'TASKS_LOCATION: "us-central"',
+          'REDIS_URL: ""': 'REDIS_URL: "redis://10.0.0.3:6379/0"', SHIPPED_CONNECTOR: CONNECTOR}
+
+
+def _deploy_folder(tmp_path, changes=FILLED, then=None, **extra):
+    """A copy of the deploy files and .gcloudignore in `tmp_path`, app.yaml changed by `changes` and `then` (each must
+    apply), with `extra` files (name: text) beside them."""
+    for name in (*deployfiles.DEPLOYED, ".gcloudignore"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    app_yaml = (REPO / "app.yaml").read_text()
+    for old, new in [*changes.items(), *(then or {}).items()]:
+        assert old in app_yaml, old
+        app_yaml = app_yaml.replace(old, new)
+    (tmp_path / "app.yaml").write_text(app_yaml)
+    for name, text in extra.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_app_yaml_names_every_setting_app_engine_needs(deployed, tmp_path):
     parsed, _ = deployed
     names = set(parsed["env_variables"])
     assert {"SECRET_KEY", "ADMIN_EMAILS", "IAP_AUDIENCE", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
             "TASKS_QUEUE", "TRUSTED_HOSTS"} <= names
-    deployfiles.check_settings(parsed)
-    env = dict.fromkeys(names, "") | {"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
-                                      "TASKS_QUEUE": "mapper", "REDIS_URL": "redis://10.0.0.3:6379/0"}
+    assert "SECRET_KEY" not in parsed["env"]  # never handed back, even to the check
+    assert parsed["inbound_services"] == ["warmup"] and parsed["max_concurrent_requests"] == 16
+    filled, _ = deployfiles.parse(_deploy_folder(tmp_path))
+    deployfiles.check_settings(filled)  # filled in as docs/deploy.md says: nothing refused
+    env = filled["env"] | {"GAE_ENV": "standard", "SECRET_KEY": "s"}
     settings = Settings.from_env(env)
-    assert settings.backend == "firestore" and settings.tasks_location == "us-central1"
+    assert settings.backend == "firestore" and settings.tasks_location == "us-central1"  # App Engine's us-central
     assert settings.tasks_emulator_host is None  # Cloud Tasks itself, whatever the environment says
     assert settings.redis_url and not settings.memcached_hosts
+
+
+def test_the_shipped_app_yaml_is_refused_until_its_region_is_set(deployed):
+    parsed, _ = deployed
+    with pytest.raises(DevstackError, match="set TASKS_LOCATION to the app's region"):
+        deployfiles.check_settings(parsed)
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({'TASKS_LOCATION: "us-central"': 'TASKS_LOCATION: "Iowa"'}, "set TASKS_LOCATION to the app's region"),
+    ({'IAP_AUDIENCE: "/projects/1/apps/p"': 'IAP_AUDIENCE: ""'}, "set IAP_AUDIENCE"),
+    ({CONNECTOR: ""}, "REDIS_URL is set but there is no vpc_access_connector"),
+    ({'MEMCACHED_HOSTS: ""': 'MEMCACHED_HOSTS: "10.0.0.4:11211"'}, "Set MEMCACHED_HOSTS or REDIS_URL, not both"),
+    ({'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: "10.0.0.3:6379"'}, "REDIS_URL must be a redis://"),
+    ({'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: ""', CONNECTOR: "",
+      'MEMCACHED_HOSTS: ""': 'MEMCACHED_HOSTS: "10.0.0.4:11211"'},
+     "MEMCACHED_HOSTS is set but there is no vpc_access_connector"),
+])
+def test_make_deploy_refuses_a_configuration_that_would_not_work(tmp_path, change, refusal):
+    parsed, _ = deployfiles.parse(_deploy_folder(tmp_path, then=change))
+    with pytest.raises(DevstackError, match=refusal):
+        deployfiles.check_settings(parsed)
+
+
+def test_the_upload_leaves_out_the_secret_and_every_virtualenv(tmp_path):
+    folder = _deploy_folder(tmp_path, **{"secret.yaml": "env_variables:\n  SECRET_KEY: 'x'\n",
+                                         ".venv-3.13/lib/site.py": "", ".venv/bin/python": "", "main.py": ""})
+    parsed, _ = deployfiles.parse(folder)
+    assert "main.py" in parsed["upload"] and "app.yaml" in parsed["upload"]
+    assert [name for name in parsed["upload"] if "secret" in name or name.startswith(".venv")] == []
+    deployfiles.check_settings(parsed)
+    # The same folder with a .gcloudignore that forgot the secret is refused.
+    (folder / ".gcloudignore").write_text((folder / ".gcloudignore").read_text().replace("\nsecret.yaml\n", "\n"))
+    with pytest.raises(DevstackError, match="would include secret.yaml"):
+        deployfiles.check_settings(deployfiles.parse(folder)[0])
+
+
+def test_a_folder_without_its_gcloudignore_is_refused_and_left_as_it_was(tmp_path):
+    folder = _deploy_folder(tmp_path)
+    (folder / ".gcloudignore").unlink()
+    parsed, warnings = deployfiles.parse(folder)
+    assert parsed["upload"] is None and not (folder / ".gcloudignore").exists() and warnings == ""
+    with pytest.raises(DevstackError, match="There is no .gcloudignore"):
+        deployfiles.check_settings(parsed)
+
+
+def test_an_upload_over_app_engines_file_limit_is_refused(tmp_path):
+    folder = _deploy_folder(tmp_path)
+    many = folder / "node_modules"
+    many.mkdir()
+    for i in range(deployfiles.MAX_UPLOAD_FILES):
+        (many / f"{i}.js").touch()
+    parsed, _ = deployfiles.parse(folder)
+    assert len(parsed["upload"]) > deployfiles.MAX_UPLOAD_FILES
+    with pytest.raises(DevstackError, match=r"over App Engine's 10,000 a version.*largest folders: node_modules"):
+        deployfiles.check_settings(parsed)
 
 
 def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
@@ -92,13 +176,9 @@ def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
 
 
 def test_trusted_hosts_the_app_would_refuse_stop_the_deploy(tmp_path):
-    for name in deployfiles.DEPLOYED:
-        (tmp_path / name).write_text((REPO / name).read_text())
-    app_yaml = (REPO / "app.yaml").read_text().replace('TRUSTED_HOSTS: ""', 'TRUSTED_HOSTS: ".example.com,a b"')
-    (tmp_path / "app.yaml").write_text(app_yaml)
-    parsed, _ = deployfiles.parse(tmp_path)
+    folder = _deploy_folder(tmp_path, then={'TRUSTED_HOSTS: ""': 'TRUSTED_HOSTS: ".example.com,a b"'})
     with pytest.raises(DevstackError, match="TRUSTED_HOSTS"):
-        deployfiles.check_settings(parsed)
+        deployfiles.check_settings(deployfiles.parse(folder)[0])
 
 
 def test_a_broken_app_yaml_is_refused(tmp_path):

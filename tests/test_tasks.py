@@ -86,6 +86,13 @@ def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks, gae_app):
 def test_cloud_tasks_needs_a_location_and_off_app_engine_a_local_server():
     with pytest.raises(RuntimeError, match="TASKS_LOCATION"):
         Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s"})
+    # App Engine's names for its two oldest regions (what `gcloud app describe` prints) are Cloud Tasks' us-central1
+    # and europe-west1; anything else that is not a region's name stops the app at its start.
+    deployed = {"GAE_ENV": "standard", "SECRET_KEY": "s"}
+    assert Settings.from_env(deployed | {"TASKS_LOCATION": "europe-west"}).tasks_location == "europe-west1"
+    assert Settings.from_env(deployed | {"TASKS_LOCATION": "asia-northeast1"}).tasks_location == "asia-northeast1"
+    with pytest.raises(RuntimeError, match="not a region's name"):
+        Settings.from_env(deployed | {"TASKS_LOCATION": "Iowa"})
     local = Settings.from_env({"CLOUD_TASKS_EMULATOR_HOST": "127.0.0.1:9", "SECRET_KEY": "s"})
     assert (local.tasks_emulator_host, local.tasks_location) == ("127.0.0.1:9", "local")
     assert isinstance(tasks.make_queue(local), tasks.CloudTasksQueue)
