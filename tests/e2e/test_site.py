@@ -65,12 +65,16 @@ def test_the_tour_shows_live_figures_and_leads_to_pages_and_source(page):
     _populate(page)
     page.goto("/")
     cards = page.locator(".cards .card")
-    expect(cards).to_have_count(4)
+    expect(cards).to_have_count(5)  # a card per lesson, and one for what each request costs
     expect(page.locator("[data-figure=counters]")).to_have_text("3 likes on 1 shard")
     expect(page.locator("[data-figure=blog]")).to_contain_text("12 entries in demo")
     expect(page.locator("[data-figure=comments]")).to_contain_text("3 comments on the 10 newest entries")
     expect(page.locator("[data-figure=mapper]")).to_contain_text("add_credit done, 40 processed")
 
+    page.locator("#costs").get_by_role("link", name="Appstats").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Appstats: what each request cost")
+    expect(page.locator("[data-appstats-table] tr[data-request]").first).to_be_visible()
+    page.go_back()
     page.locator("#lesson-counters").get_by_role("link", name="counters/service.py").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("counters/service.py")
     expect(page.locator(".source")).to_contain_text("def increment")
