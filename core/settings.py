@@ -69,11 +69,13 @@ class Settings:
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
-        if gae and not env.get("TASKS_LOCATION", "").strip():
-            raise RuntimeError("TASKS_LOCATION (the app's region, e.g. us-central1) must be set for Cloud Tasks.")
         tasks_location = tasks_region(env.get("TASKS_LOCATION") or "") or ("local" if tasks_emulator else None)
         if gae and not REGION_NAME.fullmatch(tasks_location or ""):
-            raise RuntimeError(f"TASKS_LOCATION {tasks_location!r} is not a region's name, such as us-central1.")
+            said = (f"TASKS_LOCATION {tasks_location!r} is not a region's name" if tasks_location
+                    else "TASKS_LOCATION must be set for Cloud Tasks")
+            raise RuntimeError(f"{said}: set TASKS_LOCATION to the app's region as Cloud Tasks names it. `gcloud app "
+                               "describe --format='value(locationId)'` prints it, us-central meaning us-central1 and "
+                               "europe-west meaning europe-west1.")
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
             raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.settings import REGION_NAME, Settings, tasks_region
+from core.settings import Settings
 from devstack.services import REPO, DevstackError, sdk_roots
 
 DEPLOYED = ("app.yaml", "index.yaml", "queue.yaml")
@@ -35,7 +35,6 @@ if os.path.exists(os.path.join(source, ".gcloudignore")):
 print(json.dumps({
     "runtime": app.runtime, "entrypoint": app.entrypoint, "env_variables": sorted(env.keys()),
     "env": {name: value for name, value in env.items() if name != "SECRET_KEY"},
-    "trusted_hosts": env.get("TRUSTED_HOSTS") or "",
     "vpc_access_connector": app.vpc_access_connector and app.vpc_access_connector.name,
     "inbound_services": list(app.inbound_services or []),
     "max_concurrent_requests": int(app.automatic_scaling and app.automatic_scaling.max_concurrent_requests or 0),
@@ -91,12 +90,6 @@ def check_settings(parsed):
     """What would break on App Engine, said before the upload, one sentence each: what the app would refuse to start
     with (Settings.from_env, given app.yaml's variables), and what would start but not work."""
     env = parsed["env"]
-    location = tasks_region(env.get("TASKS_LOCATION", ""))
-    if not REGION_NAME.fullmatch(location):
-        raise DevstackError(
-            f"app.yaml: set TASKS_LOCATION to the app's region as Cloud Tasks names it (now {location!r}): "
-            "`gcloud app describe --format='value(locationId)'` prints it, us-central meaning us-central1 and "
-            "europe-west meaning europe-west1.")
     try:
         Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: secret.yaml is not read here"})
     except RuntimeError as e:
