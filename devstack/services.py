@@ -134,6 +134,35 @@ def _stop_group(proc, timeout=10):
             continue
 
 
+def _wait_until_stopped(pids, timeout=5):
+    """Return once every thread of `pids` is stopped. kill() only queues SIGSTOP: a process busy on the other core
+    may still answer one more request before it stops, which would make a "frozen" service answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for pid in pids:
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile is not running either
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    with contextlib.suppress(OSError):
+                        # the state follows the command name in parentheses, which may itself hold spaces
+                        states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        if all(state in ("T", "t", "Z", "X") for state in states):
+            return
+        time.sleep(0.01)
+    raise DevstackError(f"processes {sorted(pids)} did not stop within {timeout} s of SIGSTOP")
+
+
+def _group(pgid):
+    """The processes of a process group, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rpartition(")")[2].split()[2]) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
 def sdk_roots():
     """Where the Google Cloud CLI may be installed, most likely first."""
     roots = [os.environ.get("CLOUDSDK_ROOT", "")]
@@ -260,6 +289,7 @@ class _JavaEmulator:
         """Freeze the emulator and whatever it started (SIGSTOP to its process group): calls hang, as on a Datastore
         that stops answering."""
         os.killpg(self.proc.pid, signal.SIGSTOP)
+        _wait_until_stopped(_group(self.proc.pid))
 
     def resume(self):
         os.killpg(self.proc.pid, signal.SIGCONT)
@@ -388,6 +418,7 @@ class _CacheServer:
     def pause(self):
         """Freeze the server (SIGSTOP): connections hang instead of failing, the hard case for timeouts."""
         os.kill(self.proc.pid, signal.SIGSTOP)
+        _wait_until_stopped([self.proc.pid])
 
     def resume(self):
         os.kill(self.proc.pid, signal.SIGCONT)
