@@ -13,7 +13,7 @@ differs by backend: a read-modify-write transaction on legacy, a blind server-si
             can be on each backend (harness.one_entity_transaction: backoff on legacy, in turn on Firestore);
 - ndb:      one entity again, but incremented the textbook way, `@ndb.transactional()` with ndb's own retries (3,
             backoff from 1 s), to show what immediate retrying on another shard is up against;
-- general:  the default twenty shards;
+- general:  the default twenty shards, whatever the load: at 32 writers too few, so it is reported, not judged;
 - sized:    a general counter with four shards per writer, as the talk advises: shards enough for the write rate;
 - adaptive: starts at one shard and doubles on contention;
 - ceiling:  every writer increments a counter of its own, so no transaction ever collides: what the machine and the
@@ -34,7 +34,15 @@ from counters.models import CounterShard
 
 VARIANTS = ("single", "txn", "ndb", "general", "sized", "adaptive", "ceiling")
 ONE_ENTITY = {"legacy": ("single", "txn", "ndb"), "firestore": ("txn", "ndb")}  # one entity, by transaction
-TARGET_VS_ONE = {"legacy": 2, "firestore": 10}
+# Bare, against one entity's best transaction, on the backend where that entity is contended: the legacy emulator's
+# optimistic transactions collide. The bare Firestore emulator takes one entity's writers in turn in microseconds, so
+# there that ratio is this machine's CPU, not waiting: it is reported, and judged under the latency model only (as
+# bench/comments.py judges the shared sequence).
+TARGET_VS_ONE = {"legacy": 2}
+# The talk's claim under the latency model is for a counter sharded for its writers: `sized` (4 shards a writer) and
+# `adaptive` (grown by its collisions). `general` keeps the default 20 shards whatever the load, so at 32 writers it
+# collides by design; its ratio is reported with its attempts per commit, not judged.
+SHARDED_FOR_ITS_WRITERS = ("sized", "adaptive")
 WRITERS = (1, 8, 32)
 READS = 300
 WARMUP = 3.0  # seconds of the same load before measuring: the adaptive counter's time to find its size
@@ -173,26 +181,40 @@ def _section(column, measured, rounds, seconds):
     name = harness.column_name(column)
     one_commits = max(sum(x.commits for x in results[(v, 32)]) for v in one)
     checks = []
+
+    def vs_one(v):
+        # A ratio against one entity that committed nothing measures nothing: then the check says so, missed.
+        return at[v]["rate"] / one_rate if one_rate else f"one entity committed nothing in {rounds} x {seconds} s"
     if latency == "production":  # the talk's claim where writes wait as in production
-        for v in ("general", "sized", "adaptive"):
-            # A ratio against one entity that committed nothing measures nothing: then the check says so, missed.
-            checks.append((f"{name}: {v} commits/s vs one entity's best transaction, 32 writers",
-                           at[v]["rate"] / one_rate if one_rate else
-                           f"one entity committed nothing in {rounds} x {seconds} s", ">= 5", 5, True))
+        for v in SHARDED_FOR_ITS_WRITERS:
+            checks.append((f"{name}: {v} commits/s vs one entity's best transaction, 32 writers", vs_one(v), ">= 5",
+                           5, True))
     else:
-        target = TARGET_VS_ONE[backend]
-        for v in ("sized", "adaptive", "general"):
-            checks += [
-                (f"{name}: {v} commits/s vs one entity's best transaction, 32 writers",
-                 at[v]["rate"] / one_rate if one_rate else f"one entity committed nothing in {rounds} x {seconds} s",
-                 f">= {target}", target, True),
-                (f"{name}: {v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"], ">= 0.8",
-                 .8, True),
-                (f"{name}: {v} p99 / one entity's best p99, 32 writers", at[v]["p99"] / one_p99, "<= 0.1", .1,
-                 False),
-            ]
+        for v in SHARDED_FOR_ITS_WRITERS:
+            if backend in TARGET_VS_ONE:
+                target = TARGET_VS_ONE[backend]
+                checks += [
+                    (f"{name}: {v} commits/s vs one entity's best transaction, 32 writers", vs_one(v),
+                     f">= {target}", target, True),
+                    (f"{name}: {v} p99 / one entity's best p99, 32 writers", at[v]["p99"] / one_p99, "<= 0.1", .1,
+                     False)]
+            checks.append((f"{name}: {v} commits/s vs ceiling, 32 writers", at[v]["rate"] / at["ceiling"]["rate"],
+                           ">= 0.8", .8, True))
         checks.append((f"{name}: cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20,
                        True))
+    # The bare column's time-bound targets (from the counters issue) are this machine's: say what bounds them.
+    bounds_line = "" if latency == "production" else (
+        f"Bare, what bounds the time targets here: the uncontended ceiling's own p99 is "
+        f"{at['ceiling']['p99'] / one_p99:.2f} of one entity's best p99 (32 writers queue for 2 cores, collisions or "
+        f"not); a cached total ({cached * 1e6:.0f} µs) and the summed one ({summed * 1e6:.0f} µs) are both this "
+        f"machine's CPU, as the emulator and the cache answer from it; under the latency model the cached total is "
+        f"what production gains, one cache round trip against a Datastore read.\n")
+    general = at["general"]
+    how = ("its increments blind, never colliding" if backend == "firestore"
+           else f"{general['attempts']:.2f} attempts a commit")
+    general_line = (f"The general counter (20 shards whatever the load) at 32 writers: "
+                    f"{general['rate'] / one_rate if one_rate else float('nan'):.2f}x one entity's best transaction, "
+                    f"{how}; the claim judged below is for a counter sharded for its writers (sized, adaptive).\n")
     checks.append((f"{name}: every run exact (0 lost, 0 doubled)", sum(not ok for ok in exact.values()), "0", 0,
                    False))
     growth = ", ".join(f"{w} writers: {sorted(s)}" for w, s in sorted(shards_reached.items()))
@@ -211,7 +233,7 @@ Reads, median per read over {rounds} x {READS}: cached total {cached * 1e6:.0f} 
 {harness.bill_cell(cached_bill)}; summed from 20 shards {summed * 1e6:.0f} µs, billed {harness.bill_cell(summed_bill)}.
 A contended increment is billed again for each retry: the bill per increment above is the least it costs.
 Adaptive counter's shard count at the end of each round (it starts at 1): {growth}.
-{blind_line}"""
+{blind_line}{general_line}{bounds_line}"""
     return text, checks, med
 
 
