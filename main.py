@@ -46,10 +46,10 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     )
     app.config.update(flask_config)
 
-    # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, the IAP keys. The
+    # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, Google's keys. The
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
     rt = app.extensions[runtime.EXTENSION] = Runtime(settings, task_queue)
-    app.extensions["iap_keys"] = identity.IapKeys()
+    app.extensions["google_keys"] = identity.GoogleKeys()
     app.wsgi_app = app.extensions[runtime.MIDDLEWARE] = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
@@ -80,6 +80,11 @@ def __getattr__(name):
     """`main:app` for gunicorn, built on first use: importing main (tests, scripts) builds no app."""
     if name == "app":
         logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"))
-        globals()["app"] = create_app()
+        try:
+            settings = Settings.from_env()
+        except RuntimeError as e:  # a setting missing or wrong: one line that says what to set, not a traceback
+            logging.getLogger(__name__).critical("Not starting: %s", e)
+            raise SystemExit(3) from None  # gunicorn's "worker failed to boot": it stops rather than respawning
+        globals()["app"] = create_app(settings)
         return globals()["app"]
     raise AttributeError(name)

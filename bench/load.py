@@ -15,7 +15,8 @@ every round (side by side, so a noisy machine or network moves them alike), medi
              the shared sequence the talk rejects, in the app's own code.
 
 Bounded: at most 64 users, 300 s per variant, 5 rounds. Setup (counters, a blog, sign-ins) uses the API: locally the
-dev sign-in; on App Engine, give `--token` (an identity IAP accepts; see docs/load.md, "Load-testing a deployment").
+dev sign-in; on App Engine, give `--token` (a Google ID token for the app's client; docs/load.md, "Load-testing a
+deployment").
 Writes bench/results/load.md and load.csv (or --out). Run: `make load [URL=...] [SCENARIO=...] [LOAD_ARGS=...]`.
 """
 import argparse
@@ -53,13 +54,16 @@ class Target:
         self.http = requests.Session()
 
     def identity(self, email, admin=False):
-        """Headers that make a request `email`'s: a dev sign-in's session cookie locally, else a given token."""
+        """Headers that make a request someone's: locally the dev sign-in's session as `email`; on App Engine, a
+        session signed in with one of the given Google ID tokens (whose identity it is, the token says)."""
         if self.tokens:
-            return {"Authorization": f"Bearer {self.tokens[hash(email) % len(self.tokens)]}"}
-        r = requests.post(f"{self.url}/api/session", json={"email": email, "admin": admin}, timeout=30)
-        if r.status_code == 404:
-            raise LoadError(f"{self.url} has no dev sign-in (App Engine): pass --token with an identity IAP accepts "
-                            "(docs/load.md, 'Load-testing a deployment').")
+            r = requests.post(f"{self.url}/api/session", timeout=30,
+                              json={"credential": self.tokens[hash(email) % len(self.tokens)]})
+        else:
+            r = requests.post(f"{self.url}/api/session", json={"email": email, "admin": admin}, timeout=30)
+        if r.status_code == 404 and not self.tokens:
+            raise LoadError(f"{self.url} has no dev sign-in (App Engine): pass --token with a Google ID token for the "
+                            "app's client id (docs/load.md, 'Load-testing a deployment').")
         if r.status_code >= 400:
             raise LoadError(f"signing in as {email} failed: HTTP {r.status_code} {r.text[:200]}")
         return {"Cookie": "; ".join(f"{k}={v}" for k, v in r.cookies.items())}
@@ -234,7 +238,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=bounded(1, MAX_ROUNDS), default=3)
     parser.add_argument("--blog", default=None, help="frontpage's blog (default: demo when it exists, else its own)")
     parser.add_argument("--token", action="append", default=[],
-                        help="a bearer token IAP accepts (repeat for several identities); default: dev sign-in")
+                        help="a Google ID token for the app's client id, to sign in with (repeat for several "
+                             "identities); default: dev sign-in")
     parser.add_argument("--out", default=str(RESULTS / "load"), help="report path without extension")
     args = parser.parse_args(argv)
     args.spawn_rate = args.spawn_rate or args.users

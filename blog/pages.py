@@ -20,7 +20,7 @@ from werkzeug.wsgi import get_host
 
 from blog import service
 from blog.models import BlogIndex
-from core import identity, runtime
+from core import runtime
 from core.cache import CACHE_DOWN
 from core.fragments import Fragments
 
@@ -87,7 +87,7 @@ def render_entry(ref, status=200, state=None):
 
 
 # --- the front page as a visitor sees it, and the feed, whole --------------------------------------------------------
-# A visitor (no session, no IAP identity, no query) sees what every other visitor sees, but for the footer's figures
+# A visitor (no session, no query) sees what every other visitor sees, but for the footer's figures
 # of this request; a feed is the same for everyone. So each is kept whole in the cache beside the BlogIndex's own
 # entry in ndb's global cache, and one round trip reads both (core.datastore.Datastore.peek): a kept copy is served
 # only when it was rendered for the max_index that entry holds now. That entry is never older than Datastore (ndb
@@ -103,12 +103,11 @@ KEPT_LIFETIME = 5  # seconds
 _COST = re.compile(r"<span data-cost>.*?</span>", re.S)
 _COST_SLOT = "<span data-cost>\x00</span>"
 _KEPT_PATH = re.compile(r"/blog/(?P<blog>[^/]+)(?P<feed>/feed\.atom)?")
-_IAP_ENVIRON = "HTTP_" + identity.IAP_HEADER.upper().replace("-", "_")
 
 
 def is_visitor(environ, session_cookie):
     """Whether this request is a visitor's plain look at a page: nothing about it depends on who asks."""
-    return (not environ.get("QUERY_STRING") and _IAP_ENVIRON not in environ
+    return (not environ.get("QUERY_STRING")
             and ("HTTP_COOKIE" not in environ or session_cookie not in parse_cookie(environ["HTTP_COOKIE"])))
 
 

@@ -1,9 +1,14 @@
-"""Who is asking: the dev sign-in locally, the IAP-signed JWT on App Engine.
+"""Who is asking: the dev sign-in locally, Sign in with Google wherever GOOGLE_CLIENT_ID is set (App Engine).
 
-Locally (not GAE_ENV=standard) a person signs in with any email and chooses whether they are an admin; the user is
-kept in the signed session cookie. On App Engine the dev sign-in does not exist: Identity-Aware Proxy signs every
-request's identity into `x-goog-iap-jwt-assertion`, verified here against Google's published keys; `sub` is the
-stable user id and admins are the emails in ADMIN_EMAILS.
+Anyone reads the pages without signing in; writing needs a signed-in person; admins are the emails in ADMIN_EMAILS.
+Whoever signed in is kept in the signed session cookie, the same way for both sign-ins:
+- Locally (not GAE_ENV=standard, DEV_SIGNIN=on) a person signs in with any email and chooses whether they are an admin.
+- On App Engine, Sign in with Google: Google's button gives the browser an ID token (a JWT Google signed for this app's
+  OAuth client), the page posts it here, and google-auth checks it against Google's published keys
+  (https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). `sub` is the stable user id.
+
+Why not Identity-Aware Proxy, which signs every request: IAP's access policy covers a whole service or version, not a
+path, so behind it nobody reads anonymously, and without it nobody is signed in (docs/deploy.md, "Sign-in").
 """
 import hashlib
 import hmac
@@ -14,22 +19,23 @@ import time
 from typing import TypedDict
 
 import requests
-from flask import current_app, g, request, session
+from flask import g, session
 from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
 
 from core import runtime
-from core.errors import BadInput, Forbidden, NotFound, SignInRequired, Unavailable
+from core.errors import AppError, BadInput, Forbidden, NotFound, SignInRequired, Unavailable
 
 log = logging.getLogger(__name__)
-IAP_CERTS_URL = "https://www.gstatic.com/iap/verify/public_key"
-IAP_ISSUER = "https://cloud.google.com/iap"
-IAP_HEADER = "x-goog-iap-jwt-assertion"
+# Google's keys for the ID tokens Sign in with Google issues, PEM certificates by key id (what google-auth's own
+# id_token.verify_oauth2_token fetches on every call; fetched here once an hour instead).
+GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
+GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 
 
 class User(TypedDict):
     """A signed-in person as the session, the pages and the API carry them."""
-    id: str  # stable (IAP's `sub`, or derived from the dev sign-in's email); never contains "|"
+    id: str  # stable (Google's `sub`, or derived from the dev sign-in's email); never contains "|"
     email: str
     admin: bool
 
@@ -37,15 +43,15 @@ class User(TypedDict):
 EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,24}")
 
 
-class IapKeys:
-    """Google's IAP public keys, fetched once and refreshed hourly: not one fetch per request.
+class GoogleKeys:
+    """Google's public keys for its ID tokens, fetched once and refreshed hourly: not one fetch per sign-in.
 
     One fetch at a time, and never a queue of them: threads that waited for a fetch use its keys. When a refresh
     fails, the keys already held stay in use (Google rotates them slowly, announcing new ones well before use) and
     the next try is `retry_after` seconds later; with no keys at all, a failed fetch answers every caller at once for
     those seconds instead of each waiting out its own timeout in turn."""
 
-    def __init__(self, url: str = IAP_CERTS_URL, lifetime: float = 3600, timeout: float = 5,
+    def __init__(self, url: str = GOOGLE_CERTS_URL, lifetime: float = 3600, timeout: float = 5,
                  retry_after: float = 30) -> None:
         self.url, self.lifetime, self.timeout, self.retry_after = url, lifetime, timeout, retry_after
         self._keys: dict[str, str] | None = None
@@ -61,40 +67,42 @@ class IapKeys:
             keys, now = self._keys, time.monotonic()
             if now < self._due:  # another thread fetched (or failed) while this one waited
                 if keys is None:
-                    raise requests.ConnectionError(f"IAP keys unavailable: {self._failure!r}")
+                    raise requests.ConnectionError(f"Google's keys unavailable: {self._failure!r}")
                 return keys
             try:
                 response = requests.get(self.url, timeout=self.timeout)
                 response.raise_for_status()
                 fetched = response.json()
                 if not isinstance(fetched, dict) or not fetched:
-                    raise ValueError("IAP keys: not a JSON object of keys")
+                    raise ValueError("Google's keys: not a JSON object of keys")
             except (requests.RequestException, ValueError) as e:
                 self._due, self._failure = time.monotonic() + self.retry_after, e
                 if keys is None:
                     raise
-                log.warning("IAP keys not refreshed, the held ones stay in use: %r", e)
+                log.warning("Google's keys not refreshed, the held ones stay in use: %r", e)
                 return keys
             self._keys, self._due, self._failure = fetched, time.monotonic() + self.lifetime, None
             return fetched
 
 
-def verify_iap_token(token: str | None, audience: str | None, keys: IapKeys) -> User | None:
-    """The user in a verified IAP token, or None when the token is missing, forged, expired or for someone else.
-    `keys` is an IapKeys: Google's keys are fetched only when there is a token to check."""
-    if not token or not audience:
+def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> User | None:
+    """The user in a verified Google ID token, or None when the token is forged, expired, for another app (`aud`),
+    from another issuer, or for an address Google has not verified. `keys`: Google's, fetched only when there is a
+    token to check."""
+    if not isinstance(token, str) or not token or len(token) > 4096:
         return None
     try:
         certs = keys.get()
     except (requests.RequestException, ValueError) as e:
-        raise Unavailable("Sign-in cannot be checked right now; try again shortly.", "iap_keys_unavailable") from e
+        raise Unavailable("Sign-in cannot be checked right now; try again shortly.", "google_keys_unavailable") from e
     try:
-        claims = jwt.decode(token, certs=certs, audience=audience)
+        claims = jwt.decode(token, certs=certs, audience=client_id)  # signature, expiry and audience
     except (ValueError, auth_exceptions.GoogleAuthError):
         return None
-    if claims.get("iss") != IAP_ISSUER or not claims.get("sub") or not claims.get("email"):
+    if (claims.get("iss") not in GOOGLE_ISSUERS or not claims.get("sub") or not isinstance(claims.get("email"), str)
+            or claims.get("email_verified") is not True):
         return None
-    return make_user(claims["sub"], claims["email"], admin=None)
+    return make_user(f"google:{claims['sub']}", claims["email"], admin=None)
 
 
 def make_user(user_id: str, email: str, admin: bool | None) -> User:
@@ -112,7 +120,7 @@ def dev_user_id(email: str) -> str:
 
 def pseudonym(user: User) -> str:
     """The user's id where others can see it (in a comment's id): keyed by the app's secret, so nobody can tell whose
-    it is from an email (the dev id is a plain hash of one) or from IAP's `sub` (a Google account id). Stable while
+    it is from an email (the dev id is a plain hash of one) or from Google's `sub` (a Google account id). Stable while
     SECRET_KEY is: rotating it starts a user's new comments in a new group; old ones keep their ids."""
     secret = runtime.current().settings.secret_key.encode()
     return "u" + hmac.new(secret, b"pseudonym\0" + user["id"].encode(), hashlib.sha256).hexdigest()[:24]
@@ -130,14 +138,13 @@ def display_name_of(email: str) -> str:
 
 
 def current_user() -> User | None:
-    """The signed-in user for this request, or None. Worked out once per request."""
+    """The signed-in user for this request, or None. Worked out once per request. Whether a Google user is an admin
+    is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy."""
     if "user" not in g:
-        settings = runtime.current().settings
-        if settings.on_app_engine:
-            g.user = verify_iap_token(request.headers.get(IAP_HEADER), settings.iap_audience,
-                                      current_app.extensions["iap_keys"])
-        else:
-            g.user = session.get("user")
+        user = session.get("user")
+        if user and not user["id"].startswith("dev-"):
+            user = {**user, "admin": user["email"] in runtime.current().settings.admin_emails}
+        g.user = user
     return g.user
 
 
@@ -163,14 +170,29 @@ def require_dev_signin() -> None:
 
 
 def dev_sign_in(email: object, admin: object) -> User:
-    """Sign in locally as `email`; refused on App Engine, where IAP says who is who, and wherever the settings did not
-    turn it on (Settings.dev_signin: local development only)."""
+    """Sign in locally as `email`; refused on App Engine, where Google says who is who, and wherever the settings did
+    not turn it on (Settings.dev_signin: local development only)."""
     require_dev_signin()
     if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise BadInput("Give a valid email address.", "bad_email")
     if not isinstance(admin, bool):
         raise BadInput("admin must be true or false.", "bad_admin")
-    user = make_user(dev_user_id(email), email, admin)
+    return _keep(make_user(dev_user_id(email), email, admin))
+
+
+def google_sign_in(credential: object, keys: GoogleKeys) -> User:
+    """Sign in with the ID token Sign in with Google gave the browser (its `credential`)."""
+    client_id = runtime.current().settings.google_client_id
+    if not client_id:
+        raise NotFound("Sign in with Google is not set up here (GOOGLE_CLIENT_ID).")
+    user = verify_google_id_token(credential, client_id, keys)
+    if user is None:
+        raise AppError("That Google sign-in could not be verified; sign in again.", "bad_credential", 401)
+    return _keep(user)
+
+
+def _keep(user: User) -> User:
+    """The session now holds `user` and nothing from before: a fresh session at each sign-in."""
     session.clear()
     session["user"] = user
     g.user = user

@@ -35,7 +35,9 @@ class Settings:
     # development, where the database is a local emulator and the environment asks for it (DEV_SIGNIN=on: devstack's
     # stacks set it). Never on App Engine, Cloud Run or a VM, whatever else is set.
     dev_signin: bool = False
-    iap_audience: str | None = None
+    # Sign in with Google (core/identity.py): the OAuth web client's id, whose ID tokens the app accepts. Required on
+    # App Engine, where it is the only way in; optional locally, beside the dev sign-in.
+    google_client_id: str | None = None
     # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address
     # (`make run`; most tests hand create_app a queue of their own instead).
     tasks_emulator_host: str | None = None
@@ -76,6 +78,14 @@ class Settings:
             raise RuntimeError(f"{said}: set TASKS_LOCATION to the app's region as Cloud Tasks names it. `gcloud app "
                                "describe --format='value(locationId)'` prints it, us-central meaning us-central1 and "
                                "europe-west meaning europe-west1.")
+        google_client_id = env.get("GOOGLE_CLIENT_ID", "").strip() or None
+        if gae and not google_client_id:
+            raise RuntimeError("GOOGLE_CLIENT_ID must be set on App Engine: the id of the OAuth web client that "
+                               "Sign in with Google issues tokens for (docs/deploy.md, 'Sign-in'); without it "
+                               "nobody can sign in, so nobody can write and there is no admin.")
+        if google_client_id and not GOOGLE_CLIENT_ID.fullmatch(google_client_id):
+            raise RuntimeError(f"GOOGLE_CLIENT_ID {google_client_id!r} is not an OAuth client id: set it to the web "
+                               "client's id, which ends in .apps.googleusercontent.com.")
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
             raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")
@@ -103,7 +113,7 @@ class Settings:
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
             dev_signin=local and env.get("DEV_SIGNIN") == "on",
-            iap_audience=env.get("IAP_AUDIENCE") or None,
+            google_client_id=google_client_id,
             tasks_emulator_host=tasks_emulator,
             tasks_location=tasks_location,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
@@ -112,6 +122,11 @@ class Settings:
             latency=latency,
             **hosts(env.get("TRUSTED_HOSTS", ""), gae, project),
         )
+
+    @property
+    def sign_in_offered(self) -> bool:
+        """Whether anyone can sign in here: with Google, or with the dev form (local development only)."""
+        return bool(self.google_client_id) or (self.dev_signin and not self.on_app_engine)
 
     @property
     def canonical_url_root(self) -> str:
@@ -123,6 +138,7 @@ class Settings:
 # us-central in App Engine commands ... are called europe-west1 and us-central1 elsewhere"
 # (https://cloud.google.com/appengine/docs/standard/locations). `gcloud app describe` prints the App Engine name.
 APP_ENGINE_REGION_NAMES = {"us-central": "us-central1", "europe-west": "europe-west1"}
+GOOGLE_CLIENT_ID = re.compile(r"[0-9A-Za-z_-]{1,120}\.apps\.googleusercontent\.com")
 REGION_NAME = re.compile(r"[a-z]+(?:-[a-z]+)+[0-9]+")
 
 

@@ -3,7 +3,7 @@ from flask import Blueprint, Response, current_app, flash, jsonify, redirect, re
 from flask.typing import ResponseReturnValue
 from google.cloud import ndb
 
-from core import identity, runtime, tasks
+from core import identity, runtime, tasks, web
 from core.errors import AppError, Forbidden, NotFound
 from core.web import json_body
 
@@ -45,25 +45,46 @@ def openapi_document() -> ResponseReturnValue:
     return jsonify(current_app.extensions["openapi"])
 
 
+# Google's button is a script and an iframe from accounts.google.com: allowed on this page only
+# (https://developers.google.com/identity/gsi/web/guides/get-google-api-clientid#content_security_policy).
+GOOGLE_SIGNIN_CSP = {**web.CONTENT_SECURITY_POLICY,
+                     "script-src": "'self' https://accounts.google.com/gsi/client",
+                     "frame-src": "https://accounts.google.com/gsi/",
+                     "connect-src": "'self' https://accounts.google.com/gsi/",
+                     "style-src": "'self' https://accounts.google.com/gsi/style"}
+
+
 @bp.route("/signin", methods=("GET", "POST"))
+@web.with_csp(GOOGLE_SIGNIN_CSP)
 def signin() -> ResponseReturnValue:
-    """The local dev sign-in form (on App Engine, IAP signs people in; elsewhere it does not exist)."""
-    identity.require_dev_signin()
+    """Sign in: with Google where GOOGLE_CLIENT_ID is set (App Engine), with the dev form in local development."""
+    settings = runtime.current().settings
+    if not settings.google_client_id:
+        identity.require_dev_signin()  # neither sign-in here: 404
     if request.method == "POST":
         try:
-            identity.dev_sign_in(request.form.get("email", "").strip(), request.form.get("admin") == "on")
+            if "credential" in request.form:  # posted by static/signin.js with the token Google's button gave
+                identity.google_sign_in(request.form["credential"], current_app.extensions["google_keys"])
+            else:
+                identity.dev_sign_in(request.form.get("email", "").strip(), request.form.get("admin") == "on")
         except AppError as e:
-            if e.status == 404:
+            if e.status in (404, 503):
                 raise
             flash(e.message, "error")
-            return render_template("core/signin.html"), e.status
+            return _signin_page(), e.status
         return redirect(_safe_next(request.form.get("next")))
-    return render_template("core/signin.html")
+    return _signin_page()
+
+
+def _signin_page() -> str:
+    settings = runtime.current().settings
+    return render_template("core/signin.html", google_client_id=settings.google_client_id,
+                           dev_signin=settings.dev_signin and not settings.on_app_engine)
 
 
 @bp.post("/signout")
 def signout() -> ResponseReturnValue:
-    """Forget the dev sign-in."""
+    """Sign out: the session is forgotten, whichever way the person signed in."""
     identity.sign_out()
     return redirect("/")
 
@@ -86,8 +107,11 @@ def get_session() -> ResponseReturnValue:
 
 @bp.post("/api/session")
 def create_session() -> ResponseReturnValue:
-    """Dev sign-in: {"email", "admin"}."""
+    """Sign in: {"credential"} (a Google ID token, where GOOGLE_CLIENT_ID is set), or the dev sign-in's
+    {"email", "admin"}."""
     data = json_body()
+    if "credential" in data:
+        return jsonify(user=identity.google_sign_in(data["credential"], current_app.extensions["google_keys"]))
     return jsonify(user=identity.dev_sign_in(data.get("email"), data.get("admin", False)))
 
 

@@ -171,6 +171,11 @@ def _page_globals():
             "nav": features.of(current_app).navigation}
 
 
+def with_csp(policy: dict[str, str]) -> Callable[[Callable], Callable]:
+    """A view decorator: this view's Content-Security-Policy instead of the app's (Talisman's per-view options)."""
+    return Talisman()(content_security_policy=policy)
+
+
 class OncePerProcessTalisman(Talisman):
     """Flask-Talisman, its headers worked out once per process instead of on every response.
 

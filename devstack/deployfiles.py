@@ -94,9 +94,6 @@ def check_settings(parsed):
         Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: secret.yaml is not read here"})
     except RuntimeError as e:
         raise DevstackError(f"app.yaml: {e}") from None
-    if not env.get("IAP_AUDIENCE", "").strip():
-        raise DevstackError("app.yaml: set IAP_AUDIENCE (/projects/PROJECT_NUMBER/apps/PROJECT_ID): without it IAP's "
-                            "signed header is never read, so nobody is ever signed in and there is no admin.")
     cache = [name for name in ("REDIS_URL", "MEMCACHED_HOSTS") if env.get(name, "").strip()]
     if cache and not parsed["vpc_access_connector"]:
         raise DevstackError(f"app.yaml: {cache[0]} is set but there is no vpc_access_connector: App Engine reaches a "

@@ -142,6 +142,11 @@ class Auth:
         assert self.client.delete("/api/session").status_code == 204
 
 
+# What App Engine's settings need at the least (core/settings.py refuses to start without each): as on App Engine.
+ON_APP_ENGINE = {"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
+                 "GOOGLE_CLIENT_ID": "123456789-test.apps.googleusercontent.com"}
+
+
 def csrf_token(client, path="/counters"):
     """The CSRF token a page's forms carry."""
     html = client.get(path).get_data(as_text=True)

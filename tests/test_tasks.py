@@ -11,7 +11,7 @@ from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpc
 from core import runtime, tasks
 from core.settings import Settings
 from devstack.apps import app_on
-from tests.support import running
+from tests.support import ON_APP_ENGINE, running
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def gae_app(stack, cloud_tasks):
     """The app as on App Engine, its tasks sent to the loopback Cloud Tasks server."""
     client, _ = cloud_tasks
     app = app_on(stack, task_queue=tasks.CloudTasksQueue("proj", "us-central1", "mapper", client=client),
-                 GAE_ENV="standard", SECRET_KEY="s", TASKS_LOCATION="us-central1")
+                 **ON_APP_ENGINE)
     with running(app):
         yield app
 
@@ -88,7 +88,7 @@ def test_cloud_tasks_needs_a_location_and_off_app_engine_a_local_server():
         Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s"})
     # App Engine's names for its two oldest regions (what `gcloud app describe` prints) are Cloud Tasks' us-central1
     # and europe-west1; anything else that is not a region's name stops the app at its start.
-    deployed = {"GAE_ENV": "standard", "SECRET_KEY": "s"}
+    deployed = {**ON_APP_ENGINE, "TASKS_LOCATION": ""}
     assert Settings.from_env(deployed | {"TASKS_LOCATION": "europe-west"}).tasks_location == "europe-west1"
     assert Settings.from_env(deployed | {"TASKS_LOCATION": "asia-northeast1"}).tasks_location == "asia-northeast1"
     with pytest.raises(RuntimeError, match="not a region's name"):
