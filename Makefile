@@ -47,11 +47,14 @@ load: $(STAMP)
 screenshots: $(STAMP)
 	$(PY) -m devstack.screenshots
 
-## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), then the app, its indexes and its
-## task queue to App Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), then the indexes (waiting until
+## every one is READY), then the app and its task queue to App Engine (needs `gcloud auth login` and
+## `gcloud config set project ...`)
 deploy: secret.yaml $(STAMP)
 	$(PY) -m devstack.deployfiles
-	gcloud app deploy app.yaml index.yaml queue.yaml
+	gcloud app deploy index.yaml
+	$(PY) -m devstack.deployfiles --wait-for-indexes
+	gcloud app deploy app.yaml queue.yaml
 
 # The session-signing key for App Engine, made once and kept out of git.
 secret.yaml:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from core.settings import Settings
@@ -114,7 +115,43 @@ def check_settings(parsed):
                             f"{', '.join(folders[:3]) or 'none, the files are at the top'}).")
 
 
-if __name__ == "__main__":  # `make deploy` runs this first
+def indexes_not_ready(listed):
+    """Of `gcloud datastore indexes list --format=json`, the indexes not yet READY: ["Kind (STATE)"]. An index's
+    state is CREATING, READY, DELETING or ERROR (https://cloud.google.com/datastore/docs/reference/admin/rest/v1/
+    projects.indexes#State)."""
+    return [f"{index.get('kind')} ({index.get('state')})" for index in listed if index.get("state") != "READY"]
+
+
+def wait_for_indexes(timeout=1800, every=20):
+    """Return once every composite index of the project is READY. `make deploy` uploads index.yaml first and waits
+    here before the app: on a fresh project a query whose index is still building fails (the app answers it with a
+    503 and Retry-After, core/web.py), and a large index takes minutes to build."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(["gcloud", "datastore", "indexes", "list", "--format=json"], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise DevstackError(f"gcloud datastore indexes list failed:\n{done.stderr.strip()[-2000:]}")
+        waiting = indexes_not_ready(json.loads(done.stdout or "[]"))
+        if not waiting:
+            return
+        if any("(ERROR)" in index for index in waiting):
+            raise DevstackError(f"An index failed to build: {', '.join(waiting)}. `gcloud datastore indexes list` "
+                                "says which; delete it (gcloud datastore indexes cleanup) and deploy again.")
+        if time.monotonic() > deadline:
+            raise DevstackError(f"Indexes still building after {timeout // 60} minutes: {', '.join(waiting)}. "
+                                "Run make deploy again once `gcloud datastore indexes list` shows them READY.")
+        print(f"waiting for {len(waiting)} indexes to be READY: {', '.join(waiting)}", flush=True)
+        time.sleep(every)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--wait-for-indexes"]:  # `make deploy`, after uploading index.yaml
+    try:
+        wait_for_indexes()
+    except DevstackError as e:
+        sys.exit(str(e))
+    print("every index is READY")
+elif __name__ == "__main__":  # `make deploy` runs this first
     try:
         parsed, warnings = parse()
         check_settings(parsed)

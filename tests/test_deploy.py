@@ -190,3 +190,17 @@ def test_a_broken_app_yaml_is_refused(tmp_path):
     (tmp_path / "app.yaml").write_text((REPO / "app.yaml").read_text().replace("script: auto", "scripts: auto"))
     with pytest.raises(DevstackError, match="gcloud's parser refused"):
         deployfiles.parse(tmp_path)
+
+
+def test_make_deploy_waits_for_every_index_that_is_not_ready():
+    # As `gcloud datastore indexes list --format=json` lists them (fields of the Datastore Admin API's Index)
+    listed = [{"indexId": "a", "kind": "CounterShard", "state": "READY"},
+              {"indexId": "b", "kind": "Comment", "state": "CREATING"},
+              {"indexId": "c", "kind": "Job", "state": "ERROR"}]
+    assert deployfiles.indexes_not_ready(listed) == ["Comment (CREATING)", "Job (ERROR)"]
+    assert deployfiles.indexes_not_ready(listed[:1]) == [] and deployfiles.indexes_not_ready([]) == []
+    deploy = (REPO / "Makefile").read_text().split("\ndeploy:", 1)[1].split("\n\n", 1)[0].splitlines()
+    steps = [line.strip() for line in deploy[1:]]
+    # the indexes first, READY before the app that queries them
+    wait = steps.index("$(PY) -m devstack.deployfiles --wait-for-indexes")
+    assert steps.index("gcloud app deploy index.yaml") < wait < steps.index("gcloud app deploy app.yaml queue.yaml")
