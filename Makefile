@@ -47,18 +47,15 @@ load: $(STAMP)
 screenshots: $(STAMP)
 	$(PY) -m devstack.screenshots
 
-## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), then the indexes (waiting until
-## every one is READY), then the app and its task queue to App Engine (needs `gcloud auth login` and
-## `gcloud config set project ...`)
-deploy: secret.yaml $(STAMP)
+## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), the session key's secret in Secret
+## Manager (made once), then the indexes (waiting until every one is READY), then the app and its task queue to App
+## Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+deploy: $(STAMP)
 	$(PY) -m devstack.deployfiles
+	$(PY) -m devstack.deployfiles --secret-key
 	gcloud app deploy index.yaml
 	$(PY) -m devstack.deployfiles --wait-for-indexes
 	gcloud app deploy app.yaml queue.yaml
-
-# The session-signing key for App Engine, made once and kept out of git.
-secret.yaml:
-	umask 077 && $(PYTHON) -c "import secrets; print('env_variables:\n  SECRET_KEY: \'' + secrets.token_hex(32) + '\'')" > $@
 
 clean:
 	rm -rf $(VENV) .venv-* .devstack .pytest_cache

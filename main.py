@@ -17,7 +17,7 @@ from blog.service import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
 from core import views as core_views
 from core.runtime import RequestMiddleware, Runtime
-from core.settings import Settings
+from core.settings import Settings, with_secret_key
 
 # The largest valid body: a blog entry of the longest title and body, every character one outside the BMP, which a
 # JSON encoder may escape as a surrogate pair ("\\ud83d\\ude00": 12 bytes), plus the keys and the quotes.
@@ -81,7 +81,7 @@ def __getattr__(name):
     if name == "app":
         logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"))
         try:
-            settings = Settings.from_env()
+            settings = Settings.from_env(with_secret_key(os.environ))
         except RuntimeError as e:  # a setting missing or wrong: one line that says what to set, not a traceback
             logging.getLogger(__name__).critical("Not starting: %s", e)
             raise SystemExit(3) from None  # gunicorn's "worker failed to boot": it stops rather than respawning

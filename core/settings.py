@@ -67,7 +67,8 @@ class Settings:
         local = not gae and bool(env.get("DATASTORE_EMULATOR_HOST"))
         if not secret and not local:
             # A known key anywhere but a developer's machine would let anyone forge a session cookie or a task token.
-            raise RuntimeError("SECRET_KEY must be set on App Engine (app.yaml env_variables or Secret Manager)" if gae
+            raise RuntimeError("SECRET_KEY must be set on App Engine: set SECRET_KEY_SECRET to its Secret Manager "
+                               "secret" if gae
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
@@ -160,3 +161,50 @@ def hosts(text: str, gae: bool, project: str) -> dict[str, Any]:
         raise RuntimeError(f"TRUSTED_HOSTS must be host names, comma-separated, the first (the app's canonical name) "
                            f"without a leading '.': {', '.join(bad) or names[0]!r} is not.")
     return {"trusted_hosts": names, "canonical_host": names[0]}
+
+
+# SECRET_KEY_SECRET: a Secret Manager secret's name ("app-secret-key", in the app's own project) or a version's full
+# name (projects/PROJECT/secrets/NAME/versions/VERSION).
+SECRET_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
+SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[A-Za-z0-9_-]{1,255}/versions/[A-Za-z0-9_-]+")
+
+
+def secret_version(env: Mapping[str, str]) -> str | None:
+    """The full name of the secret version SECRET_KEY_SECRET names, or None when it names none."""
+    wanted = env.get("SECRET_KEY_SECRET", "").strip()
+    if not wanted:
+        return None
+    if env.get("SECRET_KEY"):
+        raise RuntimeError("Set SECRET_KEY or SECRET_KEY_SECRET, not both: the app uses one key.")
+    if SECRET_NAME.fullmatch(wanted):
+        wanted = f"projects/{env.get('GOOGLE_CLOUD_PROJECT') or ''}/secrets/{wanted}/versions/latest"
+    if not SECRET_VERSION.fullmatch(wanted):
+        raise RuntimeError(f"SECRET_KEY_SECRET {wanted!r} is not a secret's name: set it to one (app-secret-key) or "
+                           "to a version's full name, projects/PROJECT/secrets/NAME/versions/latest.")
+    return wanted
+
+
+def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, str]:
+    """`env` with SECRET_KEY read from Secret Manager when SECRET_KEY_SECRET names a secret: once per process, when
+    it starts (main.py), never in a request. A key in app.yaml's env_variables would be shown to anyone who may view
+    the version's configuration; a secret's payload only to those granted it
+    (https://cloud.google.com/appengine/docs/standard/reference/app-yaml#env_variables,
+    https://cloud.google.com/secret-manager/docs/access-secret-version). `client`: a SecretManagerServiceClient."""
+    wanted = secret_version(env)
+    if wanted is None:
+        return env
+    from google.api_core import exceptions
+    from google.auth import exceptions as auth_exceptions
+    from google.cloud import secretmanager
+
+    try:
+        client = client or secretmanager.SecretManagerServiceClient()
+        payload = client.access_secret_version(name=wanted, timeout=30).payload.data.decode().strip()
+    except (exceptions.GoogleAPICallError, exceptions.RetryError, auth_exceptions.GoogleAuthError) as e:
+        said = " ".join(str(e).split())  # one line
+        raise RuntimeError(f"SECRET_KEY could not be read from Secret Manager, {wanted}: {said} (`make deploy` "
+                           "creates the secret and lets the app's service account read it: roles/secretmanager."
+                           "secretAccessor).") from None
+    if len(payload) < 32:
+        raise RuntimeError(f"The secret {wanted} holds {len(payload)} characters: a session key needs at least 32.")
+    return {**env, "SECRET_KEY": payload}

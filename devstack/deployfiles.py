@@ -1,17 +1,18 @@
-"""The deploy files read as `gcloud app deploy` reads them: app.yaml (with the secret.yaml it includes), index.yaml and
+"""The deploy files read as `gcloud app deploy` reads them: app.yaml, index.yaml and
 queue.yaml parsed and validated by the Google Cloud CLI's own code (googlecloudsdk.api_lib.app.yaml_parsing, run on
 the CLI's bundled Python), and what they say handed back as JSON. `make deploy` runs it first; tests/test_deploy.py
 holds the app's routes to the handlers it returns.
 """
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from core.settings import Settings
+from core.settings import Settings, secret_version
 from devstack.services import REPO, DevstackError, sdk_roots
 
 DEPLOYED = ("app.yaml", "index.yaml", "queue.yaml")
@@ -62,16 +63,12 @@ def sdk_python():
                         "the deploy files as gcloud does.")
 
 
-def parse(folder=REPO, secret=None):
-    """What gcloud makes of `folder`'s deploy files: (the parsed files as a dict, gcloud's warnings). app.yaml includes
-    secret.yaml, which `make deploy` writes and git never holds: a stand-in of the same shape is used when absent."""
+def parse(folder=REPO):
+    """What gcloud makes of `folder`'s deploy files: (the parsed files as a dict, gcloud's warnings)."""
     python, path = sdk_python()
     with tempfile.TemporaryDirectory(prefix="deployfiles-") as tmp:
         for name in DEPLOYED:
             (Path(tmp) / name).write_text((Path(folder) / name).read_text())
-        secret_file = Path(folder) / "secret.yaml"
-        (Path(tmp) / "secret.yaml").write_text(
-            secret or (secret_file.read_text() if secret_file.exists() else "env_variables:\n  SECRET_KEY: 'x'\n"))
         # The user's gcloud configuration (HOME, CLOUDSDK_CONFIG) as the deploy reads it: gcloudignore/enabled among it.
         env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
         env |= {name: os.environ[name] for name in ("HOME", "CLOUDSDK_CONFIG") if name in os.environ}
@@ -92,9 +89,16 @@ def check_settings(parsed):
     with (Settings.from_env, given app.yaml's variables), and what would start but not work."""
     env = parsed["env"]
     try:
-        Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: secret.yaml is not read here"})
+        secret_version(env | {"GOOGLE_CLOUD_PROJECT": "PROJECT"})  # its name only: it is read at an instance's start
+        Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: Secret Manager is not read here"})
     except RuntimeError as e:
         raise DevstackError(f"app.yaml: {e}") from None
+    if "SECRET_KEY" in parsed["env_variables"]:
+        raise DevstackError("app.yaml: remove SECRET_KEY from env_variables, where anyone who may view the version's "
+                            "configuration reads it; the key lives in Secret Manager (SECRET_KEY_SECRET).")
+    if not env.get("SECRET_KEY_SECRET", "").strip():
+        raise DevstackError("app.yaml: set SECRET_KEY_SECRET to the Secret Manager secret holding the session key "
+                            "(app-secret-key, which make deploy creates): without it the app will not start.")
     cache = [name for name in ("REDIS_URL", "MEMCACHED_HOSTS") if env.get(name, "").strip()]
     if cache and not parsed["vpc_access_connector"]:
         raise DevstackError(f"app.yaml: {cache[0]} is set but there is no vpc_access_connector: App Engine reaches a "
@@ -105,8 +109,8 @@ def check_settings(parsed):
         raise DevstackError("There is no .gcloudignore beside app.yaml: restore it, or the upload would carry "
                             "secret.yaml, the virtualenvs and the tests.")
     if "secret.yaml" in upload:
-        raise DevstackError("The upload would include secret.yaml: list it in .gcloudignore (app.yaml includes it "
-                            "when gcloud reads it; the upload needs no copy).")
+        raise DevstackError("The upload would include secret.yaml, where an earlier version of this app kept its key: "
+                            "delete it, or list it in .gcloudignore.")
     if len(upload) > MAX_UPLOAD_FILES:
         folders = sorted({name.split("/")[0] for name in upload if "/" in name},
                          key=lambda top: -sum(name.startswith(top + "/") for name in upload))
@@ -134,6 +138,7 @@ def wait_for_indexes(timeout=1800, every=20):
             raise DevstackError(f"gcloud datastore indexes list failed:\n{done.stderr.strip()[-2000:]}")
         waiting = indexes_not_ready(json.loads(done.stdout or "[]"))
         if not waiting:
+            print("every index is READY")
             return
         if any("(ERROR)" in index for index in waiting):
             raise DevstackError(f"An index failed to build: {', '.join(waiting)}. `gcloud datastore indexes list` "
@@ -145,12 +150,39 @@ def wait_for_indexes(timeout=1800, every=20):
         time.sleep(every)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--wait-for-indexes"]:  # `make deploy`, after uploading index.yaml
+def _gcloud(*args, stdin=None):
+    """A gcloud command's output; its error, said, stops the deploy."""
+    done = subprocess.run(["gcloud", *args], input=stdin, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise DevstackError(f"gcloud {' '.join(args)} failed:\n{done.stderr.strip()[-2000:]}")
+    return done.stdout.strip()
+
+
+def ensure_secret_key():
+    """The session key's secret (app.yaml's SECRET_KEY_SECRET) exists, made of 32 random bytes the first time, and the
+    app's service account (App Engine's default) may read it. Idempotent: an existing key is never replaced, since
+    replacing it signs everyone out."""
+    name = parse()[0]["env"]["SECRET_KEY_SECRET"].strip()
+    if "/" in name:
+        print(f"SECRET_KEY_SECRET names {name}: create it and grant the app's service account "
+              "roles/secretmanager.secretAccessor on it yourself.")
+        return
+    project = _gcloud("config", "get-value", "project")
+    _gcloud("services", "enable", "secretmanager.googleapis.com")
+    if not _gcloud("secrets", "list", f"--filter=name~/secrets/{name}$", "--format=value(name)"):
+        _gcloud("secrets", "create", name, "--replication-policy=automatic", "--data-file=-",
+                stdin=secrets.token_hex(32))
+        print(f"created the secret {name} with a new session key")
+    _gcloud("secrets", "add-iam-policy-binding", name, f"--member=serviceAccount:{project}@appspot.gserviceaccount.com",
+            "--role=roles/secretmanager.secretAccessor")
+    print(f"{project}@appspot.gserviceaccount.com may read the secret {name}")
+
+
+if __name__ == "__main__" and sys.argv[1:] in (["--wait-for-indexes"], ["--secret-key"]):  # steps of `make deploy`
     try:
-        wait_for_indexes()
+        wait_for_indexes() if sys.argv[1] == "--wait-for-indexes" else ensure_secret_key()
     except DevstackError as e:
         sys.exit(str(e))
-    print("every index is READY")
 elif __name__ == "__main__":  # `make deploy` runs this first
     try:
         parsed, warnings = parse()

@@ -6,7 +6,7 @@ import pytest
 from google.cloud import ndb
 
 from core import runtime, tasks
-from core.settings import Settings
+from core.settings import Settings, with_secret_key
 from devstack import deployfiles
 from devstack.services import REPO, DevstackError
 
@@ -99,9 +99,9 @@ def _deploy_folder(tmp_path, changes=FILLED, then=None, **extra):
 def test_app_yaml_names_every_setting_app_engine_needs(deployed, tmp_path):
     parsed, _ = deployed
     names = set(parsed["env_variables"])
-    assert {"SECRET_KEY", "ADMIN_EMAILS", "GOOGLE_CLIENT_ID", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
+    assert {"SECRET_KEY_SECRET", "ADMIN_EMAILS", "GOOGLE_CLIENT_ID", "REDIS_URL", "MEMCACHED_HOSTS", "TASKS_LOCATION",
             "TASKS_QUEUE", "TRUSTED_HOSTS"} <= names
-    assert "SECRET_KEY" not in parsed["env"]  # never handed back, even to the check
+    assert "SECRET_KEY" not in names  # the key is in Secret Manager, never in the version's configuration
     assert parsed["inbound_services"] == ["warmup"] and parsed["max_concurrent_requests"] == 16
     filled, _ = deployfiles.parse(_deploy_folder(tmp_path))
     deployfiles.check_settings(filled)  # filled in as docs/deploy.md says: nothing refused
@@ -124,6 +124,10 @@ def test_the_shipped_app_yaml_is_refused_until_its_region_is_set(deployed):
     ({f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"': 'GOOGLE_CLIENT_ID: ""'}, "GOOGLE_CLIENT_ID must be set on App Engine"),
     ({f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"': 'GOOGLE_CLIENT_ID: "/projects/1/apps/p"'}, "is not an OAuth client id"),
     ({CONNECTOR: ""}, "REDIS_URL is set but there is no vpc_access_connector"),
+    ({'SECRET_KEY_SECRET: "app-secret-key"': 'SECRET_KEY_SECRET: ""'}, "set SECRET_KEY_SECRET"),
+    ({'SECRET_KEY_SECRET: "app-secret-key"': 'SECRET_KEY_SECRET: "no such/thing"'}, "is not a secret's name"),
+    ({'SECRET_KEY_SECRET: "app-secret-key"': 'SECRET_KEY_SECRET: ""\n  SECRET_KEY: "k"'},
+     "remove SECRET_KEY from env_variables"),
     ({'MEMCACHED_HOSTS: ""': 'MEMCACHED_HOSTS: "10.0.0.4:11211"'}, "Set MEMCACHED_HOSTS or REDIS_URL, not both"),
     ({'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: "10.0.0.3:6379"'}, "REDIS_URL must be a redis://"),
     ({'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: ""', CONNECTOR: "",
@@ -204,3 +208,72 @@ def test_make_deploy_waits_for_every_index_that_is_not_ready():
     # the indexes first, READY before the app that queries them
     wait = steps.index("$(PY) -m devstack.deployfiles --wait-for-indexes")
     assert steps.index("gcloud app deploy index.yaml") < wait < steps.index("gcloud app deploy app.yaml queue.yaml")
+
+
+# --- SECRET_KEY from Secret Manager --------------------------------------------------------------------------------
+
+class SecretManagerStandIn:
+    """Secret Manager's AccessSecretVersion over gRPC on loopback, the real protocol and the client library's own
+    transport (Secret Manager has no emulator): `secrets` maps a version's full name to its payload."""
+
+    def __init__(self, secrets):
+        from concurrent import futures
+
+        import grpc
+        from google.cloud import secretmanager
+        self.secrets, self.calls = secrets, []
+
+        def access(request, context):
+            self.calls.append(request.name)
+            if request.name not in self.secrets:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Secret [{request.name}] not found or has no versions.")
+            return secretmanager.AccessSecretVersionResponse(
+                name=request.name, payload=secretmanager.SecretPayload(data=self.secrets[request.name].encode()))
+        method = grpc.unary_unary_rpc_method_handler(
+            access, request_deserializer=secretmanager.AccessSecretVersionRequest.deserialize,
+            response_serializer=secretmanager.AccessSecretVersionResponse.serialize)
+        self.server = grpc.server(futures.ThreadPoolExecutor(2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "google.cloud.secretmanager.v1.SecretManagerService", {"AccessSecretVersion": method}),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def client(self):
+        import grpc
+        from google.cloud import secretmanager
+        from google.cloud.secretmanager_v1.services.secret_manager_service.transports import (
+            SecretManagerServiceGrpcTransport,
+        )
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return secretmanager.SecretManagerServiceClient(transport=SecretManagerServiceGrpcTransport(channel=channel))
+
+
+@pytest.fixture
+def secret_manager():
+    stand_in = SecretManagerStandIn({"projects/demo/secrets/app-secret-key/versions/latest": "k" * 64 + "\n"})
+    yield stand_in
+    stand_in.server.stop(0)
+
+
+def test_the_session_key_is_read_from_secret_manager_once_at_start(secret_manager):
+    env = {"GAE_ENV": "standard", "GOOGLE_CLOUD_PROJECT": "demo", "SECRET_KEY_SECRET": "app-secret-key"}
+    read = with_secret_key(env, secret_manager.client())
+    assert read["SECRET_KEY"] == "k" * 64 and secret_manager.calls == [
+        "projects/demo/secrets/app-secret-key/versions/latest"]
+    full = with_secret_key({"SECRET_KEY_SECRET": "projects/demo/secrets/app-secret-key/versions/latest"},
+                           secret_manager.client())
+    assert full["SECRET_KEY"] == "k" * 64
+    assert with_secret_key({"SECRET_KEY": "s"}) == {"SECRET_KEY": "s"}  # nothing to read: no call at all
+    assert len(secret_manager.calls) == 2
+
+
+@pytest.mark.parametrize("env, refusal", [
+    ({"SECRET_KEY_SECRET": "other-secret"}, "could not be read from Secret Manager.*not found.*secretAccessor"),
+    ({"SECRET_KEY_SECRET": "short"}, "holds 5 characters: a session key needs at least 32"),
+    ({"SECRET_KEY_SECRET": "a/b"}, "is not a secret's name"),
+    ({"SECRET_KEY_SECRET": "app-secret-key", "SECRET_KEY": "s"}, "Set SECRET_KEY or SECRET_KEY_SECRET, not both"),
+])
+def test_a_session_key_that_cannot_be_read_stops_the_app_with_what_to_do(secret_manager, env, refusal):
+    secret_manager.secrets["projects/demo/secrets/short/versions/latest"] = "12345"
+    with pytest.raises(RuntimeError, match=refusal):
+        with_secret_key({"GOOGLE_CLOUD_PROJECT": "demo", **env}, secret_manager.client())
