@@ -1,4 +1,5 @@
 """The app: `create_app()` for tests and scripts, `app` for gunicorn (App Engine's entrypoint and `make run`)."""
+import datetime
 import logging
 import os
 
@@ -43,6 +44,9 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
         SESSION_COOKIE_SECURE=settings.on_app_engine,
         WTF_CSRF_CHECK_DEFAULT=False,  # web.init_app checks forms; the JSON API is protected by its content type
         WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the session: a page left open still posts
+        # Flask refuses a session cookie signed longer ago than this, permanent session or not: a sign-in lasts at
+        # most 12 hours after the session last changed, and a copy of the cookie kept after signing out dies then.
+        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=12),
     )
     app.config.update(flask_config)
 

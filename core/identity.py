@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import requests
 from flask import g, session
@@ -85,8 +85,8 @@ class GoogleKeys:
             return fetched
 
 
-def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> User | None:
-    """The user in a verified Google ID token, or None when the token is forged, expired, for another app (`aud`),
+def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> dict[str, Any] | None:
+    """The claims of a verified Google ID token, or None when the token is forged, expired, for another app (`aud`),
     from another issuer, or for an address Google has not verified. `keys`: Google's, fetched only when there is a
     token to check."""
     if not isinstance(token, str) or not token or len(token) > 4096:
@@ -96,20 +96,28 @@ def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> U
     except (requests.RequestException, ValueError) as e:
         raise Unavailable("Sign-in cannot be checked right now; try again shortly.", "google_keys_unavailable") from e
     try:
-        claims = jwt.decode(token, certs=certs, audience=client_id)  # signature, expiry and audience
+        # The signature (RS256 or ES256 only: google-auth refuses "none" and HS256), `aud`, and `iat`/`exp` with 10 s
+        # of leeway for a clock a little behind Google's.
+        claims = jwt.decode(token, certs=certs, audience=client_id, clock_skew_in_seconds=10)
     except (ValueError, auth_exceptions.GoogleAuthError):
         return None
     if (claims.get("iss") not in GOOGLE_ISSUERS or not claims.get("sub") or not isinstance(claims.get("email"), str)
             or claims.get("email_verified") is not True):
         return None
-    return make_user(f"google:{claims['sub']}", claims["email"], admin=None)
+    return claims
 
 
-def make_user(user_id: str, email: str, admin: bool | None) -> User:
-    """A user dict; `admin=None` means: decided by ADMIN_EMAILS."""
+def email_is_the_accounts(claims: dict[str, Any]) -> bool:
+    """Whether Google vouches that the token's email is the account's own, not merely an address verified once: a
+    Gmail or Google service-account address, or a Workspace account whose domain (`hd`) is the address's
+    (https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). Only such an address counts as
+    one of ADMIN_EMAILS: someone who left a company keeps a personal Google account made on its address."""
+    domain = claims["email"].lower().rpartition("@")[2]
+    return domain == "gmail.com" or domain.endswith(".gserviceaccount.com") or claims.get("hd", "").lower() == domain
+
+
+def make_user(user_id: str, email: str, admin: bool) -> User:
     email = email.lower()
-    if admin is None:
-        admin = email in runtime.current().settings.admin_emails
     # Ids go into composite keys joined by '|' (comments): they must never contain it.
     return {"id": user_id.replace("|", ":"), "email": email, "admin": bool(admin)}
 
@@ -141,9 +149,12 @@ def current_user() -> User | None:
     """The signed-in user for this request, or None. Worked out once per request. Whether a Google user is an admin
     is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy."""
     if "user" not in g:
+        settings = runtime.current().settings
         user = session.get("user")
-        if user and not user["id"].startswith("dev-"):
-            user = {**user, "admin": user["email"] in runtime.current().settings.admin_emails}
+        if user and user["id"].startswith("dev-") and not settings.dev_signin:
+            user = None  # a dev sign-in's cookie counts only where the dev sign-in exists
+        elif user and not user["id"].startswith("dev-"):
+            user = {**user, "admin": session.get("vouched") is True and user["email"] in settings.admin_emails}
         g.user = user
     return g.user
 
@@ -182,19 +193,29 @@ def dev_sign_in(email: object, admin: object) -> User:
 
 def google_sign_in(credential: object, keys: GoogleKeys) -> User:
     """Sign in with the ID token Sign in with Google gave the browser (its `credential`)."""
-    client_id = runtime.current().settings.google_client_id
-    if not client_id:
+    settings = runtime.current().settings
+    if not settings.google_client_id:
         raise NotFound("Sign in with Google is not set up here (GOOGLE_CLIENT_ID).")
-    user = verify_google_id_token(credential, client_id, keys)
-    if user is None:
-        raise AppError("That Google sign-in could not be verified; sign in again.", "bad_credential", 401)
-    return _keep(user)
+    refused = AppError("That Google sign-in could not be verified; sign in again.", "bad_credential", 401)
+    claims = verify_google_id_token(credential, settings.google_client_id, keys)
+    if claims is None:
+        raise refused
+    vouched = email_is_the_accounts(claims)
+    admin = vouched and claims["email"].lower() in settings.admin_emails
+    # The app's sign-in button issues tokens whose `azp` is its client id. Anyone may also mint a Google-signed token
+    # with this audience for a service account of their own (gcloud auth print-identity-token --audiences): such a
+    # token is taken from an admin only (make load's --token), never as one more anonymous writer.
+    if claims.get("azp", settings.google_client_id) != settings.google_client_id and not admin:
+        raise refused
+    return _keep(make_user(f"google:{claims['sub']}", claims["email"], admin), vouched)
 
 
-def _keep(user: User) -> User:
-    """The session now holds `user` and nothing from before: a fresh session at each sign-in."""
+def _keep(user: User, vouched: bool = False) -> User:
+    """The session now holds `user` and nothing from before: a fresh session at each sign-in. `vouched`: whether the
+    email is the account's own (email_is_the_accounts), which an admin's must be."""
     session.clear()
     session["user"] = user
+    session["vouched"] = vouched
     g.user = user
     return user
 

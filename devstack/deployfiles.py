@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from core.settings import Settings, secret_version
 from devstack.services import REPO, DevstackError, sdk_roots
 
@@ -170,9 +172,15 @@ def ensure_secret_key():
     project = _gcloud("config", "get-value", "project")
     _gcloud("services", "enable", "secretmanager.googleapis.com")
     if not _gcloud("secrets", "list", f"--filter=name~/secrets/{name}$", "--format=value(name)"):
+        # A deployment made before the key moved to Secret Manager kept it in secret.yaml: the same key keeps its
+        # sessions and its comment pseudonyms (core/identity.pseudonym).
+        old = REPO / "secret.yaml"
+        key = None
+        if old.exists():
+            key = (yaml.safe_load(old.read_text()) or {}).get("env_variables", {}).get("SECRET_KEY")
         _gcloud("secrets", "create", name, "--replication-policy=automatic", "--data-file=-",
-                stdin=secrets.token_hex(32))
-        print(f"created the secret {name} with a new session key")
+                stdin=key or secrets.token_hex(32))
+        print(f"created the secret {name} with {'the key of secret.yaml' if key else 'a new session key'}")
     _gcloud("secrets", "add-iam-policy-binding", name, f"--member=serviceAccount:{project}@appspot.gserviceaccount.com",
             "--role=roles/secretmanager.secretAccessor")
     print(f"{project}@appspot.gserviceaccount.com may read the secret {name}")

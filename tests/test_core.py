@@ -1,4 +1,6 @@
 """The plumbing: health, sign-in (dev and Google), errors, index enforcement, and the local stack itself."""
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -215,8 +217,8 @@ def google_key():
 def _google_token(signer, **claims):
     """An ID token as Sign in with Google hands the browser one, for `claims` over a valid set."""
     now = int(time.time())
-    payload = {"iss": "https://accounts.google.com", "aud": CLIENT_ID, "sub": "1234", "email": "boss@example.com",
-               "email_verified": True, "iat": now, "exp": now + 600}
+    payload = {"iss": "https://accounts.google.com", "aud": CLIENT_ID, "azp": CLIENT_ID, "sub": "1234",
+               "email": "boss@example.com", "email_verified": True, "hd": "example.com", "iat": now, "exp": now + 600}
     payload.update(claims)
     return jwt.encode(signer, {k: v for k, v in payload.items() if v is not None}).decode()
 
@@ -295,17 +297,104 @@ def test_an_admin_taken_out_of_admin_emails_is_no_admin_at_their_next_request(st
 @pytest.mark.parametrize("claims", [{"aud": "999-other.apps.googleusercontent.com"}, {"iss": "https://evil.example"},
                                     {"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200},
                                     {"email_verified": False}, {"email_verified": None}, {"email": None},
-                                    {"sub": None}])
+                                    {"sub": None}, {"iat": int(time.time()) + 300, "exp": int(time.time()) + 900},
+                                    {"azp": "117000000000000000001", "email": "bot@x.iam.gserviceaccount.com",
+                                     "hd": None}])
 def test_bad_google_tokens_sign_nobody_in(gae_client, google_key, claims):
+    """Each claim wrong in turn: audience, issuer, expiry, an address Google has not verified, no address, no user;
+    issued 5 minutes in the future (beyond the 10 s of leeway); minted for the app by someone else (`azp`), not an
+    admin's."""
     r = gae_client.post("/api/session", json={"credential": _google_token(google_key[0], **claims)})
     assert r.status_code == 401 and r.get_json()["error"]["code"] == "bad_credential"
     assert gae_client.get("/api/session").status_code == 401
 
 
-def test_forged_google_tokens_sign_nobody_in(gae_client, google_key):
-    forger = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+def test_whose_address_is_an_admins_is_for_google_to_vouch(gae_client, google_key):
+    """An address in ADMIN_EMAILS makes an admin only where it is the account's own: a Workspace account of its domain
+    (`hd`), Gmail, or a Google service account; a personal account merely verified on that address is a writer."""
+    signer = google_key[0]
+    signed_in = gae_client.post("/api/session", json={"credential": _google_token(signer, hd=None)})
+    assert signed_in.status_code == 200 and signed_in.get_json()["user"]["admin"] is False
+    assert gae_client.get("/api/session").get_json()["user"]["admin"] is False
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}).status_code == 403
+    other_domain = gae_client.post("/api/session", json={"credential": _google_token(signer, hd="evil.example")})
+    assert other_domain.get_json()["user"]["admin"] is False
+    assert gae_client.post("/api/session", json={"credential": _google_token(signer)}).get_json()["user"]["admin"]
+
+
+def test_a_token_minted_for_an_admin_service_account_signs_it_in(stack, google_key):
+    """make load --token: `gcloud auth print-identity-token --impersonate-service-account` mints a token whose `azp`
+    is the account's id, not the app's client; taken from an admin (Google's own service-account address) only."""
+    robot = "load@demo.iam.gserviceaccount.com"
+    with running(_gae_app(stack, google_key, ADMIN_EMAILS=robot)) as app:
+        client = _https_client(app)
+        token = _google_token(google_key[0], azp="117000000000000000001", sub="117000000000000000001", email=robot,
+                              hd=None)
+        r = client.post("/api/session", json={"credential": token})
+        assert r.status_code == 200 and r.get_json()["user"]["admin"] is True
+
+
+def _other_key(kid):
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    for credential in (_google_token(crypt.RSASigner.from_string(forger, "test-kid")), "garbage", 123, "",
+    return crypt.RSASigner.from_string(pem, kid)
+
+
+def _with_header(alg):
+    """A token whose body is valid and whose header names `alg` and the test key's id, its signature none."""
+    now = int(time.time())
+    body = {"iss": "accounts.google.com", "aud": CLIENT_ID, "azp": CLIENT_ID, "sub": "1", "iat": now, "exp": now + 60,
+            "email": "boss@example.com", "email_verified": True}
+
+    def part(value):
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return ".".join((part({"alg": alg, "kid": "test-kid", "typ": "JWT"}), part(body), part("signature")))
+
+
+def test_tokens_google_would_not_sign_are_refused(gae_client, google_key):
+    """An unknown key id, and a token signed with HS256 (a shared secret) or with no algorithm at all."""
+    for credential in (_google_token(_other_key("other-kid")), _with_header("HS256"), _with_header("none")):
+        assert gae_client.post("/api/session", json={"credential": credential}).status_code == 401
+    # Google's older spelling of its issuer is Google's too
+    assert gae_client.post("/api/session", json={
+        "credential": _google_token(google_key[0], iss="accounts.google.com")}).status_code == 200
+
+
+def test_a_sign_in_lasts_twelve_hours(gae_client, google_key, monkeypatch):
+    """Flask checks a session cookie's signing time: one signed 13 hours ago is nobody's, one of 11 hours still works,
+    so a copy of a cookie outlives its sign-out by at most that."""
+    from itsdangerous.timed import TimestampSigner
+    assert gae_client.post("/api/session", json={"credential": _google_token(google_key[0])}).status_code == 200
+    app = gae_client.application
+    serializer = app.session_interface.get_signing_serializer(app)
+    session_data = serializer.loads(gae_client.get_cookie("session", domain="localhost").value)
+    for hours, status in ((13, 401), (11, 200)):
+        monkeypatch.setattr(TimestampSigner, "get_timestamp", lambda self, h=hours: int(time.time()) - h * 3600)
+        signed = serializer.dumps(session_data)
+        monkeypatch.undo()
+        gae_client.set_cookie("session", signed, domain="localhost", secure=True)
+        assert gae_client.get("/api/session").status_code == status, hours
+
+
+def test_the_google_sign_in_form_needs_its_csrf_token(gae_client, google_key):
+    r = gae_client.post("/signin", data={"credential": _google_token(google_key[0])})
+    assert r.status_code == 400 and gae_client.get("/api/session").status_code == 401
+
+
+def test_a_dev_sign_ins_cookie_is_nobody_where_there_is_no_dev_sign_in(stack, gae_client):
+    """The same SECRET_KEY on a local app and a deployment would make the local cookie valid there: it counts only
+    where the dev sign-in exists."""
+    with running(app_on(stack, SECRET_KEY="s", DEV_SIGNIN="on")) as local:
+        client = local.test_client()
+        assert client.post("/api/session", json={"email": "x@example.com", "admin": True}).status_code == 200
+        cookie = client.get_cookie("session", domain="localhost")
+    gae_client.set_cookie("session", cookie.value, domain="localhost", secure=True)
+    assert gae_client.get("/api/session").status_code == 401
+    assert gae_client.put("/api/counters/x", json={"mode": "general"}).status_code == 401
+
+
+def test_forged_google_tokens_sign_nobody_in(gae_client, google_key):
+    for credential in (_google_token(_other_key("test-kid")), "garbage", 123, "",
                        "x" * 5000):
         r = gae_client.post("/api/session", json={"credential": credential})
         assert r.status_code == 401, credential

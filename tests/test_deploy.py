@@ -207,7 +207,8 @@ def test_make_deploy_waits_for_every_index_that_is_not_ready():
     steps = [line.strip() for line in deploy[1:]]
     # the indexes first, READY before the app that queries them
     wait = steps.index("$(PY) -m devstack.deployfiles --wait-for-indexes")
-    assert steps.index("gcloud app deploy index.yaml") < wait < steps.index("gcloud app deploy app.yaml queue.yaml")
+    assert (steps.index("$(PY) -m devstack.deployfiles --secret-key") < steps.index("gcloud app deploy index.yaml")
+            < wait < steps.index("gcloud app deploy app.yaml queue.yaml"))
 
 
 # --- SECRET_KEY from Secret Manager --------------------------------------------------------------------------------
