@@ -17,6 +17,7 @@ import hashlib
 import math
 import secrets
 import time
+from typing import Any
 
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
@@ -28,6 +29,7 @@ from core.transactions import transact
 from core.validate import text, whole_number
 from counters import service as counters
 from mapper import service as mapper
+from mapper.models import MapperJob
 
 MAX_SEED = 100_000
 SEED_BATCH = 500  # accounts per seed task
@@ -45,7 +47,7 @@ SEED_CHUNK = mapper.MAX_GROUPS - 2
 CREDIT_CHUNK = mapper.MAX_GROUPS - 1
 
 
-def account_key(seed_id, number):
+def account_key(seed_id: str, number: int) -> ndb.Key:
     """A scattered id computed from the seed and the account's number, so that a seed task delivered twice writes the
     same accounts, not twice as many. Ids below 2**52, like Datastore's own scattered ids; no Account key is ever
     allocated by Datastore, so no auto id can collide with these."""
@@ -53,24 +55,24 @@ def account_key(seed_id, number):
     return ndb.Key(Account, int.from_bytes(digest[:8], "big") % (2 ** 52 - 1) + 1)
 
 
-def keep_figures():
+def keep_figures() -> None:
     """Create the kept figures' counters when they do not exist yet (before anything adds to them)."""
     for short in (COUNT, BALANCE):
         COUNTERS.configure(short, KEPT_SHARDS)
 
 
-def seed(count):
+def seed(count: object) -> dict[str, Any]:
     """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH); the seed's id."""
-    count = whole_number(count, "count", 1, MAX_SEED)
+    how_many = whole_number(count, "count", 1, MAX_SEED)
     keep_figures()
     seed_id = secrets.token_hex(6)
-    for start in range(0, count, SEED_BATCH):
+    for start in range(0, how_many, SEED_BATCH):
         runtime.tasks().enqueue(SEED_HANDLER, {"seed": seed_id, "start": start,
-                                               "stop": min(start + SEED_BATCH, count)}, f"seed-{seed_id}-{start}")
-    return {"seed": seed_id, "count": count, "tasks": -(-count // SEED_BATCH)}
+                                               "stop": min(start + SEED_BATCH, how_many)}, f"seed-{seed_id}-{start}")
+    return {"seed": seed_id, "count": how_many, "tasks": -(-how_many // SEED_BATCH)}
 
 
-def seed_batch(payload, attempt=0):
+def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
     """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction. A payload
     `seed` did not make (a seed id that is not one, numbers beyond MAX_SEED or more than SEED_BATCH of them) is a
     422 that writes nothing: the task route takes only the queue's deliveries, but a task's size is what one delivery
@@ -84,7 +86,7 @@ def seed_batch(payload, attempt=0):
     return {"created": created}
 
 
-def _create_missing(keys):
+def _create_missing(keys: list[ndb.Key]) -> int:
     """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count. A retried
     task finds the accounts its earlier delivery created, and neither zeroes them (they may be credited since) nor
     counts them again."""
@@ -94,21 +96,21 @@ def _create_missing(keys):
     return len(missing)
 
 
-def summary():
+def summary() -> dict[str, int]:
     """How many accounts there are and their total balance: the kept figures summed from their counters' shards (gets
     by key, strongly consistent, exact once every seed and credit has committed), never from the accounts."""
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     return {"count": kept[COUNT], "total_balance": kept[BALANCE]}
 
 
-def _credit_params(params):
+def _credit_params(params: dict[str, Any]) -> dict[str, int]:
     unknown = set(params) - {"amount"}
     if unknown:
         raise BadInput(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
     return {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT)}
 
 
-def _credit(accounts, params, prepared):
+def _credit(accounts: list[Account], params: dict[str, Any], prepared: object) -> list[Account]:
     # Inside the chunk's transaction, with the task's record and its tally (`_credited`): committed together, so each
     # account gets the credit exactly once however often the task is delivered or dies half way, and the record
     # counts exactly what the accounts got.
@@ -117,16 +119,16 @@ def _credit(accounts, params, prepared):
     return accounts
 
 
-def _credited(accounts, params):
+def _credited(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
     return {BALANCE: params["amount"] * len(accounts)}
 
 
-def _settle_credit(tally, params):
+def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
     """The job's whole credit onto the kept balance, in the transaction that ends the job (once)."""
     return COUNTERS.add_in_transaction(BALANCE, tally[BALANCE]) if tally.get(BALANCE) else []
 
 
-def _start_credit(params):
+def _start_credit(params: dict[str, Any]) -> dict[str, int]:
     keep_figures()
     return _credit_params(params)
 
@@ -140,11 +142,11 @@ ADD_CREDIT = mapper.JobDefinition(
 
 # --- the audit: recount the accounts, compare with the kept figures --------------------------------------------------
 
-def _audit_tally(accounts, params):
+def _audit_tally(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
     return {COUNT: len(accounts), BALANCE: sum(a.balance for a in accounts)}
 
 
-def _record_audit(job):
+def _record_audit(job: MapperJob) -> None:
     """When the audit has finished: its tally (every account read once, by the mapper) beside the kept figures."""
     if job.outcome != "done":
         return  # cancelled or failed: it did not read every account
@@ -162,13 +164,13 @@ AUDIT = mapper.JobDefinition(
     chunk=mapper.MAX_GROUPS - 1)  # reads only: the accounts and the task's record
 
 
-def audit_dict(audit):
+def audit_dict(audit: AccountsAudit) -> dict[str, Any]:
     return {"job": audit.job, "finished": clock.iso(audit.created), "ok": audit.ok,
             "found": {"count": audit.found_count, "total_balance": audit.found_balance},
             "kept": {"count": audit.kept_count, "total_balance": audit.kept_balance}}
 
 
-def latest_audit():
+def latest_audit() -> dict[str, Any] | None:
     """The newest audit's result, or None: a get by key, whatever the number of accounts."""
     latest = AccountsAudit.get_by_id(AccountsAudit.LATEST)
     return audit_dict(latest) if latest else None
@@ -176,7 +178,7 @@ def latest_audit():
 
 # --- the lesson in 2026: the kept figures beside COUNT and SUM aggregation queries -----------------------------------
 
-def compare_with_aggregation():
+def compare_with_aggregation() -> dict[str, Any]:
     """Read the kept figures and run COUNT and SUM over the accounts, each timed, now; what each read.
 
     The kept figures are two counters' configs and shards, read by key: the same entities at any number of accounts.
@@ -187,11 +189,13 @@ def compare_with_aggregation():
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     kept_ms = (time.perf_counter() - start) * 1000
     configs = 2
-    result = {"kept": {"count": kept[COUNT], "total_balance": kept[BALANCE], "ms": round(kept_ms, 1),
+    result: dict[str, Any] = {"kept": {"count": kept[COUNT], "total_balance": kept[BALANCE], "ms": round(kept_ms, 1),
                        "entity_reads": configs + configs * KEPT_SHARDS}}
     start = time.perf_counter()
+    aggregations = runtime.current().datastore.aggregations
+    assert aggregations is not None, "the runtime always makes them"
     try:
-        count, total = runtime.current().datastore.aggregations.count_and_sum(Account._get_kind(), "balance")
+        count, total = aggregations.count_and_sum(Account._get_kind(), "balance")
     except core_exceptions.MethodNotImplemented:
         result["aggregation"] = {"available": False,
                                  "reason": "This datastore has no aggregation queries (the legacy emulator answers "

@@ -14,6 +14,7 @@ import re
 import uuid
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from google.cloud import ndb
 
@@ -48,55 +49,55 @@ class BlogPage(Page):
 
 @dataclass
 class Posted:
-    entry: dict
+    entry: dict[str, Any]
     created: bool  # False: the request's idempotency key had already posted this entry
 
 
-def validate_blog(name):
+def validate_blog(name: object) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise BadInput("A blog name is 1 to 64 characters of lowercase letters, digits and '-'.", "bad_blog")
     return name
 
 
-def validate_index(value, field="index"):
+def validate_index(value: object, field: str = "index") -> int:
     """An entry index from a URL or JSON: a whole number 0..MAX_INDEX."""
     return validate.whole_number(value, field, 0, MAX_INDEX)
 
 
-def validate_limit(value):
+def validate_limit(value: object) -> int:
     return validate.whole_number(value, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
 
 
-def validate_title(value):
+def validate_title(value: object) -> str:
     title = validate.text(value, "title", TITLE_MAX, strip=True)
     if "\n" in title or "\r" in title:
         raise Unprocessable("title must be one line.", "bad_title")
     return title
 
 
-def validate_body(value):
+def validate_body(value: object) -> str:
     return validate.text(value, "body", BODY_MAX)
 
 
-def entry_ref(blog, index):
+def entry_ref(blog: object, index: object) -> EntryRef:
     """The reference of entry `index` of `blog`, both as they come in a URL or a request: 400 when either is malformed
     (whether the entry exists is `require_entry`'s question)."""
     return EntryRef(validate_blog(blog), validate_index(index))
 
 
-def entry_dict(entry):
+def entry_dict(entry: BlogEntry) -> dict[str, Any]:
     return {"index": entry.index, "title": entry.title, "body": entry.body, "body_html": entry.body_html,
             "author": entry.author, "created": clock.iso(entry.created)}
 
 
-def views_counter(ref):
+def views_counter(ref: EntryRef) -> str:
     """The full name of an entry's page-view counter, for the page to show."""
     return COUNTERS.name(ref.counter_name("views"))
 
 
 # --- writing --------------------------------------------------------------------------------------------------------
 
-def post_entry(blog, title, body, author, idempotency_key=None):
+def post_entry(blog: str, title: object, body: object, author: str, idempotency_key: str | None = None) -> Posted:
     """Write an entry with the blog's next index (the blog is created by its first entry).
 
     The BlogIndex read, its bump and the entry's write are one transaction on the blog's entity group: two posts at
@@ -113,7 +114,7 @@ def post_entry(blog, title, body, author, idempotency_key=None):
     token = uuid.uuid4().hex
     cache = runtime.cache()
 
-    def txn():
+    def txn() -> Posted:
         # retries=0: ndb would retry a lookup that meets a locked entity with backoff; `transact` retries the whole
         # transaction instead, which is what a collision on the BlogIndex calls for.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
@@ -137,20 +138,20 @@ def post_entry(blog, title, body, author, idempotency_key=None):
 
 # --- reading --------------------------------------------------------------------------------------------------------
 
-def get_blog(blog):
+def get_blog(blog: object) -> BlogIndex | None:
     return ndb.Key(BlogIndex, validate_blog(blog)).get()
 
 
-def require_blog(blog):
+def require_blog(blog: object) -> BlogIndex:
     return found(get_blog(blog), f"There is no blog named {blog!r}.", "no_such_blog")
 
 
-def require_entry(ref):
+def require_entry(ref: EntryRef) -> dict[str, Any]:
     """The entry `ref` names, by key: no query, strongly consistent. NotFound if there is none."""
     return entry_dict(found(ref.key.get(), f"Blog {ref.blog!r} has no entry {ref.index}.", "no_such_entry"))
 
 
-def _page_cache_key(blog, max_index, limit):
+def _page_cache_key(blog: str, max_index: int, limit: int) -> str:
     """The key of a blog's cached front page: it names the blog's max_index, the version of its content.
 
     Deleting a cached page when a post commits is not enough on its own: a reader that queried just before the commit
@@ -164,7 +165,7 @@ def _page_cache_key(blog, max_index, limit):
     return f"blog-page:{blog}:{max_index}:{limit}"
 
 
-def query_page(blog_key, start, limit):
+def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntry], int | None]:
     """The `limit` entries with index <= start, newest first, and the next page's start (None if none): one index scan
     of limit + 1 rows at any depth. An ancestor query: strongly consistent (it sees the post that just committed), with
     the composite index (BlogEntry, ancestor, index desc) from index.yaml. Never an offset."""
@@ -173,22 +174,22 @@ def query_page(blog_key, start, limit):
     return found[:limit], (found[limit].index if len(found) > limit else None)
 
 
-def get_page(blog, start=None, limit=PAGE_SIZE):
+def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> BlogPage:
     """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
     blog_index = require_blog(blog)
-    limit = validate_limit(limit)
+    size = validate_limit(limit)
     top = blog_index.max_index
-    start = top if start is None else min(validate_index(start, "start"), top)
-    newer = None if start == top else min(start + limit, top)
+    first = top if start is None else min(validate_index(start, "start"), top)
+    newer = None if first == top else min(first + size, top)
     cache = runtime.cache()
-    key = _page_cache_key(blog, top, limit) if start == top else None
+    key = _page_cache_key(blog, top, size) if first == top else None
     if key:
         cached = cache.get(key)
         if cached is not None:
             entries, next_start = json.loads(zlib.decompress(cached))
             return BlogPage(entries, next_start, newer, top, True)
-    entries, next_start = query_page(blog_index.key, start, limit)
-    entries = [entry_dict(e) for e in entries]
+    rows, next_start = query_page(blog_index.key, first, size)
+    entries = [entry_dict(e) for e in rows]
     if key:
         # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
         # the add fails quietly and the page is simply not cached).
@@ -196,13 +197,13 @@ def get_page(blog, start=None, limit=PAGE_SIZE):
     return BlogPage(entries, next_start, newer, top, False)
 
 
-def list_blogs(limit=LIST_LIMIT):
+def list_blogs(limit: int = LIST_LIMIT) -> list[tuple[str, int]]:
     """The blogs by name, with their entry counts. A kind query: eventually consistent, so a blog created a moment ago
     may be missing for a moment."""
     return [(b.name, b.max_index + 1) for b in BlogIndex.query().order(BlogIndex.key).fetch(limit)]
 
 
-def record_view(ref):
+def record_view(ref: EntryRef) -> int:
     """Count a view of an existing entry on its sharded counter (best effort: a view that cannot be counted must not
     cost the reader anything); the total afterwards, cached, so it may trail a little. A POST of its own, sent by the
     entry page's script, not part of the page's GET: a GET never writes (prefetchers, crawlers and retries repeat
@@ -212,6 +213,6 @@ def record_view(ref):
     return view_count(ref)
 
 
-def view_count(ref):
+def view_count(ref: EntryRef) -> int:
     short = ref.counter_name("views")
     return COUNTERS.totals([short])[short]

@@ -10,12 +10,16 @@ Time alone is not unique; time|user is not either (one user, two tabs). All thre
 Pages move both ways by that key: `after=<id>` is `sort_key > id ASC`, `before=<id>` is `sort_key < id DESC`, reversed;
 each fetches one more than it shows to know whether there is a further page. Never an offset.
 """
+import datetime
 import re
 import uuid
+from collections.abc import Iterable
+from typing import Any
 
 from google.cloud import ndb
 
 from blog import service as blog_service
+from blog.models import EntryRef
 from comments.models import Comment, UserSequence
 from core import clock, identity, validate
 from core.errors import BadInput, SignInRequired
@@ -36,7 +40,7 @@ RECENT_KEEP = 5
 COUNTERS = counters.owned("comments")
 
 
-def sort_key(when, user_id, seq):
+def sort_key(when: datetime.datetime, user_id: str, seq: int) -> str:
     if SEPARATOR in user_id:
         raise ValueError("a user id in a sort key cannot contain the separator")
     # Fixed width, spelled out: strftime's %Y does not zero-pad years before 1000 on every platform.
@@ -45,7 +49,7 @@ def sort_key(when, user_id, seq):
     return f"{time}{SEPARATOR}{user_id}{SEPARATOR}{seq:0{SEQ_DIGITS}d}"
 
 
-def comment_key(comment_id):
+def comment_key(comment_id: object) -> ndb.Key | None:
     """The comment's key, from its id alone (the author's group is in it); None when it is not a well-formed id."""
     match = ID_PATTERN.fullmatch(comment_id) if isinstance(comment_id, str) else None
     if match is None:
@@ -53,18 +57,19 @@ def comment_key(comment_id):
     return ndb.Key(UserSequence, match.group(2), Comment, comment_id)
 
 
-def comments_counter(ref):
+def comments_counter(ref: EntryRef) -> str:
     """The short name of an entry's comment counter (a sharded counter: adaptive, since a lively entry is commented
     on by many at once)."""
     return ref.counter_name()
 
 
-def comment_dict(comment):
+def comment_dict(comment: Comment) -> dict[str, Any]:
     return {"id": comment.sort_key, "text": comment.text, "author": comment.author,
             "created": clock.iso(comment.created)}
 
 
-def post_comment(ref, user, text, idempotency_key=None):
+def post_comment(ref: EntryRef, user: identity.User | None, text: object,
+                 idempotency_key: str | None = None) -> dict[str, Any]:
     """Write `user`'s comment on the entry `ref` names, then count it.
 
     The transaction touches only the user's UserSequence and the new comment, both in the user's own entity group:
@@ -83,7 +88,7 @@ def post_comment(ref, user, text, idempotency_key=None):
     seq_key = ndb.Key(UserSequence, user_id)
     token = idempotency_key or uuid.uuid4().hex
 
-    def txn():
+    def txn() -> tuple[bool, dict[str, Any]]:
         sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
         if sequence.last_token == token:
             # Written already: by this call's earlier attempt whose commit looked failed, or by the same request
@@ -104,7 +109,7 @@ def post_comment(ref, user, text, idempotency_key=None):
     return comment
 
 
-def count_comment(ref):
+def count_comment(ref: EntryRef) -> None:
     """+1 on the entry's comment counter, after the comment's own transaction has committed.
 
     Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's write
@@ -117,12 +122,12 @@ def count_comment(ref):
 
 # --- the repair job: recount every entry's comment counter from its comments ----------------------------------------
 
-def _recount_prepare(entry_keys, params):
+def _recount_prepare(entry_keys: list[ndb.Key], params: dict[str, Any]) -> dict[ndb.Key, int]:
     """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
     may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
     refs = {key: blog_service.EntryRef.from_key(key) for key in entry_keys}
     current = COUNTERS.exact_totals([comments_counter(ref) for ref in refs.values()])
-    deltas = {}
+    deltas: dict[ndb.Key, int] = {}
     for key, ref in refs.items():
         actual = len(Comment.query(Comment.entry == ref.path).fetch(keys_only=True))
         counted = current[comments_counter(ref)]
@@ -131,8 +136,8 @@ def _recount_prepare(entry_keys, params):
     return deltas
 
 
-def _recount_apply(entries, params, deltas):
-    writes = []
+def _recount_apply(entries: list[ndb.Model], params: dict[str, Any], deltas: dict[ndb.Key, int]) -> list[ndb.Model]:
+    writes: list[ndb.Model] = []
     for entry in entries:
         if entry.key in deltas:
             writes += COUNTERS.add_in_transaction(
@@ -151,17 +156,18 @@ RECOUNT = mapper.JobDefinition(
     chunk=10, page_size=50)
 
 
-def _bookmark(comment_id, ref, field):
+def _bookmark(comment_id: object, ref: EntryRef, field: str) -> str:
     """A page marker must be the id of a comment on this entry: well-formed, existing (a get by key, strongly
     consistent) and not another entry's. Anything else is a 400, never an empty or wrong page."""
     key = comment_key(comment_id)
     comment = key.get() if key is not None else None
-    if comment is None or comment.entry != ref.path:
+    if key is None or comment is None or comment.entry != ref.path:
         raise BadInput(f"{field} is not a comment of this entry.", f"bad_{field}")
-    return comment_id
+    return key.id()
 
 
-def get_comments(ref, after=None, before=None, limit=None, last=False, own=()):
+def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,
+                 own: Iterable[str] = ()) -> Page:
     """A page of an entry's comments, oldest first: the first page, the one after `after`, the one before `before`, or
     with `last` the newest page.
 
@@ -173,29 +179,32 @@ def get_comments(ref, after=None, before=None, limit=None, last=False, own=()):
     limit = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     if after is not None and before is not None:
         raise BadInput("Give after or before, not both.", "bad_bookmark")
+    after_id = _bookmark(after, ref, "after") if after is not None else None
+    before_id = _bookmark(before, ref, "before") if before is not None else None
     query = Comment.query(Comment.entry == ref.path)
-    if before is not None or last:
-        if before is not None:
-            query = query.filter(Comment.sort_key < _bookmark(before, ref, "before"))
+    if before_id is not None or last:
+        if before_id is not None:
+            query = query.filter(Comment.sort_key < before_id)
         found = query.order(-Comment.sort_key).fetch(limit + 1)
         shown = list(reversed(found[:limit]))
-        more_before, more_after = len(found) > limit, before is not None
+        more_before, more_after = len(found) > limit, before_id is not None
     else:
-        if after is not None:
-            query = query.filter(Comment.sort_key > _bookmark(after, ref, "after"))
+        if after_id is not None:
+            query = query.filter(Comment.sort_key > after_id)
         found = query.order(Comment.sort_key).fetch(limit + 1)
         shown = found[:limit]
-        more_before, more_after = after is not None, len(found) > limit
+        more_before, more_after = after_id is not None, len(found) > limit
     # The page covers the keys between its neighbours' markers; the reader's own comments in that span belong here.
-    low = after if after is not None else (shown[0].sort_key if shown and more_before else None)
-    high = before if before is not None else (shown[-1].sort_key if shown and more_after else None)
+    low = after_id if after_id is not None else (shown[0].sort_key if shown and more_before else None)
+    high = before_id if before_id is not None else (shown[-1].sort_key if shown and more_after else None)
     shown = _merge_own(shown, own, ref, low, high)
     return Page([comment_dict(c) for c in shown],
                 next=shown[-1].sort_key if shown and more_after else None,
                 prev=shown[0].sort_key if shown and more_before else None)
 
 
-def _merge_own(shown, own, ref, low, high):
+def _merge_own(shown: list[Comment], own: Iterable[str], ref: EntryRef, low: str | None,
+              high: str | None) -> list[Comment]:
     have = {c.sort_key for c in shown}
     keys = [k for k in map(comment_key, own or ()) if k is not None and k.id() not in have]
     mine = [c for c in ndb.get_multi(keys) if c is not None and c.entry == ref.path
@@ -203,7 +212,7 @@ def _merge_own(shown, own, ref, low, high):
     return sorted(shown + mine, key=lambda c: c.sort_key) if mine else shown
 
 
-def comment_counts(refs):
+def comment_counts(refs: Iterable[EntryRef]) -> dict[EntryRef, int]:
     """{ref: comment count} for entries, in one memcached round trip when their totals are cached."""
     names = {ref: comments_counter(ref) for ref in refs}
     found = COUNTERS.totals(list(names.values()))

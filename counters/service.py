@@ -15,7 +15,9 @@ Other features and the views import this module only.
 """
 import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from google.cloud import ndb
 
@@ -64,7 +66,8 @@ def increment_simple() -> Increment:
     return Increment(True, attempts, shard)
 
 
-def increment(name, idempotency_key=None, mode="general", listed=True, create=True):
+def increment(name: str, idempotency_key: str | None = None, mode: str = "general", listed: bool = True,
+              create: bool = True) -> Increment:
     """Add 1 to counter `name` (created in `mode`, `listed` or not, on first use; with `create` False a counter that
     does not exist is a SignInRequired and nothing is written: the public API lets anyone add to a counter, but only
     a signed-in user create one, since an anonymous path that creates entities is a storage flood).
@@ -84,14 +87,14 @@ def increment(name, idempotency_key=None, mode="general", listed=True, create=Tr
     attempt = shard_writer(lambda index: CounterShard.key_for(name, index), CounterShard, total_cache_key(name),
                            marker_key)
 
-    def on_attempt(num_shards, collided):
+    def on_attempt(num_shards: int, collided: bool) -> int:
         factor = growth.contention.observe(name, num_shards, collided)
         if factor:
             return growth.grow(name, num_shards, factor)
         if collided:
             # Another writer may have grown the counter since this increment began: retry over all its shards.
             # Only a committed shard count is safe to use, since a total sums the shards below it.
-            return max(num_shards, get_config(name).num_shards)
+            return max(num_shards, require_config(name).num_shards)
         return num_shards
 
     applied, attempts, shard = commit_on_a_shard(
@@ -109,7 +112,7 @@ SWEEP_BATCHES = 20  # per task; a task with more to do enqueues the next one, so
 _SWEPT = "counters.swept_hour"  # the runtime's note of the last hour this process asked for a sweep
 
 
-def _sweep_this_hour():
+def _sweep_this_hour() -> None:
     """After a marker was written: make sure a sweep runs this hour. Each process asks once an hour (no I/O on any
     other increment), and the task is named after the hour, so every process's request is the same one task (a queue
     drops a name used before: core/tasks.py). Never fails the increment it follows."""
@@ -124,7 +127,7 @@ def _sweep_this_hour():
         log.warning("could not enqueue the idempotency markers' sweep", exc_info=True)
 
 
-def sweep_markers(payload, attempt=0):
+def sweep_markers(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     """A task: delete the markers that have expired, SWEEP_BATCHES batches at most, then hand on to the next part.
     Keys only: a keys-only query is billed as one read, not one per entity (https://cloud.google.com/datastore/pricing).
     Eventually consistent on legacy Datastore: a key deleted a moment ago may come back once, and deleting it again is
@@ -151,16 +154,16 @@ class OwnedCounters:
     many at once (they grow). Everything here takes and returns the feature's own short names.
     """
 
-    def __init__(self, owner):
+    def __init__(self, owner: str) -> None:
         if not OWNER_PATTERN.fullmatch(owner):
             raise ValueError(f"an owner is 1 to 20 lowercase letters, not {owner!r}")
         self.prefix = f"{owner}{OWNER_SEPARATOR}"
 
-    def name(self, short):
+    def name(self, short: str) -> str:
         """The counter's full name; `short` is the feature's own (e.g. "demo.59.views")."""
         return validate_name(self.prefix + short)
 
-    def increment(self, short):
+    def increment(self, short: str) -> bool:
         """+1, best effort: True if it counted. A count that cannot be made now (the counter's first increment while
         memcached is away, since configs are a globally cached kind; contention beyond the retries) is logged and
         skipped, never an error for the reader or writer whose request it rides on."""
@@ -172,24 +175,24 @@ class OwnedCounters:
             log.warning("counter %s not incremented: %r", name, e)
             return False
 
-    def totals(self, shorts):
+    def totals(self, shorts: Iterable[str]) -> dict[str, int]:
         """{short: total}, 0 for a counter never created; cached totals (see `totals.cached_totals`)."""
         names = {short: self.name(short) for short in shorts}
         totals = cached_totals(list(names.values()))
         return {short: totals[name][0].count for short, name in names.items()}
 
-    def exact_totals(self, shorts):
+    def exact_totals(self, shorts: Iterable[str]) -> dict[str, int]:
         """{short: total} summed from the shards, never from the cache."""
         names = {short: self.name(short) for short in shorts}
         totals = exact_totals(list(names.values()))
         return {short: totals[name] for short, name in names.items()}
 
-    def configure(self, short, num_shards):
+    def configure(self, short: str, num_shards: int) -> CounterConfig:
         """Create the counter with `num_shards` shards when it does not exist (or grow it to that many): for one
         that many transactions will add to at once (`add_in_transaction`), which must not race to create it."""
         return configure(self.name(short), "adaptive", num_shards, listed=False)
 
-    def add_in_transaction(self, short, delta):
+    def add_in_transaction(self, short: str, delta: int) -> list[ndb.Model]:
         """Inside the caller's transaction: add `delta` (negative too) to a random one of the counter's shards,
         creating the counter (one shard) when it does not exist. Returns the entities for the caller to put with its
         own; the cached total is dropped once the transaction commits. Two entity groups (config and shard): the
@@ -199,7 +202,7 @@ class OwnedCounters:
         name = self.name(short)
         # ndb's lookup retry kept (see mapper.service._process: the chunk this rides on costs more when aborted).
         config = ndb.Key(CounterConfig, name).get()
-        writes = []
+        writes: list[ndb.Model] = []
         if config is None:
             config = CounterConfig(id=name, mode="adaptive", num_shards=DEFAULT_SHARDS["adaptive"], listed=False)
             writes.append(config)
@@ -211,6 +214,6 @@ class OwnedCounters:
         return writes
 
 
-def owned(owner):
+def owned(owner: str) -> OwnedCounters:
     """The handle through which the feature `owner` keeps its own counters."""
     return OwnedCounters(owner)

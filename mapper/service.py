@@ -28,6 +28,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from flask import Flask
 from google.cloud import ndb
 
 from core import clock, runtime, tasks
@@ -89,13 +90,13 @@ class JobDefinition:
 JOBS = "mapper.jobs"  # the runtime's registry of this app's jobs by name
 
 
-def _no_params(params):
+def _no_params(params: dict[str, Any]) -> dict[str, Any]:
     if params:
         raise BadInput("This job takes no params.", "bad_params")
     return {}
 
 
-def register(app, definition):
+def register(app: Flask, definition: JobDefinition) -> JobDefinition:
     """Make the job `definition` one that `app` can run (from the init_app of the feature that owns its kind)."""
     if not 1 <= definition.chunk < MAX_GROUPS:
         raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
@@ -106,15 +107,15 @@ def register(app, definition):
     return definition
 
 
-def _jobs():
+def _jobs() -> dict[str, JobDefinition]:
     return runtime.current().registry(JOBS)
 
 
-def registered():
+def registered() -> dict[str, JobDefinition]:
     return dict(sorted(_jobs().items()))
 
 
-def definition_of(name):
+def definition_of(name: object) -> JobDefinition:
     jobs = _jobs()
     if not isinstance(name, str) or name not in jobs:
         raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
@@ -127,7 +128,7 @@ class Superseded(Exception):
 
 # --- starting ------------------------------------------------------------------------------------------------------
 
-def start_job(name, params=None, page_size=None, fanout=None):
+def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None) -> MapperJob:
     """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob."""
     definition = definition_of(name)
     if params is None:
@@ -157,11 +158,11 @@ def start_job(name, params=None, page_size=None, fanout=None):
     return job
 
 
-def _enqueue(payload):
+def _enqueue(payload: TaskPayload) -> None:
     runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.name)
 
 
-def _returned_key(job_id):
+def _returned_key(job_id: str) -> str:
     return f"mapper-returned:{job_id}"
 
 
@@ -173,15 +174,15 @@ HINT_LIFETIME = 7 * 86400
 MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits of 100-entity pages reaches 12 by 10**9
 
 
-def _hint_keys(job_id):
+def _hint_keys(job_id: str) -> dict[str, str]:
     return {"processed": f"mapper-processed:{job_id}", "tasks": f"mapper-tasks:{job_id}"}
 
 
-def _depth_key(job_id, depth):
+def _depth_key(job_id: str, depth: int) -> str:
     return f"mapper-depth:{job_id}:{depth}"
 
 
-def _hint(job, record, processed_here, finished_here):
+def _hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here: bool) -> None:
     """After a delivery committed: add what it did to the job's hints (best effort: the cache may be away)."""
     cache, keys = runtime.cache(), _hint_keys(job.id)
     if processed_here:
@@ -192,13 +193,13 @@ def _hint(job, record, processed_here, finished_here):
             cache.add(_depth_key(job.id, record.depth + 1), 1, expire=HINT_LIFETIME)
 
 
-def _hinted(job):
+def _hinted(job: MapperJob) -> "Status":
     """A running job's status from its hints: one cache round trip, whatever the job's size."""
     keys = _hint_keys(job.id)
     depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
     found = runtime.cache().get_many([_returned_key(job.id), *keys.values(), *depth_keys])
 
-    def number(key):
+    def number(key: str) -> int:
         return int(found.get(key, 0))
     depth = max((d for d, key in enumerate(depth_keys, 1) if key in found), default=0)
     return Status("running", processed=number(keys["processed"]), returned=number(_returned_key(job.id)),
@@ -207,7 +208,7 @@ def _hinted(job):
 
 # --- one task --------------------------------------------------------------------------------------------------------
 
-def run_task(body, attempt=0):
+def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
     payload = TaskPayload.from_json(body)
     job = MapperJob.get_by_id(payload.job)
@@ -229,7 +230,8 @@ def run_task(body, attempt=0):
     return {"processed": record.processed, "children": len(record.children)}
 
 
-def _run(job, definition, record_key, payload, attempt):
+def _run(job: MapperJob, definition: JobDefinition | None, record_key: ndb.Key, payload: TaskPayload,
+         attempt: int) -> tuple[TaskRecord, int]:
     """This delivery's work on its task: (the record as it left it, the credit it returned)."""
     # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
     # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
@@ -254,14 +256,14 @@ def _run(job, definition, record_key, payload, attempt):
         return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
 
-def _page_query(kind, after, upto):
+def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
     query = ndb.Query(kind=kind).filter(KEY <= upto)
     if after is not None:
         query = query.filter(KEY > after)
     return query.order(KEY)
 
 
-def _process(job, definition, record, payload):
+def _process(job: MapperJob, definition: JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """Process this task's page in chunks; the final record.
 
     The page's first chunk also records the tasks the rest of the range splits into, and they are enqueued as soon
@@ -282,7 +284,7 @@ def _process(job, definition, record, payload):
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     chunks = [keys[i:i + definition.chunk] for i in range(0, len(keys), definition.chunk)] or [[]]
 
-    def txn(chunk, expected, final):
+    def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
         # own key range and its own record), so chunks of concurrent tasks never collide.
         current, *entities = ndb.get_multi([record.key] + chunk)
@@ -304,13 +306,13 @@ def _process(job, definition, record, payload):
     return record
 
 
-def _enqueue_children(record):
+def _enqueue_children(record: TaskRecord) -> None:
     """Enqueue the tasks `record` split into; a repeat (a retry's) is dropped by the queue, which knows their names."""
     for child in record.children:
         _enqueue(TaskPayload.from_json(child))
 
 
-def _split(job, payload, page, hi, credit):
+def _split(job: MapperJob, payload: TaskPayload, page: Page, hi: ndb.Key, credit: int) -> list[TaskPayload]:
     """The payloads of the tasks the rest of the range (page.end, hi] splits into; one child when it cannot split.
     Each child gets an equal share of `credit`, and the task keeps one share and the remainder for its own page.
     Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained, and
@@ -326,13 +328,14 @@ def _split(job, payload, page, hi, credit):
     return [payload.child(i, bounds[i], bounds[i + 1], share) for i in range(count)]
 
 
-def _hand_back(record_key, payload, state, error=None):
+def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
+               error: str | None = None) -> tuple[TaskRecord, int]:
     """End a task's record without visiting the rest of its page (its job is cancelled, or the task failed for good):
     `state`, and the credit it kept for its page returned, so the job still ends when every other task has. What its
     chunks committed before stays in the record's tally; children it recorded are enqueued (again: a delivery may
     have died before it did) and return their own credit. (the record, the credit this call returned: 0 when another
     delivery ended the record first)."""
-    def txn():
+    def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
             return record, 0
@@ -355,22 +358,22 @@ class Status:
     tasks: int = 0
     depth: int = 0
     failed: int = 0
-    tally: dict = dataclasses.field(default_factory=dict)
+    tally: dict[str, int] = dataclasses.field(default_factory=dict)
     estimated: bool = False  # the figures are the cache's hints (a running job), not the records' sums
 
     @property
-    def progress(self):
+    def progress(self) -> float:
         return 1.0 if self.state == "done" else self.returned / TOTAL_CREDIT
 
 
-def _derive(job):
+def _derive(job: MapperJob) -> Status:
     """Sum the job's task records, walking its tree by key from the root's record, one get_multi per level: gets by
     key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore, and could sum a
     record before its last chunk). A record not written yet is a task whose credit is still out."""
     status = Status("running")
     keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
     while keys:
-        children = []
+        children: list[ndb.Key] = []
         for record in ndb.get_multi(keys):
             if record is None:
                 continue
@@ -385,7 +388,7 @@ def _derive(job):
     return status
 
 
-def _maybe_finish(job, returned):
+def _maybe_finish(job: MapperJob, returned: int) -> None:
     """After a task returned credit: finish the job if every credit is back. The cache keeps a running sum so that
     only the last task pays for summing the records (reading every one); the records are the truth, the sum a hint.
 
@@ -411,7 +414,7 @@ def _maybe_finish(job, returned):
         _check_later(job.id, 1)
 
 
-def _outcome(job, status):
+def _outcome(job: MapperJob, status: Status) -> str | None:
     """How a job ends once every task has handed its credit back: "failed" if one failed for good, "cancelled" if it
     was, else "done"; None while ranges are still out."""
     if status.returned != TOTAL_CREDIT:
@@ -419,13 +422,13 @@ def _outcome(job, status):
     return "failed" if status.failed else "cancelled" if job.cancelled else "done"
 
 
-def _check_later(job_id, number):
+def _check_later(job_id: str, number: int) -> None:
     """Enqueue the job's check task `number` (its name makes every caller's enqueue of it one task)."""
     delay = CHECK_DELAYS[number - 1] if number <= len(CHECK_DELAYS) else 60
     runtime.tasks().enqueue(CHECK_HANDLER, {"job": job_id, "check": number}, f"{job_id}-check-{number}", delay=delay)
 
 
-def run_check(payload, attempt=0):
+def run_check(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     """A check task: finish the job if its records add up (or one failed for good), else check again later."""
     job = MapperJob.get_by_id(payload["job"])
     if job is None or job.finished:  # a cancelled job still ends (its tasks hand their ranges back)
@@ -439,14 +442,14 @@ def run_check(payload, attempt=0):
     return {"progress": round(current.progress, 4)}
 
 
-def _finalize(job, status):
+def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
     """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
     since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
     finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the records'
     sums, every credit back (no chunk can commit after that)."""
     definition = _jobs().get(job.name)
 
-    def txn():
+    def txn() -> MapperJob | None:
         current = job.key.get(retries=0)
         if current.finished:
             return None
@@ -462,13 +465,13 @@ def _finalize(job, status):
     return finished
 
 
-def _finished(job):
+def _finished(job: MapperJob) -> None:
     definition = _jobs().get(job.name)
     if definition and definition.on_done:
         definition.on_done(job)
 
 
-def status(job):
+def status(job: MapperJob) -> Status:
     """The job's state and figures, read only: a finished job answers from itself (the records' sums, exact), a running
     or cancelled one from its hints (`_hinted`: no read that grows with its tasks, however often the pages poll)."""
     if job.finished:  # every task had handed its credit back
@@ -479,7 +482,7 @@ def status(job):
     return current
 
 
-def finish_job(job_id):
+def finish_job(job_id: object) -> MapperJob:
     """Admin: finish a running job whose tasks have all reported back (every credit returned, or one failed for good)
     but that was not marked finished: its last task died before noticing, or could not see every record. Conflict
     while ranges are still out."""
@@ -493,7 +496,7 @@ def finish_job(job_id):
     return _finalize(job, current) or job.key.get()
 
 
-def job_dict(job):
+def job_dict(job: MapperJob) -> dict[str, Any]:
     s = status(job)
     end = job.finished or clock.now()
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
@@ -502,21 +505,21 @@ def job_dict(job):
             "estimated": s.estimated, "elapsed": round((end - job.created).total_seconds(), 1)}
 
 
-def get_job(job_id):
+def get_job(job_id: object) -> MapperJob:
     if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
         raise BadInput("A job id is 16 hex digits.", "bad_job_id")
     return found(MapperJob.get_by_id(job_id), f"There is no job {job_id}.", "no_such_job")
 
 
-def list_jobs(limit=LIST_LIMIT):
+def list_jobs(limit: int = LIST_LIMIT) -> list[MapperJob]:
     return MapperJob.query().order(-MapperJob.created).fetch(limit)
 
 
-def cancel_job(job_id):
+def cancel_job(job_id: object) -> MapperJob:
     """Stop a running job: tasks not yet run skip it. Entities already processed stay processed."""
     key = get_job(job_id).key
 
-    def txn():
+    def txn() -> MapperJob:
         job = key.get(retries=0)
         if job.finished:
             raise Conflict("The job has finished already.", "job_finished")
