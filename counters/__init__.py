@@ -1,5 +1,6 @@
-"""Sharded counters, the first lesson: service.py (the operations; its parts beside it: names, configs, writes,
-growth, totals), models.py, views.py (pages and /api/counters), demo.py (demo content, the admin's burst).
+"""Sharded counters, the first lesson: simple.py (the talk's counter, whole: read it first), service.py (the named
+counters beyond the talk; its parts beside it: names, configs, writes, growth, totals), models.py, views.py (pages and
+/api/counters), demo.py (demo content, the admin's burst).
 
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
@@ -14,7 +15,7 @@ def init_app(app):
         name="counters", nav=("counters.index", "Counters"),
         lesson=features.Lesson(
             slug="counters", title="1. Sharded counters",
-            sources=("counters/service.py", "counters/writes.py", "counters/growth.py", "counters/totals.py",
-                     "counters/models.py"),
+            sources=("counters/simple.py", "counters/service.py", "counters/writes.py", "counters/growth.py",
+                     "counters/totals.py", "counters/models.py"),
             figure=demo.figure, card="counters/_lesson.html", caveats=production.CAVEATS),
         seed=demo.seed))

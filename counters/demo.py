@@ -3,7 +3,7 @@ live figure of their lesson on the tour."""
 import secrets
 
 from core import clock, runtime, validate
-from counters import service
+from counters import service, simple
 from counters.models import CounterConfig
 
 TOUR_COUNTER = "likes"  # the adaptive demo counter: its shards show the lesson
@@ -24,7 +24,7 @@ def seed():
     # Concurrent, so the adaptive counter has (almost surely) grown by the time anyone looks.
     burst(TOUR_COUNTER, 32, 320)
     for _ in range(30):
-        service.increment_simple()
+        simple.increment()
     return True
 
 

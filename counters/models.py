@@ -14,17 +14,6 @@ SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is
 MARKER_LIFETIME = datetime.timedelta(days=1)
 
 
-class SimpleCounterShard(ndb.Model):
-    """One of the talk's twenty fixed shards; key name "shard-<i>".
-
-    Neither cache: shards are written in contended transactions (the global cache would add lock traffic to each),
-    and a total must see other writers' commits, not the copy this context read first.
-    """
-    _use_cache = False
-    _use_global_cache = False
-    count = ndb.IntegerProperty(default=0, indexed=False)
-
-
 class CounterConfig(ndb.Model):
     """A named counter; key name is the counter's name.
 
@@ -46,7 +35,7 @@ class CounterConfig(ndb.Model):
 
 
 class CounterShard(ndb.Model):
-    """One shard of a named counter; key name "<counter>|<index>". Uncached, as SimpleCounterShard."""
+    """One shard of a named counter; key name "<counter>|<index>". Uncached, as counters/simple.py's shards."""
     _use_cache = False
     _use_global_cache = False
     count = ndb.IntegerProperty(default=0, indexed=False)

@@ -4,14 +4,13 @@ A counter written by many clients at once cannot be one entity: Datastore commit
 rate and aborts transactions that collide. So a counter is N shard entities; an increment adds 1 to a random shard in
 a small transaction, and the total is the sum of the shards, read by key (strongly consistent, no index, no query).
 
-Three kinds live here:
-- the simple counter: the talk's fixed twenty shards, created lazily;
+The talk's own counter is counters/simple.py, whole; read it first. Beyond it, two kinds live here:
 - named `general` counters: a CounterConfig with `num_shards`, the total cached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 
 This module is the feature's operations; their parts are beside it: names.py (names), configs.py (a counter's config),
 writes.py (one +1 on a shard, per backend), growth.py (adaptive growth), totals.py (reading counts and totals).
-Other features and the views import this module only.
+Other features import this module only.
 """
 import logging
 import random
@@ -27,10 +26,9 @@ from core.errors import SignInRequired, Unavailable
 from counters import growth
 from counters.configs import DEFAULT_SHARDS, configure, get_config, increase_shards, require_config
 from counters.growth import ADAPTIVE_MAX_SHARDS
-from counters.models import AppliedIncrement, CounterConfig, CounterShard, SimpleCounterShard
+from counters.models import AppliedIncrement, CounterConfig, CounterShard
 from counters.names import MAX_SHARDS, OWNER_PATTERN, OWNER_SEPARATOR, public_name, total_cache_key, validate_name
 from counters.totals import (
-    SIMPLE_SHARDS,
     Total,
     cached_totals,
     counters_page,
@@ -39,16 +37,14 @@ from counters.totals import (
     list_counters,
     shard_counts,
     shard_counts_many,
-    simple_key,
-    simple_shard_counts,
     total_and_shards,
 )
 from counters.writes import commit_on_a_shard, shard_writer
 
-__all__ = ["ADAPTIVE_MAX_SHARDS", "DEFAULT_SHARDS", "MAX_SHARDS", "SIMPLE_SHARDS", "Increment", "OwnedCounters",
+__all__ = ["ADAPTIVE_MAX_SHARDS", "DEFAULT_SHARDS", "MAX_SHARDS", "Increment", "OwnedCounters",
            "Total", "configure", "counters_page", "exact_totals", "get_config", "get_total", "increase_shards",
-           "increment", "increment_simple", "list_counters", "owned", "public_name", "require_config",
-           "shard_counts", "shard_counts_many", "simple_shard_counts", "total_and_shards"]
+           "increment", "list_counters", "owned", "public_name", "require_config",
+           "shard_counts", "shard_counts_many", "total_and_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +54,6 @@ class Increment:
     applied: bool
     attempts: int  # transactions tried; more than 1 means the increment met contention
     shard: int
-
-
-def increment_simple() -> Increment:
-    """Add 1 to the talk's twenty-shard counter."""
-    _, attempts, shard = commit_on_a_shard(SIMPLE_SHARDS, shard_writer(simple_key, SimpleCounterShard))
-    return Increment(True, attempts, shard)
 
 
 def increment(name: str, idempotency_key: str | None = None, mode: str = "general", listed: bool = True,

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from google.cloud import ndb
 
 from core import runtime
-from counters.models import CounterConfig, CounterShard, SimpleCounterShard
+from counters import simple
+from counters.models import CounterConfig, CounterShard
 from counters.names import MAX_SHARDS, OWNER_SEPARATOR, shard_view_cache_key, total_cache_key, validate_name
 
-SIMPLE_SHARDS = 20
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 SHARD_VIEW_LIFETIME = 5  # seconds an anonymous reader's cached copy of a counter's shard counts lives
 LIST_LIMIT = 100
@@ -21,16 +21,6 @@ PAGE_SHARDS = MAX_SHARDS  # shards one view reads at most: one counter's most, s
 class Total:
     count: int
     cached: bool
-
-
-def simple_key(index: int) -> ndb.Key:
-    return ndb.Key(SimpleCounterShard, f"shard-{index}")
-
-
-def simple_shard_counts() -> list[int]:
-    """The count of each of the talk's twenty shards, read by key in one batch."""
-    shards = ndb.get_multi([simple_key(i) for i in range(SIMPLE_SHARDS)])
-    return [s.count if s else 0 for s in shards]
 
 
 def shard_counts_many(configs: list[CounterConfig]) -> list[list[int]]:
@@ -152,7 +142,7 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
 
     Bounded in what it reads, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS of their
     shards (a counter that would pass the budget starts the next page; a page always shows one), so a view reads at
-    most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + SIMPLE_SHARDS shards however many counters exist and however
+    most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + simple.SHARDS shards however many counters exist and however
     many shards admins gave them. With `shards_from_cache` (an anonymous visitor) the counters' shards come from
     their short-lived cached copies (see `cached_totals`), so a repeated view reads only the configs and the simple
     counter's twenty shards.
@@ -163,7 +153,7 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
     if after is not None:
         validate_name(after)
     configs = _listed_configs(PAGE_COUNTERS + 1, after)
-    simple = ndb.get_multi_async([simple_key(i) for i in range(SIMPLE_SHARDS)])
+    simple_shards = ndb.get_multi_async([simple.shard_key(i) for i in range(simple.SHARDS)])
     shown, drawn = [], 0
     for config in configs[:PAGE_COUNTERS]:
         if shown and drawn + config.num_shards > PAGE_SHARDS:
@@ -172,5 +162,5 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
         drawn += config.num_shards
     more = len(shown) < len(configs)
     totals = cached_totals([c.name for c in shown], {c.name: c for c in shown}, True, shards_from_cache)
-    simple_counts = [s.count if s else 0 for s in (f.result() for f in simple)]
+    simple_counts = [s.count if s else 0 for s in (f.result() for f in simple_shards)]
     return CountersPage([(c, *totals[c.name]) for c in shown], simple_counts, shown[-1].name if more else None)

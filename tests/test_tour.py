@@ -94,7 +94,8 @@ def test_sign_out_from_the_header_leads_home(client, auth):
 def test_each_lesson_page_links_to_its_source(client, auth):
     auth.admin()
     assert client.post("/api/blogs/demo/entries", json={"title": "t", "body": "b"}).status_code == 201
-    for page, path in (("/counters", "counters/service.py"), ("/blog/demo", "blog/service.py"),
+    for page, path in (("/counters", "counters/simple.py"), ("/counters", "counters/service.py"),
+                       ("/blog/demo", "blog/service.py"),
                        ("/blog/demo/0", "comments/service.py"), ("/jobs", "mapper/service.py"),
                        ("/jobs", "mapper/keyrange.py"), ("/accounts", "accounts/service.py"),
                        ("/numbers", "latency/service.py")):

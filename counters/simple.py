@@ -1,0 +1,78 @@
+"""The talk's sharded counter, whole. Read this file first.
+
+One entity that many clients write at once does not scale: Datastore commits to one entity group at a limited rate
+(about one sustained write a second is still Google's guidance for a single entity in production,
+https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and are tried
+again. So this counter is twenty shard entities, each a root entity, its own entity group:
+- an increment is a small transaction on one shard chosen at random, so two writers meet only when they pick the same
+  shard, one time in twenty;
+- the total is the sum of the twenty shards, read by key in one batch (strongly consistent, no query, no index);
+- the total is also kept in the cache, read first, and incremented there after each commit.
+
+That is the 2008 design, the same on both backends. The counters in counters/service.py go beyond the talk: named
+counters with shards of their own number, adaptive ones that grow while their writers collide, increments applied once
+per idempotency key, and Firestore's server-side increments in place of a read and a write.
+"""
+import random
+
+from google.cloud import ndb
+
+from core import runtime
+from core.transactions import transact
+
+SHARDS = 20
+TOTAL_KEY = "simple-counter-total"
+# A total summed just before an increment commits is kept without that increment (the increment's `incr` found no
+# copy to add to): the copy is at most one minute behind, then it expires and the next read sums again.
+TOTAL_LIFETIME = 60  # seconds
+
+
+class SimpleCounterShard(ndb.Model):
+    """One of the twenty; key name "shard-<i>", created by its first increment.
+
+    Neither of ndb's caches: a shard is written in contended transactions (the global cache would add its lock traffic
+    to each), and a total must see other writers' commits, not the copy this request read first."""
+    _use_cache = False
+    _use_global_cache = False
+    count = ndb.IntegerProperty(default=0, indexed=False)
+
+
+def shard_key(index: int) -> ndb.Key:
+    return ndb.Key(SimpleCounterShard, f"shard-{index}")
+
+
+def increment() -> int:
+    """Add 1 to a random shard, in a transaction; how many transactions it took (more than 1: it met another writer
+    on its shard, and was tried again on a shard chosen afresh).
+
+    A commit that fails as UNKNOWN may have applied, and its retry then counts twice: the talk's counter accepts that.
+    Beyond it, counters/service.py takes an idempotency key and writes a marker in the same commit."""
+    attempts = 0
+
+    def add_one() -> None:
+        nonlocal attempts
+        attempts += 1
+        key = shard_key(random.randrange(SHARDS))
+        shard = key.get(retries=0) or SimpleCounterShard(key=key)
+        shard.count += 1
+        shard.put()
+
+    transact(add_one, busy_message="The counter is very busy; try again.")
+    runtime.cache().incr(TOTAL_KEY)  # after the commit; no copy kept: nothing to do, the next read sums
+    return attempts
+
+
+def shard_counts() -> list[int]:
+    """Each shard's count, from one batch of gets by key; a shard never written counts 0."""
+    return [shard.count if shard else 0 for shard in ndb.get_multi([shard_key(i) for i in range(SHARDS)])]
+
+
+def total() -> int:
+    """The count: the cache's copy, or else the shards summed, and that sum kept for the next reader."""
+    cache = runtime.cache()
+    kept = cache.get(TOTAL_KEY)
+    if kept is not None:
+        return int(kept)
+    count = sum(shard_counts())
+    cache.add(TOTAL_KEY, count, expire=TOTAL_LIFETIME)
+    return count
