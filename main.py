@@ -4,6 +4,7 @@ import logging
 import os
 
 import click
+from flask import Flask
 
 import accounts
 import appstats
@@ -34,7 +35,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list` is FEATURES, or a part of it
     that keeps each feature's dependencies (the tests show blog standing alone). `flask_config` overrides Flask
     settings (TESTING=True). devstack.apps.app_on builds one on a local stack."""
-    app = web.App(__name__)
+    app = Flask(__name__)
     settings = settings or Settings.from_env()
     app.config.update(
         SECRET_KEY=settings.secret_key,

@@ -7,7 +7,6 @@ from urllib.parse import urlsplit
 
 from flask import (
     Flask,
-    Request,
     Response,
     current_app,
     flash,
@@ -18,7 +17,6 @@ from flask import (
     url_for,
 )
 from flask.globals import request_ctx
-from flask.sessions import SecureCookieSession, SecureCookieSessionInterface, SessionMixin
 from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
@@ -227,57 +225,9 @@ def _is_secure(environ: dict) -> bool:
     return environ.get("wsgi.url_scheme") == "https" or environ.get("HTTP_X_FORWARDED_PROTO", "http") == "https"
 
 
-class App(Flask):
-    """Flask, asking once per process whether each view and hook is a coroutine function. Flask asks `inspect` again
-    on every call of every one of them (`ensure_sync`): seven times for a page that does nothing else."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._sync: dict[Callable, Callable] = {}
-
-    def ensure_sync(self, func: Callable) -> Callable:
-        sync = self._sync.get(func)
-        if sync is None:
-            sync = self._sync[func] = super().ensure_sync(func)
-        return sync
-
-
-class CookieSessions(SecureCookieSessionInterface):
-    """Flask's signed-cookie sessions, without their per-request set-up where there is nothing to sign or check.
-
-    Flask builds the signing serializer (key derivation set up, salt, digest) on every request, a visitor's without
-    a cookie included, and reads seven cookie settings before it finds the session empty. Here the serializer is built
-    once per process for the app's keys, a request without the cookie gets an empty session straight away, and an
-    empty, unchanged session is done with at once. Signed, checked and set exactly as Flask does otherwise."""
-
-    def __init__(self) -> None:
-        self._serializers: dict[tuple, Any] = {}  # the app's keys: their itsdangerous serializer (or None)
-
-    def get_signing_serializer(self, app: Flask) -> Any:
-        keys = (app.secret_key, tuple(app.config["SECRET_KEY_FALLBACKS"] or ()))
-        serializer = self._serializers.get(keys)
-        if serializer is None and keys not in self._serializers:
-            serializer = self._serializers[keys] = super().get_signing_serializer(app)
-        return serializer
-
-    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
-        if app.secret_key and ("HTTP_COOKIE" not in request.environ  # no cookies at all: none to parse
-                               or not request.cookies.get(self.get_cookie_name(app))):
-            return self.session_class()
-        return super().open_session(app, request)
-
-    def save_session(self, app: Flask, session: SessionMixin, response: Response) -> None:
-        if not session and not session.modified:  # as Flask: no cookie to set or delete, only Vary if it was read
-            if session.accessed:
-                response.vary.add("Cookie")
-            return
-        super().save_session(app, session, response)
-
-
 def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
-    app.session_interface = CookieSessions()
     # Another Host is a 400 (`bad_host`) before any view runs: a local app is reached only by its loopback names, so
     # another site's page cannot rebind its own name to 127.0.0.1 and act as same-origin (Settings.trusted_hosts).
     app.config["TRUSTED_HOSTS"] = list(runtime.of(app).settings.trusted_hosts) or None
