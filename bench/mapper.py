@@ -35,6 +35,7 @@ from accounts.service import ADD_CREDIT
 from bench import harness
 from core import billing, costs, runtime, tasks
 from core.transactions import transact
+from devstack import taskqueue
 from devstack.serving import queued, signed_in, wait_until
 from mapper import service as mapper
 from mapper.models import MapperJob, TaskRecord
@@ -106,7 +107,7 @@ def fan_out(app, fanout):
         def deliver(task):
             chains.delivering(task)
             response = app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
-                                              headers=tasks.local_headers(token, task))
+                                              headers=taskqueue.local_headers(token, task))
             header = response.headers.get("Server-Timing")
             chains.delivered(task, header)
             bills.append(harness.billed_from_header(header))  # each delivery's own bill

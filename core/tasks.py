@@ -72,13 +72,6 @@ class _CallDetails(collections.namedtuple(
     """grpc.ClientCallDetails with other metadata (grpc has no public constructor for one)."""
 
 
-def local_headers(token: str, task: "Task") -> dict[str, str]:
-    """The headers a test's queue delivers `task` with: the token, and App Engine's task headers as Cloud Tasks sends
-    them (devstack/cloudtasks.py sends the same)."""
-    return {"Content-Type": "application/json", TOKEN_HEADER: token, QUEUE_HEADER: "mapper",
-            RETRY_HEADER: str(task.attempt), NAME_HEADER: task.name}
-
-
 def is_from_queue(headers: "Mapping[str, str] | Headers", settings: Settings) -> bool:
     if settings.on_app_engine:
         return bool(headers.get(QUEUE_HEADER))

@@ -9,9 +9,16 @@ import logging
 import threading
 import time
 
-from core.tasks import Task
+from core.tasks import NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER, Task
 
 log = logging.getLogger(__name__)
+
+
+def local_headers(token: str, task: Task) -> dict[str, str]:
+    """The headers a test's or a benchmark's queue delivers `task` with: the token, and App Engine's task headers as
+    Cloud Tasks sends them (devstack/cloudtasks.py sends the same)."""
+    return {"Content-Type": "application/json", TOKEN_HEADER: token, QUEUE_HEADER: "mapper",
+            RETRY_HEADER: str(task.attempt), NAME_HEADER: task.name}
 
 
 class DrainedQueue:

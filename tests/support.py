@@ -16,6 +16,7 @@ from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
 from core import costs, runtime, tasks, transactions
+from devstack import taskqueue
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
 
@@ -117,7 +118,7 @@ class Tasks:
 
     def deliver(self, task):
         response = self.app.test_client().post(tasks.ROUTE.format(task.handler), data=task.body(),
-                                               headers=tasks.local_headers(self.token, task))
+                                               headers=taskqueue.local_headers(self.token, task))
         self.responses.append((task, response.status_code, response.get_json()))
         self.timings.append(response.headers.get("Server-Timing", ""))
         return 200 <= response.status_code < 300

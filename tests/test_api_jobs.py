@@ -10,7 +10,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service as comments_service
 from core import runtime, tasks
-from devstack import serving
+from devstack import serving, taskqueue
 from devstack.apps import app_on
 from mapper.models import MapperJob
 from tests.support import TEST_ENV, csrf_token
@@ -124,7 +124,7 @@ def test_a_seed_task_of_unbounded_size_is_refused_and_writes_nothing(client, tas
     """The task route runs only what the queue delivers, but whatever it delivers is bounded: one seed task writes at
     most SEED_BATCH accounts, numbered below MAX_SEED."""
     r = client.post(tasks.ROUTE.format("accounts.seed"), json=payload,
-                    headers=tasks.local_headers(task_queue.token, tasks.Task("accounts.seed", payload, "t", 0)))
+                    headers=taskqueue.local_headers(task_queue.token, tasks.Task("accounts.seed", payload, "t", 0)))
     assert r.status_code == 422, r.get_data(as_text=True)
     assert r.get_json()["error"]["code"] in ("bad_seed", "bad_start", "bad_stop")
     assert client.get("/api/accounts/summary").get_json() == {"count": 0, "total_balance": 0}
