@@ -294,17 +294,25 @@ def test_an_admin_taken_out_of_admin_emails_is_no_admin_at_their_next_request(st
         assert client.put("/api/counters/x", json={"mode": "general"}).status_code == 403
 
 
-@pytest.mark.parametrize("claims", [{"aud": "999-other.apps.googleusercontent.com"}, {"iss": "https://evil.example"},
-                                    {"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200},
-                                    {"email_verified": False}, {"email_verified": None}, {"email": None},
-                                    {"sub": None}, {"iat": int(time.time()) + 300, "exp": int(time.time()) + 900},
-                                    {"azp": "117000000000000000001", "email": "bot@x.iam.gserviceaccount.com",
-                                     "hd": None}])
+# Each claim wrong in turn, the times relative to when the test runs (not to when pytest collected it)
+BAD_CLAIMS = {
+    "another app's": lambda now: {"aud": "999-other.apps.googleusercontent.com"},
+    "another issuer's": lambda now: {"iss": "https://evil.example"},
+    "expired": lambda now: {"exp": now - 3600, "iat": now - 7200},
+    "an address Google has not verified": lambda now: {"email_verified": False},
+    "no word on the address": lambda now: {"email_verified": None},
+    "no address": lambda now: {"email": None},
+    "no user": lambda now: {"sub": None},
+    "issued 5 minutes ahead (the leeway is 10 s)": lambda now: {"iat": now + 300, "exp": now + 900},
+    "minted by someone else for a non-admin": lambda now: {
+        "azp": "117000000000000000001", "email": "bot@x.iam.gserviceaccount.com", "hd": None},
+}
+
+
+@pytest.mark.parametrize("claims", BAD_CLAIMS.values(), ids=BAD_CLAIMS.keys())
 def test_bad_google_tokens_sign_nobody_in(gae_client, google_key, claims):
-    """Each claim wrong in turn: audience, issuer, expiry, an address Google has not verified, no address, no user;
-    issued 5 minutes in the future (beyond the 10 s of leeway); minted for the app by someone else (`azp`), not an
-    admin's."""
-    r = gae_client.post("/api/session", json={"credential": _google_token(google_key[0], **claims)})
+    token = _google_token(google_key[0], **claims(int(time.time())))
+    r = gae_client.post("/api/session", json={"credential": token})
     assert r.status_code == 401 and r.get_json()["error"]["code"] == "bad_credential"
     assert gae_client.get("/api/session").status_code == 401
 
