@@ -1,9 +1,9 @@
 """The talk's sharded counter, whole. Read this file first.
 
-One entity that many clients write at once does not scale: Datastore commits to one entity group at a limited rate
-(about one sustained write a second is still Google's guidance for a single entity in production,
-https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and are tried
-again. So this counter is twenty shard entities, each a root entity, its own entity group:
+One entity that many clients write at once does not scale: Datastore commits to one entity (in 2008, one entity
+group) at a limited rate (about one sustained write a second is still Google's guidance for a single entity in
+production, https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and
+are tried again. So this counter is twenty shard entities, each a root entity, its own entity group:
 - an increment is a small transaction on one shard chosen at random, so two writers meet only when they pick the same
   shard, one time in twenty;
 - the total is the sum of the twenty shards, read by key in one batch (strongly consistent, no query, no index);
@@ -22,8 +22,10 @@ from core.transactions import transact
 
 SHARDS = 20
 TOTAL_KEY = "simple-counter-total"
-# A total summed just before an increment commits is kept without that increment (the increment's `incr` found no
-# copy to add to): the copy is at most one minute behind, then it expires and the next read sums again.
+# The kept total can be off by the increments in flight while it was made, low or high: one that commits between a
+# reader's sum and its `add` is missing from it (its `incr` found no copy yet); one whose commit the sum already
+# counts and whose `incr` lands after the `add` is in it twice; one whose `incr` the cache lost is missing. Until it
+# expires: then the next read sums again. Exact reads use shard_counts().
 TOTAL_LIFETIME = 60  # seconds
 
 
@@ -42,8 +44,10 @@ def shard_key(index: int) -> ndb.Key:
 
 
 def increment() -> int:
-    """Add 1 to a random shard, in a transaction; how many transactions it took (more than 1: it met another writer
-    on its shard, and was tried again on a shard chosen afresh).
+    """Add 1 to a random shard, in a transaction; how many transactions it took. On the legacy emulator (optimistic,
+    as Datastore was) more than 1 means it met another writer on its shard and was tried again, after a jittered
+    backoff, on a shard chosen afresh; on Firestore (pessimistic) a writer of a busy shard mostly waits for its lock
+    instead, and takes 1.
 
     A commit that fails as UNKNOWN may have applied, and its retry then counts twice: the talk's counter accepts that.
     Beyond it, counters/service.py takes an idempotency key and writes a marker in the same commit."""

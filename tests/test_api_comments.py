@@ -113,7 +113,8 @@ def test_bad_requests(client, auth, entry):
     assert _comment(client, "hi", index=9).status_code == 404
     assert client.get("/api/blogs/news/entries/9/comments").status_code == 404
     cid = _comment(client, "hi").get_json()["id"]
-    for query in ({"after": "forged"}, {"before": cid[:-3]}, {"after": cid, "before": cid}, {"limit": 0},
+    for query in ({"after": "forged"}, {"page": "last", "after": "forged"}, {"before": cid[:-3]},
+                  {"after": cid, "before": cid}, {"limit": 0},
                   {"limit": 101}, {"limit": "ten"}):
         r = client.get("/api/blogs/news/entries/0/comments", query_string=query)
         assert r.status_code == 400, query
