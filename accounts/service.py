@@ -192,11 +192,8 @@ def compare_with_aggregation() -> dict[str, Any]:
     result: dict[str, Any] = {"kept": {"count": kept[COUNT], "total_balance": kept[BALANCE],
                                        "ms": round(kept_ms, 1), "entity_reads": configs + configs * KEPT_SHARDS}}
     start = time.perf_counter()
-    aggregations = runtime.current().datastore.aggregations
-    if aggregations is None:
-        raise RuntimeError("this runtime was built without aggregation queries")
     try:
-        count, total = aggregations.count_and_sum(Account._get_kind(), "balance")
+        count, total = runtime.current().datastore.aggregations.count_and_sum(Account._get_kind(), "balance")
     except core_exceptions.MethodNotImplemented:
         result["aggregation"] = {"available": False,
                                  "reason": "This datastore has no aggregation queries (the legacy emulator answers "

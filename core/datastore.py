@@ -171,8 +171,8 @@ class Datastore:
     """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
     increments."""
 
-    def __init__(self, client: ndb.Client, global_cache: ndb.GlobalCache | None = None,
-                 increments: ServerIncrements | None = None, aggregations: Aggregations | None = None) -> None:
+    def __init__(self, client: ndb.Client, aggregations: Aggregations, global_cache: ndb.GlobalCache | None = None,
+                 increments: ServerIncrements | None = None) -> None:
         self.client = client
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None

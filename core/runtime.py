@@ -42,9 +42,9 @@ class Runtime:
         api = datastore_module.make_api(self.settings, self.latency)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings, self.latency),
+            datastore_module.Aggregations(self.settings, api),
             self.cache_client.global_cache(),
-            datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None,
-            datastore_module.Aggregations(self.settings, api))
+            datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None)
         self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings))
         self._registries: dict[str, dict] = {}
