@@ -91,14 +91,15 @@ def check_settings(parsed):
     with (Settings.from_env, given app.yaml's variables), and what would start but not work."""
     env = parsed["env"]
     try:
-        secret_version(env | {"GOOGLE_CLOUD_PROJECT": "PROJECT"})  # its name only: it is read at an instance's start
+        # the secret's name only: its value is read at an instance's start
+        secret = secret_version(env | {"GOOGLE_CLOUD_PROJECT": "PROJECT"})
         Settings.from_env(env | {"GAE_ENV": "standard", "SECRET_KEY": "stand-in: Secret Manager is not read here"})
     except RuntimeError as e:
         raise DevstackError(f"app.yaml: {e}") from None
     if "SECRET_KEY" in parsed["env_variables"]:
         raise DevstackError("app.yaml: remove SECRET_KEY from env_variables, where anyone who may view the version's "
                             "configuration reads it; the key lives in Secret Manager (SECRET_KEY_SECRET).")
-    if not env.get("SECRET_KEY_SECRET", "").strip():
+    if secret is None:
         raise DevstackError("app.yaml: set SECRET_KEY_SECRET to the Secret Manager secret holding the session key "
                             "(app-secret-key, which make deploy creates): without it the app will not start.")
     cache = [name for name in ("REDIS_URL", "MEMCACHED_HOSTS") if env.get(name, "").strip()]
@@ -121,6 +122,14 @@ def check_settings(parsed):
                             f"{', '.join(folders[:3]) or 'none, the files are at the top'}).")
 
 
+def _gcloud(*args, stdin=None):
+    """A gcloud command's output; its error, said, stops the deploy."""
+    done = subprocess.run(["gcloud", *args], input=stdin, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise DevstackError(f"gcloud {' '.join(args)} failed:\n{done.stderr.strip()[-2000:]}")
+    return done.stdout.strip()
+
+
 def indexes_not_ready(listed):
     """Of `gcloud datastore indexes list --format=json`, the indexes not yet READY: ["Kind (STATE)"]. An index's
     state is CREATING, READY, DELETING or ERROR (https://cloud.google.com/datastore/docs/reference/admin/rest/v1/
@@ -134,11 +143,7 @@ def wait_for_indexes(timeout=1800, every=20):
     503 and Retry-After, core/web.py), and a large index takes minutes to build."""
     deadline = time.monotonic() + timeout
     while True:
-        done = subprocess.run(["gcloud", "datastore", "indexes", "list", "--format=json"], capture_output=True,
-                              text=True, timeout=120)
-        if done.returncode != 0:
-            raise DevstackError(f"gcloud datastore indexes list failed:\n{done.stderr.strip()[-2000:]}")
-        waiting = indexes_not_ready(json.loads(done.stdout or "[]"))
+        waiting = indexes_not_ready(json.loads(_gcloud("datastore", "indexes", "list", "--format=json") or "[]"))
         if not waiting:
             print("every index is READY")
             return
@@ -150,14 +155,6 @@ def wait_for_indexes(timeout=1800, every=20):
                                 "Run make deploy again once `gcloud datastore indexes list` shows them READY.")
         print(f"waiting for {len(waiting)} indexes to be READY: {', '.join(waiting)}", flush=True)
         time.sleep(every)
-
-
-def _gcloud(*args, stdin=None):
-    """A gcloud command's output; its error, said, stops the deploy."""
-    done = subprocess.run(["gcloud", *args], input=stdin, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise DevstackError(f"gcloud {' '.join(args)} failed:\n{done.stderr.strip()[-2000:]}")
-    return done.stdout.strip()
 
 
 def ensure_secret_key():
@@ -186,18 +183,24 @@ def ensure_secret_key():
     print(f"{project}@appspot.gserviceaccount.com may read the secret {name}")
 
 
-if __name__ == "__main__" and sys.argv[1:] in (["--wait-for-indexes"], ["--secret-key"]):  # steps of `make deploy`
-    try:
-        wait_for_indexes() if sys.argv[1] == "--wait-for-indexes" else ensure_secret_key()
-    except DevstackError as e:
-        sys.exit(str(e))
-elif __name__ == "__main__":  # `make deploy` runs this first
-    try:
-        parsed, warnings = parse()
-        check_settings(parsed)
-    except DevstackError as e:
-        sys.exit(str(e))
+def check():
+    """The deploy files as gcloud reads them, and everything check_settings refuses."""
+    parsed, warnings = parse()
+    check_settings(parsed)
     if warnings:
-        sys.exit(f"gcloud warns about the deploy files:\n{warnings}")
+        raise DevstackError(f"gcloud warns about the deploy files:\n{warnings}")
     print(f"deploy files parsed as gcloud does: {parsed['runtime']}, {len(parsed['handlers'])} handlers, "
           f"{len(parsed['indexes'])} indexes, queues {', '.join(q['name'] for q in parsed['queues'])}")
+
+
+# `make deploy`'s steps, in its order: python -m devstack.deployfiles [--secret-key | --wait-for-indexes]
+STEPS = {"": check, "--secret-key": ensure_secret_key, "--wait-for-indexes": wait_for_indexes}
+
+if __name__ == "__main__":
+    step = STEPS.get(" ".join(sys.argv[1:]))
+    if step is None:
+        sys.exit(f"usage: python -m devstack.deployfiles [{' | '.join(filter(None, STEPS))}]")
+    try:
+        step()
+    except DevstackError as e:
+        sys.exit(str(e))
