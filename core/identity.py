@@ -151,10 +151,11 @@ def current_user() -> User | None:
     if "user" not in g:
         settings = runtime.current().settings
         user = session.get("user")
-        if user and user["id"].startswith("dev-") and not settings.dev_signin:
-            user = None  # a dev sign-in's cookie counts only where the dev sign-in exists
-        elif user and not user["id"].startswith("dev-"):
-            user = {**user, "admin": session.get("vouched") is True and user["email"] in settings.admin_emails}
+        if user is not None:
+            if user["id"].startswith("dev-"):  # a dev sign-in's cookie counts only where the dev sign-in exists
+                user = user if settings.dev_signin else None
+            else:
+                user = {**user, "admin": session.get("vouched") is True and user["email"] in settings.admin_emails}
         g.user = user
     return g.user
 

@@ -127,7 +127,7 @@ class Settings:
     @property
     def sign_in_offered(self) -> bool:
         """Whether anyone can sign in here: with Google, or with the dev form (local development only)."""
-        return bool(self.google_client_id) or (self.dev_signin and not self.on_app_engine)
+        return bool(self.google_client_id) or self.dev_signin
 
     @property
     def canonical_url_root(self) -> str:

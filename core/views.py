@@ -58,9 +58,8 @@ GOOGLE_SIGNIN_CSP = {**web.CONTENT_SECURITY_POLICY,
 @web.with_csp(GOOGLE_SIGNIN_CSP)
 def signin() -> ResponseReturnValue:
     """Sign in: with Google where GOOGLE_CLIENT_ID is set (App Engine), with the dev form in local development."""
-    settings = runtime.current().settings
-    if not settings.google_client_id:
-        identity.require_dev_signin()  # neither sign-in here: 404
+    if not runtime.current().settings.sign_in_offered:
+        raise NotFound("Nobody signs in here: set GOOGLE_CLIENT_ID, or DEV_SIGNIN=on in local development.")
     if request.method == "POST":
         try:
             if "credential" in request.form:  # posted by static/signin.js with the token Google's button gave
@@ -79,7 +78,7 @@ def signin() -> ResponseReturnValue:
 def _signin_page() -> str:
     settings = runtime.current().settings
     return render_template("core/signin.html", google_client_id=settings.google_client_id,
-                           dev_signin=settings.dev_signin and not settings.on_app_engine)
+                           dev_signin=settings.dev_signin)
 
 
 @bp.post("/signout")
