@@ -55,7 +55,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
     rt = app.extensions[runtime.EXTENSION] = Runtime(settings, task_queue)
     app.extensions["google_keys"] = identity.GoogleKeys()
-    app.wsgi_app = app.extensions[runtime.MIDDLEWARE] = RequestMiddleware(app.wsgi_app, rt)
+    app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
     appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature

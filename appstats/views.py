@@ -9,7 +9,7 @@ bp = Blueprint("appstats", __name__)
 
 
 def _recent():
-    return [served.record() for served in current_app.extensions["appstats"].items()]
+    return list(current_app.extensions["appstats"])
 
 
 @bp.get("/appstats")

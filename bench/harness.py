@@ -199,7 +199,12 @@ def billed(fn):
     return call
 
 
-billed_from_header = costs.billed_from_server_timing
+def billed_from_header(header):
+    """The bill a response's Server-Timing header states in its `billed` metric (core/costs.py writes it)."""
+    match = re.search(r'billed;desc="(?P<desc>[^"]*)"', header or "")
+    counts = {what.rstrip("s"): int(n) for n, what in
+              re.findall(r"(\d+) (reads?|writes?|deletes?)", match["desc"] if match else "")}
+    return billing.Billed(reads=counts.get("read", 0), writes=counts.get("write", 0), deletes=counts.get("delete", 0))
 
 
 def bill_cell(bill):
@@ -335,7 +340,8 @@ def target(claim, measured, wanted, met):
 def publish(name, text, targets):
     """bench/results/<name>.md: `text`, then its targets (rows of `target`) as a table; printed too. Whether every
     target was met."""
-    text += f"\n## Targets\n\n{markdown_table(['claim', 'measured', 'target', ''], targets)}\n"
+    if targets:
+        text += f"\n## Targets\n\n{markdown_table(['claim', 'measured', 'target', ''], targets)}\n"
     path = write_result(name, text)
     print(text)
     print(f"written: {path}")

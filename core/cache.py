@@ -9,8 +9,9 @@ miss (bounded by the timeouts below), so a cache outage slows the site down inst
 """
 import contextvars
 import logging
+import time
 from collections.abc import Callable
-from typing import NoReturn, Protocol, TypeVar, cast
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import pymemcache
 import redis
@@ -18,7 +19,7 @@ from google.cloud import ndb
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.costs import CountedClient
+from core import costs
 from core.production_latency import OFF, Model
 from core.settings import Settings
 
@@ -66,6 +67,43 @@ def make_client(settings: Settings, model: Model = OFF) -> CacheClient:
         return NoCache()
     client.model = model
     return client
+
+
+class CountedClient:
+    """A cache client with every call counted for the current request (core/costs.py), whatever the client
+    (pymemcache, redis-py, the app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted
+    by their round trips, and each round trip first waits its modelled time under a production latency model."""
+
+    PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
+
+    def __init__(self, client: Any, prefix: str = "", model: Model = OFF) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name.startswith("_") or not callable(attribute):
+            return attribute
+        if name == "pipeline":
+            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.",
+                                                         model=self._model)
+        if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            cost = costs.current()
+            started = time.perf_counter()
+            if self._model.on:
+                waited = self._model.before_cache_call()
+                if cost is not None:
+                    cost.add_wait(waited)
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                if cost is not None:
+                    cost.add_cache(self._prefix + name, started)
+        return call
 
 
 # Both global caches below with the same strictness, on purpose:

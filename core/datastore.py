@@ -1,10 +1,10 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import contextlib
-import functools
 import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -14,7 +14,7 @@ from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
 from google.cloud.ndb import model as ndb_model
 
-from core import costs
+from core import billing, costs
 from core.production_latency import OFF, Model
 from core.settings import Settings
 
@@ -24,14 +24,38 @@ log = logging.getLogger(__name__)
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 
 
-_GLOBAL_PREFIX = b"NDB30"  # google.cloud.ndb._cache: the prefix of its keys, and its lock values' prefixes
-_LOCKED = (b"0-", b"00")
+class RpcCounter(grpc.UnaryUnaryClientInterceptor):
+    """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
+    (on its thread); ndb sends RPCs asynchronously, so the answer may arrive on a gRPC thread. Under a production
+    latency model (`model`), the RPC first waits its modelled round trip, timed with it."""
+
+    def __init__(self, model: Model = OFF) -> None:
+        self.model = model
+
+    def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        cost = costs.current()
+        started = time.perf_counter()
+        method = client_call_details.method
+        method = (method if isinstance(method, str) else method.decode()).rsplit("/", 1)[-1]
+        if self.model.on:
+            waited = self.model.before_rpc(method)
+            if cost is not None:
+                cost.add_wait(waited)
+        outcome = continuation(client_call_details, request)
+        if cost is not None:
+            def done(answered: grpc.Future) -> None:
+                if answered.exception() is None:
+                    cost.add_rpc(method, started, *billing.of(method, request, answered.result()))
+                else:  # a failed RPC is not billed its reads or writes
+                    cost.add_rpc(method, started)
+            outcome.add_done_callback(done)
+        return outcome
 
 
-@functools.lru_cache(maxsize=4096)
-def _global_cache_key(key: ndb.Key) -> bytes:
-    """ndb's global cache key of `key` (a key's protobuf is slow to build: once per process for each key asked)."""
-    return _GLOBAL_PREFIX + key._key.to_protobuf()._pb.SerializeToString()
+def intercepted(channel: grpc.Channel, model: Model = OFF) -> grpc.Channel:
+    """`channel` with every RPC counted, after its modelled wait under `model`."""
+    return grpc.intercept_channel(channel, RpcCounter(model))
 
 
 def is_contention(error: BaseException) -> bool:
@@ -73,7 +97,7 @@ def _counted(client: ndb.Client, model: Model) -> ndb.Client:
     """The client, its RPCs sent through an intercepted copy of its own channel. ndb makes every call through
     `client.stub`, the Datastore transport it built on that channel; the replacement is the same transport class on
     the same channel, intercepted (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
-    client.stub = DatastoreGrpcTransport(host=client.host, channel=costs.intercepted(client.stub.grpc_channel, model))
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(client.stub.grpc_channel, model))
     return client
 
 
@@ -82,7 +106,7 @@ def make_api(settings: Settings, model: Model = OFF) -> datastore_v1.DatastoreCl
     counted and waiting like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
                else DatastoreGrpcTransport.create_channel())
-    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=costs.intercepted(channel, model)))
+    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=intercepted(channel, model)))
 
 
 class DatastoreApi:
@@ -177,24 +201,6 @@ class Datastore:
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None
         self.aggregations = aggregations  # COUNT and SUM queries (the backend may refuse them)
-
-    def peek(self, key: ndb.Key, *others: bytes) -> tuple[Any, list[bytes | None]]:
-        """One round trip to the global cache: the entity ndb keeps there for `key` (None when it is absent, or locked:
-        ndb locks an entity's entry before a commit to it and refills it only by compare-and-swap, so an entity found
-        here is never older than Datastore), and the values of `others`, keys this app keeps beside ndb's (`keep`).
-        No ndb context needed. The entry's layout is ndb's own (google-cloud-ndb 2.x, pinned: NDB30 + the key's
-        protobuf, the entity's protobuf as the value); a change to it only makes every peek a miss."""
-        if self.global_cache is None:
-            return None, [None] * len(others)
-        entry, *values = self.global_cache.get([_global_cache_key(key), *others])
-        if not entry or entry.startswith(_LOCKED):
-            return None, values
-        return datastore_v1.Entity.pb().FromString(entry), values  # the raw protobuf: no proto-plus wrapping
-
-    def keep(self, key: bytes, value: bytes, expire: int) -> None:
-        """Store `value` in the global cache beside ndb's entries, for `peek` to read with one of them."""
-        if self.global_cache is not None:
-            self.global_cache.set({key: value}, expires=expire)
 
     def context(self) -> contextlib.AbstractContextManager[ndb.Context]:
         """A fresh ndb context: one per request, one per worker thread (contexts do not nest)."""

@@ -9,7 +9,6 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
-import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -119,86 +118,30 @@ def tasks() -> tasks_module.TaskRouter:
 
 
 class RequestMiddleware:
-    """WSGI middleware: every request runs with its app's runtime current and inside its own ndb context (one per
-    request, as The Blue Alliance does).
+    """WSGI middleware: every request runs with its app's runtime current, inside its own ndb context (one per
+    request, as The Blue Alliance does), and with its cost counted (core/costs.py) unless APPSTATS is off.
 
-    The view runs inside both; the body is handed back as it comes (a streamed body is not buffered), each chunk
+    The view runs inside all three; the body is handed back as it comes (a streamed body is not buffered), each chunk
     produced, and `close()` run, in the request's own context again: the contextvars (the runtime, the cost, the ndb
     context) as the view left them, so a generator or a `call_on_close` callback can still use them. Between chunks
     nothing is left behind on the thread, so a server that reads the body late, or never closes it, cannot make the
     thread's next request find a context already there.
-
-    Shortcuts (`add_shortcut`) answer some requests ahead of the app, from the cache alone: the runtime is current and
-    the cost counted, but no ndb context is built and Flask never sees the request. Each returns a finished response
-    (a werkzeug Response) or None; the finishers (`add_finisher`) then do to it what the app's own hooks do to every
-    response (its security headers). A shortcut that fails, or says None, leaves the request to the
-    app, counted in the same cost.
-
-    A counted request's response is started through `accounted` (`account_responses`), whichever gave it: it gets the
-    cost, and the status and the headers' list as the server will get them.
     """
 
     def __init__(self, wsgi_app: Callable, rt: Runtime) -> None:
         self.wsgi_app = wsgi_app
         self.runtime = rt
-        self.shortcuts: list[Callable[[dict], Any]] = []
-        self.finishers: list[Callable[[dict, Any], None]] = []
-        self.accounted: Callable[..., Any] | None = None
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        # The request's cost (core/costs.py) is counted from here: every Datastore RPC and cache call it makes.
         cost = costs.Cost() if self.runtime.settings.appstats else None
-        if cost is not None and self.accounted is not None:
-            start_response = functools.partial(self.accounted, cost, environ, start_response)
-        if self.shortcuts:
-            with costs.measuring(cost), self.runtime.activated():
-                response = self._shortcut(environ)
-            if response is not None:
-                return response(environ, start_response)
         with costs.measuring(cost), self.runtime.context():
             body = self.wsgi_app(environ, start_response)
-            request_context = contextvars.copy_context()  # one C call to enter again per chunk: not three blocks
+            request_context = contextvars.copy_context()
 
-        def close():
+        def close() -> None:
             if hasattr(body, "close"):
                 request_context.run(body.close)
         return ClosingIterator(_chunks_in(request_context, body), close)
-
-    def _shortcut(self, environ: dict) -> Any:
-        for shortcut in self.shortcuts:
-            try:
-                response = shortcut(environ)
-                if response is not None:
-                    for finish in self.finishers:
-                        finish(environ, response)
-                    return response
-            except Exception:  # the app answers instead, and says what went wrong if it goes wrong there too
-                log.exception("shortcut %r failed on %s; the app answers instead", shortcut, environ.get("PATH_INFO"))
-        return None
-
-
-MIDDLEWARE = "runtime.middleware"  # where create_app keeps an app's RequestMiddleware
-
-
-def add_shortcut(app: Any, shortcut: Callable[[dict], Any]) -> None:
-    """`shortcut(environ)` answers requests of `app` ahead of it, or says None (RequestMiddleware)."""
-    app.extensions[MIDDLEWARE].shortcuts.append(shortcut)
-
-
-def account_responses(app: Any, accounted: Callable[..., Any]) -> None:
-    """`accounted(cost, environ, start_response, status, headers, exc_info=None)` starts the response of every request
-    of `app` that is counted (APPSTATS on), shortcut's or app's, in place of the server's `start_response`: it may add
-    to `headers` (a WSGI list of (name, value)), and calls `start_response` itself. One per app: the accounting."""
-    middleware = app.extensions[MIDDLEWARE]
-    if middleware.accounted is not None:
-        raise RuntimeError("the responses of this app are accounted for already")
-    middleware.accounted = accounted
-
-
-def add_finisher(app: Any, finisher: Callable[[dict, Any], None]) -> None:
-    """`finisher(environ, response)` completes every response a shortcut of `app` gives, as the app's own
-    after-request hook does its responses."""
-    app.extensions[MIDDLEWARE].finishers.append(finisher)
 
 
 def _chunks_in(request_context: contextvars.Context, body: Iterable[bytes]) -> Iterator[bytes]:

@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from appstats import accounting
 from core import runtime
 from devstack import Stack
 from devstack.services import backend_from_env, cache_from_env
@@ -22,14 +21,6 @@ def stack():
     """The backend `make test DATASTORE=legacy|firestore` names (legacy by default)."""
     with Stack(consistency=1.0, backend=backend_from_env()) as s:
         yield s
-
-
-@pytest.fixture(autouse=True)
-def accounting_lines_within_their_test():
-    """The accounting's log lines of a test's requests are written before it ends, inside its capture, not by the
-    writer thread (appstats.accounting.Writer) into pytest's report between two tests."""
-    yield
-    accounting.LOG.flush()
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from google.cloud import ndb
 from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
-from core import costs, runtime, tasks, transactions
+from bench.harness import billed_from_header
+from core import runtime, tasks, transactions
 from devstack import taskqueue
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
@@ -212,7 +213,7 @@ def billed(response):
     """(reads, writes, deletes, USD per million) from a response's Server-Timing `billed` metric; the dollars as the
     header states them."""
     header = response.headers["Server-Timing"]
-    bill = costs.billed_from_server_timing(header)
+    bill = billed_from_header(header)
     usd = re.search(r'billed;desc="[^"]*\$([\d.]+) per million', header)
     assert usd or "nothing in Datastore" in header, header
     return bill.reads, bill.writes, bill.deletes, float(usd[1]) if usd else 0.0

@@ -1,16 +1,15 @@
 """Appstats (core/costs.py): every response says what it cost in its Server-Timing header, pages in their footer,
 one log line per request (Cloud Logging's JSON on App Engine, with the trace id), and admins see the last requests."""
 import json
+import logging
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from appstats import accounting
-from core import runtime
+from core import costs, runtime
+from core.costs import Cost
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
 from tests.support import ON_APP_ENGINE, make_app, running, timing
@@ -87,24 +86,29 @@ def test_the_recent_requests_are_bounded(client):
     store = client.application.extensions["appstats"]
     for _ in range(130):
         client.get("/healthz")
-    assert len(store.items()) == 100
+    assert len(store) == 100
 
 
 @pytest.fixture
-def appstats_log(capsys):
-    """The accounting's lines written since the last call, as written to stderr (locally) or stdout (on App Engine),
-    where Cloud Logging reads them: one per request, whole, each a line of its own. Only the request lines: anything
-    else written there (a warning) is not the accounting's. The lines wait a moment to be written in batches
-    (accounting.LogLines): they are written first."""
-    accounting.LOG.flush()
-    capsys.readouterr()
+def appstats_log():
+    """The accounting's lines since the last call, as its loggers write them: one per request, whole, each a line
+    of its own (locally to stderr, on App Engine to stdout, where Cloud Logging reads them)."""
+    written = []
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            written.append(record.getMessage())
+    kept = Kept()
+    for logger in (accounting.LOCAL_LINES, accounting.CLOUD_LINES):
+        logger.addHandler(kept)
 
     def lines():
-        accounting.LOG.flush()
-        out = capsys.readouterr()
-        return [line for line in (out.err + out.out).split("\n")
-                if re.match(r'(GET|POST|PUT|DELETE|HEAD) |\{"severity"', line)]
-    return lines
+        found = list(written)
+        written.clear()
+        return found
+    yield lines
+    for logger in (accounting.LOCAL_LINES, accounting.CLOUD_LINES):
+        logger.removeHandler(kept)
 
 
 def test_a_local_request_logs_one_readable_line(client, appstats_log):
@@ -188,75 +192,34 @@ def test_a_structured_line_is_its_requests_entry_whatever_the_path_or_project(ga
 
 
 def test_a_header_value_cannot_be_made_of_a_name_that_breaks_its_line():
-    """The Server-Timing value joins the response's headers unchecked (appstats.accounting._bill), so its texts are
-    checked when they are made (for cache calls, as the call is counted): a call's name with a line break in it is
-    refused there, and a Datastore method's as well."""
-    from core.costs import Cost
-    with pytest.raises(ValueError, match="not a header value"):
-        Cost().add_cache("get\r\nSet-Cookie: x=1", 0.001)
-    cost = Cost()
-    cost.add_rpc("Lookup\nX: 1", 0.001)
-    with pytest.raises(ValueError, match="not a header value"):
-        cost.now()
-
-
-def test_cache_calls_find_their_mixs_texts_in_any_order_and_past_the_last_link(monkeypatch):
-    """A request's cache calls find their mix as they come in (core.costs.CacheMix): the same calls in another order
-    are the same mix; once a process has linked CacheMix.LINKS mixes, a mix is found by its counts, links no more, and
-    says the same."""
-    from core.costs import CacheMix, Cost
-
-    def texts_of(calls):
+    """The Server-Timing value is made of the code's own names (RPC methods, cache calls): one with a line break in
+    it is refused rather than sent."""
+    for add in (lambda cost: cost.add_cache("get\r\nSet-Cookie: x=1", time.perf_counter()),
+                lambda cost: cost.add_rpc("Lookup\nX: 1", time.perf_counter())):
         cost = Cost()
-        for call in calls:
-            cost.add_cache(call, 0.001)
-        return cost.now()[0]
-    first = texts_of(["get", "set", "get"])
-    assert first is texts_of(["set", "get", "get"])
-    assert (first.cache, first.cache_calls, first.datastore) == ((("get", 2), ("set", 1)), 3, ())
-    assert 'cache;desc="3 calls: 2 get, 1 set"' in first.server_timing
-    monkeypatch.setattr(CacheMix, "linked", CacheMix.LINKS)
-    late = texts_of(["incr", "get", "incr", "delete-unlinked"])
-    assert late.cache == (("delete-unlinked", 1), ("get", 1), ("incr", 2)) and CacheMix.linked == CacheMix.LINKS
-    assert late is texts_of(["delete-unlinked", "incr", "incr", "get"])
+        add(cost)
+        with pytest.raises(ValueError, match="not a header value"):
+            cost.server_timing()
+
+
+def test_a_cost_keeps_each_calls_times_up_to_its_bound():
+    """Each call is kept with when it started and ended, from the request's start, for the request's timeline; past
+    MOST_CALLS they are counted and no longer kept."""
+    cost = Cost()
+    for i in range(costs.MOST_CALLS + 5):
+        started = time.perf_counter()
+        if i % 2:
+            cost.add_rpc("Lookup", started)
+        else:
+            cost.add_cache("get_many", started)
+    assert len(cost.calls) == costs.MOST_CALLS and cost.datastore.total() + cost.cache.total() == costs.MOST_CALLS + 5
+    assert all(0 <= call.start_ms <= call.end_ms for call in cost.calls)
+    assert [call.start_ms for call in cost.calls] == sorted(call.start_ms for call in cost.calls)
+    assert {call.kind for call in cost.calls} == {"datastore", "cache"}
 
 
 def test_accounting_off_counts_nothing(stack):
     with running(make_app(stack, APPSTATS="off")) as app:
         r = app.test_client().get("/api/counters")
         assert r.status_code == 200 and "Server-Timing" not in r.headers
-        assert app.extensions["appstats"].items() == []
-
-
-def test_the_writer_writes_each_requests_line_by_itself_soon_after(client, capsys):
-    """A request leaves its figures to the writer thread (accounting.Writer), which writes them within its interval,
-    with nobody asking it to flush."""
-    capsys.readouterr()
-    client.get("/api/counters/writer-test")
-    written = ""
-    deadline = time.monotonic() + 10 * accounting.Writer.EVERY + 2
-    while "GET /api/counters/writer-test 404" not in written and time.monotonic() < deadline:
-        time.sleep(accounting.Writer.EVERY / 2)
-        written += capsys.readouterr().err
-    assert "GET /api/counters/writer-test 404" in written
-
-
-def test_a_process_that_exits_writes_the_lines_still_waiting():
-    """A process that exits (gunicorn's graceful stop, App Engine's shutdown) writes what the writer had not yet
-    written: the line left just before exit is there, whole."""
-    script = """
-import time
-from appstats import accounting
-from core.costs import Cost
-cost = Cost()
-cost.add_cache("get_many", 0.0003)
-texts, datastore_ms, cache_ms, _ = cost.now()
-recent = accounting.RecentRequests(10, "memcached", None)
-accounting.LOG.add(accounting.Served(recent, "GET", "/last", "", "200 OK", time.time(), 1.5, texts, datastore_ms,
-                                     cache_ms, None))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"^GET /last 200 1\.5 ms \| datastore 0 RPCs 0\.0 ms \(none\) \| memcached 1 call 0\.3 ms "
-                     r"\(1 get_many\) \| billed nothing \$0\.00/M$", done.stderr, re.M), done.stderr
+        assert not app.extensions["appstats"]
