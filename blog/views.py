@@ -1,7 +1,7 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
 import contextlib
 
-from flask import Blueprint, current_app, flash, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
 
 from blog import pages, service
 from core import identity, runtime
@@ -39,15 +39,9 @@ def blogs():
 
 @bp.get("/blog/<blog>")
 def index(blog):
-    """A page of a blog's entries, newest first: `?start=<index>` pages back by index. A visitor's front page is
-    served whole from the cache, ahead of this view, while it is current (pages.serve_kept); this view keeps it."""
+    """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
     with _cache_or_not():
-        page = service.get_page(blog, request.args.get("start"))
-        html = pages.render_index(blog, page)
-    # kept only once the cached front page says so, as its text does
-    if page.cached and pages.is_visitor(request.environ, current_app.config["SESSION_COOKIE_NAME"]):
-        pages.keep(blog, "front", page.max_index, html)
-    return html
+        return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
 
 
 @bp.get("/blog/<blog>/<int:index>")
@@ -59,13 +53,9 @@ def entry(blog, index):
 
 @bp.get("/blog/<blog>/feed.atom")
 def feed(blog):
-    """The newest entries as an Atom feed, the same for everyone: kept whole while it is current, and served so ahead
-    of this view (pages.serve_kept)."""
+    """The newest entries as an Atom feed."""
     page = service.get_page(blog, None, service.FEED_SIZE)
-    body = render_template("blog/feed.xml", blog=blog, page=page)
-    if page.cached and not request.query_string:
-        pages.keep(blog, "feed", page.max_index, body)
-    response = make_response(body)
+    response = make_response(render_template("blog/feed.xml", blog=blog, page=page))
     response.mimetype = "application/atom+xml"
     return response
 

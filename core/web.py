@@ -7,7 +7,6 @@ from urllib.parse import urlsplit
 
 from flask import (
     Flask,
-    Response,
     current_app,
     flash,
     jsonify,
@@ -174,57 +173,6 @@ def with_csp(policy: dict[str, str]) -> Callable[[Callable], Callable]:
     return Talisman()(content_security_policy=policy)
 
 
-class OncePerProcessTalisman(Talisman):
-    """Flask-Talisman, its headers worked out once per process instead of on every response.
-
-    Talisman rebuilds the same headers for every response from its configuration (the CSP parsed back into a string,
-    each view's options looked up). Here Talisman itself computes them once, on an empty response, per kind of
-    request (secure or not: HSTS goes to HTTPS requests only), and each response gets a copy. A view with options of
-    its own (`@talisman(...)`) and a CSP nonce still go through Talisman on every response, as before."""
-
-    def init_app(self, app: Flask, **options: object) -> None:
-        self._headers_by_kind: dict[bool, list[tuple[str, str]]] = {}  # secure or not: the headers Talisman set
-        super().init_app(app, **options)
-
-    def _force_https(self) -> ResponseReturnValue | None:
-        return super()._force_https() if self.force_https else None
-
-    def _make_nonce(self) -> None:
-        if self.content_security_policy_nonce_in:
-            super()._make_nonce()
-
-    def _set_response_headers(self, response: Response) -> Response:
-        view = current_app.view_functions.get(request.endpoint or "")
-        if self.content_security_policy_nonce_in or hasattr(view, "talisman_view_options"):
-            return super()._set_response_headers(response)
-        for name, value in self._headers(_is_secure(request.environ)):
-            response.headers[name] = value
-        return response
-
-    def _headers(self, secure: bool) -> list[tuple[str, str]]:
-        """The headers Talisman sets on a response to a request of this kind (in a request context)."""
-        headers = self._headers_by_kind.get(secure)
-        if headers is None:
-            blank = Response()
-            before = set(blank.headers.items())
-            super()._set_response_headers(blank)
-            headers = self._headers_by_kind[secure] = [item for item in blank.headers.items() if item not in before]
-        return headers
-
-    def finish(self, app: Flask, environ: dict, response: Response) -> None:
-        """The same headers on a response a shortcut gave (core.runtime.add_finisher), outside Flask: worked out in a
-        request context of its own the first time."""
-        secure = _is_secure(environ)
-        if secure not in self._headers_by_kind:
-            with app.request_context(environ):
-                self._headers(secure)
-        response.headers.extend(self._headers_by_kind[secure])  # added, not set: the shortcut's response has none
-
-
-def _is_secure(environ: dict) -> bool:
-    return environ.get("wsgi.url_scheme") == "https" or environ.get("HTTP_X_FORWARDED_PROTO", "http") == "https"
-
-
 def init_app(app: Flask) -> None:
     """The plumbing every page and route shares; core's own routes are core.views.bp."""
     csrf.init_app(app)
@@ -236,11 +184,10 @@ def init_app(app: Flask) -> None:
     # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
     # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
     # One Talisman per app: it keeps its options (HSTS or not) on itself, and a process may build several apps.
-    talisman = app.extensions["talisman"] = OncePerProcessTalisman(
+    app.extensions["talisman"] = Talisman(
         app, force_https=False, frame_options="DENY", content_security_policy=CONTENT_SECURITY_POLICY,
         referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
         session_cookie_secure=on_app_engine)
-    runtime.add_finisher(app, lambda environ, response: talisman.finish(app, environ, response))
     app.add_template_filter(when)
     app.add_template_filter(code_spans)
     app.add_template_global(new_form_token)
