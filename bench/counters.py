@@ -29,7 +29,7 @@ from google.cloud import ndb
 
 from bench import harness
 from core import costs, runtime
-from counters import service
+from counters import growth, service, totals
 from counters.models import CounterShard
 
 VARIANTS = ("single", "txn", "ndb", "general", "sized", "adaptive", "ceiling")
@@ -54,9 +54,9 @@ def _prepare(variant, tag, writers):
     if variant == "ceiling":
         names = [f"ceiling-{tag}-{i}" for i in range(writers)]
         for name in names:
-            service.configure(name, "general", 1)
+            growth.configure(name, "general", 1)
         return (lambda i: service.increment(names[i]).attempts,
-                lambda: [n for counts in service.shard_counts_many([service.require_config(n) for n in names])
+                lambda: [n for counts in totals.shard_counts_many([growth.require_config(n) for n in names])
                          for n in counts],
                 names[0])
     name = f"{variant}-{tag}"
@@ -80,9 +80,9 @@ def _prepare(variant, tag, writers):
         return lambda i: textbook_increment(), lambda: [(key.get() or CounterShard(count=0)).count], name
     mode, shards = {"single": ("general", 1), "general": ("general", None), "sized": ("general", 4 * writers),
                     "adaptive": ("adaptive", None)}[variant]
-    service.configure(name, mode, shards)
+    growth.configure(name, mode, shards)
     return (lambda i: service.increment(name).attempts,
-            lambda: list(service.shard_counts(service.require_config(name))), name)
+            lambda: list(totals.shard_counts(growth.require_config(name))), name)
 
 
 def measure_writes(rounds, seconds, writer_counts=WRITERS, column=""):
@@ -111,7 +111,7 @@ def measure_writes(rounds, seconds, writer_counts=WRITERS, column=""):
                     bills[variant], rpcs[variant] = alone.billed, sum(alone.datastore.values())
                 if variant == "adaptive":
                     shards_reached.setdefault(writers, []).append(
-                        harness.in_context(lambda name=name: service.require_config(name).num_shards)())
+                        harness.in_context(lambda name=name: growth.require_config(name).num_shards)())
                 print(f"round {r + 1} {variant:>8} x{writers:<2}: {load.per_second:7.1f} commits/s, "
                       f"{load.attempts_per_commit:5.2f} attempts/commit, p99 {load.pct(99) * 1000:7.1f} ms, "
                       f"errors {load.errors}, exact {total == load.commits + load.warm_commits}", flush=True)
@@ -123,8 +123,8 @@ def measure_reads(rounds):
 
     Each read in a fresh ndb context, as each request has its own: nothing comes from a context cache.
     """
-    cached_read = harness.in_context(lambda: service.get_total("readme").cached)
-    summed_read = harness.in_context(lambda: sum(service.shard_counts(service.require_config("readme"))))
+    cached_read = harness.in_context(lambda: totals.get_total("readme").cached)
+    summed_read = harness.in_context(lambda: sum(totals.shard_counts(growth.require_config("readme"))))
 
     def one_round():
         cached, summed = [], []
@@ -138,10 +138,10 @@ def measure_reads(rounds):
         return harness.median(cached), harness.median(summed)
 
     def prepare():
-        service.configure("readme", "general")
+        growth.configure("readme", "general")
         for _ in range(60):
             service.increment("readme")
-        service.get_total("readme")  # cache it
+        totals.get_total("readme")  # cache it
     harness.in_context(prepare)()
     pairs = [one_round() for _ in range(rounds)]
     bills = harness.billed(cached_read)()[1], harness.billed(summed_read)()[1]

@@ -1,5 +1,5 @@
 """Sharded counters, the first lesson: simple.py (the talk's counter, whole: read it first), service.py (the named
-counters beyond the talk; its parts beside it: names, configs, writes, growth, totals), models.py, views.py (pages and
+counters beyond the talk; its parts beside it: growth, writes, totals), models.py, views.py (pages and
 /api/counters), demo.py (demo content, the admin's burst).
 
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.

@@ -3,7 +3,7 @@ live figure of their lesson on the tour."""
 import secrets
 
 from core import clock, runtime, validate
-from counters import service, simple
+from counters import growth, service, simple, totals
 from counters.models import CounterConfig
 
 TOUR_COUNTER = "likes"  # the adaptive demo counter: its shards show the lesson
@@ -15,9 +15,9 @@ def seed():
     """Demo counters; does nothing when any counter exists."""
     if CounterConfig.query(CounterConfig.listed == True).get(keys_only=True) is not None:  # noqa: E712 - ndb filter
         return False
-    service.configure("page-views", "general")
-    service.configure(TOUR_COUNTER, "adaptive")
-    service.configure("downloads", "general", 8)
+    growth.configure("page-views", "general")
+    growth.configure(TOUR_COUNTER, "adaptive")
+    growth.configure("downloads", "general", 8)
     for name, times in (("page-views", 120), ("downloads", 25)):
         for _ in range(times):
             service.increment(name)
@@ -30,10 +30,10 @@ def seed():
 
 def figure():
     """The adaptive demo counter's cached total and its number of shards; None before it exists."""
-    config = service.get_config(TOUR_COUNTER)
+    config = growth.get_config(TOUR_COUNTER)
     if config is None:
         return None
-    total = service.get_total(TOUR_COUNTER, config)
+    total = totals.get_total(TOUR_COUNTER, config)
     return {"name": TOUR_COUNTER, "count": total.count, "num_shards": config.num_shards, "cached": total.cached}
 
 
@@ -43,17 +43,17 @@ def burst(name: str, writers: int, increments: int) -> tuple[int, int, int]:
     Returns (increments, attempts, num_shards afterwards)."""
     validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
     validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
-    service.require_config(name)
+    growth.require_config(name)
     shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
     batches = runtime.current().map_in_threads(
         lambda count: [service.increment(name).attempts for _ in range(count)], shares)
     attempts = [a for batch in batches for a in batch]
-    return len(attempts), sum(attempts), service.get_config(name).num_shards
+    return len(attempts), sum(attempts), growth.get_config(name).num_shards
 
 
 def burst_new_adaptive(writers: int = 16, increments: int = 200) -> tuple[str, int, int, int]:
     """A new adaptive counter, burst at once: the lesson out of the box, where the seeded one has grown already.
     Returns (its name, increments, attempts, num_shards afterwards)."""
     name = f"burst-{clock.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    service.configure(name, "adaptive")
+    growth.configure(name, "adaptive")
     return (name, *burst(name, writers, increments))

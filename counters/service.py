@@ -8,9 +8,9 @@ The talk's own counter is counters/simple.py, whole; read it first. Beyond it, t
 - named `general` counters: a CounterConfig with `num_shards`, the total cached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 
-This module is the feature's operations; their parts are beside it: names.py (names), configs.py (a counter's config),
-writes.py (one +1 on a shard, per backend), growth.py (adaptive growth), totals.py (reading counts and totals).
-Other features import this module only.
+This module is the increment and the handle other features keep their own counters through (`owned`); beside it:
+models.py (the entities and names), growth.py (a counter's config, created and grown), writes.py (one +1 on a shard,
+per backend), totals.py (reading counts and totals). Other features import this module only.
 """
 import logging
 import random
@@ -24,27 +24,18 @@ from core import clock, runtime, validate
 from core.cache import CACHE_DOWN
 from core.errors import SignInRequired, Unavailable
 from counters import growth
-from counters.configs import DEFAULT_SHARDS, configure, get_config, increase_shards, require_config
-from counters.growth import ADAPTIVE_MAX_SHARDS
-from counters.models import AppliedIncrement, CounterConfig, CounterShard
-from counters.names import MAX_SHARDS, OWNER_PATTERN, OWNER_SEPARATOR, public_name, total_cache_key, validate_name
-from counters.totals import (
-    Total,
-    cached_totals,
-    counters_page,
-    exact_totals,
-    get_total,
-    list_counters,
-    shard_counts,
-    shard_counts_many,
-    total_and_shards,
+from counters.growth import DEFAULT_SHARDS, configure, get_config, require_config
+from counters.models import (
+    OWNER_PATTERN,
+    OWNER_SEPARATOR,
+    AppliedIncrement,
+    CounterConfig,
+    CounterShard,
+    total_cache_key,
+    validate_name,
 )
+from counters.totals import cached_totals, exact_totals
 from counters.writes import commit_on_a_shard, shard_writer
-
-__all__ = ["ADAPTIVE_MAX_SHARDS", "DEFAULT_SHARDS", "MAX_SHARDS", "Increment", "OwnedCounters",
-           "Total", "configure", "counters_page", "exact_totals", "get_config", "get_total", "increase_shards",
-           "increment", "list_counters", "owned", "public_name", "require_config",
-           "shard_counts", "shard_counts_many", "total_and_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +181,7 @@ class OwnedCounters:
         (a mapper's chunks) rarely meet on one; they commit or abort with the caller's writes, so no add is lost or
         made twice."""
         name = self.name(short)
-        # ndb's lookup retry kept (see mapper.service._process: the chunk this rides on costs more when aborted).
+        # ndb's lookup retry kept (see mapper.tree._process: the chunk this rides on costs more when aborted).
         config = ndb.Key(CounterConfig, name).get()
         writes: list[ndb.Model] = []
         if config is None:

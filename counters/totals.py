@@ -7,8 +7,15 @@ from google.cloud import ndb
 
 from core import runtime
 from counters import simple
-from counters.models import CounterConfig, CounterShard
-from counters.names import MAX_SHARDS, OWNER_SEPARATOR, shard_view_cache_key, total_cache_key, validate_name
+from counters.models import (
+    MAX_SHARDS,
+    OWNER_SEPARATOR,
+    CounterConfig,
+    CounterShard,
+    shard_view_cache_key,
+    total_cache_key,
+    validate_name,
+)
 
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 SHARD_VIEW_LIFETIME = 5  # seconds an anonymous reader's cached copy of a counter's shard counts lives

@@ -4,7 +4,7 @@ from flask import Blueprint, flash, jsonify, redirect, render_template, request,
 from core import identity, runtime
 from core.errors import Unprocessable
 from core.web import json_body
-from counters import demo, service, simple
+from counters import demo, growth, models, service, simple, totals
 
 bp = Blueprint("counters", __name__)
 
@@ -14,7 +14,7 @@ def public_names_only(endpoint, values):
     """Every route with a counter name in its URL takes public names only: a feature's own counter (an entry's
     views, its comments) is a 403 for everyone, before any other check, so nobody can forge or even probe one."""
     if values and "name" in values:
-        service.public_name(values["name"])
+        models.public_name(values["name"])
 
 
 def _counter_json(config, total, shards=None):
@@ -45,10 +45,10 @@ def _form_int(field):
 def index():
     """The counters by name, a page at a time (`?after=<name>`), each with its total, its shards drawn, and buttons
     to increment."""
-    page = service.counters_page(request.args.get("after"), _shards_from_cache())
+    page = totals.counters_page(request.args.get("after"), _shards_from_cache())
     return render_template("counters/index.html", counters=page.counters, next=page.next,
                            first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
-                           max_shards=service.MAX_SHARDS)
+                           max_shards=models.MAX_SHARDS)
 
 
 @bp.post("/counters/simple/increment")
@@ -74,9 +74,9 @@ def increment_form(name):
 def create_form():
     """Admin: create a counter."""
     identity.require_admin()
-    name = service.public_name(request.form.get("name", "").strip())
+    name = models.public_name(request.form.get("name", "").strip())
     num_shards = _form_int("num_shards") if request.form.get("num_shards") else None
-    service.configure(name, request.form.get("mode", ""), num_shards)
+    growth.configure(name, request.form.get("mode", ""), num_shards)
     flash(f"Counter {name} is ready.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
 
@@ -85,7 +85,7 @@ def create_form():
 def shards_form(name):
     """Admin: raise a counter's shard count."""
     identity.require_admin()
-    config = service.increase_shards(name, _form_int("num_shards"))
+    config = growth.increase_shards(name, _form_int("num_shards"))
     flash(f"{name} has {config.num_shards} shards.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
 
@@ -124,16 +124,16 @@ def burst_new_form():
 @bp.get("/api/counters")
 def api_list():
     """Every counter with its total (the first 100 by name)."""
-    return jsonify(counters=[_counter_json(c, t) for c, t, _ in service.list_counters()])
+    return jsonify(counters=[_counter_json(c, t) for c, t, _ in totals.list_counters()])
 
 
 @bp.get("/api/counters/<name>")
 def api_get(name):
     """One counter; `?shards=1` adds each shard's count (a few seconds old for an anonymous visitor)."""
-    config = service.require_config(name)
+    config = growth.require_config(name)
     if request.args.get("shards") in ("1", "true"):
-        return jsonify(_counter_json(config, *service.total_and_shards(config, _shards_from_cache())))
-    return jsonify(_counter_json(config, service.get_total(name, config)))
+        return jsonify(_counter_json(config, *totals.total_and_shards(config, _shards_from_cache())))
+    return jsonify(_counter_json(config, totals.get_total(name, config)))
 
 
 @bp.post("/api/counters/<name>/increment")
@@ -148,15 +148,15 @@ def api_configure(name):
     """Admin: create a counter in a mode, or grow it."""
     identity.require_admin()
     data = json_body()
-    config = service.configure(name, data.get("mode"), data.get("num_shards"))
-    return jsonify(_counter_json(config, service.get_total(name, config)))
+    config = growth.configure(name, data.get("mode"), data.get("num_shards"))
+    return jsonify(_counter_json(config, totals.get_total(name, config)))
 
 
 @bp.post("/api/counters/<name>/shards")
 def api_shards(name):
     """Admin: raise the shard count (never lowers)."""
     identity.require_admin()
-    config = service.increase_shards(name, json_body().get("num_shards"))
+    config = growth.increase_shards(name, json_body().get("num_shards"))
     return jsonify(name=config.name, num_shards=config.num_shards)
 
 

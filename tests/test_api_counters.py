@@ -7,6 +7,7 @@ import pytest
 from google.cloud import ndb
 
 from core import clock, runtime
+from counters import growth as counters_growth
 from counters import service as counters_service
 from counters import totals as counters_totals
 from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
@@ -80,7 +81,7 @@ def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(clie
     for key in ("k1", "k2"):
         assert client.post("/api/counters/views/increment", headers={"Idempotency-Key": key}).status_code == 401
     with runtime.current().context():
-        counters_service.configure("views", "general")
+        counters_growth.configure("views", "general")
     started = clock.now()
     for key in ("k1", "k2"):
         assert client.post("/api/counters/views/increment", headers={"Idempotency-Key": key}).get_json()["applied"]
@@ -288,8 +289,8 @@ def test_counters_page_reads_a_bounded_number_of_shards_however_many_counters_ex
     the old page, one view read every shard of the first 100 counters: here 11 x 20 + 1,000 + 20."""
     with runtime.current().context():
         for i in range(11):
-            counters_service.configure(f"a{i:02d}", "general", 20)
-        counters_service.configure("big", "general", counters_totals.PAGE_SHARDS)
+            counters_growth.configure(f"a{i:02d}", "general", 20)
+        counters_growth.configure("big", "general", counters_totals.PAGE_SHARDS)
     seen, after, views = [], None, 0
     while views < 5:
         r = client.get("/counters", query_string={"after": after} if after else None)
@@ -396,8 +397,8 @@ def test_a_new_adaptive_counter_burst_from_its_page_shows_the_lesson(client, aut
                      r"each; it (grew from 1 shard to \d+|stayed at 1 shard)", r.get_data(as_text=True))
     assert r.status_code == 200 and said
     with runtime.current().context():
-        config = counters_service.get_config(said[1])
-        assert config.mode == "adaptive" and sum(counters_service.shard_counts(config)) == 200
+        config = counters_growth.get_config(said[1])
+        assert config.mode == "adaptive" and sum(counters_totals.shard_counts(config)) == 200
     if backend == "legacy":  # 16 writers on one shard collide, and it grows
         assert float(said[2]) > 1 and said[3] == f"grew from 1 shard to {config.num_shards}" and config.num_shards > 1
     else:  # blind increments never collide

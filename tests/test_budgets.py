@@ -11,7 +11,7 @@ import pytest
 
 from core import runtime
 from counters import demo as counters_demo
-from counters import service as counter_service
+from counters import growth as counter_growth
 from main import seed_demo
 from tests.support import billed, make_app, running, timing
 
@@ -83,7 +83,7 @@ def test_each_page_and_api_read_keeps_its_datastore_budget(seeded, admin):
         client.post("/api/session", json={"email": "boss@example.com", "admin": True})
     spent, bills = {}, {}
     with runtime.of(seeded).context():
-        grown = counter_service.get_config(counters_demo.TOUR_COUNTER).num_shards
+        grown = counter_growth.get_config(counters_demo.TOUR_COUNTER).num_shards
     budgets = BUDGETS | (SIGNED_IN_BUDGETS if admin else {})
     if admin:
         budgeted = BILLS | {"/counters": (COUNTERS_PAGE_FIXED_READS + grown, 0, 0), SHARD_VIEW: (grown, 0, 0)}
@@ -131,7 +131,7 @@ def test_an_anonymous_visitor_makes_the_app_read_a_counters_shards_once_not_on_e
     bills only its configs' query and the simple counter's 20 shards. A signed-in reader still reads every shard."""
     client = seeded.test_client()
     with runtime.of(seeded).context():
-        grown = counter_service.get_config(counters_demo.TOUR_COUNTER).num_shards
+        grown = counter_growth.get_config(counters_demo.TOUR_COUNTER).num_shards
     path = SHARD_VIEW
     first, second = client.get(path), client.get(path)
     assert first.status_code == second.status_code == 200

@@ -11,7 +11,7 @@ from comments import service
 from comments.models import Comment, UserSequence
 from core import identity, runtime
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
-from counters import service as counters
+from counters import growth, totals
 from tests.support import in_threads, writers_meet_before_writing
 
 
@@ -25,8 +25,8 @@ def _entry(blog="b", count=1):
 
 
 def _exact_count(blog, index):
-    config = counters.get_config(service.COUNTERS.name(service.comments_counter(EntryRef(blog, index))))
-    return sum(counters.shard_counts(config)) if config else 0
+    config = growth.get_config(service.COUNTERS.name(service.comments_counter(EntryRef(blog, index))))
+    return sum(totals.shard_counts(config)) if config else 0
 
 
 def _walk_forward(limit, **kw):
@@ -156,7 +156,7 @@ def test_bad_text_writes_nothing(ndb_context, text):
     with pytest.raises(Unprocessable):
         service.post_comment(EntryRef("b", 0), _user("u"), text)
     assert Comment.query().fetch(keys_only=True) == [] and UserSequence.query().fetch(keys_only=True) == []
-    assert counters.get_config(service.comments_counter(EntryRef("b", 0))) is None
+    assert growth.get_config(service.comments_counter(EntryRef("b", 0))) is None
 
 
 def test_anonymous_and_unknown_entries(ndb_context):

@@ -21,28 +21,28 @@ def _hammer(fn, threads=THREADS, each=EACH):
 
 @pytest.mark.parametrize("mode", ["general", "adaptive"])
 def test_concurrent_increments_are_exact(ndb_context, backend, mode):
-    service.configure("hot", mode)
+    growth.configure("hot", mode)
     results = _hammer(lambda: service.increment("hot"))
     assert len(results) == THREADS * EACH and all(r.applied for r in results)
-    config = service.require_config("hot")
-    assert sum(service.shard_counts(config)) == THREADS * EACH
+    config = growth.require_config("hot")
+    assert sum(totals.shard_counts(config)) == THREADS * EACH
     if backend == "legacy":  # optimistic: the writers did collide (so the retry path ran), each retry landed once
         assert sum(r.attempts for r in results) > THREADS * EACH
     else:  # Firestore: blind server-side increments read nothing and lock nothing, so nothing collides
         assert all(r.attempts == 1 for r in results)
     runtime.cache().delete("counter-total:hot")
-    assert service.get_total("hot") == service.Total(THREADS * EACH, False)
+    assert totals.get_total("hot") == totals.Total(THREADS * EACH, False)
 
 
 def test_uncontended_increments_reach_every_shard(ndb_context):
     """Every shard can be an increment's first pick: 80 increments one after another (nothing collides, so no retry
     moves them) land on each of 3 shards. A uniform pick leaves some shard empty with probability at most
     3 * (2/3)**80, about 2.4e-14; a pick that never chooses some shard leaves it empty every time."""
-    service.configure("spread", "general", 3)
+    growth.configure("spread", "general", 3)
     results = [service.increment("spread") for _ in range(80)]
     assert all(r.applied and r.attempts == 1 for r in results)
     assert sorted({r.shard for r in results}) == [0, 1, 2]
-    counts = service.shard_counts(service.require_config("spread"))
+    counts = totals.shard_counts(growth.require_config("spread"))
     assert len(counts) == 3 and all(counts) and sum(counts) == 80, counts
 
 
@@ -76,110 +76,110 @@ def test_simple_counter_shards_are_created_lazily(ndb_context):
 
 
 def test_first_increment_creates_a_general_counter(ndb_context):
-    assert service.get_config("fresh") is None
+    assert growth.get_config("fresh") is None
     service.increment("fresh")
-    config = service.get_config("fresh")
-    assert (config.mode, config.num_shards) == ("general", service.DEFAULT_SHARDS["general"])
+    config = growth.get_config("fresh")
+    assert (config.mode, config.num_shards) == ("general", growth.DEFAULT_SHARDS["general"])
 
 
 def test_racing_first_increments_create_one_counter(ndb_context):
     in_threads(16, lambda i: service.increment("born-busy"))
     assert CounterConfig.query().fetch(keys_only=True) == [ndb.Key(CounterConfig, "born-busy")]
-    assert sum(service.shard_counts(service.require_config("born-busy"))) == 16
+    assert sum(totals.shard_counts(growth.require_config("born-busy"))) == 16
 
 
 def test_cached_total_follows_increments(ndb_context):
-    service.configure("c", "general")
-    assert service.get_total("c") == service.Total(0, False)  # summed, then cached
-    assert service.get_total("c") == service.Total(0, True)
+    growth.configure("c", "general")
+    assert totals.get_total("c") == totals.Total(0, False)  # summed, then cached
+    assert totals.get_total("c") == totals.Total(0, True)
     for n in range(1, 6):
         service.increment("c")
-        assert service.get_total("c") == service.Total(n, True)  # incr'd after each commit
+        assert totals.get_total("c") == totals.Total(n, True)  # incr'd after each commit
 
 
 def test_cached_total_is_rebuilt_after_expiry(ndb_context, monkeypatch):
     monkeypatch.setattr(totals, "TOTAL_LIFETIME", 1)
     for _ in range(3):
         service.increment("short")
-    assert service.get_total("short") == service.Total(3, False)
-    assert service.get_total("short").cached
+    assert totals.get_total("short") == totals.Total(3, False)
+    assert totals.get_total("short").cached
     time.sleep(2.2)  # memcached drops it
     assert runtime.cache().get("counter-total:short") is None
     service.increment("short")  # incr on a missing key does not re-create it with a wrong value
     assert runtime.cache().get("counter-total:short") is None
-    assert service.get_total("short") == service.Total(4, False)
-    assert service.get_total("short") == service.Total(4, True)
+    assert totals.get_total("short") == totals.Total(4, False)
+    assert totals.get_total("short") == totals.Total(4, True)
 
 
 def test_increase_shards_never_lowers(ndb_context):
-    service.configure("g", "general")
-    assert service.increase_shards("g", 5).num_shards == 20
-    assert service.increase_shards("g", 20).num_shards == 20
-    assert service.increase_shards("g", 40).num_shards == 40
-    assert service.increase_shards("g", 1).num_shards == 40
-    assert service.configure("g", "general", 3).num_shards == 40
-    assert service.get_config("g").num_shards == 40
+    growth.configure("g", "general")
+    assert growth.increase_shards("g", 5).num_shards == 20
+    assert growth.increase_shards("g", 20).num_shards == 20
+    assert growth.increase_shards("g", 40).num_shards == 40
+    assert growth.increase_shards("g", 1).num_shards == 40
+    assert growth.configure("g", "general", 3).num_shards == 40
+    assert growth.get_config("g").num_shards == 40
 
 
 def test_counts_survive_growing_the_shards(ndb_context):
-    service.configure("grow", "general", 2)
+    growth.configure("grow", "general", 2)
     for _ in range(10):
         service.increment("grow")
-    service.increase_shards("grow", 50)
+    growth.increase_shards("grow", 50)
     for _ in range(10):
         service.increment("grow")
     runtime.cache().delete("counter-total:grow")
-    assert service.get_total("grow").count == 20
+    assert totals.get_total("grow").count == 20
 
 
 def test_adaptive_counter_grows_under_contention(ndb_context, backend):
-    service.configure("busy", "adaptive")
-    assert service.get_config("busy").num_shards == 1
+    growth.configure("busy", "adaptive")
+    assert growth.get_config("busy").num_shards == 1
     results = _hammer(lambda: service.increment("busy"), threads=24, each=30)
-    grown = service.get_config("busy").num_shards
+    grown = growth.get_config("busy").num_shards
     if backend == "legacy":
-        assert 1 < grown <= service.ADAPTIVE_MAX_SHARDS
+        assert 1 < grown <= growth.ADAPTIVE_MAX_SHARDS
     else:
         # The Firestore emulator never refuses a blind increment, so there is no contention to grow on (production
         # answers a document written past its sustained rate with ABORTED, which the same loop counts as a collision).
         assert grown == 1 and all(r.attempts == 1 for r in results)
-    assert sum(service.shard_counts(service.get_config("busy"))) == len(results) == 24 * 30
+    assert sum(totals.shard_counts(growth.get_config("busy"))) == len(results) == 24 * 30
 
 
 def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_context):
-    service.configure("calm", "adaptive")
+    growth.configure("calm", "adaptive")
     results = [service.increment("calm") for _ in range(60)]
     assert all(r.attempts == 1 for r in results)
-    assert service.get_config("calm").num_shards == 1
+    assert growth.get_config("calm").num_shards == 1
     assert CounterShard.key_for("calm", 0).get().count == 60
 
 
 def test_adaptive_growth_stops_at_the_cap(ndb_context):
-    service.configure("capped", "adaptive", service.ADAPTIVE_MAX_SHARDS)
-    assert growth.grow("capped", service.ADAPTIVE_MAX_SHARDS, 4) == service.ADAPTIVE_MAX_SHARDS
-    assert service.get_config("capped").num_shards == service.ADAPTIVE_MAX_SHARDS
+    growth.configure("capped", "adaptive", growth.ADAPTIVE_MAX_SHARDS)
+    assert growth.grow("capped", growth.ADAPTIVE_MAX_SHARDS, 4) == growth.ADAPTIVE_MAX_SHARDS
+    assert growth.get_config("capped").num_shards == growth.ADAPTIVE_MAX_SHARDS
 
 
 def test_mode_is_fixed_at_creation(ndb_context):
-    service.configure("m", "adaptive")
+    growth.configure("m", "adaptive")
     with pytest.raises(Conflict):
-        service.configure("m", "general")
-    assert service.get_config("m").mode == "adaptive"
+        growth.configure("m", "general")
+    assert growth.get_config("m").mode == "adaptive"
 
 
 def test_idempotency_key_applies_once_however_often_retried(ndb_context):
     results = [service.increment("idem", "order-42") for _ in range(5)]
     assert [r.applied for r in results] == [True, False, False, False, False]
-    assert sum(service.shard_counts(service.get_config("idem"))) == 1
+    assert sum(totals.shard_counts(growth.get_config("idem"))) == 1
     assert service.increment("idem", "order-43").applied  # another key is another increment
-    assert sum(service.shard_counts(service.get_config("idem"))) == 2
+    assert sum(totals.shard_counts(growth.get_config("idem"))) == 2
 
 
 def test_concurrent_retries_of_one_key_apply_once(ndb_context):
-    service.configure("idem2", "general")
+    growth.configure("idem2", "general")
     results = in_threads(8, lambda i: service.increment("idem2", "same-key"))
     assert sum(r.applied for r in results) == 1
-    assert sum(service.shard_counts(service.get_config("idem2"))) == 1
+    assert sum(totals.shard_counts(growth.get_config("idem2"))) == 1
 
 
 def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_apply_once(legacy_app, monkeypatch):
@@ -188,12 +188,12 @@ def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_appl
     commits, the other collides, retries, finds the marker and answers not applied. (Firestore's blind increment
     reads nothing: its marker is an insert in the same commit, which a second send cannot repeat; test_backends.)"""
     with runtime.current().context():
-        service.configure("idem3", "general", 1)
+        growth.configure("idem3", "general", 1)
     writers_meet_before_writing(monkeypatch, at=(AppliedIncrement, "put"))
     results = in_threads(2, lambda i: service.increment("idem3", "sent-twice"))
     assert sorted(r.applied for r in results) == [False, True]
     with runtime.current().context():
-        assert service.shard_counts(service.get_config("idem3")) == [1]
+        assert totals.shard_counts(growth.get_config("idem3")) == [1]
 
 
 def test_idempotency_keys_are_per_counter(ndb_context):
@@ -206,27 +206,27 @@ def test_bad_names_are_refused_and_write_nothing(ndb_context, name):
     with pytest.raises(BadInput):
         service.increment(name)
     with pytest.raises(BadInput):
-        service.configure(name, "general")
+        growth.configure(name, "general")
     assert CounterConfig.query().fetch(keys_only=True) == []
     assert CounterShard.query().fetch(keys_only=True) == []
 
 
 @pytest.mark.parametrize("shards", [0, -1, 1001, 2.5, "10", True, None])
 def test_bad_shard_counts_are_refused(ndb_context, shards):
-    service.configure("s", "general")
+    growth.configure("s", "general")
     with pytest.raises(Unprocessable):
-        service.increase_shards("s", shards)
-    assert service.get_config("s").num_shards == 20
+        growth.increase_shards("s", shards)
+    assert growth.get_config("s").num_shards == 20
 
 
 def test_totals_are_strongly_consistent_at_default_consistency(weak_app):
     """Gets by key are strongly consistent: at consistency 0.9 every read still sees every increment."""
     with runtime.current().context():
-        service.configure("weak", "adaptive")
+        growth.configure("weak", "adaptive")
         for n in range(1, 41):
             service.increment("weak")
             runtime.cache().delete("counter-total:weak")
-            assert service.get_total("weak").count == n
+            assert totals.get_total("weak").count == n
             assert sum(simple.shard_counts()) == n - 1
             simple.increment()
 
@@ -246,11 +246,11 @@ def test_contention_window_grows_only_on_lasting_contention():
 
 
 def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
-    service.configure("steps", "adaptive")
+    growth.configure("steps", "adaptive")
     assert growth.grow("steps", 1, 4) == 4
     assert growth.grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
     assert growth.grow("steps", 4, 2) == 8
-    assert service.get_config("steps").num_shards == 8
+    assert growth.get_config("steps").num_shards == 8
 
 
 def test_seed_command_seeds_once(app):
@@ -261,38 +261,38 @@ def test_seed_command_seeds_once(app):
     with runtime.current().context():
         names = sorted(c.name for c in CounterConfig.query(CounterConfig.listed == True).fetch())  # noqa: E712
         assert names == ["downloads", "likes", "page-views"]
-        likes = service.get_config("likes")
+        likes = growth.get_config("likes")
         # (whether the burst grew it depends on how its writers collided; growth itself is tested on its own above)
-        assert likes.mode == "adaptive" and sum(service.shard_counts(likes)) == 320
+        assert likes.mode == "adaptive" and sum(totals.shard_counts(likes)) == 320
         assert sum(simple.shard_counts()) == 30
 
 
 def test_list_counters_batches_and_caches_totals(ndb_context):
     plan = {"a-one": (1, 3), "b-five": (5, 7), "c-twenty": (20, 11), "d-grown": (2, 4)}
     for name, (shards, times) in plan.items():
-        service.configure(name, "general", shards)
+        growth.configure(name, "general", shards)
         for _ in range(times):
             service.increment(name)
-    service.increase_shards("d-grown", 9)
+    growth.increase_shards("d-grown", 9)
     service.increment("d-grown")
     runtime.current().cache.flush()
     expected = [("a-one", 3), ("b-five", 7), ("c-twenty", 11), ("d-grown", 5)]
-    first = service.list_counters()
+    first = totals.list_counters()
     assert [(c.name, t.count, t.cached) for c, t, _ in first] == [(n, v, False) for n, v in expected]
-    counts = service.shard_counts_many([c for c, _, _ in first])
+    counts = totals.shard_counts_many([c for c, _, _ in first])
     assert [len(x) for x in counts] == [1, 5, 20, 9] and [sum(x) for x in counts] == [v for _, v in expected]
-    assert [(c.name, t.count, t.cached) for c, t, _ in service.list_counters()] == [(n, v, True) for n, v in expected]
-    assert [c.name for c, _, _ in service.list_counters(limit=2)] == ["a-one", "b-five"]
+    assert [(c.name, t.count, t.cached) for c, t, _ in totals.list_counters()] == [(n, v, True) for n, v in expected]
+    assert [c.name for c, _, _ in totals.list_counters(limit=2)] == ["a-one", "b-five"]
     # The page's form: shards of every counter in the same read, totals still from the cache where cached.
     runtime.cache().delete("counter-total:b-five")
-    listed = service.list_counters(with_shards=True)
+    listed = totals.list_counters(with_shards=True)
     assert [(t.count, t.cached, len(sh), sum(sh)) for _, t, sh in listed] == [
         (3, True, 1, 3), (7, False, 5, 7), (11, True, 20, 11), (5, True, 9, 5)]
-    assert service.get_total("b-five") == service.Total(7, True)  # re-cached from that read
+    assert totals.get_total("b-five") == totals.Total(7, True)  # re-cached from that read
 
 
 def test_one_shard_counter_backs_off_and_stays_exact(ndb_context, backend):
-    service.configure("lonely", "general", 1)
+    growth.configure("lonely", "general", 1)
     results = _hammer(lambda: service.increment("lonely"), threads=8, each=10)
     if backend == "legacy":
         assert sum(r.attempts for r in results) > 80  # they collided, and waited instead of spinning

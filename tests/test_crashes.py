@@ -18,7 +18,7 @@ from google.cloud import ndb
 from accounts.models import Account
 from blog.models import BlogEntry, BlogIndex
 from core import runtime
-from counters import service as counters
+from counters import totals as counters
 from devstack.serving import queued, signed_in, wait_until
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
 from tests.support import make_app, running

@@ -16,7 +16,7 @@ from google.cloud import ndb
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from comments.models import Comment, UserSequence
 from core import hotspots, identity, runtime
-from counters import service as counters
+from counters import totals as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
 from devstack.serving import app_env, instances, signed_in
