@@ -2,12 +2,12 @@
 service.py, models.py, views.py (/accounts and /api/accounts)."""
 from accounts import demo, service, views
 from core import features, runtime
-from mapper import service as mapper
+from mapper import jobs as mapper_jobs
 
 
 def init_app(app):
     app.register_blueprint(views.bp)
     runtime.of(app).tasks.register(service.SEED_HANDLER, service.seed_batch)
-    mapper.register(app, service.ADD_CREDIT)
-    mapper.register(app, service.AUDIT)
+    mapper_jobs.register(app, service.ADD_CREDIT)
+    mapper_jobs.register(app, service.AUDIT)
     features.add(app, features.Feature(name="accounts", nav=("accounts.index", "Accounts"), seed=demo.seed))

@@ -28,7 +28,7 @@ from core.errors import BadInput
 from core.transactions import transact
 from core.validate import text, whole_number
 from counters import service as counters
-from mapper import service as mapper
+from mapper import jobs as mapper_jobs
 from mapper.models import MapperJob
 
 MAX_SEED = 100_000
@@ -43,8 +43,8 @@ COUNT, BALANCE = "count", "balance"
 KEPT_SHARDS = 16
 # A transaction may touch 25 entity groups on the legacy emulator (Datastore before Firestore); every Account is one.
 # A counter added to in a transaction takes two more (its config and a shard), a mapper chunk one more (its record).
-SEED_CHUNK = mapper.MAX_GROUPS - 2
-CREDIT_CHUNK = mapper.MAX_GROUPS - 1
+SEED_CHUNK = mapper_jobs.MAX_GROUPS - 2
+CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1
 
 
 def account_key(seed_id: str, number: int) -> ndb.Key:
@@ -133,7 +133,7 @@ def _start_credit(params: dict[str, Any]) -> dict[str, int]:
     return _credit_params(params)
 
 
-ADD_CREDIT = mapper.JobDefinition(
+ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
     apply=_credit, tally=_credited, settle=_settle_credit, parse_params=_start_credit,
@@ -156,12 +156,12 @@ def _record_audit(job: MapperJob) -> None:
                   found_balance=tally.get(BALANCE, 0), kept_count=kept[COUNT], kept_balance=kept[BALANCE]).put()
 
 
-AUDIT = mapper.JobDefinition(
+AUDIT = mapper_jobs.JobDefinition(
     name="audit_accounts", kind="Account", title="Audit the accounts' summary",
     description="Counts every account and sums their balances (in parallel, each account once) and compares the "
                 "result with the figures the app keeps. Exact when nothing seeds or credits meanwhile.",
     apply=lambda accounts, params, prepared: [], tally=_audit_tally, on_done=_record_audit,
-    chunk=mapper.MAX_GROUPS - 1)  # reads only: the accounts and the task's record
+    chunk=mapper_jobs.MAX_GROUPS - 1)  # reads only: the accounts and the task's record
 
 
 def audit_dict(audit: AccountsAudit) -> dict[str, Any]:

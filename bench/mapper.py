@@ -37,6 +37,7 @@ from core import billing, costs, runtime, tasks
 from core.transactions import transact
 from devstack import taskqueue
 from devstack.serving import queued, signed_in, wait_until
+from mapper import completion
 from mapper import service as mapper
 from mapper.models import MapperJob, TaskRecord
 
@@ -135,7 +136,7 @@ def queued_fan_out(server, fanout):
 
 def _job_figures(job_id):
     # Past the context cache: this context may have written the job when it started it; its tasks finished it since.
-    status = mapper.status(MapperJob.get_by_id(job_id, use_cache=False))
+    status = completion.status(MapperJob.get_by_id(job_id, use_cache=False))
     records = TaskRecord.query(TaskRecord.job == job_id).fetch()
     # each task's page query reads its page plus one key to learn whether more remain
     rows = sum(r.processed for r in records) + sum(1 for r in records if r.more)

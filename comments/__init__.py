@@ -4,13 +4,13 @@ under each entry, the form, /api/.../comments). Comments build on the blog and t
 from blog import pages as blog_pages
 from comments import demo, production, service, views
 from core import features
-from mapper import service as mapper
+from mapper import jobs as mapper_jobs
 
 
 def init_app(app):
     app.register_blueprint(views.bp)
     blog_pages.add_entry_addon(app, views.ENTRY_ADDON)
-    mapper.register(app, service.RECOUNT)
+    mapper_jobs.register(app, service.RECOUNT)
     features.add(app, features.Feature(
         name="comments",
         lesson=features.Lesson(

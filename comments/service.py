@@ -26,7 +26,7 @@ from core.errors import BadInput, SignInRequired
 from core.paging import Page
 from core.transactions import transact
 from counters import service as counters
-from mapper import service as mapper
+from mapper import jobs as mapper_jobs
 
 SEPARATOR = "|"
 SEQ_DIGITS = 10
@@ -145,7 +145,7 @@ def _recount_apply(entries: list[ndb.Model], params: dict[str, Any], deltas: dic
     return writes
 
 
-RECOUNT = mapper.JobDefinition(
+RECOUNT = mapper_jobs.JobDefinition(
     name="recount_comments", kind="BlogEntry", title="Recount comment counters",
     description="Sets every entry's comment counter to the number of its comments (counts are best effort: a process "
                 "that dies between a comment and its +1 leaves the counter one short). Exact when nobody comments "

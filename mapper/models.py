@@ -67,7 +67,7 @@ def _key(urlsafe):
 
 
 @dataclasses.dataclass(frozen=True)
-class Page:
+class TaskPage:
     """The page a task fixed on its first delivery: its first and last keys, and whether keys remained after it."""
     start: ndb.Key | None
     end: ndb.Key | None
@@ -75,7 +75,7 @@ class Page:
 
 
 class MapperJob(ndb.Model):
-    """A run of a registered job (mapper.service.JobDefinition) over every entity of its kind; key name is the run's
+    """A run of a registered job (mapper.jobs.JobDefinition) over every entity of its kind; key name is the run's
     id.
 
     Read by key by every task (the ndb global cache serves it from memcached); written three times at most.
@@ -128,15 +128,15 @@ class TaskRecord(ndb.Model):
         return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit)
 
     @property
-    def page(self) -> Page | None:
-        return Page(self.page_start, self.page_end, self.more) if self.page_end is not None else None
+    def page(self) -> TaskPage | None:
+        return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
 
     @property
     def kept_credit(self) -> int:
         """The credit this task kept for its own page: what it did not hand to its children."""
         return self.credit - sum(child["credit"] for child in self.children or [])
 
-    def advance(self, page: Page, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
+    def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
                 final: bool) -> None:
         """Move this record past `chunk`, inside that chunk's transaction: the page and the `children` the rest of
         the range splits into fixed (by its first chunk), the chunk's last key, `processed` entities more (those of

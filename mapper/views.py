@@ -4,6 +4,7 @@ from flask import Blueprint, flash, jsonify, redirect, render_template, request,
 from core import identity
 from core.errors import Conflict
 from core.web import json_body, submit_form
+from mapper import jobs as job_definitions
 from mapper import service
 
 bp = Blueprint("mapper", __name__)
@@ -19,7 +20,7 @@ def jobs():
 
 def _jobs_page(status=200):
     listed = [service.job_dict(job) for job in service.list_jobs()]
-    return render_template("mapper/jobs.html", jobs=listed, registered=service.registered(),
+    return render_template("mapper/jobs.html", jobs=listed, registered=job_definitions.registered(),
                            max_page_size=service.MAX_PAGE_SIZE), status
 
 
@@ -28,7 +29,7 @@ def start_form():
     """Start a job from its form."""
     identity.require_admin()
     name = request.form.get("name")
-    definition = service.registered().get(name)
+    definition = job_definitions.registered().get(name)
     params = {field: request.form.get(field) for field, _, _ in (definition.fields if definition else ())}
     job, page = submit_form(lambda: service.start_job(name, params), _jobs_page)
     return page or redirect(url_for("mapper.job", job_id=job.id))
@@ -39,7 +40,7 @@ def job(job_id):
     """One job: a progress bar that follows the job live, its processed count, tasks, tree depth and time."""
     job = service.get_job(job_id)
     return render_template("mapper/job.html", job=service.job_dict(job),
-                           definition=service.registered().get(job.name))
+                           definition=job_definitions.registered().get(job.name))
 
 
 @bp.post("/jobs/<job_id>/finish")

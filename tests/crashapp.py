@@ -11,7 +11,8 @@ from pathlib import Path
 
 import main
 from accounts.service import ADD_CREDIT
-from mapper import service as mapper
+from mapper import completion
+from mapper import jobs as mapper_jobs
 
 CHUNK_SECONDS = 0.25
 INCR_DELAY = 1.0
@@ -24,7 +25,7 @@ def _slow_credit(accounts, params, prepared):
 
 
 SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5)
-_maybe_finish = mapper._maybe_finish
+_maybe_finish = completion.maybe_finish
 
 
 def _late_finish(job, returned):
@@ -35,10 +36,10 @@ def _late_finish(job, returned):
     return _maybe_finish(job, returned)
 
 
-mapper._maybe_finish = _late_finish
+completion.maybe_finish = _late_finish
 
 
 def app():
     application = main.create_app()
-    mapper.register(application, SLOW_CREDIT)
+    mapper_jobs.register(application, SLOW_CREDIT)
     return application

@@ -10,7 +10,7 @@ from google.cloud import ndb
 from accounts.models import Account
 from accounts.service import ADD_CREDIT
 from core import runtime
-from mapper import keyrange, service
+from mapper import completion, jobs, keyrange, service, tree
 from mapper.models import MapperJob, TaskRecord
 from tests.support import billed
 
@@ -44,7 +44,7 @@ def test_order_matches_datastore_key_order(ndb_context):
             ndb.Key(Branch, "a", Thing, 3), ndb.Key(Branch, 7, Thing, "x"), ndb.Key(Branch, "b", Thing, 1),
             ndb.Key(Thing, "a", Thing, 9)]
     ndb.put_multi([Thing(key=k) for k in keys])
-    stored = ndb.Query(kind="Thing").order(service.KEY).fetch(keys_only=True)
+    stored = ndb.Query(kind="Thing").order(tree.KEY).fetch(keys_only=True)
     assert stored == sorted(keys, key=keyrange.order)
     with pytest.raises(TypeError):
         sorted(keys)  # why `order` exists
@@ -231,7 +231,7 @@ def _flaky_credit(accounts, params, prepared):
 
 DONE = []
 TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, on_done=DONE.append),
-             service.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
+             jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
 
 
@@ -239,7 +239,7 @@ TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_fl
 def extra_jobs(app):
     """The app, with the jobs above registered as a feature's init_app registers its own."""
     for job in TEST_JOBS:
-        service.register(app, job)
+        jobs.register(app, job)
     return app
 
 
@@ -315,7 +315,7 @@ def test_a_finished_task_delivered_again_and_again_returns_its_credit_once(extra
 
 def test_concurrent_tasks_of_a_job_never_collide(app, client, auth, task_queue):
     """A job's tasks share no entity: a chunk's transaction writes its accounts and its own task's record, and the
-    kept balance moves once, when the job ends (mapper/service.py `settle`). So however many run at once, none of
+    kept balance moves once, when the job ends (mapper/completion.py `settle`). So however many run at once, none of
     their transactions is retried after a collision: no delivery's Server-Timing has a `retried` metric. (With every
     chunk adding to one of the kept balance's shards, as the app once did, 4 workers collided here.)"""
     keys = seed_accounts(800)
@@ -341,7 +341,7 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
         job = MapperJob.get_by_id(job_id)
         assert service.finish_job(job_id).finished == job.finished  # finished already: nothing settles twice
         for _ in range(2):
-            service.run_check({"job": job_id, "check": 1})
+            completion.run_check({"job": job_id, "check": 1})
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
 
 

@@ -16,7 +16,7 @@ from blog.models import BlogEntry
 from core import features, runtime
 from core.runtime import Runtime
 from devstack.apps import app_on
-from mapper import service as mapper
+from mapper import jobs as mapper_jobs
 from tests.support import TEST_ENV, make_app, running, settings_for
 
 
@@ -25,9 +25,9 @@ def test_each_app_keeps_its_own_runtime_and_registries(stack):
     first = make_app(stack, checked=False, **stack.emulator.fresh())
     second = make_app(stack, checked=False, DATASTORE_NAMESPACE="second-app")
     one, two = runtime.of(first), runtime.of(second)
-    assert one is not two and one.registry(mapper.JOBS) is not two.registry(mapper.JOBS)
-    assert set(one.registry(mapper.JOBS)) == set(two.registry(mapper.JOBS)) == {"add_credit", "audit_accounts",
-                                                                                 "recount_comments"}
+    assert one is not two and one.registry(mapper_jobs.JOBS) is not two.registry(mapper_jobs.JOBS)
+    assert set(one.registry(mapper_jobs.JOBS)) == set(two.registry(mapper_jobs.JOBS)) == {
+        "add_credit", "audit_accounts", "recount_comments"}
     with running(second):
         client = second.test_client()
         assert client.post("/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200
@@ -57,7 +57,7 @@ def test_nothing_registers_by_being_imported(stack):
     assert accounts.service.ADD_CREDIT and comments.service.RECOUNT  # defined on import, registered nowhere
     rt = Runtime(settings_for(stack))
     try:
-        assert rt.tasks.handler("mapper.run") is None and rt.registry(mapper.JOBS) == {}
+        assert rt.tasks.handler("mapper.run") is None and rt.registry(mapper_jobs.JOBS) == {}
         with pytest.raises(ValueError, match="no task handler"):
             rt.tasks.enqueue("accounts.seed", {}, "t-1")
     finally:
@@ -72,7 +72,7 @@ def test_nothing_registers_by_being_imported(stack):
         assert [label for _, label in registered.nav()] == ["Counters", "Blog", "Jobs", "Accounts", "Numbers"]
         assert list(registered.lessons()) == ["counters", "blog", "comments", "mapper"]
         with pytest.raises(ValueError, match="registered already"):
-            mapper.register(app, comments.service.RECOUNT)
+            mapper_jobs.register(app, comments.service.RECOUNT)
         with pytest.raises(ValueError, match="already"):
             rt.tasks.register("mapper.run", print)
         with pytest.raises(RuntimeError, match="after the app's features were completed"):

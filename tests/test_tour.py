@@ -96,7 +96,7 @@ def test_each_lesson_page_links_to_its_source(client, auth):
     assert client.post("/api/blogs/demo/entries", json={"title": "t", "body": "b"}).status_code == 201
     for page, path in (("/counters", "counters/simple.py"), ("/counters", "counters/service.py"),
                        ("/blog/demo", "blog/service.py"),
-                       ("/blog/demo/0", "comments/service.py"), ("/jobs", "mapper/service.py"),
+                       ("/blog/demo/0", "comments/service.py"), ("/jobs", "mapper/tree.py"),
                        ("/jobs", "mapper/keyrange.py"), ("/accounts", "accounts/service.py"),
                        ("/numbers", "latency/service.py")):
         assert f'href="/source/{path}"' in client.get(page).get_data(as_text=True), page

@@ -1,0 +1,219 @@
+"""A mapper job's progress and completion, derived from its task records: the running job's figures kept as hints in
+the cache, and the job finished, exactly once, when every task has handed its credit back (the records are the truth,
+the cache's running sum a hint: a check task sums the records when the cache lost some).
+"""
+import dataclasses
+from typing import Any
+
+from google.cloud import ndb
+
+from core import clock, runtime
+from core.errors import Conflict
+from core.transactions import transact
+from mapper import jobs
+from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload, TaskRecord, summed
+
+CHECK_HANDLER = "mapper.check"
+# When the cache's running sum cannot be trusted, a check task reads the records after each of these delays (then
+# every 60 s), until they add up; past MAX_CHECKS (about 2 hours) an admin finishes the job (`finish`).
+CHECK_DELAYS = (1, 2, 4, 8, 15, 30)
+MAX_CHECKS = 120
+
+
+def returned_key(job_id: str) -> str:
+    """The cache's running sum of the credit a job's tasks handed back."""
+    return f"mapper-returned:{job_id}"
+
+
+# A running job's figures, as the pages and the API show them while it runs, are hints kept in the cache: reading
+# them is one cache round trip however many tasks the job has (summing the records, a query over every one, is for
+# finishing a job). Each delivery adds what it did after committing it: a hint may fall short (a delivery that died
+# before adding, a cache restart), never run ahead. Depth: one key per level reached (max over adds, no read).
+HINT_LIFETIME = 7 * 86400
+MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits of 100-entity pages reaches 12 by 10**9
+
+
+def hint_keys(job_id: str) -> dict[str, str]:
+    return {"processed": f"mapper-processed:{job_id}", "tasks": f"mapper-tasks:{job_id}"}
+
+
+def _depth_key(job_id: str, depth: int) -> str:
+    return f"mapper-depth:{job_id}:{depth}"
+
+
+def hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here: bool) -> None:
+    """After a delivery committed: add what it did to the job's hints (best effort: the cache may be away)."""
+    cache, keys = runtime.cache(), hint_keys(job.id)
+    if processed_here:
+        cache.incr(keys["processed"], processed_here)
+    if finished_here:
+        cache.incr(keys["tasks"], 1)
+        if record.depth < MAX_HINTED_DEPTH:
+            cache.add(_depth_key(job.id, record.depth + 1), 1, expire=HINT_LIFETIME)
+
+
+def _hinted(job: MapperJob) -> "Status":
+    """A running job's status from its hints: one cache round trip, whatever the job's size."""
+    keys = hint_keys(job.id)
+    depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
+    found = runtime.cache().get_many([returned_key(job.id), *keys.values(), *depth_keys])
+
+    def number(key: str) -> int:
+        return int(found.get(key, 0))
+    depth = max((d for d, key in enumerate(depth_keys, 1) if key in found), default=0)
+    return Status("running", processed=number(keys["processed"]), returned=number(returned_key(job.id)),
+                  tasks=number(keys["tasks"]), depth=depth, estimated=True)
+
+
+def start_hints(job_id: str) -> None:
+    """The running sum and the hints of a job about to start, at 0."""
+    for key in (returned_key(job_id), *hint_keys(job_id).values()):
+        runtime.cache().add(key, 0, expire=HINT_LIFETIME)
+
+
+@dataclasses.dataclass
+class Status:
+    state: str
+    processed: int = 0
+    returned: int = 0
+    tasks: int = 0
+    depth: int = 0
+    failed: int = 0
+    tally: dict[str, int] = dataclasses.field(default_factory=dict)
+    estimated: bool = False  # the figures are the cache's hints (a running job), not the records' sums
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if self.state == "done" else self.returned / TOTAL_CREDIT
+
+
+def _derive(job: MapperJob) -> Status:
+    """Sum the job's task records, walking its tree by key from the root's record, one get_multi per level: gets by
+    key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore, and could sum a
+    record before its last chunk). A record not written yet is a task whose credit is still out."""
+    status = Status("running")
+    keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
+    while keys:
+        children: list[ndb.Key] = []
+        for record in ndb.get_multi(keys):
+            if record is None:
+                continue
+            status.processed += record.processed
+            status.returned += record.returned
+            status.tasks += 1
+            status.depth = max(status.depth, record.depth + 1)
+            status.failed += record.state == "failed"
+            status.tally = summed(status.tally, record.tally or {})
+            children += [ndb.Key(TaskRecord, TaskPayload.from_json(child).name) for child in record.children]
+        keys = children
+    return status
+
+
+def maybe_finish(job: MapperJob, returned: int) -> None:
+    """After a task returned credit: finish the job if every credit is back. The cache keeps a running sum so that
+    only the last task pays for summing the records (reading every one); the records are the truth, the sum a hint.
+
+    `returned` is what this delivery adds to the sum: the credit of the record it finished, 0 from any other delivery
+    of that record. At-least-once queues deliver a task again, and a sum that counted each delivery would say "every
+    credit is back" while ranges were still out (and past 2**64 memcached's incr wraps to a small number).
+
+    The sum can be trusted only while the cache answered every incr: it is missing (`None`: the cache is down,
+    restarted or flushed, or evicted it), or short for good when a delivery died between committing its record and
+    adding its credit (the queue's redelivery then comes here with 0). Either way this task sums the records itself,
+    and if they do not add up yet, a check task (`run_check`) sums them again later until they do. So the job
+    finishes however much the cache lost, and the cost of that falls only on jobs where something was lost.
+
+    The records are read by key (`_derive`), so when they do not add up, a credit is really still out.
+    """
+    total = runtime.cache().incr(returned_key(job.id), returned) if returned else None
+    if total is not None and total < TOTAL_CREDIT:
+        return  # ranges are still out, by a sum this delivery has just added its own credit to
+    current = _derive(job)
+    if _outcome(job, current):
+        _finalize(job, current)
+    else:
+        _check_later(job.id, 1)
+
+
+def _outcome(job: MapperJob, status: Status) -> str | None:
+    """How a job ends once every task has handed its credit back: "failed" if one failed for good, "cancelled" if it
+    was, else "done"; None while ranges are still out."""
+    if status.returned != TOTAL_CREDIT:
+        return None
+    return "failed" if status.failed else "cancelled" if job.cancelled else "done"
+
+
+def _check_later(job_id: str, number: int) -> None:
+    """Enqueue the job's check task `number` (its name makes every caller's enqueue of it one task)."""
+    delay = CHECK_DELAYS[number - 1] if number <= len(CHECK_DELAYS) else 60
+    runtime.tasks().enqueue(CHECK_HANDLER, {"job": job_id, "check": number}, f"{job_id}-check-{number}", delay=delay)
+
+
+def run_check(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+    """A check task: finish the job if its records add up (or one failed for good), else check again later."""
+    job = MapperJob.get_by_id(payload["job"])
+    if job is None or job.finished:  # a cancelled job still ends (its tasks hand their ranges back)
+        return {"skipped": "the job is gone or finished"}
+    current = _derive(job)
+    if _outcome(job, current):
+        finished = _finalize(job, current)
+        return {"finished": (finished or job.key.get()).outcome}
+    if payload["check"] < MAX_CHECKS:
+        _check_later(job.id, payload["check"] + 1)
+    return {"progress": round(current.progress, 4)}
+
+
+def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
+    """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
+    since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
+    finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the records'
+    sums, every credit back (no chunk can commit after that)."""
+    definition = jobs.of(job)
+
+    def txn() -> MapperJob | None:
+        current = job.key.get(retries=0)
+        if current.finished:
+            return None
+        current.finished, current.outcome = clock.now(), _outcome(current, status)
+        current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
+                           "tally": status.tally}
+        settled = definition.settle(status.tally, current.params) if definition and definition.settle else []
+        ndb.put_multi([current, *settled])
+        return current
+    done = transact(txn, hot_key=job.key)
+    if done is not None:
+        finished(done)
+    return done
+
+
+def finished(job: MapperJob) -> None:
+    """The job's own follow-up once it has finished (JobDefinition.on_done)."""
+    definition = jobs.of(job)
+    if definition and definition.on_done:
+        definition.on_done(job)
+
+
+def status(job: MapperJob) -> Status:
+    """The job's state and figures, read only: a finished job answers from itself (the records' sums, exact), a running
+    or cancelled one from its hints (`_hinted`: no read that grows with its tasks, however often the pages poll)."""
+    if job.finished:  # every task had handed its credit back
+        return Status(job.outcome, returned=TOTAL_CREDIT, **(job.summary or {}))
+    current = _hinted(job)
+    if job.cancelled:
+        current.state = "cancelled"
+    return current
+
+
+def finish(job: MapperJob) -> MapperJob:
+    """Finish a running job whose tasks have all reported back (every credit returned, or one failed for good) but
+    that was not marked finished: its last task died before noticing, or could not see every record. Conflict while
+    ranges are still out."""
+    if job.finished:
+        return job
+    current = _derive(job)
+    if _outcome(job, current) is None:
+        raise Conflict(f"The job is still running: {current.progress:.0%} of its key range has reported back.",
+                       "job_running")
+    return _finalize(job, current) or job.key.get()
+
+

@@ -1,0 +1,90 @@
+"""What a mapper job is (JobDefinition), and each app's registry of them: the feature that owns a kind registers its
+jobs from its own init_app (`register(app, JobDefinition(...))`); the mapper knows none of them. A run of one is a
+MapperJob (models.py); its tasks carry the run's id, never code.
+"""
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+
+from core import runtime
+from core.errors import BadInput
+from mapper.models import MapperJob
+
+# The legacy emulator (like Datastore before Firestore) refuses a transaction over more than 25 entity groups; a
+# chunk's entities plus the task's record must fit, with room for what a job writes beside each entity.
+MAX_GROUPS = 25
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDefinition:
+    """A job that can be run over every entity of `kind` (each run of it: a MapperJob).
+
+    `apply(entities, params, prepared)` runs inside the chunk's transaction with the chunk's entities as read in it,
+    and returns the entities to write. `prepare(keys, params)`, if given, runs before, outside any transaction, for
+    what a transaction may not do (queries without an ancestor); its result is passed to apply.
+    `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them.
+    `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
+    to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
+    sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
+    `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job finished (done,
+    failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
+    committed, instead of each chunk writing one shared entity.
+    """
+    name: str
+    kind: str
+    title: str
+    description: str
+    apply: Callable[[list, dict, Any], list]
+    parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
+    prepare: Callable[[list, dict], Any] | None = None
+    on_done: Callable[[MapperJob], None] | None = None
+    tally: Callable[[list, dict], dict] | None = None
+    settle: Callable[[dict, dict], list] | None = None
+    fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
+    chunk: int = 20
+    page_size: int = 100
+    fanout: int = 4
+
+
+JOBS = "mapper.jobs"  # the runtime's registry of this app's jobs by name
+
+
+def _no_params(params: dict[str, Any]) -> dict[str, Any]:
+    if params:
+        raise BadInput("This job takes no params.", "bad_params")
+    return {}
+
+
+def register(app: Flask, definition: JobDefinition) -> JobDefinition:
+    """Make the job `definition` one that `app` can run (from the init_app of the feature that owns its kind)."""
+    if not 1 <= definition.chunk < MAX_GROUPS:
+        raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
+    jobs = runtime.of(app).registry(JOBS)
+    if definition.name in jobs:
+        raise ValueError(f"a job named {definition.name!r} is registered already")
+    jobs[definition.name] = definition
+    return definition
+
+
+def _jobs() -> dict[str, JobDefinition]:
+    return runtime.current().registry(JOBS)
+
+
+def of(job: MapperJob) -> JobDefinition | None:
+    """The definition `job` runs, or None when this version of the app has none by its name."""
+    return _jobs().get(job.name)
+
+
+def registered() -> dict[str, JobDefinition]:
+    return dict(sorted(_jobs().items()))
+
+
+def definition_of(name: object) -> JobDefinition:
+    jobs = _jobs()
+    if not isinstance(name, str) or name not in jobs:
+        raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
+    return jobs[name]
+
+

@@ -1,0 +1,183 @@
+"""The mapper's tree of tasks over key ranges: one task of a job, delivered by a queue at least once.
+
+A task fetches one page of its key range (keys only, in key order) and, if keys remain after the page, splits the rest
+of its range into `fanout` ranges, each a new task started at once; then it processes its page in transactions of a
+few entities. The tree is O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an
+offset query reads and skips every entity before the page, so walking N entities that way reads O(N^2)
+(bench/mapper.py measures it).
+
+Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
+that dies half way is retried from where its record says, and a second delivery of the same task finds the record
+moved on and steps back. The record keeps the children it split into from its first chunk on; a retry enqueues those
+same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+
+No hot entity: a chunk's transaction writes its entities and its own task's record, nothing another task writes, so
+concurrent tasks never collide with each other. What a job adds up over its entities (its tally: a credit job's total
+credit) is kept in each task's record and summed once, when the last credit comes back (completion.py).
+"""
+import functools
+import logging
+from typing import Any
+
+from google.cloud import ndb
+
+from core import runtime, tasks
+from core.errors import Conflict
+from core.transactions import transact
+from mapper import completion, jobs, keyrange
+from mapper.models import MapperJob, TaskPage, TaskPayload, TaskRecord
+
+log = logging.getLogger(__name__)
+
+KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
+TASK_HANDLER = "mapper.run"
+
+
+class Superseded(Exception):
+    """Another delivery of the same task moved its record on: this one must stop and let the queue try later."""
+
+
+def enqueue(payload: TaskPayload) -> None:
+    runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.name)
+
+
+def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+    """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
+    payload = TaskPayload.from_json(body)
+    job = MapperJob.get_by_id(payload.job)
+    if job is None or job.finished:
+        return {"skipped": "the job is gone or finished"}
+    definition = jobs.of(job)
+    record_key = ndb.Key(TaskRecord, payload.name)
+    if job.cancelled:
+        # The rest of this task's range is left unvisited and its credit handed back, so that the job still ends and
+        # settles what its tasks did before the cancel.
+        record, returned_here = _hand_back(record_key, payload, "done")
+    else:
+        record, returned_here = _run(job, definition, record_key, payload, attempt)
+    if record.returned:
+        # Only the delivery that finished the record adds its credit to the running sum. Any other delivery of a
+        # finished record (attempt 1+) cannot know whether the one that finished it lived to add it: 0 here, and
+        # _maybe_finish then trusts the records over the sum.
+        completion.maybe_finish(job, returned_here)
+    return {"processed": record.processed, "children": len(record.children)}
+
+
+def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.Key, payload: TaskPayload,
+         attempt: int) -> tuple[TaskRecord, int]:
+    """This delivery's work on its task: (the record as it left it, the credit it returned)."""
+    # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
+    # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
+    # reads the record first). One lookup fewer per task.
+    record = (record_key.get() if attempt else None) or TaskRecord.new(record_key, payload)
+    if record.state != "running":
+        _enqueue_children(record)  # the delivery that finished it may have died before enqueueing them
+        return record, 0  # only the delivery that finished the record returned its credit
+    try:
+        if definition is None:
+            raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
+        processed_before = record.processed
+        record = _process(job, definition, record, payload)
+        completion.hint(job, record, record.processed - processed_before, record.state == "done")
+        return record, record.returned
+    except Superseded:
+        raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
+    except Exception as e:
+        if attempt + 1 < tasks.MAX_ATTEMPTS:
+            raise
+        log.exception("mapper task %s failed for good", record_key.id())
+        return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
+
+
+def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
+    query = ndb.Query(kind=kind).filter(KEY <= upto)
+    if after is not None:
+        query = query.filter(KEY > after)
+    return query.order(KEY)
+
+
+def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
+    """Process this task's page in chunks; the final record.
+
+    The page's first chunk also records the tasks the rest of the range splits into, and they are enqueued as soon
+    as it commits, while this task goes on with its page: the tree grows one page query and one commit per level,
+    not one whole page per level, so a job's critical path (the RPCs that must follow one another) is its depth in
+    short steps plus one page. Each task keeps a share of its credit for its own page and hands the rest to its
+    children: the credit comes back whole only when every page, the splitters' own included, is done."""
+    hi = payload.hi_key
+    resume = record.last_key or payload.lo_key
+    page = record.page
+    if page is None:  # first delivery: fix the page (one more key says whether any remain)
+        keys = _page_query(job.kind, resume, hi).fetch(job.page_size + 1, keys_only=True)
+        keys, more = keys[:job.page_size], len(keys) > job.page_size
+        page = TaskPage(keys[0], keys[-1], more) if keys else TaskPage(None, None, False)
+    else:  # a retry: the rest of the page its first delivery fixed
+        keys = _page_query(job.kind, resume, page.end).fetch(job.page_size, keys_only=True)
+    children = _split(job, payload, page, hi, record.credit) if page.more and record.page_end is None else []
+    prepared = definition.prepare(keys, job.params) if definition.prepare else None
+    chunks = [keys[i:i + definition.chunk] for i in range(0, len(keys), definition.chunk)] or [[]]
+
+    def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
+        # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
+        # own key range and its own record), so chunks of concurrent tasks never collide.
+        current, *entities = ndb.get_multi([record.key] + chunk)
+        if current is None and not expected and record.page_end is None:  # no delivery has written it yet
+            current = TaskRecord.new(record.key, payload)
+        elif current is None or current.state != "running" or current.last_key != expected:
+            raise Superseded()
+        entities = [e for e in entities if e is not None]  # deleted since the query: skipped
+        writes = definition.apply(entities, job.params, prepared) if entities else []
+        tally = definition.tally(entities, job.params) if definition.tally and entities else None
+        current.advance(page, chunk, len(entities), tally, children, final)
+        ndb.put_multi([*writes, current])
+        return current
+
+    for number, chunk in enumerate(chunks):
+        record = transact(functools.partial(txn, chunk, record.last_key, number == len(chunks) - 1))
+        if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
+            _enqueue_children(record)
+    return record
+
+
+def _enqueue_children(record: TaskRecord) -> None:
+    """Enqueue the tasks `record` split into; a repeat (a retry's) is dropped by the queue, which knows their names."""
+    for child in record.children:
+        enqueue(TaskPayload.from_json(child))
+
+
+def _split(job: MapperJob, payload: TaskPayload, page: TaskPage, hi: ndb.Key, credit: int) -> list[TaskPayload]:
+    """The payloads of the tasks the rest of the range (page.end, hi] splits into; one child when it cannot split.
+    Each child gets an equal share of `credit`, and the task keeps one share and the remainder for its own page.
+    Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained, and
+    its ends are in the record), so a retry splits exactly as the first delivery did."""
+    parts = keyrange.parts_needed(payload.lo_key, page.end, hi, job.page_size, job.page_size, job.fanout,
+                                  job.samples)
+    points = keyrange.split_points(page.end, hi, parts, job.samples, page.start) if parts > 1 else []
+    bounds = [page.end] + points + [hi]
+    count = len(bounds) - 1
+    share = credit // (count + 1)
+    if share == 0:  # credit too finely divided to split further (never at these depths): one child, half of it
+        bounds, count, share = [page.end, hi], 1, credit // 2
+    return [payload.child(i, bounds[i], bounds[i + 1], share) for i in range(count)]
+
+
+def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
+               error: str | None = None) -> tuple[TaskRecord, int]:
+    """End a task's record without visiting the rest of its page (its job is cancelled, or the task failed for good):
+    `state`, and the credit it kept for its page returned, so the job still ends when every other task has. What its
+    chunks committed before stays in the record's tally; children it recorded are enqueued (again: a delivery may
+    have died before it did) and return their own credit. (the record, the credit this call returned: 0 when another
+    delivery ended the record first)."""
+    def txn() -> tuple[TaskRecord, int]:
+        record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
+        if record.state != "running":
+            return record, 0
+        record.state, record.error = state, error
+        record.returned = record.kept_credit
+        record.put()
+        return record, record.returned
+    record, returned = transact(txn)
+    _enqueue_children(record)
+    return record, returned
+
+
