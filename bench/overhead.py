@@ -48,7 +48,8 @@ OFF_HOST = "appstats-off.localhost"  # the Host name the app with APPSTATS=off a
 def on_and_off(settings):
     """The app on `settings`, and the same app with the accounting off."""
     from main import create_app
-    return create_app(settings), create_app(dataclasses.replace(settings, appstats=False))
+    return create_app(settings), create_app(dataclasses.replace(
+        settings, appstats=False, trusted_hosts=(*settings.trusted_hosts, OFF_HOST)))  # its own Host name: trusted
 
 
 def served():
