@@ -2,8 +2,8 @@
 that audits the summary against the accounts.
 
 The summary is never counted from the accounts on a page view: a count or sum over a kind reads every entity (the
-talk: `Model.count()` is O(N)), and the old projection here took 2.68 s at 7,000 accounts. Instead the app keeps the
-two figures itself, as sharded counters, each moved exactly once, whatever a retried or duplicated task does:
+talk: `Model.count()` is O(N)). Instead the app keeps the two figures itself, as sharded counters, each moved
+exactly once, whatever a retried or duplicated task does:
 - `count`: a seed chunk adds its new accounts to it in the transaction that creates them;
 - `balance`: a credit job's chunks add their credit to their own task's record (the mapper's tally), and the job's
   total lands on `balance` once, in the transaction that marks the job finished (`settle`). So concurrent chunks share

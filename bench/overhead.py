@@ -8,8 +8,7 @@ two share the workers, their threads and the machine's every spell. Load from wr
 round every variant gets its seconds one at a time, the variants in turn; medians over rounds of the rounds' ratios.
 
 Then the same front page under the production latency model (LATENCY=production), one request at a time, against
-the floor under the model: what serving a kept copy ahead of Flask could save a visitor at most. (The app once did;
-issue #39 removed it, since the saving is a couple of milliseconds of a visitor's page load.)
+the floor under the model: what serving a kept copy ahead of Flask could save a visitor at most.
 
 Run: `.venv/bin/python -m bench.overhead [--rounds 5 --seconds 5]` (legacy emulator unless DATASTORE says otherwise).
 """
@@ -313,7 +312,7 @@ One request at a time, in this process, LATENCY=production, medians of 100 each,
 gets it (Flask, the session, its entries from the cache, the template) {modelled["front"]:.1f} ms; the floor, one
 modelled cache get of the same bytes, {modelled["floor"]:.1f} ms. So serving a kept copy ahead of Flask could save a
 visitor at most {modelled["front"] - modelled["floor"]:.1f} ms of a page load, which the network between them and
-Google takes tens of milliseconds for: the app no longer does (issue #39).
+Google takes tens of milliseconds for: every page is served by Flask.
 
 {harness.BILL_NOTE}
 """

@@ -10,8 +10,7 @@ datastore:
   takes a lock that can delay another transaction's write until it ends
   (https://cloud.google.com/datastore/docs/concepts/transactions#transaction_locks). On the Firestore emulator two
   transactions that both read an entity and then write it both wait until a lock timeout (about 2.3 s; its bugs
-  firebase-tools #8300 and #6758), after which one is aborted and tries again: 23 posts to one blog at once, under
-  `make run DATASTORE=firestore` with 2 gunicorn workers, took 27-43 s. That timeout is the emulator's own figure;
+  firebase-tools #8300 and #6758), after which one is aborted and tries again. That timeout is the emulator's own;
   in production a collision also costs at least a retry of the whole transaction.
 - The legacy Datastore emulator (like Datastore before Firestore, and OPTIMISTIC databases) commits the first and
   aborts the rest at once: they retry, and their work so far is thrown away.

@@ -54,8 +54,8 @@ def configure(name: str, mode: str, num_shards: int | None = None, listed: bool 
         return config
     # Many first uses of one counter race to create it (every commenter on a new entry): on Firestore, transactions
     # creating one entity at once wait on each other's locks, so they take turns across processes (core/hotspots.py).
-    # A first use whose turn comes once the counter exists finds it with one lookup, not a transaction: 32 commenters
-    # on a new entry waited 2.5 s under LATENCY=production, each for the others' transactions.
+    # A first use whose turn comes once the counter exists finds it with one lookup, not a transaction, so the many
+    # first users of a new counter do not each wait for the others' transactions.
     if num_shards is None:
         with in_turn(key):
             existing = key.get(use_global_cache=False)
@@ -112,8 +112,8 @@ class ContentionWindow:
                 self._seen[name] = (size, tried, hits)
                 return 0
             rate = hits / tried
-            # Growing a step at a time took 7 s to reach 128 shards for 32 commenters under LATENCY=production, each
-            # step a window of its own, while every writer kept colliding.
+            # Grown in one step by as much as the collisions ask: a doubling at a time would take a window per step
+            # while every writer kept colliding.
             factor = 1
             while rate >= self.GROW_AT * factor:
                 factor *= 2

@@ -41,7 +41,7 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
     the writers read with `retries=0`: a lookup that meets a locked shard would otherwise be retried by ndb, with
     backoff, on that same shard before the collision ever reached this loop.
     With a single shard there is nowhere else to go, and retrying at once only collides again with the same writers
-    (measured: a fifth of the throughput of ndb's backoff at 32 writers), so there it waits a random, growing while.
+    (bench/results/counters.md), so there it waits a random, growing while.
     `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with.
     Returns (attempt's result, attempts made, shard used).
     """
