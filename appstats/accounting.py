@@ -17,18 +17,15 @@ from markupsafe import Markup, escape
 from core import billing, clock, costs, runtime
 
 RECENT = 100  # requests kept per process for /appstats
-# App Engine's X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=OPTIONS
-# (https://cloud.google.com/trace/docs/trace-context#legacy-http-header). A client may send its own: only a
-# well-formed one is used.
+# App Engine's X-Cloud-Trace-Context, TRACE_ID/SPAN_ID;o=OPTIONS (https://cloud.google.com/trace/docs/trace-context).
+# A client may send its own: only a well-formed one is used.
 TRACE_CONTEXT = re.compile(r"(?P<trace>[0-9a-f]{32})(?:/(?P<span>\d{1,20}))?(?:;o=(?P<options>[01]))?")
 
 
 def _lines(name: str, stream: Any) -> logging.Logger:
-    """A logger that writes each message as it is, one line: the request lines are not the app's other logs."""
+    """A logger that writes each message as it is (a handler's default format), not among the app's other logs."""
     logger = logging.getLogger(name)
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
+    logger.addHandler(logging.StreamHandler(stream))
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return logger
@@ -45,7 +42,7 @@ def init_app(app: Flask) -> None:
     rt = runtime.of(app)
     backend, project = rt.cache.backend, rt.settings.project if rt.settings.on_app_engine else None
     cache_name = backend if backend != "none" else "cache"
-    # the last requests, newest first: appendleft and list() on a deque are each one step under the GIL
+    # the last requests, newest first, each its record and its Cost (for its timeline): one step under the GIL each
     recent = app.extensions["appstats"] = collections.deque(maxlen=RECENT)
     numbers = itertools.count(1)
 
@@ -64,7 +61,7 @@ def init_app(app: Flask) -> None:
         served = time.time()
         record = {"id": next(numbers), "method": request.method, "path": _path(), "status": response.status_code,
                   "at": clock.iso_of(served), **cost.figures(backend)}
-        recent.appendleft(record)
+        recent.appendleft((record, cost))
         if project is None:
             LOCAL_LINES.info(_line(record, cost.billed, cache_name))
         else:
@@ -93,9 +90,8 @@ def _line(record: dict[str, Any], billed: billing.Billed, cache_name: str) -> st
     def listed(counts: dict[str, int]) -> str:
         return ", ".join(f"{n} {name}" for name, n in sorted(counts.items())) or "none"
     datastore, cache = record["datastore"], record["cache"]
-    return (f"{_printable(record['method'])} {_printable(record['path'])} {record['status']} "
-            f"{record['app_ms']:.1f} ms | "
-            f"datastore {costs.plural(datastore['rpcs'], 'RPC')} {datastore['ms']:.1f} ms "
+    return (f"{_printable(record['method'])} {_printable(record['path'])} {record['status']} {record['app_ms']:.1f} ms"
+            f" | datastore {costs.plural(datastore['rpcs'], 'RPC')} {datastore['ms']:.1f} ms "
             f"({listed(datastore['by_method'])}) | "
             f"{cache_name} {costs.plural(cache['calls'], 'call')} {cache['ms']:.1f} ms ({listed(cache['by_call'])}) | "
             f"billed {billed.describe()} ${billed.usd_per_million():.2f}/M")
@@ -107,8 +103,7 @@ def _entry(record: dict[str, Any], billed: billing.Billed, served: float, projec
     Explorer (special fields: https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)."""
     entry = {"severity": "INFO",
              "message": f"{record['method']} {record['path']} {record['status']}: "
-                        f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, "
-                        f"{billed.describe()} billed",
+                        f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed",
              "timestamp": {"seconds": int(served), "nanos": int(served % 1 * 1e9)},
              "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
                              "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},

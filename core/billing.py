@@ -67,6 +67,12 @@ class Billed:
         return {"reads": self.reads, "writes": self.writes, "deletes": self.deletes, "small": self.small,
                 "usd_per_million": round(self.usd_per_million(), 4)}
 
+    def priced(self, requests: str = "") -> str:
+        """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
+        if not (self.reads or self.writes or self.deletes):
+            return "nothing in Datastore"
+        return f"{self.describe()}: ${self.usd_per_million():.2f} per million{requests}"
+
     def describe(self) -> str:
         """'3 reads, 1 write' or 'nothing'."""
         parts = [f"{n} {what}{'' if n == 1 else 's'}" for what, n in

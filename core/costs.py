@@ -1,16 +1,13 @@
-"""A request's costs (Appstats for today): its Datastore RPCs and cache calls, counted where they leave the process.
-
-- Datastore: a gRPC client interceptor on the channel ndb uses (core.datastore.RpcCounter), so every RPC is seen by
-  method (Lookup, RunQuery, Commit, ...), whoever made it, ndb's batches and retries included.
-- What production bills each RPC (core/billing.py), read from the RPC's own request and answer. Unlike the times,
-  these counts are the same on an emulator as in production.
-- The cache: the client object is wrapped (core.cache.CountedClient), the one both the app and ndb's global cache
-  call.
-Each request gets a `Cost` (core.runtime.RequestMiddleware); appstats/accounting.py shows it in the response's
-`Server-Timing` header, the page's footer, one log line and /appstats. Free of Flask: benchmarks count costs too.
+"""A request's costs (Appstats for today): its Datastore RPCs and cache calls, counted where they leave the process:
+every RPC by a gRPC interceptor on ndb's channel (core.datastore.RpcCounter), ndb's batches and retries included,
+with what production bills it (core/billing.py: the same counts on an emulator as in production); every cache call by
+the wrapped client that both the app and ndb's global cache call (core.cache.CountedClient). Each request gets a
+`Cost` (core.runtime.RequestMiddleware); appstats/accounting.py puts it on the response. Free of Flask: benchmarks
+count costs too.
 """
 import contextlib
 import contextvars
+import dataclasses
 import re
 import threading
 import time
@@ -45,21 +42,21 @@ class Cost:
     waited_s: float = 0.0  # of the times above, what the production latency model made them wait (LATENCY)
     retried: int = 0  # transactions tried again after a collision (core.transactions.transact)
     billed: billing.Billed = field(default_factory=billing.Billed)
-    counted: Counter[str] = field(default_factory=Counter)  # what the bill was counted from: found, skipped, ...
+    billed_from: Counter[str] = field(default_factory=Counter)  # what the bill is made of: found, skipped, ...
     calls: list[Call] = field(default_factory=list)  # the first MOST_CALLS calls, in the order they were answered
     ended: float | None = None  # when the response was ready (`end`): the request's time stops there
     # An RPC's answer may arrive on a gRPC thread while the request reads its figures: every change and read locks.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_rpc(self, method: str, started: float, billed: billing.Billed | None = None,
-                counted: dict[str, int] | None = None) -> None:
+                billed_from: dict[str, int] | None = None) -> None:
         """An RPC made at `started` (time.perf_counter()) and answered now; a failed one has no bill."""
         with self.lock:
             self.datastore[method] += 1
             self.datastore_s += self._keep("datastore", method, started)
             if billed is not None:
                 self.billed += billed
-                self.counted.update(counted or {})
+                self.billed_from.update(billed_from or {})
 
     def add_cache(self, call: str, started: float) -> None:
         with self.lock:
@@ -93,7 +90,7 @@ class Cost:
         with self.lock:
             value = (f'datastore;desc="{described(self.datastore, "RPC")}";dur={self.datastore_s * 1000:.1f}, '
                      f'cache;desc="{described(self.cache, "call")}";dur={self.cache_s * 1000:.1f}, '
-                     f'billed;desc="{billed_text(self.billed)}", app;dur={self.app_ms():.1f}')
+                     f'billed;desc="{self.billed.priced()}", app;dur={self.app_ms():.1f}')
             if self.retried:
                 value += f', retried;desc="{plural(self.retried, "transaction")} retried after a collision"'
             if self.waited_s:
@@ -108,20 +105,46 @@ class Cost:
         with self.lock:
             text = (f"{plural(self.datastore.total(), 'Datastore RPC')} ({self.datastore_s * 1000:.1f} ms), "
                     f"{plural(self.cache.total(), cache_name + ' call')} ({self.cache_s * 1000:.1f} ms); "
-                    f"billed in production: {billed_text(self.billed, ' such requests')}")
+                    f"billed in production: {self.billed.priced(' such requests')}")
             if self.waited_s:
                 text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits (LATENCY=production)"
         return text
+
+    def timeline(self) -> dict[str, Any]:
+        """The calls kept, in the order they were made, with the critical path among them marked, and how many more
+        were made than kept (`cut`)."""
+        with self.lock:
+            calls = sorted(self.calls, key=lambda call: call.start_ms)
+            cut = self.datastore.total() + self.cache.total() - len(calls)
+        critical = critical_path(calls)
+        return {"calls": [{**dataclasses.asdict(call), "critical": i in critical} for i, call in enumerate(calls)],
+                "cut": cut}
 
     def figures(self, cache_backend: str) -> dict[str, Any]:
         """The figures as the log line, /appstats and its API give them."""
         with self.lock:
             return {"datastore": {"rpcs": self.datastore.total(), "ms": round(self.datastore_s * 1000, 1),
                                   "by_method": dict(self.datastore)},
-                    "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.counted.items() if n}},
+                    "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.billed_from.items() if n}},
                     "cache": {"backend": cache_backend, "calls": self.cache.total(),
                               "ms": round(self.cache_s * 1000, 1), "by_call": dict(self.cache)},
                     "app_ms": round(self.app_ms(), 1)}
+
+
+def critical_path(calls: list[Call]) -> set[int]:
+    """The indexes (in `calls`, sorted by start) of the longest chain of calls in which each was made after the one
+    before it was answered: the calls that waited for one another, whose times add up to the request's own. Calls
+    that overlapped (ndb's batches, a parallel fetch) are off it but one."""
+    best: list[tuple[float, int]] = []  # for each call: the chain's summed time ending with it, and the call before
+    for i, call in enumerate(calls):
+        before = [(best[j][0], j) for j in range(i) if calls[j].end_ms <= call.start_ms]
+        total, previous = max(before, default=(0.0, -1))
+        best.append((total + call.end_ms - call.start_ms, previous))
+    chain, i = set(), max(range(len(calls)), key=lambda i: best[i][0], default=-1)
+    while i >= 0:
+        chain.add(i)
+        i = best[i][1]
+    return chain
 
 
 def plural(n: int, noun: str) -> str:
@@ -132,13 +155,6 @@ def described(counts: Counter[str], noun: str) -> str:
     """'3 RPCs: 2 Lookup, 1 RunQuery', the most made first."""
     detail = ", ".join(f"{n} {name}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     return plural(counts.total(), noun) + (f": {detail}" if detail else "")
-
-
-def billed_text(billed: billing.Billed, requests: str = "") -> str:
-    """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
-    if not (billed.reads or billed.writes or billed.deletes):
-        return "nothing in Datastore"
-    return f"{billed.describe()}: ${billed.usd_per_million():.2f} per million{requests}"
 
 
 _current: contextvars.ContextVar[Cost | None] = contextvars.ContextVar("request_cost", default=None)

@@ -32,6 +32,12 @@ PAGES = (
     ("accounts.png", "/accounts", 700, False, ".total"),
     ("numbers.png", "/numbers", 900, True, "table.numbers"),
 )
+# Taken from a second app on the same stack under the production latency model (LATENCY=production), where the
+# waits the timelines show are production's size: a post's request (its transaction's staircase) and a job's tasks.
+TIMELINES = (
+    ("request-timeline.png", "/appstats/{post}", 700, True, "[data-timeline] svg"),
+    ("job-timeline.png", "/jobs/{job}/timeline", 900, True, "[data-timeline] svg"),
+)
 PHONE = ("phone.png", "/", 390, 844)
 MANIFEST = DOCS / "screenshots.json"
 
@@ -43,8 +49,29 @@ def shown(page):
             "cards": page.locator(".cards > section.card").evaluate_all("cards => cards.map(c => c.id)")}
 
 
-def _app(stack, tasks_env):
-    return app_on(stack, testing=False, **tasks_env, SECRET_KEY="screenshots", ADMIN_EMAILS=ADMIN)
+def _app(stack, tasks_env, **env):
+    return app_on(stack, testing=False, **tasks_env, **env, SECRET_KEY="screenshots", ADMIN_EMAILS=ADMIN)
+
+
+def _signed_in_with_a_job(browser, url):
+    """A page of a new browser context on `url`, signed in as the admin, and a finished add_credit job's id."""
+    page = browser.new_context(base_url=url, viewport={"width": WIDTH, "height": 900}).new_page()
+    page.request.post("/api/session", data={"email": ADMIN, "admin": True})
+    job = page.request.post("/api/jobs", data={"name": "add_credit", "params": {"amount": 10}}).json()
+    wait_until(lambda: page.request.get(f"/api/jobs/{job['id']}").json()["state"] != "running", "the demo job",
+               timeout=300, interval=0.5)
+    return page, job["id"]
+
+
+def _take(page, shots, manifest, **ids):
+    for name, path, height, full, ready in shots:
+        page.set_viewport_size({"width": WIDTH, "height": height})
+        page.goto(path.format(**ids))  # once to fill the caches, as a visitor before
+        page.reload()
+        page.wait_for_selector(ready)
+        page.screenshot(path=DOCS / name, full_page=full)
+        manifest[name] = {"path": path, **shown(page)}
+        print(f"docs/{name}  {path}", flush=True)
 
 
 def main():
@@ -54,22 +81,17 @@ def main():
         print("Seeding the demo content...", flush=True)
         seed_demo(app)
         browser = launch(playwright)
-        context = browser.new_context(base_url=url, viewport={"width": WIDTH, "height": 900})
-        page = context.new_page()
-        page.request.post("/api/session", data={"email": ADMIN, "admin": True})
-        job = page.request.post("/api/jobs", data={"name": "add_credit", "params": {"amount": 10}}).json()
-        wait_until(lambda: page.request.get(f"/api/jobs/{job['id']}").json()["state"] != "running", "the demo job",
-                   timeout=120, interval=0.5)
+        page, job = _signed_in_with_a_job(browser, url)
         newest = page.request.get("/api/blogs/demo/entries?limit=1").json()["entries"][0]["index"]
         manifest = {}
-        for name, path, height, full, ready in PAGES:
-            page.set_viewport_size({"width": WIDTH, "height": height})
-            page.goto(path.format(job=job["id"], newest=newest))  # once to fill the caches, as a visitor before
-            page.reload()
-            page.wait_for_selector(ready)
-            page.screenshot(path=DOCS / name, full_page=full)
-            manifest[name] = {"path": path, **shown(page)}
-            print(f"docs/{name}  {path}", flush=True)
+        _take(page, PAGES, manifest, job=job, newest=newest)
+        with serving.served(lambda tasks_env: _app(stack, tasks_env, LATENCY="production")) as (_, modelled_url):
+            print("The timelines, under LATENCY=production...", flush=True)
+            modelled, job = _signed_in_with_a_job(browser, modelled_url)
+            modelled.request.post("/api/blogs/demo/entries", data={"title": "A post", "body": "Drawn as it ran."})
+            post = next(r for r in modelled.request.get("/api/appstats").json()["requests"]
+                        if r["method"] == "POST" and r["path"] == "/api/blogs/demo/entries")
+            _take(modelled, TIMELINES, manifest, job=job, post=post["id"])
         phone = browser.new_context(base_url=url, viewport={"width": PHONE[2], "height": PHONE[3]}, is_mobile=True,
                                     has_touch=True, device_scale_factor=2)
         phone_page = phone.new_page()

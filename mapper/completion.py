@@ -87,26 +87,54 @@ class Status:
         return 1.0 if self.state == "done" else self.returned / TOTAL_CREDIT
 
 
-def _derive(job: MapperJob) -> Status:
-    """Sum the job's task records, walking its tree by key from the root's record, one get_multi per level: gets by
-    key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore, and could sum a
-    record before its last chunk). A record not written yet is a task whose credit is still out."""
-    status = Status("running")
+def records(job: MapperJob, most: int | None = None) -> list[TaskRecord]:
+    """The job's task records (at most `most`), walking its tree by key from the root's record, one get_multi per
+    level: gets by key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore,
+    and could miss a record's last chunk). A record not written yet is a task whose credit is still out."""
+    found: list[TaskRecord] = []
     keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
-    while keys:
-        children: list[ndb.Key] = []
-        for record in ndb.get_multi(keys):
-            if record is None:
-                continue
-            status.processed += record.processed
-            status.returned += record.returned
-            status.tasks += 1
-            status.depth = max(status.depth, record.depth + 1)
-            status.failed += record.state == "failed"
-            status.tally = summed(status.tally, record.tally or {})
-            children += [ndb.Key(TaskRecord, TaskPayload.from_json(child).name) for child in record.children]
-        keys = children
+    while keys and (most is None or len(found) < most):
+        level = [record for record in ndb.get_multi(keys) if record is not None]
+        found += level
+        keys = [ndb.Key(TaskRecord, TaskPayload.from_json(child).name) for record in level for child in record.children]
+    return found if most is None else found[:most]
+
+
+def _derive(job: MapperJob) -> Status:
+    """The job's state summed from its task records."""
+    status = Status("running")
+    for record in records(job):
+        status.processed += record.processed
+        status.returned += record.returned
+        status.tasks += 1
+        status.depth = max(status.depth, record.depth + 1)
+        status.failed += record.state == "failed"
+        status.tally = summed(status.tally, record.tally or {})
     return status
+
+
+MOST_TASKS = 500  # tasks a job's timeline draws
+
+
+def timeline(job: MapperJob) -> dict[str, Any]:
+    """The job's tasks, each from when its first delivery began to its record's last commit, in seconds from the
+    job's start, with the critical path marked: the chain of tasks from the root to the one that finished last (a
+    child starts once its parent's first chunk has split the range, so the job waits for that chain). At most
+    MOST_TASKS, the shallowest first; `cut`: how many more the job had."""
+    found = records(job, MOST_TASKS + 1)
+    shown = found[:MOST_TASKS]
+    last = max(shown, key=lambda record: record.updated, default=None)
+    path = last.key.id().split("-", 1)[1] if last else ""
+    critical = {"-".join(path.split("-")[:n]) for n in range(1, path.count("-") + 2)} if path else set()
+    tasks = []
+    for record in shown:
+        name = record.key.id().split("-", 1)[1]
+        tasks.append({"task": name, "depth": record.depth, "processed": record.processed, "state": record.state,
+                      "start_s": round((record.started - job.created).total_seconds(), 3),
+                      "end_s": round((record.updated - job.created).total_seconds(), 3),
+                      "critical": name in critical})
+    cut = (job.summary or {}).get("tasks", len(found)) - len(shown) if job.finished else len(found) - len(shown)
+    return {"tasks": tasks, "cut": max(cut, 0), "most_tasks": MOST_TASKS}
 
 
 def maybe_finish(job: MapperJob, returned: int) -> None:

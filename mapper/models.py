@@ -8,6 +8,8 @@ import dataclasses
 
 from google.cloud import ndb
 
+from core import clock
+
 # A job's credit: the root task holds all of it; a task that splits hands shares of its credit to its children and
 # keeps one for its own page, which it returns when its page is done. The credits returned sum to TOTAL_CREDIT exactly
 # when every task of the tree has finished. Integers, so the sum is exact (the splitter keeps the remainder).
@@ -120,12 +122,12 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into, enqueued again on a retry
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
-    started = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
-    updated = ndb.DateTimeProperty(auto_now=True, indexed=False)
+    started = ndb.DateTimeProperty(auto_now_add=True, indexed=False)  # when its first delivery began
+    updated = ndb.DateTimeProperty(auto_now=True, indexed=False)  # its last commit: when it finished, once done
 
     @classmethod
     def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
-        return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit)
+        return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit, started=clock.now())
 
     @property
     def page(self) -> TaskPage | None:

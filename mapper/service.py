@@ -86,3 +86,9 @@ def cancel_job(job_id: object) -> MapperJob:
 def finish_job(job_id: object) -> MapperJob:
     """Admin: finish a running job whose tasks have all reported back but that was not marked finished."""
     return completion.finish(get_job(job_id))
+
+
+def job_timeline(job_id: object) -> dict[str, Any]:
+    """The job, and its tasks as a timeline (completion.timeline)."""
+    job = get_job(job_id)
+    return {"job": job_dict(job), **completion.timeline(job)}

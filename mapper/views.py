@@ -43,6 +43,18 @@ def job(job_id):
                            definition=job_definitions.registered().get(job.name))
 
 
+@bp.get("/jobs/<job_id>/timeline")
+def timeline(job_id):
+    """A job's tasks drawn as a timeline: when each ran, its depth in the tree, the critical path marked."""
+    found = service.job_timeline(job_id)
+    rows = [{"label": task["task"], "start": task["start_s"], "end": task["end_s"],
+             "kind": "task", "critical": task["critical"],
+             "detail": f"depth {task['depth']}, {task['processed']} processed, {task['state']}"}
+            for task in found["tasks"]]
+    return render_template("mapper/timeline.html", job=found["job"], rows=rows, cut=found["cut"],
+                           most_tasks=found["most_tasks"], total=max([row["end"] for row in rows], default=0))
+
+
 @bp.post("/jobs/<job_id>/finish")
 def finish_form(job_id):
     """Finish a job whose tasks have all reported back."""
@@ -83,6 +95,12 @@ def api_list():
 def api_get(job_id):
     """A job's state, processed count, progress (0..1), tasks and tree depth."""
     return jsonify(service.job_dict(service.get_job(job_id)))
+
+
+@bp.get("/api/jobs/<job_id>/timeline")
+def api_timeline(job_id):
+    """A job's tasks, each from when it began to its last commit, with the critical path marked."""
+    return jsonify(service.job_timeline(job_id))
 
 
 @bp.post("/api/jobs/<job_id>/finish")

@@ -318,3 +318,38 @@ def test_aggregation_queries_beside_the_kept_figures(client, auth, task_queue, b
     assert client.post("/api/accounts/aggregation").status_code == 403
     auth.sign_out()
     assert client.post("/api/accounts/aggregation").status_code == 401
+
+
+# --- a job's timeline ------------------------------------------------------------------------------------------------
+
+def test_a_jobs_timeline_draws_each_task_and_the_chain_it_waited_for(client, auth, task_queue):
+    """Every task of a finished job is drawn, from its start to its last commit within the job's time; children start
+    after their parent; the critical path runs from the root to the task that finished last."""
+    auth.admin()
+    client.post("/api/accounts/seed", json={"count": 300})
+    task_queue.drain(workers=2)
+    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}, "page_size": 20,
+                                         "fanout": 3}).get_json()
+    task_queue.drain(workers=2)
+    found = client.get(f"/api/jobs/{job['id']}/timeline").get_json()
+    tasks = {t["task"]: t for t in found["tasks"]}
+    assert found["job"]["state"] == "done" and found["cut"] == 0
+    assert len(tasks) == found["job"]["tasks"] > 1 and sum(t["processed"] for t in tasks.values()) == 300
+    for name, task in tasks.items():
+        assert 0 <= task["start_s"] <= task["end_s"] <= found["job"]["elapsed"] + 1, task
+        assert task["depth"] == name.count("-")
+        parent = name.rsplit("-", 1)[0]
+        if name != "0":
+            assert tasks[parent]["start_s"] <= task["start_s"], (parent, name)
+    last = max(tasks.values(), key=lambda t: t["end_s"])
+    chain = {"-".join(last["task"].split("-")[:n]) for n in range(1, last["depth"] + 2)}
+    assert {name for name, t in tasks.items() if t["critical"]} == chain and "0" in chain
+    page = client.get(f"/jobs/{job['id']}/timeline").get_data(as_text=True)
+    assert page.count("data-bar") == len(tasks) and page.count("data-critical") == len(chain)
+    assert f'href="/jobs/{job["id"]}/timeline"' in client.get(f"/jobs/{job['id']}").get_data(as_text=True)
+
+
+def test_a_timeline_of_no_such_job_is_an_error(client):
+    assert client.get("/api/jobs/0123456789abcdef/timeline").status_code == 404
+    assert client.get("/api/jobs/nope/timeline").get_json()["error"]["code"] == "bad_job_id"
+    assert client.get("/jobs/0123456789abcdef/timeline").status_code == 404

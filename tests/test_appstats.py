@@ -223,3 +223,78 @@ def test_accounting_off_counts_nothing(stack):
         r = app.test_client().get("/api/counters")
         assert r.status_code == 200 and "Server-Timing" not in r.headers
         assert not app.extensions["appstats"]
+
+
+# --- a request's timeline (/appstats/<id>) ---------------------------------------------------------------------------
+
+def _recorded(client, path):
+    """The record /api/appstats keeps of the last request to `path`."""
+    return next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == path)
+
+
+def test_a_requests_timeline_draws_every_call_it_counted(client, auth):
+    """The calls drawn are the calls counted: as many bars as its Server-Timing said RPCs and cache calls, each a
+    span within the request, and a critical path of calls that each began after the one before it was answered."""
+    auth.admin()
+    client.put("/api/counters/drawn", json={"mode": "general", "num_shards": 4})
+    runtime.of(client.application).cache.flush()
+    r = client.get("/counters")
+    said = timing(r)
+    record = _recorded(client, "/counters")
+    found = client.get(f"/api/appstats/{record['id']}").get_json()
+    calls = found["calls"]
+    assert found["request"] == record and found["cut"] == 0
+    counted = record["datastore"]["rpcs"] + record["cache"]["calls"]
+    assert len(calls) == said["datastore"][0] + said["cache"][0] == counted
+    assert {c["name"] for c in calls if c["kind"] == "datastore"} == set(record["datastore"]["by_method"])
+    assert all(0 <= c["start_ms"] <= c["end_ms"] <= record["app_ms"] for c in calls)
+    critical = [c for c in calls if c["critical"]]
+    assert critical and all(a["end_ms"] <= b["start_ms"] for a, b in zip(critical, critical[1:], strict=False))
+    page = client.get(f"/appstats/{record['id']}").get_data(as_text=True)
+    assert page.count("data-bar") == len(calls) and page.count("data-critical") == len(critical)
+    assert 'role="img"' in page and "Timeline of request" in page
+    listing = client.get("/appstats").get_data(as_text=True)
+    assert f'href="/appstats/{record["id"]}"' in listing
+
+
+def test_only_admins_see_a_timeline_and_only_while_it_is_kept(client, auth):
+    client.get("/healthz")
+    assert client.get("/appstats/1").status_code == 401 and client.get("/api/appstats/1").status_code == 401
+    auth.sign_in()
+    assert client.get("/appstats/1").status_code == 403 and client.get("/api/appstats/1").status_code == 403
+    auth.admin()
+    assert client.get("/api/appstats/999999").get_json()["error"]["code"] == "no_such_request"
+    assert client.get("/appstats/999999").status_code == 404
+    for bad in ("/appstats/0x1", "/appstats/-1", "/api/appstats/x"):
+        assert client.get(bad).status_code == 404
+
+
+def test_a_timeline_keeps_its_first_calls_and_says_how_many_more(client, auth):
+    """A request with more calls than MOST_CALLS keeps the first ones for its timeline, counts them all, and its
+    page says how many were not drawn."""
+    app = client.application
+
+    @app.get("/many-calls")
+    def many_calls():
+        cache = runtime.current().cache
+        for i in range(costs.MOST_CALLS + 7):
+            cache.get(f"many-{i}")
+        return "ok"
+
+    auth.admin()
+    assert timing(client.get("/many-calls"))["cache"][0] == costs.MOST_CALLS + 7
+    record = _recorded(client, "/many-calls")
+    found = client.get(f"/api/appstats/{record['id']}").get_json()
+    assert len(found["calls"]) == costs.MOST_CALLS and found["cut"] == 7
+    page = client.get(f"/appstats/{record['id']}").get_data(as_text=True)
+    assert "data-cut" in page and "7 more calls" in page and page.count("data-bar") == costs.MOST_CALLS
+
+
+def test_the_critical_path_is_the_longest_chain_of_calls_one_after_another():
+    """A staircase is all on it; of calls in flight together, one; the chain with the most time wins."""
+    def calls(*spans):
+        return [costs.Call("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
+    assert costs.critical_path(calls((0, 1), (1, 2), (2, 5))) == {0, 1, 2}
+    assert costs.critical_path(calls((0, 4), (0, 1), (1, 2), (4, 5))) == {0, 3}  # 4 ms + 1 ms beats 1 + 1 + 1
+    assert len(costs.critical_path(calls((0, 3), (0, 3), (0, 3)))) == 1
+    assert costs.critical_path([]) == set()

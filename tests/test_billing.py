@@ -33,7 +33,7 @@ def test_a_lookup_bills_a_read_for_each_key_found_or_missing(kind_of_30):
     assert [g is not None for g in got] == [True, True, True, False, False]
     assert cost.datastore == {"Lookup": 1}
     assert cost.billed == billing.Billed(reads=5)
-    assert cost.counted == {"found": 3, "missing": 2}
+    assert cost.billed_from == {"found": 3, "missing": 2}
 
 
 def test_an_offset_bills_every_skipped_entity_as_a_read(kind_of_30):
@@ -43,7 +43,7 @@ def test_an_offset_bills_every_skipped_entity_as_a_read(kind_of_30):
         page = Billable.query().order(Billable.n).fetch(5, offset=20, **_uncached())
     assert [e.n for e in page] == [20, 21, 22, 23, 24]
     assert cost.billed == billing.Billed(reads=25)
-    assert cost.counted == {"entities": 5, "skipped": 20}
+    assert cost.billed_from == {"entities": 5, "skipped": 20}
 
 
 def test_a_keys_only_query_bills_one_read_for_the_query_and_its_keys_as_free_small_operations(kind_of_30):
@@ -64,7 +64,7 @@ def test_a_commit_bills_each_entity_written_and_each_deleted(kind_of_30):
         change()
     assert cost.datastore["Commit"] == 1
     assert cost.billed == billing.Billed(writes=2, deletes=1)
-    assert cost.counted == {"written": 2, "deleted": 1}
+    assert cost.billed_from == {"written": 2, "deleted": 1}
     assert cost.billed.usd_per_million() == pytest.approx(2 * 0.9 + 0.1)
     assert ndb.Key(Billable, "new-2").get(**_uncached()).n == 101 and kind_of_30[0].get(**_uncached()) is None
 
@@ -83,10 +83,10 @@ def test_an_aggregation_bills_a_read_per_thousand_index_entries_and_a_failed_rpc
             assert aggregations.count_and_sum("Billable", "n") == (1500, 1500)
     assert cost.datastore == {"RunAggregationQuery": 1}
     if backend == "legacy":
-        assert cost.billed == billing.Billed() and not cost.counted
+        assert cost.billed == billing.Billed() and not cost.billed_from
     else:
         assert cost.billed == billing.Billed(reads=2)
-        assert cost.counted == {"index entries": 1500}
+        assert cost.billed_from == {"index entries": 1500}
 
 
 @pytest.mark.parametrize("entries, reads", [(0, 1), (1, 1), (999, 1), (1000, 1), (1001, 2), (2500, 3), (3000, 3)])

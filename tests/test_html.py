@@ -68,8 +68,11 @@ def pages(client, auth, task_queue, monkeypatch, stack):
                    "blog-older": "/blog/demo?start=1", "entry": "/blog/demo/10", "entry-no-comments": "/blog/demo/0",
                    "jobs": "/jobs", "job": f"/jobs/{job['id']}", "accounts": "/accounts", "numbers": "/numbers",
                    "source": "/source/counters/service.py", "appstats": "/appstats"}
+    admin_pages["job-timeline"] = f"/jobs/{job['id']}/timeline"
     for name, path in admin_pages.items():
         keep(f"admin-{name}", client.get(path))
+    read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/blog/demo")
+    keep("admin-request-timeline", client.get(f"/appstats/{read['id']}"))
     keep("admin-404", client.get("/blog/no-such-blog"), 404)
     keep("admin-comment-refused", client.post("/blog/demo/10/comments", data={
         "csrf_token": csrf_token(client, "/blog/demo/10"), "text": " "}), 422)
@@ -106,14 +109,16 @@ def test_every_page_passes_the_nu_html_checker(pages, tmp_path):
 # Each screenshot under docs/ and the page of the `pages` fixture that shows the same thing today.
 SCREENSHOT_PAGES = {"home.png": "admin-home", "counters.png": "admin-counters", "blog.png": "admin-blog",
                     "comments.png": "admin-entry", "jobs.png": "admin-job", "accounts.png": "admin-accounts",
-                    "numbers.png": "admin-numbers"}
+                    "numbers.png": "admin-numbers", "request-timeline.png": "admin-request-timeline",
+                    "job-timeline.png": "admin-job-timeline"}
 
 
 def test_the_screenshots_show_todays_pages(pages):
     """docs/screenshots.json says what each page showed when `make screenshots` took it; today's page must show the
     same: the cost footer, the "In production today" card, the home page's cards in their order."""
     taken = json.loads(screenshots.MANIFEST.read_text())
-    assert set(taken) == {name for name, *_ in screenshots.PAGES} == set(SCREENSHOT_PAGES)
+    shots = (*screenshots.PAGES, *screenshots.TIMELINES)
+    assert set(taken) == {name for name, *_ in shots} == set(SCREENSHOT_PAGES)
     for name, then in taken.items():
         assert (screenshots.DOCS / name).stat().st_size > 0, name
         html = pages[SCREENSHOT_PAGES[name]]

@@ -197,5 +197,16 @@ def test_a_job_started_from_the_accounts_page_reaches_100_percent(page):
     expect(page.locator("[data-field=percent]")).to_have_text("100.0%")
     expect(page.locator("[data-field=state]")).to_have_text("done")
     expect(page.locator("[data-field=processed]")).to_have_text("450")
+    tasks = int(page.locator("[data-field=tasks]").inner_text())
+    # its tasks drawn as a timeline: one bar each, the critical path from the root among them
+    page.get_by_role("link", name="Its tasks as a timeline").click()
+    expect(page.get_by_role("img", name=re.compile("Timeline of the tasks of job"))).to_be_visible()
+    expect(page.locator("[data-timeline=job] rect[data-bar]")).to_have_count(tasks)
+    assert page.locator("[data-timeline=job] rect[data-critical]").count() >= 1
+    # and the request that drew it, as Appstats drew requests: one bar per call
+    page.goto("/appstats")
+    page.locator("a[data-timeline-link]", has_text=re.compile(r"GET /jobs/\w+/timeline")).first.click()
+    expect(page.get_by_role("img", name=re.compile("Timeline of request"))).to_be_visible()
+    assert page.locator("[data-timeline=request] rect[data-bar]").count() >= 2  # the job's get, its records' gets
     page.get_by_role("link", name="Accounts").click()
     expect(page.locator("[data-field=total_balance]")).to_have_text("2250")

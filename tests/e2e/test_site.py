@@ -33,8 +33,11 @@ def _populate(page):
     wait_until(lambda: api(page, "GET", "/api/accounts/summary")["count"] == 40, "40 accounts seeded")
     job = api(page, "POST", "/api/jobs", {"name": "add_credit", "params": {"amount": 1}})
     wait_until(lambda: api(page, "GET", f"/api/jobs/{job['id']}")["state"] == "done", "the job done")
+    api(page, "GET", "/api/blogs/demo/entries")
+    read = next(r for r in api(page, "GET", "/api/appstats")["requests"] if r["path"] == "/api/blogs/demo/entries")
     return ["/", "/counters", "/blog", "/blog/demo", "/blog/demo?start=1", "/blog/demo/11", "/jobs",
-            f"/jobs/{job['id']}", "/accounts", "/numbers", "/signin", "/source/counters/service.py", "/appstats"]
+            f"/jobs/{job['id']}", f"/jobs/{job['id']}/timeline", "/accounts", "/numbers", "/signin",
+            "/source/counters/service.py", "/appstats", f"/appstats/{read['id']}"]
 
 
 def test_sign_in_as_admin_then_as_a_user(page):
