@@ -19,7 +19,8 @@ def _timeline(request_id: int) -> dict[str, Any]:
     """The request's record with its timeline; 404 once it is no longer among the recent ones of this process."""
     for record, cost in list(current_app.extensions["appstats"]):
         if record["id"] == request_id:
-            return {"request": record, **cost.timeline(), "most_calls": costs.MOST_CALLS}
+            counted = record["datastore"]["rpcs"] + record["cache"]["calls"]
+            return {"request": record, **cost.timeline(counted), "most_calls": costs.MOST_CALLS}
     raise NotFound(f"Request {request_id} is not among this process's last {RECENT}: each gunicorn worker keeps its "
                    f"own, and older ones are gone.", "no_such_request")
 
@@ -44,8 +45,11 @@ def timeline(request_id):
     rows = [{"label": call["name"], "start": call["start_ms"], "end": call["end_ms"], "kind": call["kind"],
              "critical": call["critical"], "detail": f"{call['end_ms'] - call['start_ms']:.2f} ms"}
             for call in found["calls"]]
-    return render_template("appstats/timeline.html", r=found["request"], rows=rows, cut=found["cut"],
-                           most_calls=found["most_calls"])
+    record = found["request"]
+    bill = billing.Billed(**{k: record["billed"][k] for k in ("reads", "writes", "deletes", "small")})
+    return render_template("appstats/timeline.html", r=record, rows=rows, cut=found["cut"],
+                           most_calls=found["most_calls"], bill=bill.priced(" such requests"),
+                           total=max([record["app_ms"], *(row["end"] for row in rows)]))
 
 
 @bp.get("/api/appstats")

@@ -18,7 +18,7 @@ from typing import Any
 
 from core import billing
 
-MOST_CALLS = 300  # calls kept per request for its timeline (/appstats/<id>); every call is counted regardless
+MOST_CALLS = 300  # calls kept per request for its timeline (/appstats/<id>), the first answered; all are counted
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no header value or log line may have one
 
 
@@ -65,7 +65,7 @@ class Cost:
 
     def _keep(self, kind: str, name: str, started: float) -> float:
         ended = time.perf_counter()
-        if len(self.calls) < MOST_CALLS:
+        if len(self.calls) < MOST_CALLS and self.ended is None:  # the response's figures are those until it ended
             self.calls.append(Call(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000))
         return ended - started
 
@@ -95,9 +95,7 @@ class Cost:
                 value += f', retried;desc="{plural(self.retried, "transaction")} retried after a collision"'
             if self.waited_s:
                 value += f', model;desc="LATENCY=production: modelled round trips";dur={self.waited_s * 1000:.1f}'
-        if CONTROL.search(value):  # the names come from the code, but a header value must never break its line
-            raise ValueError(f"not a header value: {value!r}")
-        return value
+        return CONTROL.sub("?", value)  # the names come from the code, but a header value must never break its line
 
     def footer(self, cache_name: str) -> str:
         """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
@@ -110,15 +108,14 @@ class Cost:
                 text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits (LATENCY=production)"
         return text
 
-    def timeline(self) -> dict[str, Any]:
-        """The calls kept, in the order they were made, with the critical path among them marked, and how many more
-        were made than kept (`cut`)."""
+    def timeline(self, counted: int) -> dict[str, Any]:
+        """The calls kept until the request ended, in the order they were made, with the critical path among them
+        marked, and how many of the `counted` were not kept (`cut`)."""
         with self.lock:
             calls = sorted(self.calls, key=lambda call: call.start_ms)
-            cut = self.datastore.total() + self.cache.total() - len(calls)
         critical = critical_path(calls)
         return {"calls": [{**dataclasses.asdict(call), "critical": i in critical} for i, call in enumerate(calls)],
-                "cut": cut}
+                "cut": max(counted - len(calls), 0)}
 
     def figures(self, cache_backend: str) -> dict[str, Any]:
         """The figures as the log line, /appstats and its API give them."""
@@ -132,13 +129,13 @@ class Cost:
 
 
 def critical_path(calls: list[Call]) -> set[int]:
-    """The indexes (in `calls`, sorted by start) of the longest chain of calls in which each was made after the one
-    before it was answered: the calls that waited for one another, whose times add up to the request's own. Calls
-    that overlapped (ndb's batches, a parallel fetch) are off it but one."""
+    """The indexes (in `calls`, sorted by start) of the longest chain, in summed time, of calls each made after the one
+    before it was answered: the calls the request waited for one after another (its own work between them is not in
+    it). Of calls in flight together (ndb's batches, a parallel fetch), one is on it."""
     best: list[tuple[float, int]] = []  # for each call: the chain's summed time ending with it, and the call before
     for i, call in enumerate(calls):
         before = [(best[j][0], j) for j in range(i) if calls[j].end_ms <= call.start_ms]
-        total, previous = max(before, default=(0.0, -1))
+        total, previous = max(before, default=(0.0, -1))  # on a tie, the later call before it
         best.append((total + call.end_ms - call.start_ms, previous))
     chain, i = set(), max(range(len(calls)), key=lambda i: best[i][0], default=-1)
     while i >= 0:

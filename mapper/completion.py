@@ -94,6 +94,8 @@ def records(job: MapperJob, most: int | None = None) -> list[TaskRecord]:
     found: list[TaskRecord] = []
     keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
     while keys and (most is None or len(found) < most):
+        if most is not None:
+            keys = keys[:most - len(found)]  # never read more than is asked for
         level = [record for record in ndb.get_multi(keys) if record is not None]
         found += level
         keys = [ndb.Key(TaskRecord, TaskPayload.from_json(child).name) for record in level for child in record.children]
@@ -116,25 +118,36 @@ def _derive(job: MapperJob) -> Status:
 MOST_TASKS = 500  # tasks a job's timeline draws
 
 
+def _path(record: TaskRecord) -> str:
+    """A task's place in the tree: "0" the root, "0-2" its third child."""
+    return record.key.id().split("-", 1)[1]
+
+
+def _ancestors(path: str) -> set[str]:
+    """The path and every task above it: "0-2-1" -> {"0", "0-2", "0-2-1"}."""
+    parts = path.split("-")
+    return {"-".join(parts[:n]) for n in range(1, len(parts) + 1)}
+
+
 def timeline(job: MapperJob) -> dict[str, Any]:
     """The job's tasks, each from when its first delivery began to its record's last commit, in seconds from the
     job's start, with the critical path marked: the chain of tasks from the root to the one that finished last (a
     child starts once its parent's first chunk has split the range, so the job waits for that chain). At most
-    MOST_TASKS, the shallowest first; `cut`: how many more the job had."""
-    found = records(job, MOST_TASKS + 1)
-    shown = found[:MOST_TASKS]
+    MOST_TASKS, the shallowest first, and then the chain is the drawn tasks' own; `cut`: how many more the job had
+    (while it runs, by its hints)."""
+    shown = records(job, MOST_TASKS)
     last = max(shown, key=lambda record: record.updated, default=None)
-    path = last.key.id().split("-", 1)[1] if last else ""
-    critical = {"-".join(path.split("-")[:n]) for n in range(1, path.count("-") + 2)} if path else set()
+    critical = _ancestors(_path(last)) if last else set()
     tasks = []
     for record in shown:
-        name = record.key.id().split("-", 1)[1]
+        name = _path(record)
         tasks.append({"task": name, "depth": record.depth, "processed": record.processed, "state": record.state,
-                      "start_s": round((record.started - job.created).total_seconds(), 3),
+                      "start_s": round(((record.started or record.updated) - job.created).total_seconds(), 3),
                       "end_s": round((record.updated - job.created).total_seconds(), 3),
                       "critical": name in critical})
-    cut = (job.summary or {}).get("tasks", len(found)) - len(shown) if job.finished else len(found) - len(shown)
-    return {"tasks": tasks, "cut": max(cut, 0), "most_tasks": MOST_TASKS}
+    # a running job's tasks so far from its hints, which may fall short
+    made = (job.summary or {}).get("tasks", len(shown)) if job.finished else _hinted(job).tasks
+    return {"tasks": tasks, "cut": max(made - len(shown), 0), "most_tasks": MOST_TASKS}
 
 
 def maybe_finish(job: MapperJob, returned: int) -> None:

@@ -122,7 +122,7 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into, enqueued again on a retry
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
-    started = ndb.DateTimeProperty(auto_now_add=True, indexed=False)  # when its first delivery began
+    started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began (TaskRecord.new)
     updated = ndb.DateTimeProperty(auto_now=True, indexed=False)  # its last commit: when it finished, once done
 
     @classmethod

@@ -123,6 +123,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         current, *entities = ndb.get_multi([record.key] + chunk)
         if current is None and not expected and record.page_end is None:  # no delivery has written it yet
             current = TaskRecord.new(record.key, payload)
+            current.started = record.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != expected:
             raise Superseded()
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped

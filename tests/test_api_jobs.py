@@ -1,4 +1,5 @@
 """/api/jobs, /api/accounts, the task route, the jobs and accounts pages; devstack's local Cloud Tasks end to end."""
+import dataclasses
 import time
 
 import pytest
@@ -353,3 +354,21 @@ def test_a_timeline_of_no_such_job_is_an_error(client):
     assert client.get("/api/jobs/0123456789abcdef/timeline").status_code == 404
     assert client.get("/api/jobs/nope/timeline").get_json()["error"]["code"] == "bad_job_id"
     assert client.get("/jobs/0123456789abcdef/timeline").status_code == 404
+
+
+def test_a_tasks_bar_starts_when_its_delivery_began(app, client, auth, task_queue):
+    """A task's start is its delivery's, before its page query and its `prepare`, not its first commit's: a job
+    whose prepare takes 0.3 s draws its one task at least that long."""
+    from accounts.service import ADD_CREDIT
+    from mapper import jobs
+
+    def slow_prepare(keys, params):
+        time.sleep(0.3)
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="slow_prepare", prepare=slow_prepare))
+    auth.admin()
+    client.post("/api/accounts/seed", json={"count": 10})
+    task_queue.drain()
+    job = client.post("/api/jobs", json={"name": "slow_prepare", "params": {"amount": 1}}).get_json()
+    task_queue.drain()
+    [task] = client.get(f"/api/jobs/{job['id']}/timeline").get_json()["tasks"]
+    assert task["end_s"] - task["start_s"] >= 0.3, task

@@ -23,7 +23,7 @@ def test_a_rebound_name_cannot_sign_in(client):
 def test_a_bad_host_gets_the_apps_400_with_its_headers(app, client, auth, host, path):
     auth.admin()
     assert client.post("/api/blogs/news/entries", json={"title": "t", "body": "b"}).status_code == 201
-    client.get("/blog/news/feed.atom")  # kept: the shortcut must refuse the host as Flask does
+    client.get("/blog/news/feed.atom")  # cached: a cached page is refused to a bad host as any other
     auth.sign_out()
     r = app.test_client().get(path, headers={"Host": host})
     assert r.status_code == 400, r.get_data(as_text=True)[:300]
