@@ -14,7 +14,7 @@ from core import runtime, tasks
 from devstack import serving, taskqueue
 from devstack.apps import app_on
 from mapper.models import MapperJob
-from tests.support import TEST_ENV, csrf_token
+from tests.support import TEST_ENV, billed, csrf_token
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -323,15 +323,20 @@ def test_aggregation_queries_beside_the_kept_figures(client, auth, task_queue, b
 
 # --- a job's timeline ------------------------------------------------------------------------------------------------
 
+def _credited(client, task_queue, accounts, **job):
+    """The id of a finished add_credit job over `accounts` new accounts, its tasks delivered on two threads."""
+    client.post("/api/accounts/seed", json={"count": accounts})
+    task_queue.drain(workers=2)
+    started = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}, **job}).get_json()
+    task_queue.drain(workers=2)
+    return started["id"]
+
+
 def test_a_jobs_timeline_draws_each_task_and_the_chain_it_waited_for(client, auth, task_queue):
     """Every task of a finished job is drawn, from its start to its last commit within the job's time; children start
     after their parent; the critical path runs from the root to the task that finished last."""
     auth.admin()
-    client.post("/api/accounts/seed", json={"count": 300})
-    task_queue.drain(workers=2)
-    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}, "page_size": 20,
-                                         "fanout": 3}).get_json()
-    task_queue.drain(workers=2)
+    job = {"id": _credited(client, task_queue, 300, page_size=20, fanout=3)}
     found = client.get(f"/api/jobs/{job['id']}/timeline").get_json()
     tasks = {t["task"]: t for t in found["tasks"]}
     assert found["job"]["state"] == "done" and found["cut"] == 0
@@ -372,3 +377,18 @@ def test_a_tasks_bar_starts_when_its_delivery_began(app, client, auth, task_queu
     task_queue.drain()
     [task] = client.get(f"/api/jobs/{job['id']}/timeline").get_json()["tasks"]
     assert task["end_s"] - task["start_s"] >= 0.3, task
+
+
+def test_a_jobs_timeline_reads_no_more_records_than_it_draws(client, auth, task_queue, monkeypatch):
+    """Past MOST_TASKS the timeline draws the shallowest tasks, says how many more the job had, and reads only the
+    records it draws: a public GET whose reads do not grow with the job."""
+    from mapper import completion
+    auth.admin()
+    job = {"id": _credited(client, task_queue, 200, page_size=10, fanout=4)}
+    made = client.get(f"/api/jobs/{job['id']}").get_json()["tasks"]
+    monkeypatch.setattr(completion, "MOST_TASKS", 3)
+    r = client.get(f"/api/jobs/{job['id']}/timeline")
+    found = r.get_json()
+    assert [t["task"] for t in found["tasks"]][:1] == ["0"] and len(found["tasks"]) == 3
+    assert found["cut"] == made - 3 > 0 and found["most_tasks"] == 3
+    assert billed(r)[0] <= 3 + 1, r.headers["Server-Timing"]  # the three records, and the job if not cached
