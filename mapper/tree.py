@@ -96,15 +96,6 @@ def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
     return query.order(KEY)
 
 
-def _chunk_size(definition: jobs.JobDefinition, job: MapperJob) -> int:
-    """How many of a page's entities one transaction holds. The legacy emulator, like Datastore before Firestore,
-    refuses a transaction over more than 25 entity groups, which the job's `chunk` fits. Firestore in Datastore mode
-    has no such limit, only 10 MiB a transaction (https://cloud.google.com/datastore/docs/concepts/limits: the 25
-    groups are listed there as a limit of databases not yet upgraded), so there the whole page is one transaction:
-    a fifth of the transactions, each a Lookup and a Commit."""
-    return definition.chunk if runtime.current().settings.backend == "legacy" else job.page_size
-
-
 def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """Process this task's page in chunks; the final record.
 
@@ -124,8 +115,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = _page_query(job.kind, resume, page.end).fetch(job.page_size, keys_only=True)
     children = _split(job, payload, page, hi, record.credit) if page.more and record.page_end is None else []
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
-    size = _chunk_size(definition, job)
-    chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
+    chunks = [keys[i:i + definition.chunk] for i in range(0, len(keys), definition.chunk)] or [[]]
 
     def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
