@@ -24,7 +24,10 @@ class JobDefinition:
     `apply(entities, params, prepared)` runs inside the chunk's transaction with the chunk's entities as read in it,
     and returns the entities to write. `prepare(keys, params)`, if given, runs before, outside any transaction, for
     what a transaction may not do (queries without an ancestor); its result is passed to apply.
-    `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them.
+    `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them. On Firestore in
+    Datastore mode, which has no limit of groups, only 10 MiB a transaction
+    (https://cloud.google.com/datastore/docs/concepts/limits lists the 25 groups as a limit of databases not yet
+    upgraded), `chunk_firestore` if given: as many as the job's entities and writes fit in 10 MiB.
     `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
     to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
     sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
@@ -44,6 +47,7 @@ class JobDefinition:
     settle: Callable[[dict, dict], list] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
     chunk: int = 20
+    chunk_firestore: int | None = None
     page_size: int = 100
     fanout: int = 4
 
@@ -61,6 +65,8 @@ def register(app: Flask, definition: JobDefinition) -> JobDefinition:
     """Make the job `definition` one that `app` can run (from the init_app of the feature that owns its kind)."""
     if not 1 <= definition.chunk < MAX_GROUPS:
         raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
+    if definition.chunk_firestore is not None and definition.chunk_firestore < 1:
+        raise ValueError(f"{definition.name}: chunk_firestore must be at least 1")
     jobs = runtime.of(app).registry(JOBS)
     if definition.name in jobs:
         raise ValueError(f"a job named {definition.name!r} is registered already")
@@ -75,6 +81,13 @@ def _jobs() -> dict[str, JobDefinition]:
 def of(job: MapperJob) -> JobDefinition | None:
     """The definition `job` runs, or None when this version of the app has none by its name."""
     return _jobs().get(job.name)
+
+
+def chunk(definition: JobDefinition) -> int:
+    """Entities of a page one transaction holds on this app's backend."""
+    if runtime.current().settings.backend == "firestore":
+        return definition.chunk_firestore or definition.chunk
+    return definition.chunk
 
 
 def registered() -> dict[str, JobDefinition]:

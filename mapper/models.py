@@ -23,17 +23,19 @@ RECORD_STATES = ("running", "done", "failed")
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """What one task of a job's tree is given (its body in the queue, as JSON): the job's id, the task's path in the
-    tree ("0", "0-2", "0-2-1": the root, its third child, ...), its key range (lo, hi] as urlsafe keys (lo None: from
-    the kind's first key), and its credit."""
+    tree ("0", "0-2", "0-2-1": the root, its third child, ...), its credit, and what it visits: either a key range
+    (lo, hi] as urlsafe keys (lo None: from the kind's first key), or `keys`, a page its parent listed."""
     job: str
     task: str
     lo: str | None
     hi: str | None
     credit: int
+    keys: list[str] | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> "TaskPayload":
-        return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"), credit=data["credit"])
+        return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"), credit=data["credit"],
+                   keys=data.get("keys"))
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -55,8 +57,15 @@ class TaskPayload:
     def hi_key(self) -> ndb.Key | None:
         return _key(self.hi)
 
+    @property
+    def listed(self) -> list[ndb.Key] | None:
+        return [_key(k) for k in self.keys] if self.keys is not None else None
+
     def child(self, index: int, lo: ndb.Key, hi: ndb.Key, credit: int) -> "TaskPayload":
         return TaskPayload(self.job, f"{self.task}-{index}", lo.urlsafe().decode(), hi.urlsafe().decode(), credit)
+
+    def listed_child(self, index: int, keys: list[ndb.Key], credit: int) -> "TaskPayload":
+        return TaskPayload(self.job, f"{self.task}-{index}", None, None, credit, [k.urlsafe().decode() for k in keys])
 
 
 def summed(tally: dict, more: dict) -> dict:

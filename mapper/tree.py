@@ -99,23 +99,34 @@ def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
 def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """Process this task's page in chunks; the final record.
 
-    The page's first chunk also records the tasks the rest of the range splits into, and they are enqueued as soon
-    as it commits, while this task goes on with its page: the tree grows one page query and one commit per level,
-    not one whole page per level, so a job's critical path (the RPCs that must follow one another) is its depth in
-    short steps plus one page. Each task keeps a share of its credit for its own page and hands the rest to its
-    children: the credit comes back whole only when every page, the splitters' own included, is done."""
-    hi = payload.hi_key
-    resume = record.last_key or payload.lo_key
-    page = record.page
-    if page is None:  # first delivery: fix the page (one more key says whether any remain)
-        keys = _page_query(job.kind, resume, hi).fetch(job.page_size + 1, keys_only=True)
-        keys, more = keys[:job.page_size], len(keys) > job.page_size
-        page = TaskPage(keys[0], keys[-1], more) if keys else TaskPage(None, None, False)
+    A range task's first delivery lists the first `fanout` + 1 pages of its range in one query: it keeps the first
+    page, hands each other page whole to a child (whose payload carries its keys: it runs no query), and splits what
+    lies beyond the listed pages into up to `fanout` ranges, each a child that does the same. Queries are what a
+    mapper pays most for on the emulators (each one walks the whole kind, O(N), where production reads O(page)), so
+    a job runs about one query per `fanout` + 1 pages.
+
+    The page's first chunk also records the children, and they are enqueued as soon as it commits, while this task
+    goes on with its page: the tree grows one query and one commit per level, not one whole page per level, so a
+    job's critical path (the RPCs that must follow one another) is its depth in short steps plus one page. Each task
+    keeps a share of its credit for its own page and hands the rest to its children: the credit comes back whole only
+    when every page, the splitters' own included, is done."""
+    listed = payload.listed
+    page, children = record.page, []
+    if listed is not None:  # a page its parent listed
+        keys = listed[listed.index(record.last_key) + 1:] if record.last_key else listed
+        page = page or TaskPage(listed[0], listed[-1], False)
+    elif page is None:  # first delivery: fix the page (one more key says whether any remain)
+        keys = _page_query(job.kind, payload.lo_key, payload.hi_key).fetch(
+            job.page_size * (job.fanout + 1) + 1, keys_only=True)
+        listed, keys = keys, keys[:job.page_size]
+        page = TaskPage(keys[0], keys[-1], len(listed) > len(keys)) if keys else TaskPage(None, None, False)
+        children = _split(job, payload, listed, record.credit) if page.more else []
     else:  # a retry: the rest of the page its first delivery fixed
-        keys = _page_query(job.kind, resume, page.end).fetch(job.page_size, keys_only=True)
-    children = _split(job, payload, page, hi, record.credit) if page.more and record.page_end is None else []
+        keys = _page_query(job.kind, record.last_key or payload.lo_key, page.end).fetch(job.page_size,
+                                                                                       keys_only=True)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
-    chunks = [keys[i:i + definition.chunk] for i in range(0, len(keys), definition.chunk)] or [[]]
+    size = jobs.chunk(definition)
+    chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
 
     def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
@@ -146,20 +157,24 @@ def _enqueue_children(record: TaskRecord) -> None:
         enqueue(TaskPayload.from_json(child))
 
 
-def _split(job: MapperJob, payload: TaskPayload, page: TaskPage, hi: ndb.Key, credit: int) -> list[TaskPayload]:
-    """The payloads of the tasks the rest of the range (page.end, hi] splits into; one child when it cannot split.
-    Each child gets an equal share of `credit`, and the task keeps one share and the remainder for its own page.
-    Depends only on what every delivery of the task sees alike (the page it fixed was full, since keys remained, and
-    its ends are in the record), so a retry splits exactly as the first delivery did."""
-    parts = keyrange.parts_needed(payload.lo_key, page.end, hi, job.page_size, job.page_size, job.fanout,
-                                  job.samples)
-    points = keyrange.split_points(page.end, hi, parts, job.samples, page.start) if parts > 1 else []
-    bounds = [page.end] + points + [hi]
-    count = len(bounds) - 1
-    share = credit // (count + 1)
+def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: int) -> list[TaskPayload]:
+    """The payloads of the tasks the rest of the range after the task's own page splits into: the pages `listed`
+    after its own, each handed whole to a child, then, if keys remain beyond the listed pages, up to `fanout` ranges
+    (one when the range cannot split). Each child gets an equal share of `credit`, and the task keeps one share and
+    the remainder for its own page."""
+    size, most = job.page_size, job.page_size * (job.fanout + 1)
+    pages = [listed[i:i + size] for i in range(size, min(len(listed), most), size)]
+    ranges = []
+    if len(listed) > most:  # keys remain beyond the listed pages
+        end, hi = listed[most - 1], payload.hi_key
+        parts = keyrange.parts_needed(listed[0], end, hi, most, most, job.fanout, job.samples)
+        bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, listed[0]) if parts > 1 else []) + [hi]
+        ranges = list(zip(bounds, bounds[1:], strict=False))
+    share = credit // (len(pages) + len(ranges) + 1)
     if share == 0:  # credit too finely divided to split further (never at these depths): one child, half of it
-        bounds, count, share = [page.end, hi], 1, credit // 2
-    return [payload.child(i, bounds[i], bounds[i + 1], share) for i in range(count)]
+        return [payload.child(0, listed[size - 1], payload.hi_key, credit // 2)]
+    return ([payload.listed_child(i, keys, share) for i, keys in enumerate(pages)] +
+            [payload.child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
 
 
 def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,

@@ -24,7 +24,8 @@ def _slow_credit(accounts, params, prepared):
     return ADD_CREDIT.apply(accounts, params, prepared)
 
 
-SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5)
+SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5,
+                                  chunk_firestore=None)
 _maybe_finish = completion.maybe_finish
 
 

@@ -230,7 +230,8 @@ def _flaky_credit(accounts, params, prepared):
 
 
 DONE = []
-TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, on_done=DONE.append),
+TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, on_done=DONE.append,
+                                 chunk_firestore=None),
              jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
 
