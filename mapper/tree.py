@@ -1,8 +1,9 @@
 """The mapper's tree of tasks over key ranges: one task of a job, delivered by a queue at least once.
 
-A task fetches one page of its key range (keys only, in key order) and, if keys remain after the page, splits the rest
-of its range into `fanout` ranges, each a new task started at once; then it processes its page in transactions of a
-few entities. The tree is O(log N) deep and keeps as many workers busy as the queue has. Never limit+offset: an
+A task lists the first pages of its key range (keys only, in key order) in one query; it keeps the first page, hands
+each page after it to a child, splits what lies beyond into up to `fanout` ranges, each a new task started at once;
+then it processes its page in transactions of a few entities. The tree is O(log N) deep and keeps as many workers
+busy as the queue has. Never limit+offset: an
 offset query reads and skips every entity before the page, so walking N entities that way reads O(N^2)
 (bench/mapper.py measures it).
 
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 
 KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
 TASK_HANDLER = "mapper.run"
+# The keys a task hands out as listed pages, urlsafe, at most: its record keeps them (1 MiB an entity) and each child's
+# task carries its own (1 MB a Cloud Tasks task, https://cloud.google.com/tasks/docs/quotas; 100 KB for App Engine
+# queues in the older API). Accounts' keys take about 30 bytes; a kind with long key names hands out fewer pages and
+# splits the rest as ranges.
+LISTED_BYTES = 90_000
 
 
 class Superseded(Exception):
@@ -159,15 +165,22 @@ def _enqueue_children(record: TaskRecord) -> None:
 
 def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: int) -> list[TaskPayload]:
     """The payloads of the tasks the rest of the range after the task's own page splits into: the pages `listed`
-    after its own, each handed whole to a child, then, if keys remain beyond the listed pages, up to `fanout` ranges
-    (one when the range cannot split). Each child gets an equal share of `credit`, and the task keeps one share and
-    the remainder for its own page."""
+    after its own, each handed whole to a child (as long as their keys fit LISTED_BYTES), then, if keys
+    remain after those, up to `fanout` ranges (one when the range cannot split). Each child gets an equal share of
+    `credit`, and the task keeps one share and the remainder for its own page."""
     size, most = job.page_size, job.page_size * (job.fanout + 1)
-    pages = [listed[i:i + size] for i in range(size, min(len(listed), most), size)]
+    pages: list[list[ndb.Key]] = []
+    used = 0
+    for i in range(size, min(len(listed), most), size):
+        used += sum(len(key.urlsafe()) for key in listed[i:i + size])
+        if used > LISTED_BYTES:
+            break
+        pages.append(listed[i:i + size])
+    handed = min(size * (len(pages) + 1), len(listed))  # the task's own page and the pages handed out
     ranges = []
-    if len(listed) > most:  # keys remain beyond the listed pages
-        end, hi = listed[most - 1], payload.hi_key
-        parts = keyrange.parts_needed(listed[0], end, hi, most, most, job.fanout, job.samples)
+    if len(listed) > handed:  # keys remain after them
+        end, hi = listed[handed - 1], payload.hi_key
+        parts = keyrange.parts_needed(listed[0], end, hi, handed, most, job.fanout, job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, listed[0]) if parts > 1 else []) + [hi]
         ranges = list(zip(bounds, bounds[1:], strict=False))
     share = credit // (len(pages) + len(ranges) + 1)

@@ -1,6 +1,7 @@
 """The mapper on the real stack: key order, split points, every entity visited exactly once, retries, completion."""
 import dataclasses
 import math
+import re
 import threading
 import time
 
@@ -326,6 +327,48 @@ def test_concurrent_tasks_of_a_job_never_collide(app, client, auth, task_queue):
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 8000
     assert len(task_queue.timings) >= 20  # many deliveries, four at a time
     assert [t for t in task_queue.timings if "retried;" in t] == []
+
+
+def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, auth, task_queue):
+    """A range task lists fanout + 1 pages in one query and hands the pages after its own to children that carry
+    their keys: those run no query, and each visits exactly its keys. 1,000 accounts in pages of 40 with fanout 4: a
+    listing covers 200 accounts, so about 5 range tasks query (and the job's start, its one query for the kind's last
+    key), against 25 pages."""
+    keys = seed_accounts(1000)
+    job_id = start(client, auth, page_size=40, fanout=4)
+    task_queue.drain()  # one worker: each response beside its own Server-Timing
+    assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 1000
+    queries = {task.name: re.search(r"(\d+) RunQuery", timing) for (task, _, _), timing in
+               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == tree.TASK_HANDLER}
+    listed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
+              if task.handler == tree.TASK_HANDLER and task.payload.get("keys")}
+    assert listed and all(queries[name] is None for name in listed)  # a listed page runs no query
+    ranges = [name for name in queries if name not in listed]
+    assert all(queries[name] and queries[name][1] == "1" for name in ranges)  # a range task runs one
+    assert len(ranges) <= 1000 // 200 + 4 and len(listed) >= 1000 // 40 - len(ranges)
+    with runtime.current().context():
+        for name, urlsafe in listed.items():
+            record = TaskRecord.get_by_id(name)
+            assert record.processed == len(urlsafe) <= 40
+            assert record.last_key == ndb.Key(urlsafe=urlsafe[-1].encode())
+
+
+def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_queue, monkeypatch):
+    """A task hands out only as many listed pages as LISTED_BYTES of keys hold (a record keeps them, a task carries
+    them); the rest of its listing it splits as ranges, and still every account is credited once."""
+    keys = seed_accounts(600)
+    one_page = sum(len(k.urlsafe()) for k in keys[40:80])
+    monkeypatch.setattr(tree, "LISTED_BYTES", one_page + 40)  # about one page of keys, never two
+    job_id = start(client, auth, page_size=40, fanout=4)
+    task_queue.drain()
+    assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600
+    with runtime.current().context():
+        records = TaskRecord.query(TaskRecord.job == job_id).fetch()
+    for record in records:
+        listed = [child["keys"] for child in record.children if child.get("keys")]
+        assert len(listed) <= 1 and sum(len(k) for page in listed for k in page) <= one_page + 40
+    # a task that listed more than it could hand out split the rest as ranges
+    assert any(any(c.get("keys") for c in r.children) and any(not c.get("keys") for c in r.children) for r in records)
 
 
 def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, auth, task_queue):
