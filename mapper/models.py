@@ -123,12 +123,13 @@ class TaskRecord(ndb.Model):
     credit = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running", choices=RECORD_STATES)
     page_end = ndb.KeyProperty(indexed=False)  # the last key of this task's page, fixed by its first chunk
-    page_start = ndb.KeyProperty(indexed=False)  # and its first: how densely keys lie here, for splitting
+    page_start = ndb.KeyProperty(indexed=False)  # and its first
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (Job.tally)
-    children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into, enqueued again on a retry
+    # The payloads of the tasks it split into, enqueued again on a retry; a listed page's keys are in its TaskListing.
+    children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began (TaskRecord.new)
@@ -155,7 +156,7 @@ class TaskRecord(ndb.Model):
         returns the credit it kept for its page."""
         if self.page_end is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
-            self.children = [c.to_json() for c in children]
+            self.children = [{**c.to_json(), "keys": None, "listed": c.keys is not None} for c in children]
         if chunk:
             self.last_key = chunk[-1]
         self.processed += processed
@@ -163,3 +164,17 @@ class TaskRecord(ndb.Model):
             self.tally = summed(self.tally or {}, tally)
         if final:
             self.state, self.returned = "done", self.kept_credit
+
+
+class TaskListing(ndb.Model):
+    """The keys of the pages a task handed to its children ({child's path: urlsafe keys}), apart from its record: the
+    job's records are read whole when it finishes, and stay small. A child entity of the record, so it is written in
+    the record's first chunk's transaction without taking one more of the legacy emulator's 25 entity groups; read
+    only to enqueue the children again."""
+    _use_cache = False
+    _use_global_cache = False
+    pages = ndb.JsonProperty(default={})
+
+    @classmethod
+    def key_for(cls, record_key: ndb.Key) -> ndb.Key:
+        return ndb.Key(cls, "pages", parent=record_key)

@@ -2,7 +2,7 @@
 
 A task lists the first pages of its key range (keys only, in key order) in one query; it keeps the first page, hands
 each page after it to a child, splits what lies beyond into up to `fanout` ranges, each a new task started at once;
-then it processes its page in transactions of a few entities. The tree is O(log N) deep and keeps as many workers
+then it processes its page in chunks, a transaction each. The tree is O(log N) deep and keeps as many workers
 busy as the queue has. Never limit+offset: an
 offset query reads and skips every entity before the page, so walking N entities that way reads O(N^2)
 (bench/mapper.py measures it).
@@ -26,7 +26,7 @@ from core import runtime, tasks
 from core.errors import Conflict
 from core.transactions import transact
 from mapper import completion, jobs, keyrange
-from mapper.models import MapperJob, TaskPage, TaskPayload, TaskRecord
+from mapper.models import MapperJob, TaskListing, TaskPage, TaskPayload, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +106,11 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     """Process this task's page in chunks; the final record.
 
     A range task's first delivery lists the first `fanout` + 1 pages of its range in one query: it keeps the first
-    page, hands each other page whole to a child (whose payload carries its keys: it runs no query), and splits what
-    lies beyond the listed pages into up to `fanout` ranges, each a child that does the same. Queries are what a
-    mapper pays most for on the emulators (each one walks the whole kind, O(N), where production reads O(page)), so
-    a job runs about one query per `fanout` + 1 pages.
+    page, hands each other page whole to a child (whose payload carries its keys: it runs no query; as many pages as
+    LISTED_BYTES of keys hold), and splits what lies beyond the pages it handed out into up to `fanout` ranges, each
+    a child that does the same. Queries are what a mapper pays most for on the emulators (each one costs about as
+    much as reading the whole kind, where production reads what it returns), so a job runs about one query per
+    `fanout` + 1 pages.
 
     The page's first chunk also records the children, and they are enqueued as soon as it commits, while this task
     goes on with its page: the tree grows one query and one commit per level, not one whole page per level, so a
@@ -133,6 +134,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
+    pages = {child.task: child.keys for child in children if child.keys is not None}
 
     def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
@@ -146,21 +148,26 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
         writes = definition.apply(entities, job.params, prepared) if entities else []
         tally = definition.tally(entities, job.params) if definition.tally and entities else None
+        first = current.page_end is None  # this chunk fixes the page and the children: their listing goes with it
+        listing = [TaskListing(key=TaskListing.key_for(current.key), pages=pages)] if first and pages else []
         current.advance(page, chunk, len(entities), tally, children, final)
-        ndb.put_multi([*writes, current])
+        ndb.put_multi([*writes, current, *listing])
         return current
 
     for number, chunk in enumerate(chunks):
         record = transact(functools.partial(txn, chunk, record.last_key, number == len(chunks) - 1))
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
-            _enqueue_children(record)
+            _enqueue_children(record, pages if children else None)
     return record
 
 
-def _enqueue_children(record: TaskRecord) -> None:
-    """Enqueue the tasks `record` split into; a repeat (a retry's) is dropped by the queue, which knows their names."""
+def _enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
+    """Enqueue the tasks `record` split into, a listed page's keys from `pages` (else from the task's TaskListing); a
+    repeat (a retry's) is dropped by the queue, which knows their names."""
+    if pages is None and any(child.get("listed") for child in record.children):
+        pages = TaskListing.key_for(record.key).get().pages
     for child in record.children:
-        enqueue(TaskPayload.from_json(child))
+        enqueue(TaskPayload.from_json({**child, "keys": pages[child["task"]]} if child.get("listed") else child))
 
 
 def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: int) -> list[TaskPayload]:
@@ -184,8 +191,10 @@ def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: 
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, listed[0]) if parts > 1 else []) + [hi]
         ranges = list(zip(bounds, bounds[1:], strict=False))
     share = credit // (len(pages) + len(ranges) + 1)
-    if share == 0:  # credit too finely divided to split further (never at these depths): one child, half of it
-        return [payload.child(0, listed[size - 1], payload.hi_key, credit // 2)]
+    if share == 0:  # credit too finely divided for this split (a long chain of ranges that could not split)
+        if credit < 2:  # no credit to hand on: the job fails rather than finish with this range unvisited
+            raise RuntimeError(f"task {payload.task}: its credit is spent and its range is not")
+        return [payload.child(0, listed[size - 1], payload.hi_key, credit // 2)]  # one child re-lists the rest
     return ([payload.listed_child(i, keys, share) for i, keys in enumerate(pages)] +
             [payload.child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
 

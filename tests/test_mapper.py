@@ -12,7 +12,7 @@ from accounts.models import Account
 from accounts.service import ADD_CREDIT
 from core import runtime
 from mapper import completion, jobs, keyrange, service, tree
-from mapper.models import MapperJob, TaskRecord
+from mapper.models import MapperJob, TaskListing, TaskPayload, TaskRecord
 from tests.support import billed
 
 
@@ -272,6 +272,37 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs
     assert job_status(client, job_id)["processed"] == 300
 
 
+def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
+    """Equal shares while the credit divides; one child re-listing the rest with half when it does not; a task whose
+    credit is spent fails rather than leave its range unvisited with the job done."""
+    job = MapperJob(id="j", name="t", kind="Account", page_size=2, fanout=2, samples=[])
+    listed = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
+    payload = TaskPayload("j", "0", None, ndb.Key(Account, 99).urlsafe().decode(), 100)
+    children = tree._split(job, payload, listed, 100)
+    assert [bool(c.keys) for c in children].count(True) == 2 and len(children) >= 3
+    assert len({c.credit for c in children}) == 1 and sum(c.credit for c in children) < 100
+    tight = tree._split(job, payload, listed, 3)
+    assert len(tight) == 1 and tight[0].keys is None and tight[0].credit == 1 and tight[0].lo_key == listed[1]
+    with pytest.raises(RuntimeError, match="credit is spent"):
+        tree._split(job, payload, listed, 1)
+
+
+def test_a_listed_page_that_dies_half_way_resumes_from_its_record(extra_jobs, client, auth, task_queue):
+    """A page handed out with its keys resumes, on its next delivery, after the last key its record committed."""
+    keys = seed_accounts(300)
+    FAULTS.update(fail_at=keys[70], failures=0)  # in the first listed page (keys 40-79): its first chunk commits first
+    job_id = start(client, auth, "test_flaky_credit", page_size=40, fanout=4)
+    task_queue.drain()
+    assert FAULTS["failures"] == 1
+    child = [(task, status) for task, status, _ in task_queue.responses if task.name == f"{job_id}-0-0"]
+    assert child[0][0].payload["keys"] and [status for _, status in child] == [500, 200]
+    with runtime.current().context():
+        record = TaskRecord.get_by_id(f"{job_id}-0-0")
+        assert record.processed == 40 and record.state == "done"
+    assert balances(keys) == [10] * 300
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 3000
+
+
 def test_duplicate_deliveries_at_once_credit_once_and_finish_once(extra_jobs, client, auth, task_queue):
     keys = seed_accounts(400)
     DONE.clear()
@@ -364,11 +395,15 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600
     with runtime.current().context():
         records = TaskRecord.query(TaskRecord.job == job_id).fetch()
+        listings = {r.key.id(): TaskListing.key_for(r.key).get() for r in records}
     for record in records:
-        listed = [child["keys"] for child in record.children if child.get("keys")]
-        assert len(listed) <= 1 and sum(len(k) for page in listed for k in page) <= one_page + 40
+        listed = [child for child in record.children if child["listed"]]
+        assert all(child["keys"] is None for child in record.children)  # the record keeps no keys
+        pages = listings[record.key.id()].pages if listed else {}
+        assert sorted(pages) == sorted(child["task"] for child in listed)
+        assert len(listed) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
     # a task that listed more than it could hand out split the rest as ranges
-    assert any(any(c.get("keys") for c in r.children) and any(not c.get("keys") for c in r.children) for r in records)
+    assert any(any(c["listed"] for c in r.children) and any(not c["listed"] for c in r.children) for r in records)
 
 
 def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, auth, task_queue):
