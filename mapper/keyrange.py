@@ -31,11 +31,12 @@ def inside(samples, lo, hi):
 
 
 def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
-    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the pages it holds, at most k.
-    Splitting a few entities k ways only makes k tasks that each pay a task's fixed costs for a handful of entities.
-    The rest's size is judged by the samples' density over the page just read (page_start, page_end]; without
-    samples there (the Firestore emulator keeps none), by its ids' density when the keys are ids of one kind under
-    one parent (this app's accounts, scattered ids); else it is not known, and the answer is k."""
+    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the `page_size`s it holds (what
+    one task lists), at most k. Splitting a few entities k ways only makes k tasks that each pay a task's fixed costs
+    for a handful of entities. The rest's size is judged by the samples' density over the keys just read
+    (page_start, page_end], `page_len` of them; without samples there (the Firestore emulator keeps none), by its ids'
+    density when the keys are ids of one kind under one parent (this app's accounts, scattered ids); else it is not
+    known, and the answer is k."""
     in_page = len(inside(samples, page_start, page_end)) + (page_end in samples)
     in_rest = len(inside(samples, page_end, hi)) + (hi in samples)
     if samples and in_page:
@@ -112,9 +113,9 @@ def between(a, b, fraction):
 
 
 def gallop(start, end, k):
-    """Up to k-1 keys after `end`, spaced like the page [start, end] just read and growing fourfold: one page on, then
+    """Up to k-1 keys after `end`, spaced like the keys [start, end] just read and growing fourfold: one page on, then
     five, then twenty-one. For a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the
-    Firestore emulator has none): the page says how densely keys lie here, so the first children get a page or a few
+    Firestore emulator has none): those keys say how densely keys lie here, so the first children get as many or a few
     each and the last the unknown rest, which gallops on in turn, a tree of logarithmic depth rather than a chain.
     Only between keys that differ in their last element, of one kind and one type (ids, or names)."""
     pa, pb = start.pairs(), end.pairs()
