@@ -164,8 +164,9 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
 def _enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
     """Enqueue the tasks `record` split into, a listed page's keys from `pages` (else from the task's TaskListing); a
     repeat (a retry's) is dropped by the queue, which knows their names."""
-    if pages is None and any(child.get("listed") for child in record.children):
-        pages = TaskListing.key_for(record.key).get().pages
+    if pages is None:
+        listing = TaskListing.key_for(record.key).get() if any(c.get("listed") for c in record.children) else None
+        pages = listing.pages if listing else {}
     for child in record.children:
         enqueue(TaskPayload.from_json({**child, "keys": pages[child["task"]]} if child.get("listed") else child))
 
