@@ -119,7 +119,8 @@ def _run_job(fleet, name, amount, killing=None, **extra):
     wait_until(lambda: fleet.read(lambda: MapperJob.get_by_id(job_id, use_cache=False,
                                                                 use_global_cache=False).finished),
                f"job {job_id} to finish", timeout=180, interval=0.5)
-    return admin.get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
+    # A fresh session: the first one's kept-alive connection may be to a worker killed meanwhile (a reset).
+    return fleet.admin().get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
 
 
 def _records(fleet, job_id):
