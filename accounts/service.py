@@ -45,7 +45,7 @@ KEPT_SHARDS = 16
 # A counter added to in a transaction takes two more (its config and a shard), a mapper chunk one more (its record).
 SEED_CHUNK = mapper_jobs.MAX_GROUPS - 2
 CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1
-CREDIT_CHUNK_FIRESTORE = 100  # accounts of about 100 bytes: far below 10 MiB a transaction; a default page
+ACCOUNTS_CHUNK_FIRESTORE = 100  # accounts of about 100 bytes: far below 10 MiB a transaction; a default page
 
 
 def account_key(seed_id: str, number: int) -> ndb.Key:
@@ -138,7 +138,7 @@ ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
     apply=_credit, tally=_credited, settle=_settle_credit, parse_params=_start_credit,
-    fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK, chunk_firestore=CREDIT_CHUNK_FIRESTORE)
+    fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)
 
 
 # --- the audit: recount the accounts, compare with the kept figures --------------------------------------------------
@@ -162,7 +162,7 @@ AUDIT = mapper_jobs.JobDefinition(
     description="Counts every account and sums their balances (in parallel, each account once) and compares the "
                 "result with the figures the app keeps. Exact when nothing seeds or credits meanwhile.",
     apply=lambda accounts, params, prepared: [], tally=_audit_tally, on_done=_record_audit,
-    chunk=mapper_jobs.MAX_GROUPS - 1, chunk_firestore=CREDIT_CHUNK_FIRESTORE)  # reads only: accounts, the record
+    chunk=mapper_jobs.MAX_GROUPS - 1, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)  # reads only: accounts, the record
 
 
 def audit_dict(audit: AccountsAudit) -> dict[str, Any]:

@@ -3,9 +3,8 @@
 A task lists the first pages of its key range (keys only, in key order) in one query; it keeps the first page, hands
 each page after it to a child, splits what lies beyond into up to `fanout` ranges, each a new task started at once;
 then it processes its page in chunks, a transaction each. The tree is O(log N) deep and keeps as many workers
-busy as the queue has. Never limit+offset: an
-offset query reads and skips every entity before the page, so walking N entities that way reads O(N^2)
-(bench/mapper.py measures it).
+busy as the queue has. Never limit+offset: an offset query reads and skips every entity before the page, so walking
+N entities that way reads O(N^2) (bench/mapper.py measures it).
 
 Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
 that dies half way is retried from where its record says, and a second delivery of the same task finds the record
@@ -32,10 +31,10 @@ log = logging.getLogger(__name__)
 
 KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
 TASK_HANDLER = "mapper.run"
-# The keys a task hands out as listed pages, urlsafe, at most: its record keeps them (1 MiB an entity) and each child's
-# task carries its own (1 MB a Cloud Tasks task, https://cloud.google.com/tasks/docs/quotas; 100 KB for App Engine
-# queues in the older API). Accounts' keys take about 30 bytes; a kind with long key names hands out fewer pages and
-# splits the rest as ranges.
+# The keys a task hands out as listed pages, urlsafe, at most: its TaskListing keeps them (1 MiB an entity) and
+# each child's task carries its own (1 MB a Cloud Tasks task, https://cloud.google.com/tasks/docs/quotas; 100 KB for
+# App Engine queues in the older API). Accounts' keys take about 30 bytes; a kind with long key names hands out fewer
+# pages and splits the rest as ranges.
 LISTED_BYTES = 90_000
 
 
