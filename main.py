@@ -7,7 +7,6 @@ import click
 from flask import Flask
 
 import accounts
-import appstats
 import appstats.accounting
 import blog
 import comments
@@ -18,7 +17,6 @@ import tour
 from blog.service import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
 from core import views as core_views
-from core.runtime import RequestMiddleware, Runtime
 from core.settings import Settings, with_secret_key
 
 # The largest valid body: a blog entry of the longest title and body, every character one outside the BMP, which a
@@ -53,9 +51,9 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
 
     # Once per process, never per request: the ndb client (a gRPC channel), the memcached pool, Google's keys. The
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
-    rt = app.extensions[runtime.EXTENSION] = Runtime(settings, task_queue)
+    rt = app.extensions[runtime.EXTENSION] = runtime.Runtime(settings, task_queue)
     app.extensions["google_keys"] = identity.GoogleKeys()
-    app.wsgi_app = RequestMiddleware(app.wsgi_app, rt)
+    app.wsgi_app = runtime.RequestMiddleware(app.wsgi_app, rt)
 
     web.init_app(app)
     appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature
@@ -78,7 +76,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
 def seed_demo(app):
     """Each feature's demo content, where it has none yet: [(feature, seeded?)]."""
     with runtime.of(app).context():
-        return [(name, seed()) for name, seed in features.of(app).seeds()]
+        return [(f.name, f.seed()) for f in features.of(app).all if f.seed]
 
 
 def __getattr__(name):

@@ -64,19 +64,11 @@ def validate_index(value: object, field: str = "index") -> int:
     return validate.whole_number(value, field, 0, MAX_INDEX)
 
 
-def validate_limit(value: object) -> int:
-    return validate.whole_number(value, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
-
-
 def validate_title(value: object) -> str:
     title = validate.text(value, "title", TITLE_MAX, strip=True)
     if "\n" in title or "\r" in title:
         raise Unprocessable("title must be one line.", "bad_title")
     return title
-
-
-def validate_body(value: object) -> str:
-    return validate.text(value, "body", BODY_MAX)
 
 
 def entry_ref(blog: object, index: object) -> EntryRef:
@@ -106,7 +98,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     keyed by the client's Idempotency-Key or by a fresh one: a retry after a commit of unknown outcome finds it.
     """
     validate_blog(blog)
-    title, body = validate_title(title), validate_body(body)
+    title, body = validate_title(title), validate.text(body, "body", BODY_MAX)
     validate.idempotency_key(idempotency_key)
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key = ndb.Key(BlogIndex, blog)
@@ -120,10 +112,9 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
         if marker is not None:
             return Posted(entry_dict(EntryRef(blog, marker.index).key.get(retries=0)), marker.token == token)
-        index = 0 if blog_index is None else blog_index.max_index + 1
-        if blog_index is None:
-            blog_index = BlogIndex(key=blog_key, max_index=index)
-        blog_index.max_index = index
+        blog_index = blog_index or BlogIndex(key=blog_key, max_index=-1)
+        blog_index.max_index += 1
+        index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
                           body_html=body_html, author=author)
         ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, token=token)])
@@ -177,7 +168,7 @@ def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntr
 def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> BlogPage:
     """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
     blog_index = require_blog(blog)
-    size = validate_limit(limit)
+    size = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     top = blog_index.max_index
     first = top if start is None else min(validate_index(start, "start"), top)
     newer = None if first == top else min(first + size, top)

@@ -24,11 +24,6 @@ def _cache_or_not():
     return runtime.current().cache_bypassed()
 
 
-def _page_json(page):
-    return {"entries": page.items, "next": page.next, "newer": page.prev, "max_index": page.max_index,
-            "cached": page.cached}
-
-
 # --- pages ----------------------------------------------------------------------------------------------------------
 
 @bp.get("/blog")
@@ -65,7 +60,7 @@ def _post_from_form(blog, render):
     the reason."""
     identity.require_admin()
     form = request.form
-    author = identity.display_name(identity.current_user())
+    author = identity.display_name(identity.current_user()["email"])
     posted, refused = submit_form(
         lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
                                    form.get("post_token") or None),
@@ -104,7 +99,7 @@ def api_post(blog):
     """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()
     data = json_body()
-    posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user),
+    posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user["email"]),
                                 request.headers.get("Idempotency-Key"))
     response = jsonify(posted.entry)
     response.headers["Location"] = url_for("blog.api_entry", blog=blog, index=posted.entry["index"])
@@ -115,7 +110,9 @@ def api_post(blog):
 def api_entries(blog):
     """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
     with _cache_or_not():
-        return jsonify(_page_json(service.get_page(blog, request.args.get("start"), request.args.get("limit"))))
+        page = service.get_page(blog, request.args.get("start"), request.args.get("limit"))
+        return jsonify(entries=page.items, next=page.next, newer=page.prev, max_index=page.max_index,
+                       cached=page.cached)
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/views")

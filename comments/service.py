@@ -29,7 +29,6 @@ from counters import service as counters
 from mapper import jobs as mapper_jobs
 
 SEPARATOR = "|"
-SEQ_DIGITS = 10
 ID_PATTERN = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)\|([^|\s]{1,200})\|(\d{10})")
 TEXT_MAX = 2000
 PAGE_SIZE = 20
@@ -46,7 +45,7 @@ def sort_key(when: datetime.datetime, user_id: str, seq: int) -> str:
     # Fixed width, spelled out: strftime's %Y does not zero-pad years before 1000 on every platform.
     time = (f"{when.year:04d}{when.month:02d}{when.day:02d}T{when.hour:02d}{when.minute:02d}{when.second:02d}"
             f".{when.microsecond:06d}Z")
-    return f"{time}{SEPARATOR}{user_id}{SEPARATOR}{seq:0{SEQ_DIGITS}d}"
+    return f"{time}{SEPARATOR}{user_id}{SEPARATOR}{seq:010d}"
 
 
 def comment_key(comment_id: object) -> ndb.Key | None:
@@ -84,7 +83,7 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
     blog_service.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
     validate.idempotency_key(idempotency_key)
-    user_id, author = identity.pseudonym(user), identity.display_name(user)
+    user_id, author = identity.pseudonym(user), identity.display_name(user["email"])
     seq_key = ndb.Key(UserSequence, user_id)
     token = idempotency_key or uuid.uuid4().hex
 

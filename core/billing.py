@@ -63,10 +63,6 @@ class Billed:
                     + self.deletes * USD_PER_100K["deletes"])
         return per_100k * 10
 
-    def as_dict(self) -> dict[str, float]:
-        return {"reads": self.reads, "writes": self.writes, "deletes": self.deletes, "small": self.small,
-                "usd_per_million": round(self.usd_per_million(), 4)}
-
     def priced(self, requests: str = "") -> str:
         """'11 reads: $3.30 per million', or 'nothing in Datastore'."""
         if not (self.reads or self.writes or self.deletes):

@@ -39,10 +39,9 @@ CacheValue = bytes | str | int  # what the app stores: numbers, leases' tokens, 
 
 class CacheClient(Protocol):
     """What the app asks of a cache server, whichever it is: memcached's operations and answers (the talk's cache),
-    `name` for the pages and logs, and ndb's global cache on the same server. A failure raises one of CACHE_DOWN;
-    `Cache` turns those into misses."""
+    `name` for the pages and logs, and ndb's global cache on the same server, its calls waiting under the production
+    latency `model`. A failure raises one of CACHE_DOWN; `Cache` turns those into misses."""
     name: str
-    model: Model  # the production latency model its calls wait under (LATENCY)
 
     def get(self, key: str) -> bytes | None: ...
     def get_many(self, keys: list[str]) -> dict[str, bytes]: ...
@@ -52,21 +51,16 @@ class CacheClient(Protocol):
     def delete_if(self, key: str, value: CacheValue) -> bool: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
-    def global_cache(self) -> ndb.GlobalCache | None: ...
+    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None: ...
 
 
-def make_client(settings: Settings, model: Model = OFF) -> CacheClient:
-    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache; its calls
-    wait under the production latency `model`."""
-    client: CacheClient
+def make_client(settings: Settings) -> CacheClient:
+    """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache."""
     if settings.redis_url:
-        client = RedisCacheClient(settings.redis_url)
-    elif settings.memcached_hosts:
-        client = MemcachedCacheClient(settings.memcached_hosts)
-    else:
-        return NoCache()
-    client.model = model
-    return client
+        return RedisCacheClient(settings.redis_url)
+    if settings.memcached_hosts:
+        return MemcachedCacheClient(settings.memcached_hosts)
+    return NoCache()
 
 
 class CountedClient:
@@ -121,7 +115,6 @@ class MemcachedCacheClient:
     """memcached (pymemcache): one server and a pool of connections, or several with keys spread by rendezvous
     hash (a dead one retried after 5 s)."""
     name = "memcached"
-    model = OFF
 
     def __init__(self, hosts: tuple[str, ...]) -> None:
         servers = [_parse(h) for h in hosts]
@@ -158,8 +151,8 @@ class MemcachedCacheClient:
     def close(self) -> None:
         self.memcached.close()
 
-    def global_cache(self) -> ndb.GlobalCache | None:
-        return ndb.MemcacheCache(CountedClient(self.memcached, model=self.model), **_STRICTNESS)
+    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
+        return ndb.MemcacheCache(CountedClient(self.memcached, model=model), **_STRICTNESS)
 
 
 def _parse(host: str) -> tuple[str, int]:
@@ -178,7 +171,6 @@ _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('D
 class RedisCacheClient:
     """Redis/Valkey (redis-py), answering as memcached does."""
     name = "redis"
-    model = OFF
 
     def __init__(self, url: str) -> None:
         # One retry, on a broken connection only: a pooled connection to a server that restarted fails once and is
@@ -216,8 +208,8 @@ class RedisCacheClient:
     def close(self) -> None:
         self.redis.close()
 
-    def global_cache(self) -> ndb.GlobalCache | None:
-        return ndb.RedisCache(CountedClient(self.redis, model=self.model), **_STRICTNESS)
+    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
+        return ndb.RedisCache(CountedClient(self.redis, model=model), **_STRICTNESS)
 
 
 class NoCacheServer(Exception):
@@ -227,7 +219,6 @@ class NoCacheServer(Exception):
 class NoCache:
     """No cache server (settings with neither MEMCACHED_HOSTS nor REDIS_URL): every call a miss, no global cache."""
     name = "none"
-    model = OFF  # no server, no round trip to wait for
 
     def _absent(self, *args: object, **kwargs: object) -> NoReturn:
         raise NoCacheServer()
@@ -240,18 +231,17 @@ class NoCache:
     def close(self) -> None:
         pass
 
-    def global_cache(self) -> ndb.GlobalCache | None:
+    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
         return None
 
 
 class Cache:
     """The app's explicit cache operations (counter totals, rendered pages); every failure is a miss or a no-op."""
 
-    def __init__(self, client: CacheClient) -> None:
+    def __init__(self, client: CacheClient, model: Model = OFF) -> None:
         self.client = client
         self.backend = client.name
-        # each call counted for the request, and waited for under the latency model (core/costs.py)
-        self._counted = CountedClient(client, model=client.model)
+        self._counted = CountedClient(client, model=model)  # counted (core/costs.py), waiting under `model`
 
     def _safely(self, default: T, call: Callable[[CacheClient], T]) -> T:
         """call(the counted client), or `default` when the request bypasses the cache, there is none, or it fails."""

@@ -1,8 +1,6 @@
 """Time as the app stores and shows it: naive UTC datetimes in Datastore, ISO 8601 UTC strings in JSON and caches."""
 import datetime
 
-ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
 
 def now() -> datetime.datetime:
     """The current time as Datastore stores it: UTC, without tzinfo (ndb refuses aware datetimes by default)."""
@@ -11,7 +9,7 @@ def now() -> datetime.datetime:
 
 def iso(when: datetime.datetime) -> str:
     """A stored (naive UTC) datetime as ISO 8601: "2026-11-21T10:30:00Z"."""
-    return when.strftime(ISO_FORMAT)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def iso_of(seconds: float) -> str:

@@ -120,9 +120,10 @@ class Cost:
     def figures(self, cache_backend: str) -> dict[str, Any]:
         """The figures as the log line, /appstats and its API give them."""
         with self.lock:
+            billed = {**dataclasses.asdict(self.billed), "usd_per_million": round(self.billed.usd_per_million(), 4)}
             return {"datastore": {"rpcs": self.datastore.total(), "ms": round(self.datastore_s * 1000, 1),
                                   "by_method": dict(self.datastore)},
-                    "billed": {**self.billed.as_dict(), "counted": {k: n for k, n in self.billed_from.items() if n}},
+                    "billed": {**billed, "counted": {k: n for k, n in self.billed_from.items() if n}},
                     "cache": {"backend": cache_backend, "calls": self.cache.total(),
                               "ms": round(self.cache_s * 1000, 1), "by_call": dict(self.cache)},
                     "app_ms": round(self.app_ms(), 1)}

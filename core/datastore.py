@@ -1,6 +1,5 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import contextlib
-import logging
 import os
 import random
 import time
@@ -17,8 +16,6 @@ from google.cloud.ndb import model as ndb_model
 from core import billing, costs
 from core.production_latency import OFF, Model
 from core.settings import Settings
-
-log = logging.getLogger(__name__)
 
 # What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN.
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)

@@ -1,10 +1,6 @@
-"""The features an app is built from, as each one's `init_app` describes itself: its nav entry, its lesson (title, the
-source files it shows, its live figure on the tour), and its demo content.
-
-`create_app` calls every feature's `init_app(app)` from its one list; each registers its blueprint, task handlers and
-mapper jobs there, and adds its `Feature` here. Nothing registers by being imported, and the tour, the nav and
-`flask seed` read this registry instead of naming features themselves.
-"""
+"""The features an app is built from, as each one's `init_app` describes itself (`add`): its nav entry, its lesson
+(title, source files, live figure on the tour) and its demo content. Nothing registers by being imported; the tour,
+the nav and `flask seed` read this registry instead of naming features themselves."""
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,32 +50,19 @@ class Features:
         """Once every feature is added (create_app): no more come, and what is derived from them is derived now,
         once per process, not per request."""
         self.all = tuple(self.all)
-        self.source_files = self.sources()
-        self.navigation = tuple(self.nav())
-        self.lesson_index = self.lessons()
-
-    def nav(self) -> list[tuple]:
-        return [f.nav for f in self.all if f.nav]
-
-    def lessons(self) -> dict[str, Lesson]:
-        return {f.lesson.slug: f.lesson for f in self.all if f.lesson}
+        self.navigation = tuple(f.nav for f in self.all if f.nav)
+        self.lesson_index = {f.lesson.slug: f.lesson for f in self.all if f.lesson}
+        # The files a visitor may read at /source/: a fixed set, found once, so no path a visitor types reaches
+        # anything else.
+        self.source_files = frozenset(
+            str(p.relative_to(REPO)) for folder in ["core", *(f.name for f in self.all)]
+            for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"
+        ) | {"index.yaml", "app.yaml", "queue.yaml", "main.py"}
 
     def caveats(self, slug: str) -> tuple:
         """The lesson's "In production today" caveats (none for an unknown slug): templates/_in_production.html."""
         lesson = self.lesson_index.get(slug)
         return lesson.caveats if lesson else ()
-
-    def seeds(self) -> list[tuple[str, Callable[[], bool]]]:
-        return [(f.name, f.seed) for f in self.all if f.seed]
-
-    def sources(self) -> frozenset[str]:
-        """The files a visitor may read at /source/: the plumbing's and each feature's modules, and the deploy files.
-        A fixed set, found once: no path a visitor types can reach anything else."""
-        folders = ["core"] + [f.name for f in self.all]
-        return frozenset(
-            str(p.relative_to(REPO)) for folder in folders
-            for p in sorted((REPO / folder).glob("*.py")) if p.name != "__init__.py"
-        ) | {"index.yaml", "app.yaml", "queue.yaml", "main.py"}
 
 
 def of(app: Any) -> Features:

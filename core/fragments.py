@@ -1,12 +1,7 @@
-"""Rendered HTML kept in this process's memory, under a key that names everything the HTML was made from.
-
-The talk's first lesson, once more: a thousand visitors of the front page would each render the same ten entries.
-Memcached already spares them the query; this spares them the template. The key is the whole input (immutable entries
-by their blog and index, and the figures shown beside them), so a fragment can never be stale and is never
-invalidated: a new post or a new comment count is a new key, and old keys fall off the end (LRU, bounded). Each
-process (each gunicorn worker, each App Engine instance) keeps its own; nothing is shared, nothing is written to
-Datastore or the cache.
-"""
+"""Rendered HTML kept in this process's memory (memcached spares a thousand visitors the query, this the template),
+under a key that is the whole input: immutable entries by blog and index, and the figures beside them. So a fragment
+is never stale and never invalidated: a new post or comment count is a new key, and old keys fall off the end of a
+bounded LRU. Each process keeps its own; nothing is written to Datastore or the cache."""
 import collections
 import threading
 from collections.abc import Callable, Hashable
@@ -46,7 +41,6 @@ class Fragments:
 
     @property
     def bytes(self) -> int:
-        """The HTML kept, in bytes."""
         return self._bytes
 
     def __len__(self):

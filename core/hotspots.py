@@ -65,10 +65,7 @@ class HotEntities:
 
     def _local(self, name: str) -> threading.Lock:
         with self._guard:
-            lock = self._locks.get(name)
-            if lock is None:
-                lock = self._locks[name] = threading.Lock()
-            return lock
+            return self._locks.setdefault(name, threading.Lock())
 
     @contextlib.contextmanager
     def turn(self, key: ndb.Key) -> Iterator[None]:

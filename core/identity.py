@@ -134,14 +134,9 @@ def pseudonym(user: User) -> str:
     return "u" + hmac.new(secret, b"pseudonym\0" + user["id"].encode(), hashlib.sha256).hexdigest()[:24]
 
 
-def display_name(user: User) -> str:
-    """What a page shows of a person: the part of the email before the '@', never the address itself."""
-    return display_name_of(user["email"])
-
-
-def display_name_of(email: str) -> str:
-    """An address as a page may show it (display_name): anyone can read the pages, and an address is a way in for
-    phishing and a key to the admins' accounts (ADMIN_EMAILS)."""
+def display_name(email: str) -> str:
+    """What a page shows of a person: the part of the email before the '@', never the address itself: anyone can read
+    the pages, and an address is a way in for phishing and a key to the admins' accounts (ADMIN_EMAILS)."""
     return email.split("@", 1)[0]
 
 
@@ -174,17 +169,12 @@ def require_admin() -> User:
     return user
 
 
-def require_dev_signin() -> None:
-    """NotFound unless the dev sign-in is on (Settings.dev_signin: local development only, never on App Engine)."""
-    settings = runtime.current().settings
-    if settings.on_app_engine or not settings.dev_signin:
-        raise NotFound("Dev sign-in does not exist here (only in local development, with DEV_SIGNIN=on).")
-
-
 def dev_sign_in(email: object, admin: object) -> User:
     """Sign in locally as `email`; refused on App Engine, where Google says who is who, and wherever the settings did
     not turn it on (Settings.dev_signin: local development only)."""
-    require_dev_signin()
+    settings = runtime.current().settings
+    if settings.on_app_engine or not settings.dev_signin:
+        raise NotFound("Dev sign-in does not exist here (only in local development, with DEV_SIGNIN=on).")
     if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise BadInput("Give a valid email address.", "bad_email")
     if not isinstance(admin, bool):

@@ -64,17 +64,10 @@ class Model:
     """The waits of one app's stack: none (the default), or production's (`LATENCY=production`, local stacks only).
     Thread-safe: one per process, used by every request thread."""
 
-    def __init__(self, name: str = "none", seed: int | None = None) -> None:
-        if name not in NAMES:
-            raise ValueError(f"LATENCY must be one of {', '.join(NAMES)}, not {name!r}")
-        self.name = name
+    def __init__(self, name: str = "none") -> None:
         self.on = name == "production"
-        self._rng = random.Random(seed)
+        self._rng = random.Random()
         self._lock = threading.Lock()  # random.Random's normalvariate keeps state between calls
-
-    def _draw(self, trip: RoundTrip) -> float:
-        with self._lock:
-            return trip.draw(self._rng)
 
     def before_rpc(self, method: str) -> float:
         """Wait a Datastore RPC's modelled round trip (nothing when off); the seconds waited."""
@@ -85,7 +78,8 @@ class Model:
         return self._wait(CACHE) if self.on else 0.0
 
     def _wait(self, trip: RoundTrip) -> float:
-        seconds = self._draw(trip)
+        with self._lock:
+            seconds = trip.draw(self._rng)
         time.sleep(seconds)
         return seconds
 

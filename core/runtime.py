@@ -9,7 +9,6 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -24,7 +23,6 @@ from core.settings import Settings
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
 _current: contextvars.ContextVar["Runtime"] = contextvars.ContextVar("runtime")
 EXTENSION = "runtime"  # where create_app keeps an app's runtime
 
@@ -32,17 +30,15 @@ EXTENSION = "runtime"  # where create_app keeps an app's runtime
 class Runtime:
     def __init__(self, settings: Settings | None = None, task_queue: tasks_module.Queue | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        # The backend differences are chosen here, once: the cache (memcached, Redis/Valkey or none, each with its
-        # global cache for ndb) and, below, server-side increments (Firestore only).
-        # LATENCY=production: every Datastore RPC and cache call below waits a modelled production round trip
+        # Where the backends differ is chosen here, once; under LATENCY=production every call below waits first.
         self.latency = production_latency.Model(self.settings.latency)
-        self.cache_client = cache_module.make_client(self.settings, self.latency)
-        self.cache = cache_module.Cache(self.cache_client)
+        self.cache_client = cache_module.make_client(self.settings)
+        self.cache = cache_module.Cache(self.cache_client, self.latency)
         api = datastore_module.make_api(self.settings, self.latency)  # one channel for both uses of the Datastore API
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings, self.latency),
             datastore_module.Aggregations(self.settings, api),
-            self.cache_client.global_cache(),
+            self.cache_client.global_cache(self.latency),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None)
         self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings))

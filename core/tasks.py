@@ -85,7 +85,6 @@ class Queue(Protocol):
     DrainedQueue, or NoQueue."""
 
     def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None: ...
-    def wait(self) -> None: ...
 
 
 class Task(collections.namedtuple("Task", "handler payload name attempt")):
@@ -119,10 +118,6 @@ class TaskRouter:
         if not TASK_NAME_PATTERN.fullmatch(task_name):
             raise ValueError(f"bad task name {task_name!r}")
         self.queue.enqueue(name, payload, task_name, delay=delay)
-
-    def wait(self) -> None:
-        """Until every task enqueued so far has been delivered or given up (for tests and scripts)."""
-        self.queue.wait()
 
 
 class CloudTasksQueue:
@@ -170,9 +165,6 @@ class CloudTasksQueue:
         with contextlib.suppress(exceptions.AlreadyExists):
             self.client.create_task(parent=self.parent, task=task, timeout=30)
 
-    def wait(self) -> None:
-        """Cloud Tasks delivers on its own schedule: nothing here to wait for."""
-
 
 class NoQueue:
     """Off App Engine without a local Cloud Tasks: the app serves, but cannot enqueue (say how to get one)."""
@@ -180,9 +172,6 @@ class NoQueue:
     def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None:
         raise RuntimeError("No task queue: set CLOUD_TASKS_EMULATOR_HOST to a local Cloud Tasks "
                            "(`make run` starts one: devstack/cloudtasks.py).")
-
-    def wait(self) -> None:
-        """Nothing is ever enqueued here."""
 
 
 def make_queue(settings: Settings) -> Queue:

@@ -100,7 +100,6 @@ def _safe_next(target: str | None) -> str:
 
 @bp.get("/api/session")
 def get_session() -> ResponseReturnValue:
-    """Who is signed in."""
     return jsonify(user=identity.require_user())
 
 
@@ -116,7 +115,6 @@ def create_session() -> ResponseReturnValue:
 
 @bp.delete("/api/session")
 def delete_session() -> ResponseReturnValue:
-    """Sign out."""
     identity.sign_out()
     return "", 204
 

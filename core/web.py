@@ -5,16 +5,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import (
-    Flask,
-    current_app,
-    flash,
-    jsonify,
-    make_response,
-    render_template,
-    request,
-    url_for,
-)
+from flask import Flask, current_app, flash, jsonify, make_response, render_template, request, url_for
 from flask.globals import request_ctx
 from flask.typing import ResponseReturnValue
 from flask_talisman import Talisman

@@ -12,7 +12,6 @@ Datastore offers (core/datastore.py builds ServerIncrements for Firestore only):
 import random
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
 
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
@@ -20,7 +19,7 @@ from google.cloud import ndb
 from core import clock, runtime
 from core.datastore import backoff, is_contention
 from core.errors import Unavailable
-from counters.models import AppliedIncrement
+from counters.models import AppliedIncrement, CounterShard, total_cache_key
 
 MAX_ATTEMPTS = 100
 # One shard, nowhere else to go: wait a random time up to 0.5 s, 1 s, 2 s, then 4 s (full jitter); the figures
@@ -28,12 +27,9 @@ MAX_ATTEMPTS = 100
 SINGLE_SHARD_BACKOFF = 0.25
 SINGLE_SHARD_BACKOFF_CAP = 4.0
 
-T = TypeVar("T")
 
-
-def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
-                      on_attempt: Callable[[int, bool], int] | None = None,
-                      max_attempts: int = MAX_ATTEMPTS) -> tuple[T, int, int]:
+def commit_on_a_shard(num_shards: int, attempt: Callable[[int], bool],
+                      on_attempt: Callable[[int, bool], int] | None = None) -> tuple[bool, int, int]:
     """Run `attempt(shard_index)` (one commit: a ShardWriter) on a random shard; on contention, another shard at once.
 
     ndb's own retry would wait (backoff from 1 s) and then try the same shard again, which is the worst move for a
@@ -46,7 +42,7 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
     Returns (attempt's result, attempts made, shard used).
     """
     shard = random.randrange(num_shards)
-    for attempts in range(1, max_attempts + 1):
+    for attempts in range(1, MAX_ATTEMPTS + 1):
         try:
             result = attempt(shard)
         except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
@@ -73,17 +69,11 @@ class ShardWriter:
     the shards on the next read. `token` names this call, so its own retry after a commit of unknown outcome still
     answers "applied"."""
 
-    def __init__(self, shard_key: Callable[[int], ndb.Key], model: type[ndb.Model], total_key: str | None = None,
-                 marker_key: ndb.Key | None = None):
-        self.shard_key, self.model, self.total_key, self.marker_key = shard_key, model, total_key, marker_key
-        self.token = uuid.uuid4().hex
-
-    def __call__(self, index: int) -> bool:
-        raise NotImplementedError
+    def __init__(self, name: str, marker_key: ndb.Key | None):
+        self.name, self.marker_key, self.token = name, marker_key, uuid.uuid4().hex
 
     def _counted(self) -> bool:
-        if self.total_key:
-            runtime.cache().incr(self.total_key)
+        runtime.cache().incr(total_cache_key(self.name))
         return True
 
 
@@ -93,7 +83,8 @@ class BlindShardWriter(ShardWriter):
     def __call__(self, index):
         marker = AppliedIncrement.new(self.marker_key, self.token, clock.now()) if self.marker_key else None
         try:
-            runtime.current().datastore.increments.commit(self.shard_key(index), "count", 1, insert=marker)
+            runtime.current().datastore.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
+                                                          insert=marker)
         except core_exceptions.AlreadyExists:
             existing = self.marker_key.get(use_cache=False, use_global_cache=False)
             return existing is not None and existing.token == self.token  # our own earlier attempt committed
@@ -110,8 +101,8 @@ class TransactionalShardWriter(ShardWriter):
                 if marker is not None:
                     return marker.token == self.token
                 AppliedIncrement.new(self.marker_key, self.token, clock.now()).put()
-            key = self.shard_key(index)
-            shard = key.get(retries=0) or self.model(key=key)  # created on its first increment
+            key = CounterShard.key_for(self.name, index)
+            shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment
             shard.count += 1
             shard.put()
             ndb.get_context().call_on_commit(self._counted)
@@ -119,8 +110,7 @@ class TransactionalShardWriter(ShardWriter):
         return ndb.transaction(txn, retries=0)
 
 
-def shard_writer(shard_key: Callable[[int], ndb.Key], model: type[ndb.Model], total_key: str | None = None,
-                 marker_key: ndb.Key | None = None) -> ShardWriter:
+def shard_writer(name: str, marker_key: ndb.Key | None) -> Callable[[int], bool]:
     """The writer for this process's backend: blind increments where its Datastore applies them."""
     blind = runtime.current().datastore.increments is not None
-    return (BlindShardWriter if blind else TransactionalShardWriter)(shard_key, model, total_key, marker_key)
+    return (BlindShardWriter if blind else TransactionalShardWriter)(name, marker_key)

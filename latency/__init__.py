@@ -1,5 +1,4 @@
-"""The numbers page: what each Datastore and memcache operation costs on this stack, beside the talk's figures.
-service.py (measuring), models.py, views.py (/numbers and /api/numbers)."""
+"""The numbers page: what each Datastore and memcache operation costs on this stack, beside the talk's figures."""
 from core import features
 from latency import demo, views
 

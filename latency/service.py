@@ -53,15 +53,11 @@ OPERATIONS = (
 )
 
 
-def _batch_keys():
-    parent = ndb.Key(*BATCH_PARENT)
-    return [ndb.Key(Probe, i + 1, parent=parent) for i in range(BATCH)]
-
-
 def _calls():
     """{operation name: a function doing it once}. Every Datastore call here bypasses ndb's caches (Probe says so)."""
     cache = runtime.cache()
-    keys = _batch_keys()
+    parent = ndb.Key(*BATCH_PARENT)
+    keys = [ndb.Key(Probe, i + 1, parent=parent) for i in range(BATCH)]
     write_number = iter(range(1, 10_000))
 
     def txn_write():
@@ -74,7 +70,7 @@ def _calls():
         ndb.put_multi([Probe(key=k, value=i, text=PAYLOAD) for i, k in enumerate(keys)])
 
     def query():
-        found = Probe.query(ancestor=ndb.Key(*BATCH_PARENT)).fetch(BATCH)
+        found = Probe.query(ancestor=parent).fetch(BATCH)
         assert len(found) == BATCH, found
 
     return {
@@ -105,12 +101,6 @@ def _time(fn):
 BACKEND_NAMES = {"legacy": "the legacy Datastore emulator", "firestore": "the Firestore emulator in Datastore mode"}
 
 
-def _backend():
-    settings = runtime.current().settings
-    name = BACKEND_NAMES[settings.backend] if settings.emulator_host else "Firestore in Datastore mode"
-    return settings.backend, name
-
-
 def measure(by):
     """Time every operation now (`by`: the admin's display name, shown to everyone), keep the result as the latest
     measurement and return it. 409 while another measurement runs (memcached holds the claim; when memcached is
@@ -123,17 +113,13 @@ def measure(by):
         memcache_up = cache.get(LOCK_KEY + ":probe") is not None
         calls = _calls()
         calls["batch_put"]()  # the entities the reads below read
-        rows = []
-        for op in OPERATIONS:
-            if op.name == "memcache_get" and not memcache_up:
-                timing = {"median_ms": None, "p90_ms": None, "runs": 0}
-            else:
-                timing = _time(calls[op.name])
-            rows.append({"name": op.name, **timing})
-        backend, backend_name = _backend()
-        measurement = Measurement(id=LATEST, measured=clock.now(),
-                                  by=by, backend=backend, backend_name=backend_name, runs=RUNS,
-                                  operations=rows, latency=runtime.current().settings.latency)
+        # memcache_get is left out while memcached is away: measurement_dict shows it unmeasured
+        rows = [{"name": op.name, **_time(calls[op.name])} for op in OPERATIONS
+                if op.name != "memcache_get" or memcache_up]
+        settings = runtime.current().settings
+        name = BACKEND_NAMES[settings.backend] if settings.emulator_host else "Firestore in Datastore mode"
+        measurement = Measurement(id=LATEST, measured=clock.now(), by=by, backend=settings.backend,
+                                  backend_name=name, runs=RUNS, operations=rows, latency=settings.latency)
         measurement.put()
         return measurement_dict(measurement)
     finally:
@@ -157,7 +143,7 @@ def measurement_dict(measurement):
                            "per_item_ms": per_item, "runs": row["runs"], "talk": op.talk, "talk_ms": op.talk_ms})
     write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
     # A measurement kept before `by` held display names holds an address: anyone may read this, so it is shown as one.
-    by = measurement.by and identity.display_name_of(measurement.by)
+    by = measurement.by and identity.display_name(measurement.by)
     return {"measured": clock.iso(measurement.measured), "by": by,
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],

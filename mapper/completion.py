@@ -20,55 +20,48 @@ CHECK_DELAYS = (1, 2, 4, 8, 15, 30)
 MAX_CHECKS = 120
 
 
-def returned_key(job_id: str) -> str:
-    """The cache's running sum of the credit a job's tasks handed back."""
-    return f"mapper-returned:{job_id}"
-
-
 # A running job's figures, as the pages and the API show them while it runs, are hints kept in the cache: reading
-# them is one cache round trip however many tasks the job has (summing the records, a query over every one, is for
+# them is one cache round trip however many tasks the job has (summing the records, a read of every one, is for
 # finishing a job). Each delivery adds what it did after committing it: a hint may fall short (a delivery that died
 # before adding, a cache restart), never run ahead. Depth: one key per level reached (max over adds, no read).
 HINT_LIFETIME = 7 * 86400
+HINTS = ("returned", "processed", "tasks")
 MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits of 100-entity pages reaches 12 by 10**9
 
 
-def hint_keys(job_id: str) -> dict[str, str]:
-    return {"processed": f"mapper-processed:{job_id}", "tasks": f"mapper-tasks:{job_id}"}
-
-
-def _depth_key(job_id: str, depth: int) -> str:
-    return f"mapper-depth:{job_id}:{depth}"
+def _key(job_id: str, name: str) -> str:
+    """A job's figure in the cache: "returned" (the running sum of the credit its tasks handed back), "processed",
+    "tasks", "depth" (then ":<level>")."""
+    return f"mapper-{name}:{job_id}"
 
 
 def hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here: bool) -> None:
     """After a delivery committed: add what it did to the job's hints (best effort: the cache may be away)."""
-    cache, keys = runtime.cache(), hint_keys(job.id)
+    cache = runtime.cache()
     if processed_here:
-        cache.incr(keys["processed"], processed_here)
+        cache.incr(_key(job.id, "processed"), processed_here)
     if finished_here:
-        cache.incr(keys["tasks"], 1)
+        cache.incr(_key(job.id, "tasks"), 1)
         if record.depth < MAX_HINTED_DEPTH:
-            cache.add(_depth_key(job.id, record.depth + 1), 1, expire=HINT_LIFETIME)
+            cache.add(f"{_key(job.id, 'depth')}:{record.depth + 1}", 1, expire=HINT_LIFETIME)
 
 
 def _hinted(job: MapperJob) -> "Status":
     """A running job's status from its hints: one cache round trip, whatever the job's size."""
-    keys = hint_keys(job.id)
-    depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
-    found = runtime.cache().get_many([returned_key(job.id), *keys.values(), *depth_keys])
+    depth_keys = [f"{_key(job.id, 'depth')}:{d}" for d in range(1, MAX_HINTED_DEPTH + 1)]
+    found = runtime.cache().get_many([*(_key(job.id, name) for name in HINTS), *depth_keys])
 
-    def number(key: str) -> int:
-        return int(found.get(key, 0))
+    def number(name: str) -> int:
+        return int(found.get(_key(job.id, name), 0))
     depth = max((d for d, key in enumerate(depth_keys, 1) if key in found), default=0)
-    return Status("running", processed=number(keys["processed"]), returned=number(returned_key(job.id)),
-                  tasks=number(keys["tasks"]), depth=depth, estimated=True)
+    return Status("running", processed=number("processed"), returned=number("returned"), tasks=number("tasks"),
+                  depth=depth, estimated=True)
 
 
 def start_hints(job_id: str) -> None:
     """The running sum and the hints of a job about to start, at 0."""
-    for key in (returned_key(job_id), *hint_keys(job_id).values()):
-        runtime.cache().add(key, 0, expire=HINT_LIFETIME)
+    for name in HINTS:
+        runtime.cache().add(_key(job_id, name), 0, expire=HINT_LIFETIME)
 
 
 @dataclasses.dataclass
@@ -166,7 +159,7 @@ def maybe_finish(job: MapperJob, returned: int) -> None:
 
     The records are read by key (`_derive`), so when they do not add up, a credit is really still out.
     """
-    total = runtime.cache().incr(returned_key(job.id), returned) if returned else None
+    total = runtime.cache().incr(_key(job.id, "returned"), returned) if returned else None
     if total is not None and total < TOTAL_CREDIT:
         return  # ranges are still out, by a sum this delivery has just added its own credit to
     current = _derive(job)

@@ -16,10 +16,6 @@ from core import clock
 TOTAL_CREDIT = 2 ** 62
 
 
-JOB_OUTCOMES = ("done", "failed", "cancelled")
-RECORD_STATES = ("running", "done", "failed")
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """What one task of a job's tree is given (its body in the queue, as JSON): the job's id, the task's path in the
@@ -101,7 +97,7 @@ class MapperJob(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
-    outcome = ndb.TextProperty(choices=JOB_OUTCOMES)  # set with `finished`
+    outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `finished`
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
 
     @property
@@ -114,20 +110,21 @@ class TaskRecord(ndb.Model):
     root, its third child, ...). Written only by that task, in the same transaction as each chunk of its page, so
     the record says exactly which entities of the page were processed.
 
-    Neither cache: each write must land in Datastore now, and reads of it are queries or in-transaction gets.
+    Neither cache: a record is written by every chunk and read back rarely (by a retry, by the job's finish), so the
+    global cache would only add a lock and a delete to each write.
     """
     _use_cache = False
     _use_global_cache = False
     job = ndb.StringProperty(required=True)
     depth = ndb.IntegerProperty(required=True, indexed=False)
     credit = ndb.IntegerProperty(required=True, indexed=False)
-    state = ndb.TextProperty(default="running", choices=RECORD_STATES)
+    state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
     page_end = ndb.KeyProperty(indexed=False)  # the last key of this task's page, fixed by its first chunk
     page_start = ndb.KeyProperty(indexed=False)  # and its first
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     processed = ndb.IntegerProperty(default=0, indexed=False)
-    tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (Job.tally)
+    tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     # The payloads of the tasks it split into, enqueued again on a retry; a listed page's keys are in its TaskListing.
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take

@@ -23,8 +23,7 @@ LIST_LIMIT = 20
 def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None) -> MapperJob:
     """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob."""
     definition = jobs.definition_of(name)
-    if params is None:
-        params = {}
+    params = {} if params is None else params
     if not isinstance(params, dict):
         raise BadInput("params must be a JSON object.", "bad_params")
     params = definition.parse_params(params)

@@ -63,7 +63,7 @@ def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     if record.returned:
         # Only the delivery that finished the record adds its credit to the running sum. Any other delivery of a
         # finished record (attempt 1+) cannot know whether the one that finished it lived to add it: 0 here, and
-        # _maybe_finish then trusts the records over the sum.
+        # maybe_finish then trusts the records over the sum.
         completion.maybe_finish(job, returned_here)
     return {"processed": record.processed, "children": len(record.children)}
 

@@ -69,8 +69,8 @@ def test_nothing_registers_by_being_imported(stack):
         registered = features.of(app)
         assert [f.name for f in registered.all] == ["counters", "blog", "comments", "mapper", "accounts", "tour",
                                                    "latency", "appstats"]
-        assert [label for _, label in registered.nav()] == ["Counters", "Blog", "Jobs", "Accounts", "Numbers"]
-        assert list(registered.lessons()) == ["counters", "blog", "comments", "mapper"]
+        assert [label for _, label in registered.navigation] == ["Counters", "Blog", "Jobs", "Accounts", "Numbers"]
+        assert list(registered.lesson_index) == ["counters", "blog", "comments", "mapper"]
         with pytest.raises(ValueError, match="registered already"):
             mapper_jobs.register(app, comments.service.RECOUNT)
         with pytest.raises(ValueError, match="already"):

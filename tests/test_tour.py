@@ -19,7 +19,7 @@ def test_empty_datastore_tour_says_there_is_nothing_yet(app, client):
     assert _figure(html, "blog") == "No demo blog yet."
     assert _figure(html, "comments") == "No comments yet."
     assert _figure(html, "mapper") == "No job has run yet."
-    for lesson in features.of(app).lessons().values():
+    for lesson in features.of(app).lesson_index.values():
         assert lesson.title in html
         for path in lesson.sources:
             assert f'href="/source/{path}"' in html

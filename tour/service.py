@@ -9,11 +9,6 @@ import yaml
 from core.features import REPO
 
 
-def figures(lessons):
-    """{lesson slug: its live figure}; None for a lesson with nothing to show yet (no demo content)."""
-    return {slug: lesson.figure() for slug, lesson in lessons.items()}
-
-
 def read_source(path, sources):
     """The text of `path` if it is one of `sources` (the registry's fixed set), else None."""
     return _read(path) if path in sources else None
@@ -50,8 +45,9 @@ def without_deployment_values(app_yaml):
         properties = NODE_PROPERTIES.match(value)[0]
         text = text[:start] + properties + f'"{HIDDEN}"' + "\n" * value.count("\n") + text[end:]
     lines = text.splitlines(keepends=True)
-    for first, last in _env_line_ranges(root):
-        for n in range(first, min(last, len(lines))):
+    for env in _env_values(root):  # its lines, with the comments among and after its entries
+        last = env.end_mark.line + (env.end_mark.column > 0)
+        for n in range(env.start_mark.line, min(last, len(lines))):
             at = _comment_at(lines[n])
             if at is None:
                 continue
@@ -96,12 +92,6 @@ def _value_spans(node, seen=None):
             yield from _value_spans(item, seen)
     else:
         yield node.start_mark.index, node.end_mark.index
-
-
-def _env_line_ranges(root):
-    """[first, last) lines of each env_variables value (the comments among and after its entries included)."""
-    for env in _env_values(root):
-        yield env.start_mark.line, env.end_mark.line + (env.end_mark.column > 0)
 
 
 def _comment_at(line):
