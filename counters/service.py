@@ -1,10 +1,7 @@
 """Sharded counters: the talk's first lesson.
 
-A counter written by many clients at once cannot be one entity: Datastore commits to one entity group at a limited
-rate and aborts transactions that collide. So a counter is N shard entities; an increment adds 1 to a random shard in
-a small transaction, and the total is the sum of the shards, read by key (strongly consistent, no index, no query).
-
-The talk's own counter is counters/simple.py, whole; read it first. Beyond it, two kinds live here:
+The talk's own counter is counters/simple.py, whole; read it first (why a counter is shards). Beyond it, two kinds
+live here:
 - named `general` counters: a CounterConfig with `num_shards`, the total cached;
 - named `adaptive` counters: start with one shard and multiply them while increments keep colliding, up to a cap.
 

@@ -62,8 +62,8 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], bool],
 
 
 class ShardWriter:
-    """`writer(index)`: +1 on shard `shard_key(index)` in one commit; True when it counted (False: the
-    Idempotency-Key's marker was written before, by another call). Then the cached total at `total_key` is `incr`ed,
+    """`writer(index)`: +1 on the counter's shard `index` in one commit; True when it counted (False: the
+    Idempotency-Key's marker was written before, by another call). Then the counter's cached total is `incr`ed,
     only after the commit and only once (inside a retried transaction an incr could run for an attempt that then
     aborts); incr never creates the key (pymemcache returns None for a missing one): a missing total is rebuilt from
     the shards on the next read. `token` names this call, so its own retry after a commit of unknown outcome still

@@ -41,9 +41,6 @@ class DrainedQueue:
         with self.lock:
             return self.pending.popleft() if self.pending else None
 
-    def wait(self):
-        """Nothing is ever on its way here: tasks wait until a test drains them."""
-
     def drain(self, deliver, workers=1, max_deliveries=10_000, timeout=300):
         """Deliver until no task is left: deliver(task) -> True when it succeeded; a failed task goes to the back of
         the line with attempt + 1 (as a queue retries it). Bounded in deliveries and time: tasks left when the time
