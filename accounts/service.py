@@ -105,6 +105,7 @@ def summary() -> dict[str, int]:
 
 
 def _credit_params(params: dict[str, Any]) -> dict[str, int]:
+    """The job's checked params, once the counters it settles into exist (keep_figures)."""
     keep_figures()
     unknown = set(params) - {"amount"}
     if unknown:

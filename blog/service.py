@@ -112,7 +112,8 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
         if marker is not None:
             return Posted(entry_dict(EntryRef(blog, marker.index).key.get(retries=0)), marker.token == token)
-        blog_index = blog_index or BlogIndex(key=blog_key, max_index=-1)
+        if blog_index is None:
+            blog_index = BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1
         index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,

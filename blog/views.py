@@ -58,9 +58,9 @@ def feed(blog):
 def _post_from_form(blog, render):
     """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in, with
     the reason."""
-    identity.require_admin()
+    user = identity.require_admin()
     form = request.form
-    author = identity.display_name(identity.current_user()["email"])
+    author = identity.display_name(user["email"])
     posted, refused = submit_form(
         lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
                                    form.get("post_token") or None),

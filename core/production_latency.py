@@ -65,6 +65,8 @@ class Model:
     Thread-safe: one per process, used by every request thread."""
 
     def __init__(self, name: str = "none") -> None:
+        if name not in NAMES:
+            raise ValueError(f"LATENCY must be one of {', '.join(NAMES)}, not {name!r}")
         self.on = name == "production"
         self._rng = random.Random()
         self._lock = threading.Lock()  # random.Random's normalvariate keeps state between calls

@@ -72,6 +72,9 @@ class ShardWriter:
     def __init__(self, name: str, marker_key: ndb.Key | None):
         self.name, self.marker_key, self.token = name, marker_key, uuid.uuid4().hex
 
+    def __call__(self, index: int) -> bool:
+        raise NotImplementedError
+
     def _counted(self) -> bool:
         runtime.cache().incr(total_cache_key(self.name))
         return True

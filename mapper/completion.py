@@ -35,6 +35,10 @@ def _key(job_id: str, name: str) -> str:
     return f"mapper-{name}:{job_id}"
 
 
+def _depth_key(job_id: str, level: int) -> str:
+    return f"{_key(job_id, 'depth')}:{level}"
+
+
 def hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here: bool) -> None:
     """After a delivery committed: add what it did to the job's hints (best effort: the cache may be away)."""
     cache = runtime.cache()
@@ -43,12 +47,12 @@ def hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here:
     if finished_here:
         cache.incr(_key(job.id, "tasks"), 1)
         if record.depth < MAX_HINTED_DEPTH:
-            cache.add(f"{_key(job.id, 'depth')}:{record.depth + 1}", 1, expire=HINT_LIFETIME)
+            cache.add(_depth_key(job.id, record.depth + 1), 1, expire=HINT_LIFETIME)
 
 
 def _hinted(job: MapperJob) -> "Status":
     """A running job's status from its hints: one cache round trip, whatever the job's size."""
-    depth_keys = [f"{_key(job.id, 'depth')}:{d}" for d in range(1, MAX_HINTED_DEPTH + 1)]
+    depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
     found = runtime.cache().get_many([*(_key(job.id, name) for name in HINTS), *depth_keys])
 
     def number(name: str) -> int:

@@ -65,6 +65,8 @@ def register(app: Flask, definition: JobDefinition) -> JobDefinition:
     """Make the job `definition` one that `app` can run (from the init_app of the feature that owns its kind)."""
     if not 1 <= definition.chunk < MAX_GROUPS:
         raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
+    if definition.chunk_firestore is not None and definition.chunk_firestore < 1:
+        raise ValueError(f"{definition.name}: chunk_firestore must be at least 1")
     jobs = runtime.of(app).registry(JOBS)
     if definition.name in jobs:
         raise ValueError(f"a job named {definition.name!r} is registered already")

@@ -110,8 +110,8 @@ class TaskRecord(ndb.Model):
     root, its third child, ...). Written only by that task, in the same transaction as each chunk of its page, so
     the record says exactly which entities of the page were processed.
 
-    Neither cache: a record is written by every chunk and read back rarely (by a retry, by the job's finish), so the
-    global cache would only add a lock and a delete to each write.
+    Neither cache: a record is written by every chunk and read in its transaction, which skips the global cache, so
+    that cache would only add a lock and a delete to each write.
     """
     _use_cache = False
     _use_global_cache = False
