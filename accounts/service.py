@@ -105,12 +105,13 @@ def summary() -> dict[str, int]:
 
 
 def _credit_params(params: dict[str, Any]) -> dict[str, int]:
-    """The job's checked params, once the counters it settles into exist (keep_figures)."""
-    keep_figures()
+    """The job's checked params; once they are valid, the counters it settles into are created (keep_figures)."""
     unknown = set(params) - {"amount"}
     if unknown:
         raise BadInput(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
-    return {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT)}
+    checked = {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT)}
+    keep_figures()
+    return checked
 
 
 def _credit(accounts: list[Account], params: dict[str, Any], prepared: object) -> list[Account]:

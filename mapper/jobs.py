@@ -34,6 +34,8 @@ class JobDefinition:
     `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job finished (done,
     failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
     committed, instead of each chunk writing one shared entity.
+    `parse_params(params)` checks the job's params (BadInput when wrong) and returns them as the job keeps them; it
+    runs after every other check of the request, so it may create what the job needs once they are valid.
     """
     name: str
     kind: str

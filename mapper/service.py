@@ -26,9 +26,9 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise BadInput("params must be a JSON object.", "bad_params")
-    params = definition.parse_params(params)
     page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size)
     fanout = whole_number(fanout, "fanout", 2, 16, default=definition.fanout)
+    params = definition.parse_params(params)  # last: a job's parse_params may write what it needs, once all is valid
 
     query = ndb.Query(kind=definition.kind)
     # The root range ends at the kind's largest key (none: the kind is empty). A descending key order needs a

@@ -11,6 +11,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service as comments_service
 from core import runtime, tasks
+from counters.models import CounterConfig
 from devstack import serving, taskqueue
 from devstack.apps import app_on
 from mapper.models import MapperJob
@@ -51,6 +52,8 @@ def test_bad_job_requests_are_400_and_start_nothing(client, auth, task_queue, bo
     assert r.status_code == 400, r.get_json()
     assert r.get_json()["error"]["code"] == code
     assert job_count() == 0 and not task_queue.queue.pending
+    with runtime.current().context():
+        assert CounterConfig.query().fetch(keys_only=True) == []  # nor the figures a credit job keeps
 
 
 def test_starting_a_job_needs_an_admin_and_json(client, auth, task_queue):
