@@ -28,7 +28,7 @@ run: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
-## lint: ruff (style, pyproject.toml), import-linter (the layout's dependency rules) and mypy (core's type hints)
+## lint: ruff (style, pyproject.toml), import-linter (the layout's dependency rules) and mypy (every function of the app typed)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-logo

@@ -2,6 +2,8 @@
 import datetime
 import logging
 import os
+from types import ModuleType
+from typing import Any
 
 import click
 from flask import Flask
@@ -18,6 +20,7 @@ from blog.service import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
 from core import views as core_views
 from core.settings import Settings, with_secret_key
+from core.tasks import Queue
 
 # The largest valid body: a blog entry of the longest title and body, every character one outside the BMP, which a
 # JSON encoder may escape as a surrogate pair ("\\ud83d\\ude00": 12 bytes), plus the keys and the quotes.
@@ -28,7 +31,8 @@ MAX_BODY_BYTES = 12 * (TITLE_MAX + BODY_MAX) + 1024
 FEATURES = (counters, blog, comments, mapper, accounts, tour, latency, appstats)
 
 
-def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flask_config):
+def create_app(settings: Settings | None = None, *, task_queue: Queue | None = None,
+               features_list: tuple[ModuleType, ...] = FEATURES, **flask_config: Any) -> Flask:
     """Build the app on `settings` (default: the environment's, read once). `task_queue` replaces the settings' queue
     (tests and benchmarks deliver tasks themselves: devstack.taskqueue). `features_list` is FEATURES, or a part of it
     that keeps each feature's dependencies (the tests show blog standing alone). `flask_config` overrides Flask
@@ -53,7 +57,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     # runtime is this app's own; each request makes it current (services read it through core.runtime.current()).
     rt = app.extensions[runtime.EXTENSION] = runtime.Runtime(settings, task_queue)
     app.extensions["google_keys"] = identity.GoogleKeys()
-    app.wsgi_app = runtime.RequestMiddleware(app.wsgi_app, rt)
+    app.wsgi_app = runtime.RequestMiddleware(app.wsgi_app, rt)  # type: ignore[method-assign]
 
     web.init_app(app)
     appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature
@@ -65,7 +69,7 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     app.extensions["openapi"] = openapi.build(app)  # once per process: GET /api/openapi.json serves it as it is
 
     @app.cli.command("seed")
-    def seed():
+    def seed() -> None:
         """Add the demo content of each feature that has none yet."""
         for name, created in seed_demo(app):
             click.echo(f"{name}: {'seeded' if created else 'already has content'}")
@@ -73,13 +77,13 @@ def create_app(settings=None, *, task_queue=None, features_list=FEATURES, **flas
     return app
 
 
-def seed_demo(app):
+def seed_demo(app: Flask) -> list[tuple[str, bool]]:
     """Each feature's demo content, where it has none yet: [(feature, seeded?)]."""
     with runtime.of(app).context():
         return [(f.name, f.seed()) for f in features.of(app).all if f.seed]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Flask:
     """`main:app` for gunicorn, built on first use: importing main (tests, scripts) builds no app."""
     if name == "app":
         logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"))

@@ -5,7 +5,7 @@ from accounts.models import Account
 DEMO_ACCOUNTS = 1_000
 
 
-def seed():
+def seed() -> bool:
     """The demo's accounts, written directly (no server runs yet when `flask seed` does)."""
     if Account.query().fetch(1, keys_only=True):
         return False

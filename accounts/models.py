@@ -24,5 +24,5 @@ class AccountsAudit(ndb.Model):
     created = ndb.DateTimeProperty(auto_now=True, indexed=False)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return (self.found_count, self.found_balance) == (self.kept_count, self.kept_balance)

@@ -1,22 +1,26 @@
 """Accounts: the /accounts page (seed, summary, credit everyone) and /api/accounts routes."""
+from typing import Any
+
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from accounts import service
 from core import identity, runtime
-from core.web import json_body, submit_form
+from core.errors import AppError
+from core.web import form_refused, json_body
 from mapper import service as mapper
 
 bp = Blueprint("accounts", __name__)
 
 
 @bp.get("/accounts")
-def index():
+def index() -> ResponseReturnValue:
     """How many accounts, their total balance, the latest audit of both, and (admins) forms to seed more, to credit
     every one and to audit."""
     return _page()
 
 
-def _page(status=200, comparison=None):
+def _page(status: int = 200, comparison: dict[str, Any] | None = None) -> tuple[str, int]:
     return render_template("accounts/index.html", summary=service.summary(), audit=service.latest_audit(),
                            comparison=comparison, max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT,
                            # only Firestore in Datastore mode has aggregation queries
@@ -24,12 +28,13 @@ def _page(status=200, comparison=None):
 
 
 @bp.post("/accounts/seed")
-def seed_form():
+def seed_form() -> ResponseReturnValue:
     """Seed accounts in the background."""
     identity.require_admin()
-    seeded, page = submit_form(lambda: service.seed(request.form.get("count")), _page)
-    if page:
-        return page
+    try:
+        seeded = service.seed(request.form.get("count"))
+    except AppError as e:
+        return form_refused(e, _page)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
     # visitor's text on the page.
     flash(f"Seeding {seeded['count']} accounts in the background; reload to see them arrive.", "info")
@@ -37,16 +42,18 @@ def seed_form():
 
 
 @bp.post("/accounts/credit")
-def credit_form():
+def credit_form() -> ResponseReturnValue:
     """Start the add_credit job over every account."""
     identity.require_admin()
-    job, page = submit_form(lambda: mapper.start_job(service.ADD_CREDIT.name,
-                                                     {"amount": request.form.get("amount")}), _page)
-    return page or redirect(url_for("mapper.job", job_id=job.id))
+    try:
+        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": request.form.get("amount")})
+    except AppError as e:
+        return form_refused(e, _page)
+    return redirect(url_for("mapper.job", job_id=job.id))
 
 
 @bp.post("/accounts/audit")
-def audit_form():
+def audit_form() -> ResponseReturnValue:
     """Start the audit_accounts job."""
     identity.require_admin()
     job = mapper.start_job(service.AUDIT.name, {})
@@ -54,33 +61,33 @@ def audit_form():
 
 
 @bp.post("/accounts/aggregation")
-def aggregation_form():
+def aggregation_form() -> ResponseReturnValue:
     """Admin: the kept figures beside COUNT and SUM over the accounts, timed now, shown on the page."""
     identity.require_admin()
     return _page(comparison=service.compare_with_aggregation())
 
 
 @bp.post("/api/accounts/aggregation")
-def api_aggregation():
+def api_aggregation() -> ResponseReturnValue:
     """Admin: the kept figures beside COUNT and SUM aggregation queries over the accounts, each timed now."""
     identity.require_admin()
     return jsonify(service.compare_with_aggregation())
 
 
 @bp.get("/api/accounts/audit")
-def api_audit():
+def api_audit() -> ResponseReturnValue:
     """The latest audit's result: what it counted beside what the app keeps; null before any audit finished."""
     return jsonify(audit=service.latest_audit())
 
 
 @bp.post("/api/accounts/seed")
-def api_seed():
+def api_seed() -> ResponseReturnValue:
     """Seed {"count": 1..100000} accounts in the background -> 202."""
     identity.require_admin()
     return jsonify(service.seed(json_body().get("count"))), 202
 
 
 @bp.get("/api/accounts/summary")
-def api_summary():
+def api_summary() -> ResponseReturnValue:
     """{"count", "total_balance"} over every account."""
     return jsonify(service.summary())

@@ -69,7 +69,7 @@ def init_app(app: Flask) -> None:
         return response
 
     app.add_template_global(request_cost)
-    app.add_template_global(rt.latency.on, "latency_modelled")
+    app.jinja_env.globals["latency_modelled"] = rt.latency.on
     app.add_template_global(costs.plural)
 
 
@@ -101,13 +101,13 @@ def _entry(record: dict[str, Any], billed: billing.Billed, served: float, projec
     """The request's Cloud Logging entry: its message, its time (`timestamp`, so that it is dated when it was
     served), its httpRequest, its figures, and the trace it belongs to, so that it sits under its request in Logs
     Explorer (special fields: https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)."""
-    entry = {"severity": "INFO",
-             "message": f"{record['method']} {record['path']} {record['status']}: "
-                        f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed",
-             "timestamp": {"seconds": int(served), "nanos": int(served % 1 * 1e9)},
-             "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"],
-                             "status": record["status"], "latency": f"{record['app_ms'] / 1000:.4f}s"},
-             "appstats": {k: record[k] for k in ("datastore", "billed", "cache", "app_ms")}}
+    message = (f"{record['method']} {record['path']} {record['status']}: "
+               f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed")
+    entry: dict[str, Any] = {
+        "severity": "INFO", "message": message, "timestamp": {"seconds": int(served), "nanos": int(served % 1 * 1e9)},
+        "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"], "status": record["status"],
+                        "latency": f"{record['app_ms'] / 1000:.4f}s"},
+        "appstats": {k: record[k] for k in ("datastore", "billed", "cache", "app_ms")}}
     trace = TRACE_CONTEXT.fullmatch(request.headers.get("X-Cloud-Trace-Context", ""))
     if trace is not None:
         entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace['trace']}"

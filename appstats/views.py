@@ -3,6 +3,7 @@ each one's timeline: every call a bar from its start to its answer, as Appstats 
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, render_template
+from flask.typing import ResponseReturnValue
 
 from appstats.accounting import RECENT
 from core import billing, costs, identity
@@ -26,7 +27,7 @@ def _timeline(request_id: int) -> dict[str, Any]:
 
 
 @bp.get("/appstats")
-def index():
+def index() -> ResponseReturnValue:
     """The last requests' costs, newest first (this process only: each gunicorn worker keeps its own). Anyone else
     gets the page without the list (it says who asked for what), with the refusal's status and what to do."""
     try:
@@ -38,7 +39,7 @@ def index():
 
 
 @bp.get("/appstats/<int:request_id>")
-def timeline(request_id):
+def timeline(request_id: int) -> ResponseReturnValue:
     """One request's timeline (admins: it says who asked for what)."""
     identity.require_admin()
     found = _timeline(request_id)
@@ -53,14 +54,14 @@ def timeline(request_id):
 
 
 @bp.get("/api/appstats")
-def api_recent():
+def api_recent() -> ResponseReturnValue:
     """Admin: the last requests' costs in this process, newest first."""
     identity.require_admin()
     return jsonify(requests=_recent(), size=RECENT)
 
 
 @bp.get("/api/appstats/<int:request_id>")
-def api_timeline(request_id):
+def api_timeline(request_id: int) -> ResponseReturnValue:
     """Admin: one recent request's costs and its calls' times."""
     identity.require_admin()
     return jsonify(_timeline(request_id))

@@ -2,11 +2,13 @@
 EntryRef, an entry's identity), pages.py (its HTML pages and the hook other features add to entries through),
 views.py (/blog and /api/blogs). The blog builds on the counters and knows nothing of what adds to its entries.
 """
+from flask import Flask
+
 from blog import demo, pages, production, views
 from core import features
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     pages.init_app(app)
     features.add(app, features.Feature(

@@ -1,4 +1,6 @@
 """The blog's demo content for a fresh `make run`, and the live figure of its lesson on the tour."""
+from typing import Any
+
 from blog import service
 
 DEMO_BLOG = "demo"
@@ -17,7 +19,7 @@ _TOPICS = [
 ]
 
 
-def seed():
+def seed() -> bool:
     """A demo blog with enough entries for several pages; does nothing when the blog exists."""
     if service.get_blog(DEMO_BLOG) is not None:
         return False
@@ -33,7 +35,7 @@ def seed():
     return True
 
 
-def figure():
+def figure() -> dict[str, Any] | None:
     """How many entries the demo blog has: one get by key (its index entity knows); None before it exists."""
     index = service.get_blog(DEMO_BLOG)
     return None if index is None else {"blog": DEMO_BLOG, "entries": index.max_index + 1, "newest": index.max_index}

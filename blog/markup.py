@@ -14,7 +14,7 @@ URL_SCHEMES = {"http", "https", "mailto"}  # relative URLs stay allowed; every o
 EXTENSIONS = ["fenced_code", "tables", "sane_lists"]
 
 
-def render_markdown(text):
+def render_markdown(text: str) -> str:
     """Safe HTML for Markdown `text`."""
     html = markdown.markdown(text, extensions=EXTENSIONS, output_format="html")
     return nh3.clean(html, tags=TAGS, attributes=ATTRIBUTES, url_schemes=URL_SCHEMES,

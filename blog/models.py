@@ -25,7 +25,7 @@ class BlogIndex(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.key.id()
 
 
@@ -57,20 +57,20 @@ class EntryRef:
     index: int
 
     @property
-    def key(self):
+    def key(self) -> ndb.Key:
         return ndb.Key(BlogIndex, self.blog, BlogEntry, f"{self.blog}:{self.index}")
 
     @classmethod
-    def from_key(cls, key):
+    def from_key(cls, key: ndb.Key) -> "EntryRef":
         blog, _, index = key.id().rpartition(":")
         return cls(blog, int(index))
 
     @property
-    def path(self):
+    def path(self) -> str:
         """What another entity stores to point at this entry (an indexed string: a query can match it)."""
         return f"{self.blog}/{self.index}"
 
-    def counter_name(self, suffix=None):
+    def counter_name(self, suffix: str | None = None) -> str:
         """The short name of one of the entry's counters, under its owner's prefix (counters.owned)."""
         return f"{self.blog}.{self.index}" + (f".{suffix}" if suffix else "")
 

@@ -5,13 +5,15 @@ entry's meta line, a section under the entry on its page, a field in the entry's
 `EntryAddon` and registers it from its own init_app (`add_entry_addon`). The blog calls its addons; it never imports
 them, so dependencies run one way: comments -> blog -> counters.
 """
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from flask import current_app, render_template
+from flask import Flask, current_app, render_template
 from markupsafe import Markup
 
 from blog import service
+from blog.models import EntryRef
 from core.fragments import Fragments
 
 EXTENSION = "blog.entry_addons"
@@ -23,36 +25,36 @@ class EntryAddon:
     name: str
     # {ref: {field: value}} for a page of entries: one call per page (one memcached round trip, not one per entry).
     # The fields join each entry's JSON and are what `meta_template` and `section` are given.
-    summaries: Callable[[list], dict]
+    summaries: Callable[[list[EntryRef]], dict[EntryRef, dict[str, Any]]]
     # A partial for each entry's meta line, given `ref`, `summary` and `on_entry_page`.
     meta_template: str | None = None
     # (ref, summary, state) -> the HTML under the entry on its page. `state` is what the addon's own route passed to
     # render_entry (comments: the refused form, to show again), else None.
-    section: Callable | None = None
+    section: Callable[[EntryRef, dict[str, Any], Any], str] | None = None
 
 
-def add_entry_addon(app, addon):
+def add_entry_addon(app: Flask, addon: EntryAddon) -> None:
     app.extensions.setdefault(EXTENSION, []).append(addon)
 
 
-def _addons():
+def _addons() -> list[EntryAddon]:
     return current_app.extensions.get(EXTENSION, [])
 
 
-def summaries(refs):
+def summaries(refs: list[EntryRef]) -> dict[EntryRef, dict[str, Any]]:
     """{ref: the fields every addon has for it}."""
-    merged = {ref: {} for ref in refs}
+    merged: dict[EntryRef, dict[str, Any]] = {ref: {} for ref in refs}
     for addon in _addons():
         for ref, fields in addon.summaries(refs).items():
             merged[ref].update(fields)
     return merged
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.extensions[FRAGMENTS] = Fragments()
 
 
-def render_index(blog, page, form=None):
+def render_index(blog: str, page: service.BlogPage, form: Mapping[str, str] | None = None) -> str:
     refs = [service.EntryRef(blog, e["index"]) for e in page.items]
     shown = summaries(refs)
     # The page of entries rendered once per process for what it shows: an entry is never changed once posted, so its
@@ -63,7 +65,7 @@ def render_index(blog, page, form=None):
     return render_template("blog/index.html", blog=blog, page=page, form=form or {}, entries_html=entries_html)
 
 
-def render_entry(ref, status=200, state=None):
+def render_entry(ref: EntryRef, status: int = 200, state: dict[str, Any] | None = None) -> tuple[str, int]:
     """The entry page, with each addon's section below the entry; `state` ({addon name: its state}) lets an addon's
     own route show the page again after refusing its input, with `status`."""
     entry = service.require_entry(ref)

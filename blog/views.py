@@ -1,17 +1,19 @@
 """The blog: /blog pages, the admin post form, the Atom feed, and the /api/blogs routes."""
 import contextlib
+from collections.abc import Callable, Mapping
 
 from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from blog import pages, service
 from core import identity, runtime
-from core.errors import BadInput
-from core.web import json_body, submit_form
+from core.errors import AppError, BadInput
+from core.web import form_refused, json_body
 
 bp = Blueprint("blog", __name__)
 
 
-def _cache_or_not():
+def _cache_or_not() -> contextlib.AbstractContextManager[None]:
     """The block a page is read in: as usual, or for `?cache=bypass`, which only an admin may ask for, as if there
     were no cache at all (make load's front-page scenario compares the two on one deployment). Any other value is
     refused."""
@@ -27,27 +29,27 @@ def _cache_or_not():
 # --- pages ----------------------------------------------------------------------------------------------------------
 
 @bp.get("/blog")
-def blogs():
+def blogs() -> ResponseReturnValue:
     """Every blog, and for admins a form to start one."""
     return render_template("blog/blogs.html", blogs=service.list_blogs(), form={})
 
 
 @bp.get("/blog/<blog>")
-def index(blog):
+def index(blog: str) -> ResponseReturnValue:
     """A page of a blog's entries, newest first: `?start=<index>` pages back by index."""
     with _cache_or_not():
         return pages.render_index(blog, service.get_page(blog, request.args.get("start")))
 
 
 @bp.get("/blog/<blog>/<int:index>")
-def entry(blog, index):
+def entry(blog: str, index: int) -> ResponseReturnValue:
     """One entry by its permalink, with what the entry addons show under it (comments: a page of them, paged by
     `?after=`/`?before=<id>`, `?page=last`); the page's script counts the view (POST .../views)."""
     return pages.render_entry(service.entry_ref(blog, index))
 
 
 @bp.get("/blog/<blog>/feed.atom")
-def feed(blog):
+def feed(blog: str) -> ResponseReturnValue:
     """The newest entries as an Atom feed."""
     page = service.get_page(blog, None, service.FEED_SIZE)
     response = make_response(render_template("blog/feed.xml", blog=blog, page=page))
@@ -55,25 +57,24 @@ def feed(blog):
     return response
 
 
-def _post_from_form(blog, render):
+def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> ResponseReturnValue:
     """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in, with
     the reason."""
     user = identity.require_admin()
     form = request.form
     author = identity.display_name(user["email"])
-    posted, refused = submit_form(
-        lambda: service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
-                                   form.get("post_token") or None),
-        lambda status: (render(form), status))
-    if refused:
-        return refused
+    try:
+        posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
+                                    form.get("post_token") or None)
+    except AppError as e:
+        return form_refused(e, lambda status: (render(form), status))
     if posted.created:
         flash(f"Posted entry {posted.entry['index']}.", "info")
     return redirect(url_for("blog.entry", blog=blog, index=posted.entry["index"]))
 
 
 @bp.post("/blog")
-def start_blog_form():
+def start_blog_form() -> ResponseReturnValue:
     """Admin: start a blog by posting its first entry."""
     blog = request.form.get("blog", "").strip()
     return _post_from_form(
@@ -81,7 +82,7 @@ def start_blog_form():
 
 
 @bp.post("/blog/<blog>/entries")
-def post_form(blog):
+def post_form(blog: str) -> ResponseReturnValue:
     """Admin: post an entry from the form on the blog's page."""
     return _post_from_form(blog, lambda form: pages.render_index(blog, service.get_page(blog), form))
 
@@ -89,13 +90,13 @@ def post_form(blog):
 # --- JSON API -------------------------------------------------------------------------------------------------------
 
 @bp.get("/api/blogs")
-def api_blogs():
+def api_blogs() -> ResponseReturnValue:
     """Every blog with its number of entries (the first 100 by name)."""
     return jsonify(blogs=[{"name": name, "entries": count} for name, count in service.list_blogs()])
 
 
 @bp.post("/api/blogs/<blog>/entries")
-def api_post(blog):
+def api_post(blog: str) -> ResponseReturnValue:
     """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()
     data = json_body()
@@ -107,7 +108,7 @@ def api_post(blog):
 
 
 @bp.get("/api/blogs/<blog>/entries")
-def api_entries(blog):
+def api_entries(blog: str) -> ResponseReturnValue:
     """A page of entries, newest first: `?start=<index>&limit=<1..50>`; `next` is the older page's start."""
     with _cache_or_not():
         page = service.get_page(blog, request.args.get("start"), request.args.get("limit"))
@@ -116,13 +117,13 @@ def api_entries(blog):
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/views")
-def api_view(blog, index):
+def api_view(blog: str, index: str) -> ResponseReturnValue:
     """Count one view of the entry (sent by its page's script; anyone may) -> its view count."""
     return jsonify(views=service.record_view(service.entry_ref(blog, index)))
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>")
-def api_entry(blog, index):
+def api_entry(blog: str, index: str) -> ResponseReturnValue:
     """One entry by index, with its view count and what the entry addons add (comments: its comment count)."""
     ref = service.entry_ref(blog, index)
     entry = service.require_entry(ref)

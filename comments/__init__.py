@@ -1,13 +1,15 @@
 """Comments, the third lesson: service.py (the operations and the recount job), models.py, views.py (their section
 under each entry, the form, /api/.../comments). Comments build on the blog and the counters; neither knows them.
 """
+from flask import Flask
+
 from blog import pages as blog_pages
 from comments import demo, production, service, views
 from core import features
 from mapper import jobs as mapper_jobs
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     blog_pages.add_entry_addon(app, views.ENTRY_ADDON)
     mapper_jobs.register(app, service.RECOUNT)

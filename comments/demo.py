@@ -1,9 +1,12 @@
 """The comments' demo content (on the demo blog's newest entries), and the live figure of their lesson on the tour."""
+from typing import Any
+
 from blog import demo as blog_demo
 from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment
+from core.identity import User
 
 DEMO_USERS = ("ann", "bo", "chen", "dara", "eli")
 _DEMO_LINES = [
@@ -16,7 +19,7 @@ _DEMO_LINES = [
 ]
 
 
-def seed():
+def seed() -> bool:
     """Comments from several users on the demo blog's newest entries; nothing when they have any."""
     newest = blog_service.get_blog(blog_demo.DEMO_BLOG)
     if newest is None or Comment.query().get(keys_only=True) is not None:
@@ -25,13 +28,13 @@ def seed():
     for index, count in ((top, 45), (top - 1, 12), (top - 2, 3)):
         for n in range(count):
             name = DEMO_USERS[n % len(DEMO_USERS)]
-            user = {"id": f"demo-{name}", "email": f"{name}@example.com"}
+            user: User = {"id": f"demo-{name}", "email": f"{name}@example.com", "admin": False}
             service.post_comment(EntryRef(blog_demo.DEMO_BLOG, index), user,
                                  f"{_DEMO_LINES[n % len(_DEMO_LINES)]} (comment {n + 1})")
     return True
 
 
-def figure():
+def figure() -> dict[str, Any] | None:
     """Comments on the demo blog's front page: its entries' comment counters, cached totals in one round trip."""
     index = blog_service.get_blog(blog_demo.DEMO_BLOG)  # one get by key: the index entity knows the newest entry
     if index is None:

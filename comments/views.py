@@ -5,15 +5,20 @@ The entry page is the blog's (blog/pages.py); comments add to it through the `EN
 the count on each entry's meta line and in its JSON, and the section below the entry.
 """
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from flask import Blueprint, jsonify, redirect, render_template, request, session, url_for
+from flask.typing import ResponseReturnValue
 from markupsafe import Markup, escape
 
 from blog import pages as blog_pages
 from blog import service as blog_service
+from blog.models import EntryRef
 from comments import service
 from core import identity
-from core.web import json_body, submit_form
+from core.errors import AppError
+from core.web import form_refused, json_body
 
 bp = Blueprint("comments", __name__)
 URL = re.compile(r"https?://[^\s<>\"']+")
@@ -21,11 +26,12 @@ TRAILING = ".,;:!?)]}'\""
 
 
 @bp.app_template_filter()
-def linkify(text):
+def linkify(text: str) -> Markup:
     """Plain comment text as HTML: everything escaped, http(s) URLs made links that cannot run script or pass on the
     page's authority (rel=nofollow noopener noreferrer). Only those two schemes match, so a `javascript:` URL stays
     text."""
-    out, last = [], 0
+    out: list[Markup] = []
+    last = 0
     for match in URL.finditer(text):
         url = match.group(0).rstrip(TRAILING)
         end = match.start() + len(url)
@@ -36,17 +42,17 @@ def linkify(text):
     return Markup("").join(out)
 
 
-def _remember(comment):
+def _remember(comment: dict[str, Any]) -> None:
     """Keep the id of the person's new comment in their session, so pages show it at once (service.get_comments)."""
     recent = [c for c in session.get(service.RECENT_SESSION_KEY, []) if c != comment["id"]]
     session[service.RECENT_SESSION_KEY] = (recent + [comment["id"]])[-service.RECENT_KEEP:]
 
 
-def _summaries(refs):
+def _summaries(refs: list[EntryRef]) -> dict[EntryRef, dict[str, Any]]:
     return {ref: {"comment_count": n} for ref, n in service.comment_counts(refs).items()}
 
 
-def _section(ref, summary, form):
+def _section(ref: EntryRef, summary: dict[str, Any], form: Mapping[str, str] | None) -> str:
     """The comments under an entry on its page: a page of them (`?after=`, `?before=`, `?page=last`), and the form,
     refilled with `form` after a refused comment."""
     args = request.args
@@ -62,22 +68,21 @@ ENTRY_ADDON = blog_pages.EntryAddon(name="comments", summaries=_summaries, meta_
 
 
 @bp.post("/blog/<blog>/<int:index>/comments")
-def post_form(blog, index):
+def post_form(blog: str, index: int) -> ResponseReturnValue:
     """A signed-in person's comment from the form under an entry."""
     user = identity.require_user()
     ref = blog_service.entry_ref(blog, index)
-    comment, refused = submit_form(
-        lambda: service.post_comment(ref, user, request.form.get("text", ""),
-                                     request.form.get("comment_token") or None),
-        lambda status: blog_pages.render_entry(ref, status, state={"comments": request.form}))
-    if refused:
-        return refused
+    try:
+        comment = service.post_comment(ref, user, request.form.get("text", ""),
+                                       request.form.get("comment_token") or None)
+    except AppError as e:
+        return form_refused(e, lambda status: blog_pages.render_entry(ref, status, state={"comments": request.form}))
     _remember(comment)
     return redirect(url_for("blog.entry", blog=blog, index=index, page="last") + "#comments-end")
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/comments")
-def api_post(blog, index):
+def api_post(blog: str, index: str) -> ResponseReturnValue:
     """Signed in: {"text": 1..2000 characters} comments on the entry."""
     user = identity.require_user()
     comment = service.post_comment(blog_service.entry_ref(blog, index), user, json_body().get("text"),
@@ -87,7 +92,7 @@ def api_post(blog, index):
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>/comments")
-def api_list(blog, index):
+def api_list(blog: str, index: str) -> ResponseReturnValue:
     """A page of the entry's comments, oldest first: `?after=<id>` or `?before=<id>`, `?limit=1..100`,
     `?page=last` for the newest page."""
     args = request.args

@@ -43,5 +43,5 @@ class Fragments:
     def bytes(self) -> int:
         return self._bytes
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._items)

@@ -2,7 +2,7 @@
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, current_app, flash, jsonify, make_response, render_template, request, url_for
@@ -33,12 +33,11 @@ CONTENT_SECURITY_POLICY = {
     "frame-ancestors": "'none'",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
-T = TypeVar("T")
 # Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
 
 
-def _not_json():
+def _not_json() -> AppError:
     return AppError("Send the body as JSON with Content-Type: application/json.", "unsupported_media_type", 415)
 
 
@@ -105,7 +104,7 @@ def _cross_site() -> bool:
     return origin is not None and urlsplit(origin).netloc != request.host  # "null" (a sandboxed page) too
 
 
-def _check_unsafe_request():
+def _check_unsafe_request() -> None:
     """Forms need a CSRF token. The API needs none: a request another site's page makes a browser send is refused
     here (403) by what the browser says of it (`_cross_site`), whatever its body; a body a form can send has a
     non-JSON Content-Type, refused (415); and a JSON one needs a CORS preflight that this app never grants. The session
@@ -121,17 +120,13 @@ def _check_unsafe_request():
         csrf.protect()
 
 
-def submit_form(action: Callable[[], T], rerender: Callable[[int], ResponseReturnValue]
-                ) -> tuple[T | None, ResponseReturnValue | None]:
-    """(action's result, None), or, when the service refused the form's input (400/422), (None, the form's page
-    again): the reason flashed and `rerender(status)` showing what was typed. Other errors are raised as usual."""
-    try:
-        return action(), None
-    except AppError as e:
-        if e.status not in (400, 422):
-            raise
-        flash(e.message, "error")
-        return None, rerender(e.status)
+def form_refused(error: AppError, rerender: Callable[[int], ResponseReturnValue]) -> ResponseReturnValue:
+    """A form view's answer to the service's refusal of its input (400/422): the reason flashed and the form's page
+    again, `rerender(status)` showing what was typed. Any other error is raised again, to its usual handler."""
+    if error.status not in (400, 422):
+        raise error
+    flash(error.message, "error")
+    return rerender(error.status)
 
 
 def when(iso: str) -> str:
@@ -153,7 +148,7 @@ def new_form_token() -> str:
     return uuid.uuid4().hex
 
 
-def _page_globals():
+def _page_globals() -> dict[str, Any]:
     """What every page's template may use: who is signed in, the settings, and the features' navigation."""
     return {"current_user": identity.current_user(), "settings": runtime.current().settings,
             "nav": features.of(current_app).navigation}

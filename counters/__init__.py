@@ -4,11 +4,13 @@ counters beyond the talk; its parts beside it: growth, writes, totals), models.p
 
 Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
+from flask import Flask
+
 from core import features, runtime
 from counters import demo, production, service, views
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     runtime.of(app).tasks.register(service.SWEEP_HANDLER, service.sweep_markers)
     features.add(app, features.Feature(

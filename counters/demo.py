@@ -1,6 +1,7 @@
 """The counters' demo: content for a fresh `make run`, an admin's burst of increments (contention on demand), and the
 live figure of their lesson on the tour."""
 import secrets
+from typing import Any
 
 from core import clock, runtime, validate
 from counters import growth, service, simple, totals
@@ -11,7 +12,7 @@ BURST_MAX_WRITERS = 32
 BURST_MAX_INCREMENTS = 500
 
 
-def seed():
+def seed() -> bool:
     """Demo counters; does nothing when any counter exists."""
     if CounterConfig.query(CounterConfig.listed == True).get(keys_only=True) is not None:  # noqa: E712 - ndb filter
         return False
@@ -28,7 +29,7 @@ def seed():
     return True
 
 
-def figure():
+def figure() -> dict[str, Any] | None:
     """The adaptive demo counter's cached total and its number of shards; None before it exists."""
     config = growth.get_config(TOUR_COUNTER)
     if config is None:
@@ -37,18 +38,18 @@ def figure():
     return {"name": TOUR_COUNTER, "count": total.count, "num_shards": config.num_shards, "cached": total.cached}
 
 
-def burst(name: str, writers: int, increments: int) -> tuple[int, int, int]:
+def burst(name: str, writers: object, increments: object) -> tuple[int, int, int]:
     """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
     watch an adaptive counter grow. Each thread has its own ndb context, as each request would.
     Returns (increments, attempts, num_shards afterwards)."""
-    validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
-    validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
+    writers = validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
+    increments = validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
     growth.require_config(name)
     shares = [increments // writers + (1 if i < increments % writers else 0) for i in range(writers)]
     batches = runtime.current().map_in_threads(
         lambda count: [service.increment(name).attempts for _ in range(count)], shares)
     attempts = [a for batch in batches for a in batch]
-    return len(attempts), sum(attempts), growth.get_config(name).num_shards
+    return len(attempts), sum(attempts), growth.require_config(name).num_shards
 
 
 def burst_new_adaptive(writers: int = 16, increments: int = 200) -> tuple[str, int, int, int]:

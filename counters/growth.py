@@ -26,7 +26,7 @@ def require_config(name: str) -> CounterConfig:
     return found(get_config(name), f"No counter is named {name!r}.", "no_such_counter")
 
 
-def configure(name: str, mode: str, num_shards: int | None = None, listed: bool = True) -> CounterConfig:
+def configure(name: str, mode: object, num_shards: object = None, listed: bool = True) -> CounterConfig:
     """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`.
     `listed=False` keeps a counter that another feature keeps (an entry's views) off the counters page and list.
 
@@ -34,22 +34,21 @@ def configure(name: str, mode: str, num_shards: int | None = None, listed: bool 
     a transaction races). A counter's mode is fixed at creation: changing it is a Conflict.
     """
     validate_name(name)
-    if mode not in DEFAULT_SHARDS:
+    if not isinstance(mode, str) or mode not in DEFAULT_SHARDS:
         raise Unprocessable("mode must be 'general' or 'adaptive'.", "bad_mode")
-    if num_shards is not None:
-        validate_num_shards(num_shards)
+    shards = None if num_shards is None else validate_num_shards(num_shards)
 
     key = ndb.Key(CounterConfig, name)
 
-    def txn():
+    def txn() -> CounterConfig:
         config = key.get(retries=0)
         if config is None:
-            config = CounterConfig(key=key, mode=mode, num_shards=num_shards or DEFAULT_SHARDS[mode], listed=listed)
+            config = CounterConfig(key=key, mode=mode, num_shards=shards or DEFAULT_SHARDS[mode], listed=listed)
             config.put()
         elif config.mode != mode:
             raise Conflict(f"Counter {name!r} is {config.mode}; a counter's mode cannot change.", "mode_fixed")
-        elif num_shards and num_shards > config.num_shards:
-            config.num_shards = num_shards
+        elif shards and shards > config.num_shards:
+            config.num_shards = shards
             config.put()
         return config
     # Many first uses of one counter race to create it (every commenter on a new entry): on Firestore, transactions
@@ -64,16 +63,16 @@ def configure(name: str, mode: str, num_shards: int | None = None, listed: bool 
     return transact(txn, busy_message="The counter is being set up by many at once; try again.", hot_key=key)
 
 
-def increase_shards(name: str, num_shards: int) -> CounterConfig:
+def increase_shards(name: str, num_shards: object) -> CounterConfig:
     """Raise a counter's shard count to `num_shards`; never lowers it.
 
     Lowering would strand the counts in the dropped shards: a total sums only shards below num_shards.
     """
-    validate_num_shards(num_shards)
+    shards = validate_num_shards(num_shards)
     config = require_config(name)
-    if num_shards <= config.num_shards:
+    if shards <= config.num_shards:
         return config
-    return configure(name, config.mode, num_shards)
+    return configure(name, config.mode, shards)
 
 
 class ContentionWindow:
@@ -94,11 +93,11 @@ class ContentionWindow:
     ATTEMPTS_PER_SHARD = 8
     GROW_AT = 0.1  # of the attempts collided: grow
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen = {}  # name -> (num_shards the window is about, attempts, collisions)
+        self._seen: dict[str, tuple[int, int, int]] = {}  # name -> (num_shards judged, attempts, collisions)
 
-    def observe(self, name, num_shards, collided):
+    def observe(self, name: str, num_shards: int, collided: bool) -> int:
         """Record one attempt at `num_shards`; the factor to grow by (a power of two) when the window calls for it,
         else 0."""
         with self._lock:
@@ -126,7 +125,7 @@ class ContentionWindow:
 contention = ContentionWindow()  # the process's own
 
 
-def grow(name, seen_shards, factor):
+def grow(name: str, seen_shards: int, factor: int) -> int:
     """Multiply an adaptive counter's shards by `factor`, up to the cap; never lowers them. Returns the shard count
     to go on with.
 
@@ -134,13 +133,13 @@ def grow(name, seen_shards, factor):
     reaching the same verdict grow it once. Best effort: if this transaction collides or the config cannot be written
     (memcached away: it is a globally cached kind), a later window asks again.
     """
-    current = get_config(name).num_shards  # a cheap look first: another process may have grown it already
+    current = require_config(name).num_shards  # a cheap look first: another process may have grown it already
     if current != seen_shards or seen_shards >= ADAPTIVE_MAX_SHARDS:
         return current
 
     key = ndb.Key(CounterConfig, name)
 
-    def txn():
+    def txn() -> int:
         config = key.get(retries=0)
         if config.num_shards == seen_shards:
             config.num_shards = min(ADAPTIVE_MAX_SHARDS, seen_shards * factor)

@@ -75,7 +75,7 @@ class CounterConfig(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.key.id()
 
 
@@ -86,7 +86,7 @@ class CounterShard(ndb.Model):
     count = ndb.IntegerProperty(default=0, indexed=False)
 
     @staticmethod
-    def key_for(name, index):
+    def key_for(name: str, index: int) -> ndb.Key:
         return ndb.Key(CounterShard, f"{name}{SEPARATOR}{index}")
 
 
@@ -117,5 +117,5 @@ class AppliedIncrement(ndb.Model):
         return cls(key=key, token=token, expires=day + datetime.timedelta(days=1))
 
     @staticmethod
-    def key_for(name, idempotency_key):
+    def key_for(name: str, idempotency_key: str) -> ndb.Key:
         return ndb.Key(AppliedIncrement, f"{name}{SEPARATOR}{idempotency_key}")

@@ -70,7 +70,7 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
     cache = runtime.cache()
     keys = {name: total_cache_key(name) for name in names}
     views = {}  # name -> the key of its cached shard view, when the shards may come from one
-    if with_shards and shards_from_cache:
+    if with_shards and shards_from_cache and configs is not None:
         views = {n: shard_view_cache_key(n, configs[n].num_shards) for n in names if configs.get(n) is not None}
     cached = cache.get_many([*keys.values(), *views.values()])
     to_sum = [n for n in names if keys[n] not in cached or (with_shards and views.get(n) not in cached)]
@@ -99,7 +99,8 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
 def total_and_shards(config: CounterConfig, shards_from_cache: bool = False) -> tuple[Total, list[int]]:
     """A counter's cached total and each shard's count, in one cache round trip and at most one Datastore batch; the
     shards from a short-lived cached copy with `shards_from_cache` (see `cached_totals`)."""
-    return cached_totals([config.name], {config.name: config}, True, shards_from_cache)[config.name]
+    total, counts = cached_totals([config.name], {config.name: config}, True, shards_from_cache)[config.name]
+    return total, counts or []
 
 
 def get_total(name: str, config: CounterConfig | None = None) -> Total:
@@ -117,7 +118,7 @@ def exact_totals(names: list[str]) -> dict[str, int]:
     return {n: summed.get(n, 0) for n in names}
 
 
-def _listed_configs(limit, after=None):
+def _listed_configs(limit: int, after: str | None = None) -> list[CounterConfig]:
     """The first `limit` public counters' configs by name (after the name `after`). A query, eventually consistent: a
     counter created a moment ago may be missing for a moment. Equality on one property ordered by key, with a key
     range, needs no composite index: the property's built-in index is sorted that way. A feature's own counters are
@@ -161,7 +162,8 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
         validate_name(after)
     configs = _listed_configs(PAGE_COUNTERS + 1, after)
     simple_shards = ndb.get_multi_async([simple.shard_key(i) for i in range(simple.SHARDS)])
-    shown, drawn = [], 0
+    shown: list[CounterConfig] = []
+    drawn = 0
     for config in configs[:PAGE_COUNTERS]:
         if shown and drawn + config.num_shards > PAGE_SHARDS:
             break

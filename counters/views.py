@@ -1,38 +1,42 @@
 """Counters: the /counters page with its forms, and the /api/counters and /api/simple-counter routes."""
+from typing import Any
+
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from core import identity, runtime
 from core.errors import Unprocessable
 from core.web import json_body
 from counters import demo, growth, models, service, simple, totals
+from counters.models import CounterConfig
 
 bp = Blueprint("counters", __name__)
 
 
 @bp.url_value_preprocessor
-def public_names_only(endpoint, values):
+def public_names_only(endpoint: str | None, values: dict[str, Any] | None) -> None:
     """Every route with a counter name in its URL takes public names only: a feature's own counter (an entry's
     views, its comments) is a 403 for everyone, before any other check, so nobody can forge or even probe one."""
     if values and "name" in values:
         models.public_name(values["name"])
 
 
-def _counter_json(config, total, shards=None):
-    data = {"name": config.name, "mode": config.mode, "count": total.count, "num_shards": config.num_shards,
-            "cached": total.cached}
+def _counter_json(config: CounterConfig, total: totals.Total, shards: list[int] | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": config.name, "mode": config.mode, "count": total.count,
+                            "num_shards": config.num_shards, "cached": total.cached}
     if shards is not None:
         data["shards"] = shards
     return data
 
 
-def _shards_from_cache():
+def _shards_from_cache() -> bool:
     """An anonymous visitor's views of shards come from a copy cached for a few seconds, so the bill an anonymous GET
     can cause is bounded (a counter's every shard is one billed read; counters.totals.cached_totals); a signed-in
     person, who may have just added to one, reads the shards themselves."""
     return identity.current_user() is None
 
 
-def _form_int(field):
+def _form_int(field: str) -> int:
     try:
         return int(request.form.get(field, ""))
     except ValueError:
@@ -42,7 +46,7 @@ def _form_int(field):
 # --- pages ----------------------------------------------------------------------------------------------------------
 
 @bp.get("/counters")
-def index():
+def index() -> ResponseReturnValue:
     """The counters by name, a page at a time (`?after=<name>`), each with its total, its shards drawn, and buttons
     to increment."""
     page = totals.counters_page(request.args.get("after"), _shards_from_cache())
@@ -52,26 +56,26 @@ def index():
 
 
 @bp.post("/counters/simple/increment")
-def increment_simple_form():
+def increment_simple_form() -> ResponseReturnValue:
     """The simple counter's +1 button."""
     simple.increment()
     return redirect(url_for("counters.index") + "#simple")
 
 
-def _increment(name, idempotency_key=None):
+def _increment(name: str, idempotency_key: str | None = None) -> service.Increment:
     """+1 on a public counter; only a signed-in user's first increment creates it."""
     return service.increment(name, idempotency_key, create=identity.current_user() is not None)
 
 
 @bp.post("/counters/<name>/increment")
-def increment_form(name):
+def increment_form(name: str) -> ResponseReturnValue:
     """A named counter's +1 button (its token makes a resent form, or the script's fallback, count once)."""
     _increment(name, request.form.get("idempotency_key") or None)
     return redirect(url_for("counters.index") + f"#counter-{name}")
 
 
 @bp.post("/counters")
-def create_form():
+def create_form() -> ResponseReturnValue:
     """Admin: create a counter."""
     identity.require_admin()
     name = models.public_name(request.form.get("name", "").strip())
@@ -82,7 +86,7 @@ def create_form():
 
 
 @bp.post("/counters/<name>/shards")
-def shards_form(name):
+def shards_form(name: str) -> ResponseReturnValue:
     """Admin: raise a counter's shard count."""
     identity.require_admin()
     config = growth.increase_shards(name, _form_int("num_shards"))
@@ -91,7 +95,7 @@ def shards_form(name):
 
 
 @bp.post("/counters/<name>/burst")
-def burst_form(name):
+def burst_form(name: str) -> ResponseReturnValue:
     """Admin: many concurrent increments at once, to watch contention and growth."""
     identity.require_admin()
     done, attempts, num_shards = demo.burst(name, _form_int("writers"),
@@ -102,7 +106,7 @@ def burst_form(name):
 
 
 @bp.post("/counters/burst-new")
-def burst_new_form():
+def burst_new_form() -> ResponseReturnValue:
     """Admin: a new adaptive counter and a burst on it, to watch it grow from one shard."""
     identity.require_admin()
     name, done, attempts, num_shards = demo.burst_new_adaptive()
@@ -122,13 +126,13 @@ def burst_new_form():
 # --- JSON API -------------------------------------------------------------------------------------------------------
 
 @bp.get("/api/counters")
-def api_list():
+def api_list() -> ResponseReturnValue:
     """Every counter with its total (the first 100 by name)."""
     return jsonify(counters=[_counter_json(c, t) for c, t, _ in totals.list_counters()])
 
 
 @bp.get("/api/counters/<name>")
-def api_get(name):
+def api_get(name: str) -> ResponseReturnValue:
     """One counter; `?shards=1` adds each shard's count (a few seconds old for an anonymous visitor)."""
     config = growth.require_config(name)
     if request.args.get("shards") in ("1", "true"):
@@ -137,14 +141,14 @@ def api_get(name):
 
 
 @bp.post("/api/counters/<name>/increment")
-def api_increment(name):
+def api_increment(name: str) -> ResponseReturnValue:
     """+1, at most once per Idempotency-Key; creating a counter needs a signed-in user."""
     result = _increment(name, request.headers.get("Idempotency-Key"))
     return jsonify(name=name, applied=result.applied, attempts=result.attempts)
 
 
 @bp.put("/api/counters/<name>")
-def api_configure(name):
+def api_configure(name: str) -> ResponseReturnValue:
     """Admin: create a counter in a mode, or grow it."""
     identity.require_admin()
     data = json_body()
@@ -153,7 +157,7 @@ def api_configure(name):
 
 
 @bp.post("/api/counters/<name>/shards")
-def api_shards(name):
+def api_shards(name: str) -> ResponseReturnValue:
     """Admin: raise the shard count (never lowers)."""
     identity.require_admin()
     config = growth.increase_shards(name, json_body().get("num_shards"))
@@ -161,7 +165,7 @@ def api_shards(name):
 
 
 @bp.post("/api/counters/<name>/burst")
-def api_burst(name):
+def api_burst(name: str) -> ResponseReturnValue:
     """Admin: {"writers": 1..32, "increments": 1..500} concurrent increments."""
     identity.require_admin()
     data = json_body()
@@ -170,7 +174,7 @@ def api_burst(name):
 
 
 @bp.get("/api/simple-counter")
-def api_simple():
+def api_simple() -> ResponseReturnValue:
     """The talk's twenty-shard counter (counters/simple.py): its cached total, or with `shards=1` every shard, read."""
     if request.args.get("shards") in ("1", "true"):
         shards = simple.shard_counts()
@@ -179,6 +183,6 @@ def api_simple():
 
 
 @bp.post("/api/simple-counter/increment")
-def api_simple_increment():
+def api_simple_increment() -> ResponseReturnValue:
     """+1 on the simple counter."""
     return jsonify(applied=True, attempts=simple.increment())

@@ -69,7 +69,7 @@ class ShardWriter:
     the shards on the next read. `token` names this call, so its own retry after a commit of unknown outcome still
     answers "applied"."""
 
-    def __init__(self, name: str, marker_key: ndb.Key | None):
+    def __init__(self, name: str, marker_key: ndb.Key | None) -> None:
         self.name, self.marker_key, self.token = name, marker_key, uuid.uuid4().hex
 
     def __call__(self, index: int) -> bool:
@@ -83,13 +83,15 @@ class ShardWriter:
 class BlindShardWriter(ShardWriter):
     """Firestore in Datastore mode: a server-side increment, the marker inserted in the same commit."""
 
-    def __call__(self, index):
+    def __call__(self, index: int) -> bool:
+        increments = runtime.current().datastore.increments
+        assert increments is not None  # shard_writer chose this writer because the backend applies them
         marker = AppliedIncrement.new(self.marker_key, self.token, clock.now()) if self.marker_key else None
         try:
-            runtime.current().datastore.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
-                                                          insert=marker)
+            increments.commit(CounterShard.key_for(self.name, index), "count", 1, insert=marker)
         except core_exceptions.AlreadyExists:
-            existing = self.marker_key.get(use_cache=False, use_global_cache=False)
+            assert marker is not None  # only the marker can exist already
+            existing = marker.key.get(use_cache=False, use_global_cache=False)
             return existing is not None and existing.token == self.token  # our own earlier attempt committed
         return self._counted()
 
@@ -97,8 +99,8 @@ class BlindShardWriter(ShardWriter):
 class TransactionalShardWriter(ShardWriter):
     """Legacy Datastore: the marker and the shard read and written in one transaction."""
 
-    def __call__(self, index):
-        def txn():
+    def __call__(self, index: int) -> bool:
+        def txn() -> bool:
             if self.marker_key is not None:
                 marker = self.marker_key.get(retries=0)
                 if marker is not None:

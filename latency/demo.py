@@ -2,7 +2,7 @@
 from latency import service
 
 
-def seed():
+def seed() -> bool:
     if service.latest() is not None:
         return False
     service.measure("seed")

@@ -6,7 +6,9 @@ TIME_LIMIT seconds, one measurement at a time; the probes are overwritten by the
 """
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from google.cloud import ndb
 
@@ -53,23 +55,23 @@ OPERATIONS = (
 )
 
 
-def _calls():
+def _calls() -> dict[str, Callable[[], object]]:
     """{operation name: a function doing it once}. Every Datastore call here bypasses ndb's caches (Probe says so)."""
     cache = runtime.cache()
     parent = ndb.Key(*BATCH_PARENT)
     keys = [ndb.Key(Probe, i + 1, parent=parent) for i in range(BATCH)]
     write_number = iter(range(1, 10_000))
 
-    def txn_write():
+    def txn_write() -> None:
         # A different root entity each time: successive writes never wait on one entity group's commit. Two
         # measurements can overlap only while memcached is away (no claim): then a collision is retried at once.
         probe = Probe(id=f"write-{next(write_number) % (RUNS + 1)}", value=1, text=PAYLOAD)
         transact(probe.put, max_attempts=5)
 
-    def batch_put():
+    def batch_put() -> None:
         ndb.put_multi([Probe(key=k, value=i, text=PAYLOAD) for i, k in enumerate(keys)])
 
-    def query():
+    def query() -> None:
         found = Probe.query(ancestor=parent).fetch(BATCH)
         assert len(found) == BATCH, found
 
@@ -83,7 +85,7 @@ def _calls():
     }
 
 
-def _time(fn):
+def _time(fn: Callable[[], object]) -> dict[str, float]:
     fn()  # warm-up: the first call may open a connection
     times = []
     deadline = time.perf_counter() + TIME_LIMIT
@@ -101,7 +103,7 @@ def _time(fn):
 BACKEND_NAMES = {"legacy": "the legacy Datastore emulator", "firestore": "the Firestore emulator in Datastore mode"}
 
 
-def measure(by):
+def measure(by: str) -> dict[str, Any]:
     """Time every operation now (`by`: the admin's display name, shown to everyone), keep the result as the latest
     measurement and return it. 409 while another measurement runs (memcached holds the claim; when memcached is
     away, measurements are not kept apart)."""
@@ -128,13 +130,13 @@ def measure(by):
         cache.delete(LOCK_KEY)
 
 
-def latest():
+def latest() -> dict[str, Any] | None:
     """The latest measurement (a get by key), or None when nothing was measured yet."""
     measurement = ndb.Key(Measurement, LATEST).get()
     return None if measurement is None else measurement_dict(measurement)
 
 
-def measurement_dict(measurement):
+def measurement_dict(measurement: Measurement) -> dict[str, Any]:
     measured = {row["name"]: row for row in measurement.operations}
     operations = []
     for op in OPERATIONS:

@@ -1,5 +1,6 @@
 """The numbers page: what each Datastore and memcache operation costs here, beside the talk's figures."""
 from flask import Blueprint, jsonify, redirect, render_template, url_for
+from flask.typing import ResponseReturnValue
 
 from core import identity, runtime
 from core.errors import found
@@ -9,27 +10,27 @@ bp = Blueprint("latency", __name__)
 
 
 @bp.get("/numbers")
-def index():
+def index() -> ResponseReturnValue:
     """The latest measurement and (admins) a button to measure again."""
     return render_template("latency/index.html", numbers=service.latest(), runs=service.RUNS,
                            model=runtime.current().latency)
 
 
 @bp.post("/numbers")
-def measure_form():
+def measure_form() -> ResponseReturnValue:
     user = identity.require_admin()
     service.measure(identity.display_name(user["email"]))
     return redirect(url_for("latency.index"))
 
 
 @bp.get("/api/numbers")
-def api_latest():
+def api_latest() -> ResponseReturnValue:
     """The latest measurement; 404 before the first."""
     return jsonify(found(service.latest(), "Nothing was measured yet.", "not_measured"))
 
 
 @bp.post("/api/numbers")
-def api_measure():
+def api_measure() -> ResponseReturnValue:
     """Measure now (admin) -> 201 the new measurement."""
     user = identity.require_admin()
     return jsonify(service.measure(identity.display_name(user["email"]))), 201

@@ -4,11 +4,13 @@ cancelling jobs), jobs.py (what a job is, and the registry features add theirs t
 range), models.py (a run, a task's record and payload), views.py (/jobs and /api/jobs). Features register their jobs
 with `jobs.register(app, job)` from their own init_app; the mapper knows none of them.
 """
+from flask import Flask
+
 from core import features, runtime
 from mapper import completion, demo, production, tree, views
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     runtime.of(app).tasks.register(tree.TASK_HANDLER, tree.run_task)
     runtime.of(app).tasks.register(completion.CHECK_HANDLER, completion.run_check)

@@ -9,6 +9,7 @@ that hidden property on a pseudo-random sample of entities, so samples sorted by
 in the tree a range holds too few samples; then the points come from key arithmetic between the range's two ends.
 """
 import math
+from collections.abc import Callable, Sequence
 
 from google.cloud import ndb
 
@@ -17,20 +18,22 @@ ID_CEILING = 2 ** 53
 NAME_WIDTH = 8  # characters of a name that key arithmetic looks at
 GALLOP_ROOM = 2  # characters of a common prefix that galloping may carry into
 CLASSES = ((ord("0"), ord("9")), (ord("a"), ord("z")), (ord("A"), ord("Z")))
+Ident = int | str  # a key element's id or name
 
 
-def order(key):
+def order(key: ndb.Key) -> tuple[tuple[str, int, Ident], ...]:
     """A sort key for an ndb.Key that orders as Datastore does."""
     return tuple((kind, 0, ident) if isinstance(ident, int) else (kind, 1, ident) for kind, ident in key.pairs())
 
 
-def inside(samples, lo, hi):
+def inside(samples: Sequence[ndb.Key], lo: ndb.Key | None, hi: ndb.Key) -> list[ndb.Key]:
     """The sorted samples strictly between lo (exclusive, or None for the kind's start) and hi (exclusive)."""
     lo_o, hi_o = (order(lo) if lo else None), order(hi)
     return [s for s in samples if (lo_o is None or order(s) > lo_o) and order(s) < hi_o]
 
 
-def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
+def parts_needed(page_start: ndb.Key, page_end: ndb.Key, hi: ndb.Key, page_len: int, page_size: int, k: int,
+                 samples: Sequence[ndb.Key] = ()) -> int:
     """How many ranges the rest (page_end, hi] is worth splitting into: about twice the `page_size`s it holds (what
     one task lists), at most k. Splitting a few entities k ways only makes k tasks that each pay a task's fixed costs
     for a handful of entities. The rest's size is judged by the samples' density over the keys just read
@@ -40,15 +43,15 @@ def parts_needed(page_start, page_end, hi, page_len, page_size, k, samples=()):
     in_page = len(inside(samples, page_start, page_end)) + (page_end in samples)
     in_rest = len(inside(samples, page_end, hi)) + (hi in samples)
     if samples and in_page:
-        remaining = in_rest * page_len / in_page
+        remaining: float | None = in_rest * page_len / in_page
     else:
         remaining = _by_id_density(page_start, page_end, hi, page_len)
-        if remaining is None:
-            return k
+    if remaining is None:
+        return k
     return max(1, min(k, math.ceil(2 * remaining / page_size)))
 
 
-def _by_id_density(page_start, page_end, hi, page_len):
+def _by_id_density(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int) -> float | None:
     """About how many entities (page_end, hi] holds if its ids lie as densely as the page's `page_len` in
     (page_start, page_end]: for keys that differ only in a last element of integer ids; None for any other keys."""
     if page_start is None:
@@ -62,7 +65,8 @@ def _by_id_density(page_start, page_end, hi, page_len):
     return page_len * (high - end) / (end - low)
 
 
-def split_points(lo, hi, k, samples=(), page_start=None):
+def split_points(lo: ndb.Key, hi: ndb.Key, k: int, samples: Sequence[ndb.Key] = (),
+                 page_start: ndb.Key | None = None) -> list[ndb.Key]:
     """Up to k-1 keys p1 < p2 < ... strictly between lo and hi, cutting (lo, hi] into ranges (lo, p1], (p1, p2], ...
     (pn, hi] of about equal size: sample quantiles when the range holds at least k-1 samples, else key arithmetic.
     `samples` must be sorted by `order`. Fewer points (none) when the keys leave no room between them.
@@ -84,7 +88,7 @@ def split_points(lo, hi, k, samples=(), page_start=None):
     return result
 
 
-def between(a, b, fraction):
+def between(a: ndb.Key, b: ndb.Key, fraction: float) -> ndb.Key | None:
     """A key about `fraction` of the way from a to b (a < b) by key arithmetic, or None when there is no room.
 
     The keys share a path up to the first element where they differ; the point keeps that shared path and gets one
@@ -112,7 +116,7 @@ def between(a, b, fraction):
     return ndb.Key(pairs=prefix + [element], project=a.project(), namespace=a.namespace())
 
 
-def gallop(start, end, k):
+def gallop(start: ndb.Key, end: ndb.Key, k: int) -> list[ndb.Key]:
     """Up to k-1 keys after `end`, spaced like the keys [start, end] just read and growing fourfold: one page on, then
     five, then twenty-one. For a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the
     Firestore emulator has none): those keys say how densely keys lie here, so the first children get as many or a few
@@ -133,7 +137,7 @@ def gallop(start, end, k):
     return [ndb.Key(pairs=list(pb[:-1]) + [e], project=end.project(), namespace=end.namespace()) for e in elements]
 
 
-def _element_between(kind, low, high, fraction):
+def _element_between(kind: str, low: Ident | None, high: Ident | None, fraction: float) -> tuple[str, Ident] | None:
     """(kind, id or name) between low and high (None: the kind's first / past its last), or None."""
     if high is None:
         high = ID_CEILING if isinstance(low, int) and low < ID_CEILING - 1 else None
@@ -148,11 +152,13 @@ def _element_between(kind, low, high, fraction):
         if fraction < 0.5 and low < ID_CEILING - 1:
             return (kind, low + int((ID_CEILING - low) * fraction * 2)) if low + 1 < ID_CEILING else None
         low, fraction = "", max(0.0, fraction * 2 - 1)
+    if isinstance(high, int):  # names sort after every id: no name lies below one
+        return None
     name = _name_between(low, high, fraction)
     return (kind, name) if name is not None else None
 
 
-def _name_between(low, high, fraction):
+def _name_between(low: str, high: str, fraction: float) -> str | None:
     """A name between two names (low < high): past their common prefix, the next NAME_WIDTH characters read as
     digits in a base fitted to the characters the two use (digits, lowercase, uppercase or their code point span)."""
     prefix, na, nb, to_name = _name_numbers(low, high)
@@ -160,10 +166,10 @@ def _name_between(low, high, fraction):
     if not na < point < nb:
         return None
     name = to_name(point)
-    return name if low < name < high else None
+    return name if name is not None and low < name < high else None
 
 
-def _name_beyond(low, high, times):
+def _name_beyond(low: str, high: str, times: int) -> str | None:
     """The name `times` (low..high) spans past high, in the same digits; None past the digits' end. The arithmetic
     starts GALLOP_ROOM characters before the names part, so that it can carry past the end of their common prefix
     ("acct-00999" on to "acct-01...")."""
@@ -173,7 +179,7 @@ def _name_beyond(low, high, times):
     return name if name is not None and name > high else None
 
 
-def _name_numbers(low, high, room=0):
+def _name_numbers(low: str, high: str, room: int = 0) -> tuple[str, int, int, Callable[[int], str | None]]:
     """(common prefix, low as a number, high as a number, number -> name or None) for name arithmetic; the prefix
     `room` characters shorter than the names' common one when asked."""
     common = 0
@@ -189,14 +195,14 @@ def _name_numbers(low, high, room=0):
             break
     base = last - first + 2  # digit 0 means "the name ended here", so shorter names sort first
 
-    def number(text):
+    def number(text: str) -> int:
         digits = [min(max(ord(c) - first + 1, 1), base - 1) for c in text] + [0] * (NAME_WIDTH - len(text))
         value = 0
         for d in digits:
             value = value * base + d
         return value
 
-    def to_name(point):
+    def to_name(point: int) -> str | None:
         if point >= base ** NAME_WIDTH:
             return None
         digits = []

@@ -69,7 +69,7 @@ def summed(tally: dict, more: dict) -> dict:
     return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
 
 
-def _key(urlsafe):
+def _key(urlsafe: str | None) -> ndb.Key | None:
     return ndb.Key(urlsafe=urlsafe.encode()) if urlsafe else None
 
 
@@ -101,7 +101,7 @@ class MapperJob(ndb.Model):
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
 
     @property
-    def id(self):
+    def id(self) -> str:
         return self.key.id()
 
 

@@ -1,9 +1,10 @@
 """Jobs: the /jobs pages (start a job, watch its progress) and the /api/jobs routes."""
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
 
 from core import identity
-from core.errors import Conflict
-from core.web import json_body, submit_form
+from core.errors import AppError, Conflict
+from core.web import form_refused, json_body
 from mapper import jobs as job_definitions
 from mapper import service
 
@@ -13,30 +14,33 @@ bp = Blueprint("mapper", __name__)
 # --- pages ----------------------------------------------------------------------------------------------------------
 
 @bp.get("/jobs")
-def jobs():
+def jobs() -> ResponseReturnValue:
     """Recent jobs with their state, and (admins) a form per registered job."""
     return _jobs_page()
 
 
-def _jobs_page(status=200):
+def _jobs_page(status: int = 200) -> tuple[str, int]:
     listed = [service.job_dict(job) for job in service.list_jobs()]
     return render_template("mapper/jobs.html", jobs=listed, registered=job_definitions.registered(),
                            max_page_size=service.MAX_PAGE_SIZE), status
 
 
 @bp.post("/jobs")
-def start_form():
+def start_form() -> ResponseReturnValue:
     """Start a job from its form."""
     identity.require_admin()
-    name = request.form.get("name")
+    name = request.form.get("name", "")
     definition = job_definitions.registered().get(name)
     params = {field: request.form.get(field) for field, _, _ in (definition.fields if definition else ())}
-    job, page = submit_form(lambda: service.start_job(name, params), _jobs_page)
-    return page or redirect(url_for("mapper.job", job_id=job.id))
+    try:
+        job = service.start_job(name, params)
+    except AppError as e:
+        return form_refused(e, _jobs_page)
+    return redirect(url_for("mapper.job", job_id=job.id))
 
 
 @bp.get("/jobs/<job_id>")
-def job(job_id):
+def job(job_id: str) -> ResponseReturnValue:
     """One job: a progress bar that follows the job live, its processed count, tasks, tree depth and time."""
     job = service.get_job(job_id)
     return render_template("mapper/job.html", job=service.job_dict(job),
@@ -44,7 +48,7 @@ def job(job_id):
 
 
 @bp.get("/jobs/<job_id>/timeline")
-def timeline(job_id):
+def timeline(job_id: str) -> ResponseReturnValue:
     """A job's tasks drawn as a timeline: when each ran, its depth in the tree, the critical path marked."""
     found = service.job_timeline(job_id)
     rows = [{"label": task["task"], "start": task["start_s"], "end": task["end_s"],
@@ -56,7 +60,7 @@ def timeline(job_id):
 
 
 @bp.post("/jobs/<job_id>/finish")
-def finish_form(job_id):
+def finish_form(job_id: str) -> ResponseReturnValue:
     """Finish a job whose tasks have all reported back."""
     identity.require_admin()
     try:
@@ -67,7 +71,7 @@ def finish_form(job_id):
 
 
 @bp.post("/jobs/<job_id>/cancel")
-def cancel_form(job_id):
+def cancel_form(job_id: str) -> ResponseReturnValue:
     """Cancel a running job."""
     identity.require_admin()
     service.cancel_job(job_id)
@@ -77,7 +81,7 @@ def cancel_form(job_id):
 # --- API ------------------------------------------------------------------------------------------------------------
 
 @bp.post("/api/jobs")
-def api_start():
+def api_start() -> ResponseReturnValue:
     """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202."""
     identity.require_admin()
     data = json_body()
@@ -86,32 +90,32 @@ def api_start():
 
 
 @bp.get("/api/jobs")
-def api_list():
+def api_list() -> ResponseReturnValue:
     """Recent jobs, newest first."""
     return jsonify(jobs=[service.job_dict(job) for job in service.list_jobs()])
 
 
 @bp.get("/api/jobs/<job_id>")
-def api_get(job_id):
+def api_get(job_id: str) -> ResponseReturnValue:
     """A job's state, processed count, progress (0..1), tasks and tree depth."""
     return jsonify(service.job_dict(service.get_job(job_id)))
 
 
 @bp.get("/api/jobs/<job_id>/timeline")
-def api_timeline(job_id):
+def api_timeline(job_id: str) -> ResponseReturnValue:
     """A job's tasks, each from when it began to its last commit, with the critical path marked."""
     return jsonify(service.job_timeline(job_id))
 
 
 @bp.post("/api/jobs/<job_id>/finish")
-def api_finish(job_id):
+def api_finish(job_id: str) -> ResponseReturnValue:
     """Finish a job whose tasks have all reported back (409 while ranges are still out)."""
     identity.require_admin()
     return jsonify(service.job_dict(service.finish_job(job_id)))
 
 
 @bp.post("/api/jobs/<job_id>/cancel")
-def api_cancel(job_id):
+def api_cancel(job_id: str) -> ResponseReturnValue:
     """Cancel a running job."""
     identity.require_admin()
     return jsonify(service.job_dict(service.cancel_job(job_id)))

@@ -3,19 +3,21 @@ and the app's source files, readable in the browser. It knows the lessons only t
 (core/features.py): it imports no feature."""
 import functools
 import re
+from collections.abc import Iterator
+from typing import cast
 
 import yaml
 
 from core.features import REPO
 
 
-def read_source(path, sources):
+def read_source(path: str, sources: frozenset[str]) -> str | None:
     """The text of `path` if it is one of `sources` (the registry's fixed set), else None."""
     return _read(path) if path in sources else None
 
 
 @functools.cache  # only ever called with one of the registry's sources, so the cache stays as small as that set
-def _read(path):
+def _read(path: str) -> str | None:
     # Once per process: the deployed files do not change.
     text = (REPO / path).read_text(encoding="utf-8")
     return without_deployment_values(text) if path == "app.yaml" else text
@@ -28,7 +30,7 @@ COMMENTED_VALUE = re.compile(r"(?P<key>#\s*[\"']?[A-Z][A-Z0-9_]*[\"']?\s*:)\s*\S
 NODE_PROPERTIES = re.compile(r"(?:[&!]\S*\s+)*")
 
 
-def without_deployment_values(app_yaml):
+def without_deployment_values(app_yaml: str) -> str | None:
     """app.yaml as a visitor may read it: every value under env_variables replaced by a note, or None when that cannot
     be done surely (the text is not one YAML document). The file in the repo has them empty, but a deployment's copy
     holds its admins' emails, its cache's address, perhaps its SECRET_KEY (which would let anyone forge an admin's
@@ -42,7 +44,7 @@ def without_deployment_values(app_yaml):
     text = app_yaml
     for start, end in spans:  # from the end, so the earlier spans' places stay where the parser found them
         value = text[start:end]
-        properties = NODE_PROPERTIES.match(value)[0]
+        properties = cast(re.Match[str], NODE_PROPERTIES.match(value))[0]  # it matches every text, if only ""
         text = text[:start] + properties + f'"{HIDDEN}"' + "\n" * value.count("\n") + text[end:]
     lines = text.splitlines(keepends=True)
     for env in _env_values(root):  # its lines, with the comments among and after its entries
@@ -60,7 +62,7 @@ def without_deployment_values(app_yaml):
     return shown if _all_hidden(shown) else None
 
 
-def _env_values(root):
+def _env_values(root: yaml.Node | None) -> Iterator[yaml.Node]:
     """The value nodes of every env_variables at the top of `root`."""
     if isinstance(root, yaml.MappingNode):
         for key, value in root.value:
@@ -68,12 +70,12 @@ def _env_values(root):
                 yield value
 
 
-def _env_value_spans(root):
+def _env_value_spans(root: yaml.Node | None) -> Iterator[tuple[int, int]]:
     for env in _env_values(root):
         yield from _value_spans(env)
 
 
-def _value_spans(node, seen=None):
+def _value_spans(node: yaml.Node, seen: set[int] | None = None) -> Iterator[tuple[int, int]]:
     """(start, end) in the text of each value of the mapping `node` (and of the mappings it merges with `<<`); the whole
     node when it is not a mapping."""
     seen = set() if seen is None else seen
@@ -94,7 +96,7 @@ def _value_spans(node, seen=None):
         yield node.start_mark.index, node.end_mark.index
 
 
-def _comment_at(line):
+def _comment_at(line: str) -> int | None:
     """Where the YAML comment on `line` starts (a '#' at its start or after a space, outside quotes), or None."""
     quote = None
     for i, char in enumerate(line):
@@ -107,7 +109,7 @@ def _comment_at(line):
     return None
 
 
-def _all_hidden(shown):
+def _all_hidden(shown: str) -> bool:
     """Whether every value under env_variables in `shown` is the note (a check of the result, parsed again)."""
     try:
         root = yaml.compose(shown, Loader=yaml.SafeLoader)
