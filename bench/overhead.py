@@ -134,7 +134,7 @@ def under_the_model(env, n=100):
     from main import create_app
     app = create_app(Settings.from_env(dict(os.environ, **env, LATENCY="production")))
     rt, visitor = runtime.of(app), app.test_client()
-    floor = CountedClient(rt.cache_client, model=rt.latency)
+    floor = CountedClient(rt.cache_client, rt.latency)
     times = {"front": [], "floor": []}
     with lines_dropped():
         page = visitor.get("/blog/demo").get_data()

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from core import costs
-from core.production_latency import OFF, Model
+from core.production_latency import Model
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class CacheClient(Protocol):
     def delete_if(self, key: str, value: CacheValue) -> bool: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
-    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None: ...
+    def global_cache(self, model: Model) -> ndb.GlobalCache | None: ...
 
 
 def make_client(settings: Settings) -> CacheClient:
@@ -70,7 +70,7 @@ class CountedClient:
 
     PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
 
-    def __init__(self, client: Any, prefix: str = "", model: Model = OFF) -> None:
+    def __init__(self, client: Any, model: Model, prefix: str = "") -> None:
         self._client = client
         self._prefix = prefix
         self._model = model
@@ -80,8 +80,8 @@ class CountedClient:
         if name.startswith("_") or not callable(attribute):
             return attribute
         if name == "pipeline":
-            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), prefix="pipeline.",
-                                                         model=self._model)
+            return lambda *args, **kwargs: CountedClient(attribute(*args, **kwargs), self._model,
+                                                         prefix="pipeline.")
         if self._prefix and name not in self.PIPELINE_ROUND_TRIPS:
             return attribute
 
@@ -151,8 +151,8 @@ class MemcachedCacheClient:
     def close(self) -> None:
         self.memcached.close()
 
-    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
-        return ndb.MemcacheCache(CountedClient(self.memcached, model=model), **_STRICTNESS)
+    def global_cache(self, model: Model) -> ndb.GlobalCache | None:
+        return ndb.MemcacheCache(CountedClient(self.memcached, model), **_STRICTNESS)
 
 
 def _parse(host: str) -> tuple[str, int]:
@@ -208,8 +208,8 @@ class RedisCacheClient:
     def close(self) -> None:
         self.redis.close()
 
-    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
-        return ndb.RedisCache(CountedClient(self.redis, model=model), **_STRICTNESS)
+    def global_cache(self, model: Model) -> ndb.GlobalCache | None:
+        return ndb.RedisCache(CountedClient(self.redis, model), **_STRICTNESS)
 
 
 class NoCacheServer(Exception):
@@ -231,17 +231,17 @@ class NoCache:
     def close(self) -> None:
         pass
 
-    def global_cache(self, model: Model = OFF) -> ndb.GlobalCache | None:
+    def global_cache(self, model: Model) -> ndb.GlobalCache | None:
         return None
 
 
 class Cache:
     """The app's explicit cache operations (counter totals, rendered pages); every failure is a miss or a no-op."""
 
-    def __init__(self, client: CacheClient, model: Model = OFF) -> None:
+    def __init__(self, client: CacheClient, model: Model) -> None:
         self.client = client
         self.backend = client.name
-        self._counted = CountedClient(client, model=model)  # counted (core/costs.py), waiting under `model`
+        self._counted = CountedClient(client, model)  # counted (core/costs.py), waiting under `model`
 
     def _safely(self, default: T, call: Callable[[CacheClient], T]) -> T:
         """call(the counted client), or `default` when the request bypasses the cache, there is none, or it fails."""

@@ -14,7 +14,7 @@ from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrp
 from google.cloud.ndb import model as ndb_model
 
 from core import billing, costs
-from core.production_latency import OFF, Model
+from core.production_latency import Model
 from core.settings import Settings
 
 # What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN.
@@ -26,7 +26,7 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
     (on its thread); ndb sends RPCs asynchronously, so the answer may arrive on a gRPC thread. Under a production
     latency model (`model`), the RPC first waits its modelled round trip, timed with it."""
 
-    def __init__(self, model: Model = OFF) -> None:
+    def __init__(self, model: Model) -> None:
         self.model = model
 
     def intercept_unary_unary(self, continuation: Callable, client_call_details: grpc.ClientCallDetails,
@@ -50,7 +50,7 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         return outcome
 
 
-def intercepted(channel: grpc.Channel, model: Model = OFF) -> grpc.Channel:
+def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
     """`channel` with every RPC counted, after its modelled wait under `model`."""
     return grpc.intercept_channel(channel, RpcCounter(model))
 
@@ -70,7 +70,7 @@ def backoff(attempt: int, base: float, cap: float) -> None:
     time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
 
 
-def make_client(settings: Settings, model: Model = OFF) -> ndb.Client:
+def make_client(settings: Settings, model: Model) -> ndb.Client:
     """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
     the request that made it (core/costs.py), and waiting under the production latency `model`."""
     if not settings.emulator_host:
@@ -98,7 +98,7 @@ def _counted(client: ndb.Client, model: Model) -> ndb.Client:
     return client
 
 
-def make_api(settings: Settings, model: Model = OFF) -> datastore_v1.DatastoreClient:
+def make_api(settings: Settings, model: Model) -> datastore_v1.DatastoreClient:
     """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process, its RPCs
     counted and waiting like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
@@ -109,10 +109,10 @@ def make_api(settings: Settings, model: Model = OFF) -> datastore_v1.DatastoreCl
 class DatastoreApi:
     """The Datastore API beside ndb, for what ndb does not offer; `api` is the process's client (make_api)."""
 
-    def __init__(self, settings: Settings, api: datastore_v1.DatastoreClient | None = None) -> None:
+    def __init__(self, settings: Settings, api: datastore_v1.DatastoreClient) -> None:
         self.project = settings.project
         self.namespace = settings.namespace or ""
-        self.api = api or make_api(settings)
+        self.api = api
 
 
 class Aggregations(DatastoreApi):

@@ -46,7 +46,8 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
 def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
     with running(_app(legacy_stack)):
         assert runtime.current().datastore.increments is None  # the app never sends them to legacy
-        increments = ServerIncrements(runtime.current().settings)  # as if misconfigured
+        # as if misconfigured: the app's own Datastore API client, sending increments to legacy
+        increments = ServerIncrements(runtime.current().settings, runtime.current().datastore.aggregations.api)
         with runtime.current().context(), pytest.raises(RuntimeError, match="did not apply a server-side increment"):
             increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")
 

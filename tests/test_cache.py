@@ -9,6 +9,7 @@ from google.cloud import ndb
 
 from core import cache as cache_module
 from core import runtime
+from core.production_latency import OFF
 from core.settings import Settings
 from devstack.services import CACHES
 from tests.support import make_app, running
@@ -29,7 +30,7 @@ def cache(server):
     if not server.healthy():
         server.restart()
     client = cache_module.make_client(Settings.from_env(dict(server.env(), DATASTORE_DATASET="p", **LOCAL)))
-    c = cache_module.Cache(client)
+    c = cache_module.Cache(client, OFF)
     c.flush()
     yield c
     client.close()
@@ -38,8 +39,8 @@ def cache(server):
 def test_settings_choose_the_cache():
     # No cache server: one object whose every answer is a miss (a claim that cannot be checked does not stop its
     # caller; a lease cannot be taken or refused), and no global cache for ndb.
-    none = cache_module.Cache(cache_module.make_client(Settings.from_env(LOCAL)))
-    assert none.backend == "none" and none.client.global_cache() is None
+    none = cache_module.Cache(cache_module.make_client(Settings.from_env(LOCAL)), OFF)
+    assert none.backend == "none" and none.client.global_cache(OFF) is None
     assert (none.get("k"), none.get_many(["k"]), none.add("k", 1, 60), none.incr("k"), none.delete("k")) == \
         (None, {}, False, None, False)
     assert none.claim("k", 60) is True and none.lease("k", "t", 5) is None and none.release("k", "t") is False
