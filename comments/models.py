@@ -14,14 +14,16 @@ class UserSequence(ndb.Model):
     comment's public id, so it must not say who wrote it). Written only by that user's own posts.
 
     Neither cache: it is read in transactions only, and the global cache would make every comment wait on memcached.
-    `last_token` names the call that wrote `seq`: a retry of that call (after a commit whose outcome was unknown, or a
-    form sent twice) finds it and returns that comment instead of posting it again.
+    `last_token` names the request that wrote `seq` (its idempotency key, else a fresh one): a resend of it (a form
+    sent twice) or a retry after a commit whose outcome was unknown finds it and answers with that comment instead of
+    posting it again. `last_call` tells the two apart: only this call's own retry goes on to count the comment.
     """
     _use_cache = False
     _use_global_cache = False
     seq = ndb.IntegerProperty(default=0, indexed=False)
     last_token = ndb.TextProperty()
     last_comment = ndb.TextProperty()  # the sort key written with last_token
+    last_call = ndb.TextProperty()  # which call wrote it (its own retry still counts the comment)
 
 
 class Comment(ndb.Model):

@@ -1,8 +1,9 @@
 """Comments: the talk's third lesson, written at a high rate by many users with no shared index to serialize them.
 
-A comment's id, and its place in the order, is the sort key `<UTC time>|<user id>|<user's sequence>`:
+A comment's id, and its place in the order, is the sort key `<UTC time>|<user's pseudonym>|<user's sequence>`:
 - the time, zero-padded to a fixed width, so that string order is time order;
-- the user id, which can never contain '|' (core.identity guarantees it), so the three parts split unambiguously;
+- the user's pseudonym (core.identity.pseudonym: letters and digits, never '|'), so the three parts split
+  unambiguously;
 - the user's own sequence, drawn from the user's UserSequence in the transaction that writes the comment, so two
   comments of one user never share a key even within one microsecond, and no two users' posts ever touch one entity.
 Time alone is not unique; time|user is not either (one user, two tabs). All three are.
@@ -72,8 +73,8 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
     """Write `user`'s comment on the entry `ref` names, then count it.
 
     The transaction touches only the user's UserSequence and the new comment, both in the user's own entity group:
-    nothing another user's comment writes, so comments from many users never contend. ndb's retry is not used
-    (`transact`: jittered backoff from 20 ms), and a retry after a commit of unknown outcome finds `last_token`.
+    nothing another user's comment writes, so comments from many users never contend, and one user's own posts (two
+    tabs) take turns at their sequence (`hot_key`). A retry after a commit of unknown outcome finds `last_token`.
 
     `idempotency_key` (a form's token, or the API's header) makes a resend of the user's latest comment a no-op that
     answers with the comment already written.
@@ -83,21 +84,23 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
     blog_service.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
     validate.idempotency_key(idempotency_key)
-    user_id, author = identity.pseudonym(user), identity.display_name(user["email"])
-    seq_key = ndb.Key(UserSequence, user_id)
+    pseudonym, author = identity.pseudonym(user), identity.display_name(user["email"])
+    seq_key = ndb.Key(UserSequence, pseudonym)
     token = idempotency_key or uuid.uuid4().hex
+    call = uuid.uuid4().hex
 
     def txn() -> tuple[bool, dict[str, Any]]:
         sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
         if sequence.last_token == token:
-            # Written already: by this call's earlier attempt whose commit looked failed, or by the same request
-            # sent before. Answer with that comment; write nothing, count nothing.
-            return False, comment_dict(ndb.Key(UserSequence, user_id, Comment, sequence.last_comment).get(retries=0))
+            # Written already: by this call's own attempt whose commit answered UNKNOWN (it is still to be counted),
+            # or by the same request sent before (counted then). Answer with that comment and write nothing.
+            written = ndb.Key(UserSequence, pseudonym, Comment, sequence.last_comment).get(retries=0)
+            return sequence.last_call == call, comment_dict(written)
         sequence.seq += 1
         now = clock.now()
-        key_name = sort_key(now, user_id, sequence.seq)
-        sequence.last_token, sequence.last_comment = token, key_name
-        comment = Comment(key=ndb.Key(UserSequence, user_id, Comment, key_name), entry=ref.path,
+        key_name = sort_key(now, pseudonym, sequence.seq)
+        sequence.last_token, sequence.last_comment, sequence.last_call = token, key_name, call
+        comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
         ndb.put_multi([sequence, comment])
         return True, comment_dict(comment)
@@ -112,47 +115,10 @@ def count_comment(ref: EntryRef) -> None:
     """+1 on the entry's comment counter, after the comment's own transaction has committed.
 
     Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's write
-    too, and every comment would span two entity groups. Measured with 32 writers on one entry (bench/comments.py):
-    counting inside the transaction reached 0.65 of the uncontended ceiling, counting after it 0.81. The price is that a
-    process dying between the two, or a counter that cannot be written (memcached away when the counter is first
-    created), leaves the count one short; the comment itself is never lost. Best effort, like a view count."""
+    too, and every comment would span two entity groups (bench/results/comments.md measures both ways). The price is
+    that a process dying between the two, or a counter that cannot be written (the cache away when the counter is
+    first created), leaves the count one short; the comment itself is never lost. Best effort, like a view count."""
     COUNTERS.increment(comments_counter(ref))
-
-
-# --- the repair job: recount every entry's comment counter from its comments ----------------------------------------
-
-def _recount_prepare(entry_keys: list[ndb.Key], params: dict[str, Any]) -> dict[ndb.Key, int]:
-    """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
-    may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
-    refs = {key: blog_service.EntryRef.from_key(key) for key in entry_keys}
-    current = COUNTERS.exact_totals([comments_counter(ref) for ref in refs.values()])
-    deltas: dict[ndb.Key, int] = {}
-    for key, ref in refs.items():
-        actual = len(Comment.query(Comment.entry == ref.path).fetch(keys_only=True))
-        counted = current[comments_counter(ref)]
-        if actual != counted:
-            deltas[key] = actual - counted
-    return deltas
-
-
-def _recount_apply(entries: list[ndb.Model], params: dict[str, Any], deltas: dict[ndb.Key, int]) -> list[ndb.Model]:
-    writes: list[ndb.Model] = []
-    for entry in entries:
-        if entry.key in deltas:
-            writes += COUNTERS.add_in_transaction(
-                comments_counter(blog_service.EntryRef.from_key(entry.key)), deltas[entry.key])
-    return writes
-
-
-RECOUNT = mapper_jobs.JobDefinition(
-    name="recount_comments", kind="BlogEntry", title="Recount comment counters",
-    description="Sets every entry's comment counter to the number of its comments (counts are best effort: a process "
-                "that dies between a comment and its +1 leaves the counter one short). Exact when nobody comments "
-                "meanwhile.",
-    apply=_recount_apply, prepare=_recount_prepare,
-    # Per entry: its counter's config and first shard, two entity groups; with the blog's group and the task's record,
-    # 10 entries stay under the 25 groups a transaction may touch.
-    chunk=10, page_size=50)
 
 
 def _bookmark(comment_id: object, ref: EntryRef, field: str) -> str:
@@ -193,9 +159,14 @@ def get_comments(ref: EntryRef, after: object = None, before: object = None, lim
         found = query.order(Comment.sort_key).fetch(limit + 1)
         shown = found[:limit]
         more_before, more_after = after_id is not None, len(found) > limit
-    # The page covers the keys between its neighbours' markers; the reader's own comments in that span belong here.
-    low = after_id if after_id is not None else (shown[0].sort_key if shown and more_before else None)
-    high = before_id if before_id is not None else (shown[-1].sort_key if shown and more_after else None)
+    # The page owns the sort keys between its neighbours': above `after` (or above its own first comment when an older
+    # page exists), below `before` (or below its own last one when a newer page exists). The reader's own comments in
+    # that span belong on this page.
+    low, high = after_id, before_id
+    if low is None and shown and more_before:
+        low = shown[0].sort_key
+    if high is None and shown and more_after:
+        high = shown[-1].sort_key
     shown = _merge_own(shown, own, ref, low, high)
     return Page([comment_dict(c) for c in shown],
                 next=shown[-1].sort_key if shown and more_after else None,
@@ -204,15 +175,55 @@ def get_comments(ref: EntryRef, after: object = None, before: object = None, lim
 
 def _merge_own(shown: list[Comment], own: Iterable[str], ref: EntryRef, low: str | None,
               high: str | None) -> list[Comment]:
+    """`shown` plus the reader's own comments (ids in `own`) on this entry strictly between `low` and `high`, read by
+    key (strongly consistent), in sort-key order."""
     have = {c.sort_key for c in shown}
     keys = [k for k in map(comment_key, own or ()) if k is not None and k.id() not in have]
+    if not keys:
+        return shown
     mine = [c for c in ndb.get_multi(keys) if c is not None and c.entry == ref.path
-            and (low is None or c.sort_key > low) and (high is None or c.sort_key < high)] if keys else []
+            and (low is None or c.sort_key > low) and (high is None or c.sort_key < high)]
     return sorted(shown + mine, key=lambda c: c.sort_key) if mine else shown
 
 
 def comment_counts(refs: Iterable[EntryRef]) -> dict[EntryRef, int]:
-    """{ref: comment count} for entries, in one memcached round trip when their totals are cached."""
+    """{ref: comment count} for entries, in one cache round trip when their totals are cached."""
     names = {ref: comments_counter(ref) for ref in refs}
     found = COUNTERS.totals(list(names.values()))
     return {ref: found[name] for ref, name in names.items()}
+
+
+# --- the repair job: recount every entry's comment counter from its comments ----------------------------------------
+
+def _recount_prepare(entry_keys: list[ndb.Key], params: dict[str, Any]) -> dict[ndb.Key, int]:
+    """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
+    may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
+    refs = {key: EntryRef.from_key(key) for key in entry_keys}
+    current = COUNTERS.exact_totals([comments_counter(ref) for ref in refs.values()])
+    deltas: dict[ndb.Key, int] = {}
+    for key, ref in refs.items():
+        actual = len(Comment.query(Comment.entry == ref.path).fetch(keys_only=True))
+        counted = current[comments_counter(ref)]
+        if actual != counted:
+            deltas[key] = actual - counted
+    return deltas
+
+
+def _recount_apply(entries: list[ndb.Model], params: dict[str, Any], deltas: dict[ndb.Key, int]) -> list[ndb.Model]:
+    writes: list[ndb.Model] = []
+    for entry in entries:
+        if entry.key in deltas:
+            writes += COUNTERS.add_in_transaction(
+                comments_counter(EntryRef.from_key(entry.key)), deltas[entry.key])
+    return writes
+
+
+RECOUNT = mapper_jobs.JobDefinition(
+    name="recount_comments", kind="BlogEntry", title="Recount comment counters",
+    description="Sets every entry's comment counter to the number of its comments (counts are best effort: a process "
+                "that dies between a comment and its +1 leaves the counter one short). Exact when nobody comments "
+                "meanwhile.",
+    apply=_recount_apply, prepare=_recount_prepare,
+    # Legacy's 25 entity groups a transaction: the task's record, each entry's blog (a chunk may span as many blogs as
+    # entries), and each repaired counter's config and shard: 1 + 7 + 2 * 7 = 22.
+    chunk=7, page_size=50)

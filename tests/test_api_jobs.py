@@ -231,6 +231,25 @@ def test_recount_comments_repairs_every_counter(app, client, auth, task_queue):
         assert own.exact_totals([comments_service.comments_counter(EntryRef("other", 0))]) == {"other.0": 0}
 
 
+def test_recount_fits_a_chunk_of_entries_from_as_many_blogs_in_one_transaction(app, client, auth, task_queue):
+    """A chunk's entries may each be in another blog (another entity group), and each repaired counter adds two groups
+    (its config and a shard): the job's chunk keeps the worst case within legacy's 25 groups a transaction."""
+    own = comments_service.COUNTERS
+    chunk = comments_service.RECOUNT.chunk
+    with runtime.current().context():
+        for b in range(chunk):
+            blog_service.post_entry(f"rc{b:02d}", "one entry", "body", "boss@example.com")
+            own.increment(comments_service.comments_counter(EntryRef(f"rc{b:02d}", 0)))  # counts a comment never made
+    auth.admin()
+    job = client.post("/api/jobs", json={"name": "recount_comments", "params": {}}).get_json()
+    task_queue.drain(workers=2)
+    done = client.get(f"/api/jobs/{job['id']}").get_json()
+    assert (done["state"], done["processed"]) == ("done", chunk), done
+    with runtime.current().context():
+        names = [comments_service.comments_counter(EntryRef(f"rc{b:02d}", 0)) for b in range(chunk)]
+        assert set(own.exact_totals(names).values()) == {0}
+
+
 # --- pages ------------------------------------------------------------------------------------------------------------
 
 def test_admin_starts_a_job_from_the_accounts_page_and_watches_it(client, auth, task_queue):

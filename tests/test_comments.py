@@ -2,6 +2,7 @@
 import datetime
 
 import pytest
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from blog import demo as blog_demo
@@ -178,6 +179,32 @@ def test_a_resent_comment_is_written_and_counted_once(ndb_context):
     assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
     service.post_comment(EntryRef("b", 0), _user("u"), "twice", "form-token-2")
     assert _exact_count("b", 0) == 2
+
+
+@pytest.mark.parametrize("idempotency_key", [None, "form-token-1"])
+def test_a_comment_whose_commit_answered_unknown_but_applied_is_written_and_counted_once(ndb_context, monkeypatch,
+                                                                                         idempotency_key):
+    """A commit can fail as UNKNOWN and yet have applied; `transact` then runs the transaction again, which finds the
+    comment this very call wrote: it answers with it, writes nothing more, and the comment is still counted (the count
+    follows the commit). A resend of the request (a new call, the same key) is neither written nor counted again."""
+    _entry()
+    real, answered = ndb.transaction, []
+
+    def applied_then_unknown(fn, **kwargs):
+        result = real(fn, **kwargs)
+        answered.append(result)
+        if len(answered) == 1:  # the comment's own transaction: it committed, and the answer is lost
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return result
+
+    monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
+    comment = service.post_comment(EntryRef("b", 0), _user("u"), "once", idempotency_key)
+    monkeypatch.undo()
+    assert [c.sort_key for c in Comment.query().fetch()] == [comment["id"]]
+    assert _exact_count("b", 0) == 1
+    if idempotency_key:
+        assert service.post_comment(EntryRef("b", 0), _user("u"), "once", idempotency_key) == comment
+        assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
 
 
 def test_comments_survive_memcached_down(ndb_context, stack):
