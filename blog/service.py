@@ -5,9 +5,9 @@ so page N costs O(N). Each entry therefore carries a dense index given out by it
 that writes it, and a page is `index <= start ORDER BY index DESC LIMIT n+1`: one index scan of n+1 rows at any depth.
 The extra row is not shown; it is the next page's `start`, or its absence says there is none.
 
-The front page is read far more than it changes, and every reader would run the same query: it is cached in memcached
-under a key that carries the blog's `max_index` (see `_page_cache_key` for why no reader can see an old front page
-once a post has committed).
+The front page is read far more than it changes, and every reader would run the same query: it is cached (memcached
+or Redis) under a key that carries the blog's `max_index` (see `_page_cache_key` for why no reader can see an old
+front page once a post has committed).
 """
 import json
 import re
@@ -93,8 +93,10 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     """Write an entry with the blog's next index (the blog is created by its first entry).
 
     The BlogIndex read, its bump and the entry's write are one transaction on the blog's entity group: two posts at
-    once cannot both read the same max_index and commit, one aborts and retries with the next one. So indexes are
-    dense (a rejected or failed post consumes none) and unique. Every post writes a PostMarker in the same transaction,
+    once cannot both read the same max_index and commit. On legacy Datastore one of them aborts and is retried; on
+    Firestore the second waits for the first's lock. Either way `hot_key` first makes a blog's posts take turns across
+    processes (core/hotspots.py), so most never meet. So indexes are dense (a rejected or failed post consumes none)
+    and unique. Every post writes a PostMarker in the same transaction,
     keyed by the client's Idempotency-Key or by a fresh one: a retry after a commit of unknown outcome finds it.
     """
     validate_blog(blog)
@@ -103,26 +105,28 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key = ndb.Key(BlogIndex, blog)
     marker_key = ndb.Key(PostMarker, idempotency_key or uuid.uuid4().hex, parent=blog_key)
-    token = uuid.uuid4().hex
+    call = uuid.uuid4().hex  # which call wrote the marker: its own retry after an UNKNOWN commit still says "created"
     cache = runtime.cache()
 
     def txn() -> Posted:
         # retries=0: ndb would retry a lookup that meets a locked entity with backoff; `transact` retries the whole
         # transaction instead, which is what a collision on the BlogIndex calls for.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
-        if marker is not None:
-            return Posted(entry_dict(EntryRef(blog, marker.index).key.get(retries=0)), marker.token == token)
+        if marker is not None:  # applied already: by this call's attempt whose commit said UNKNOWN, or a resend
+            return Posted(entry_dict(EntryRef(blog, marker.index).key.get(retries=0)), marker.token == call)
         if blog_index is None:
             blog_index = BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1
         index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
                           body_html=body_html, author=author)
-        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, token=token)])
-        if index:
-            # Not needed for correctness (the new max_index already retires these keys), only to free memory.
-            ndb.get_context().call_on_commit(
-                lambda: [cache.delete(_page_cache_key(blog, index - 1, n)) for n in (PAGE_SIZE, FEED_SIZE)])
+        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, token=call)])
+        if index > 0:  # the blog had front pages before this post
+            def forget_old_front_pages() -> None:
+                # Not needed for correctness (the new max_index already retires these keys), only to free memory.
+                for size in (PAGE_SIZE, FEED_SIZE):
+                    cache.delete(_page_cache_key(blog, index - 1, size))
+            ndb.get_context().call_on_commit(forget_old_front_pages)
         return Posted(entry_dict(entry), True)
 
     return transact(txn, busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
@@ -148,8 +152,8 @@ def _page_cache_key(blog: str, max_index: int, limit: int) -> str:
 
     Deleting a cached page when a post commits is not enough on its own: a reader that queried just before the commit
     can store its old page just after the delete, and it would then be served until it expires. Here a post changes
-    the key instead. Every reader first reads the BlogIndex (a get by key: strongly consistent, and served from
-    memcached by ndb's global cache, which ndb locks before the commit and refills only by compare-and-swap, so it is
+    the key instead. Every reader first reads the BlogIndex (a get by key: strongly consistent, and served by
+    ndb's global cache, which ndb locks before the commit and refills only by compare-and-swap, so it is
     never older than Datastore). A reader who starts after the post's commit therefore sees the new max_index, misses
     on the new key and queries; a slow reader who started before can only store under the old key, which nobody asks
     for any more. Old keys fall away by LRU or PAGE_LIFETIME.
@@ -161,37 +165,38 @@ def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntr
     """The `limit` entries with index <= start, newest first, and the next page's start (None if none): one index scan
     of limit + 1 rows at any depth. An ancestor query: strongly consistent (it sees the post that just committed), with
     the composite index (BlogEntry, ancestor, index desc) from index.yaml. Never an offset."""
-    found = (BlogEntry.query(ancestor=blog_key).filter(BlogEntry.index <= start)
-             .order(-BlogEntry.index).fetch(limit + 1))
-    return found[:limit], (found[limit].index if len(found) > limit else None)
+    rows = (BlogEntry.query(ancestor=blog_key).filter(BlogEntry.index <= start)
+            .order(-BlogEntry.index).fetch(limit + 1))
+    return rows[:limit], (rows[limit].index if len(rows) > limit else None)
 
 
 def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> BlogPage:
-    """Entries with index <= start, newest first (`start` None: the front page), and the markers of the pages around."""
+    """Entries with index <= start, newest first (`start` None or past the newest entry: the front page, the only
+    page cached), and the markers of the pages around."""
     blog_index = require_blog(blog)
     size = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     top = blog_index.max_index
     first = top if start is None else min(validate_index(start, "start"), top)
     newer = None if first == top else min(first + size, top)
     cache = runtime.cache()
-    key = _page_cache_key(blog, top, size) if first == top else None
-    if key:
+    key = _page_cache_key(blog, top, size) if first == top else None  # only the front page is cached
+    if key is not None:
         cached = cache.get(key)
         if cached is not None:
             entries, next_start = json.loads(zlib.decompress(cached))
-            return BlogPage(entries, next_start, newer, top, True)
+            return BlogPage(entries, next=next_start, prev=newer, max_index=top, cached=True)
     rows, next_start = query_page(blog_index.key, first, size)
     entries = [entry_dict(e) for e in rows]
-    if key:
+    if key is not None:
         # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
         # the add fails quietly and the page is simply not cached).
         cache.add(key, zlib.compress(json.dumps([entries, next_start]).encode()), expire=PAGE_LIFETIME)
-    return BlogPage(entries, next_start, newer, top, False)
+    return BlogPage(entries, next=next_start, prev=newer, max_index=top, cached=False)
 
 
 def list_blogs(limit: int = LIST_LIMIT) -> list[tuple[str, int]]:
-    """The blogs by name, with their entry counts. A kind query: eventually consistent, so a blog created a moment ago
-    may be missing for a moment."""
+    """The blogs by name, with their entry counts. A kind query: eventually consistent on legacy Datastore (a blog
+    created a moment ago may be missing for a moment), strongly consistent on Firestore in Datastore mode."""
     return [(b.name, b.max_index + 1) for b in BlogIndex.query().order(BlogIndex.key).fetch(limit)]
 
 

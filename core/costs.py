@@ -1,9 +1,9 @@
-"""A request's costs (Appstats for today): its Datastore RPCs and cache calls, counted where they leave the process:
-every RPC by a gRPC interceptor on ndb's channel (core.datastore.RpcCounter), ndb's batches and retries included,
-with what production bills it (core/billing.py: the same counts on an emulator as in production); every cache call by
-the wrapped client that both the app and ndb's global cache call (core.cache.CountedClient). Each request gets a
-`Cost` (core.runtime.RequestMiddleware); appstats/accounting.py puts it on the response. Free of Flask: benchmarks
-count costs too.
+"""What one request cost (Appstats for today), counted where each call leaves the process:
+- every Datastore RPC, by a gRPC interceptor on ndb's channel (core.datastore.RpcCounter), ndb's batches and retries
+  included, with what production bills for it (core/billing.py: read from the RPC's answer, so the same on an emulator);
+- every cache call, by the wrapped client that the app and ndb's global cache both use (core.cache.CountedClient).
+Each request gets a `Cost` (core.runtime.RequestMiddleware); appstats/accounting.py puts it on the response. No Flask
+here, so benchmarks count costs too.
 """
 import contextlib
 import contextvars
@@ -98,8 +98,8 @@ class Cost:
         return CONTROL.sub("?", value)  # the names come from the code, but a header value must never break its line
 
     def footer(self, cache_name: str) -> str:
-        """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads ($3.30 per million
-        such requests)', as a page's footer says it."""
+        """'2 Datastore RPCs (4.1 ms), 1 memcached call (0.3 ms); billed in production: 11 reads: $3.30 per million
+        such requests', as a page's footer says it."""
         with self.lock:
             text = (f"{plural(self.datastore.total(), 'Datastore RPC')} ({self.datastore_s * 1000:.1f} ms), "
                     f"{plural(self.cache.total(), cache_name + ' call')} ({self.cache_s * 1000:.1f} ms); "
@@ -133,15 +133,16 @@ def critical_path(calls: list[Call]) -> set[int]:
     """The indexes (in `calls`, sorted by start) of the longest chain, in summed time, of calls each made after the one
     before it was answered: the calls the request waited for one after another (its own work between them is not in
     it). Of calls in flight together (ndb's batches, a parallel fetch), one is on it."""
-    best: list[tuple[float, int]] = []  # for each call: the chain's summed time ending with it, and the call before
+    longest: list[tuple[float, int]] = []  # for each call: the longest chain's time ending with it, the call before
     for i, call in enumerate(calls):
-        before = [(best[j][0], j) for j in range(i) if calls[j].end_ms <= call.start_ms]
+        before = [(longest[j][0], j) for j in range(i) if calls[j].end_ms <= call.start_ms]
         total, previous = max(before, default=(0.0, -1))  # on a tie, the later call before it
-        best.append((total + call.end_ms - call.start_ms, previous))
-    chain, i = set(), max(range(len(calls)), key=lambda i: best[i][0], default=-1)
+        longest.append((total + call.end_ms - call.start_ms, previous))
+    chain: set[int] = set()
+    i = max(range(len(calls)), key=lambda k: longest[k][0], default=-1)  # the call that ends the longest chain
     while i >= 0:
         chain.add(i)
-        i = best[i][1]
+        i = longest[i][1]
     return chain
 
 

@@ -1,17 +1,18 @@
 """The talk's sharded counter, whole. Read this file first.
 
-One entity that many clients write at once does not scale: Datastore commits to one entity (in 2008, one entity
-group) at a limited rate (about one sustained write a second is still Google's guidance for a single entity in
-production, https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and
-are tried again. So this counter is twenty shard entities, each a root entity, its own entity group:
+One entity that many clients write at once does not scale: Datastore commits to one entity group at a limited rate
+(Google's guidance is still about one sustained write a second per entity,
+https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and are tried again.
+So this counter is twenty shard entities, each a root entity, its own entity group:
 - an increment is a small transaction on one shard chosen at random, so two writers meet only when they pick the same
   shard, one time in twenty;
 - the total is the sum of the twenty shards, read by key in one batch (strongly consistent, no query, no index);
 - the total is also kept in the cache, read first, and incremented there after each commit.
 
-That is the 2008 design, the same on both backends. The counters in counters/service.py go beyond the talk: named
-counters with shards of their own number, adaptive ones that grow while their writers collide, increments applied once
-per idempotency key, and Firestore's server-side increments in place of a read and a write.
+That is the 2008 design; the code is the same on both backends (how a collision ends differs: see `increment`).
+The counters in counters/service.py go beyond the talk: named counters with shards of their own number, adaptive ones
+that grow while their writers collide, increments applied once per idempotency key, and Firestore's server-side
+increments in place of a read and a write.
 """
 import random
 
@@ -22,10 +23,11 @@ from core.transactions import transact
 
 SHARDS = 20
 TOTAL_KEY = "simple-counter-total"
-# The kept total can be off by the increments in flight while it was made, low or high: one that commits between a
-# reader's sum and its `add` is missing from it (its `incr` found no copy yet); one whose commit the sum already
-# counts and whose `incr` lands after the `add` is in it twice; one whose `incr` the cache lost is missing. Until it
-# expires: then the next read sums again. Exact reads use shard_counts().
+# The kept total can be off by the increments in flight while a reader summed it, until it expires (then the next
+# read sums again; exact reads use shard_counts()):
+# - low: an increment whose commit the sum missed and whose `incr` came before the `add` (it found no copy to bump);
+# - high: an increment the sum already counted whose `incr` came after the `add` (counted twice);
+# - low: an increment whose `incr` the cache lost.
 TOTAL_LIFETIME = 60  # seconds
 
 
@@ -44,10 +46,10 @@ def shard_key(index: int) -> ndb.Key:
 
 
 def increment() -> int:
-    """Add 1 to a random shard, in a transaction; how many transactions it took. On the legacy emulator (optimistic,
-    as Datastore was) more than 1 means it met another writer on its shard and was tried again, after a jittered
-    backoff, on a shard chosen afresh; on Firestore (pessimistic) a writer of a busy shard mostly waits for its lock
-    instead, and takes 1.
+    """Add 1 to a random shard, in a transaction. Returns how many attempts that took: on the legacy emulator
+    (optimistic, as Datastore was) more than 1 means it met another writer on its shard and was tried again, after a
+    jittered backoff, on a shard chosen afresh; on Firestore (pessimistic) a writer of a busy shard mostly waits for its
+    lock instead, and takes 1.
 
     A commit that fails as UNKNOWN may have applied, and its retry then counts twice: the talk's counter accepts that.
     Beyond it, counters/service.py takes an idempotency key and writes a marker in the same commit."""
@@ -57,12 +59,14 @@ def increment() -> int:
         nonlocal attempts
         attempts += 1
         key = shard_key(random.randrange(SHARDS))
+        # retries=0: a lookup that meets a collision fails at once, and `transact` tries the whole transaction again,
+        # on a shard chosen afresh, after its own short backoff instead of ndb's.
         shard = key.get(retries=0) or SimpleCounterShard(key=key)
         shard.count += 1
         shard.put()
 
     transact(add_one, busy_message="The counter is very busy; try again.")
-    runtime.cache().incr(TOTAL_KEY)  # after the commit; no copy kept: nothing to do, the next read sums
+    runtime.cache().incr(TOTAL_KEY)  # after the commit; with no total in the cache, nothing: the next read sums
     return attempts
 
 
@@ -78,5 +82,5 @@ def total() -> int:
     if kept is not None:
         return int(kept)
     count = sum(shard_counts())
-    cache.add(TOTAL_KEY, count, expire=TOTAL_LIFETIME)
+    cache.add(TOTAL_KEY, count, expire=TOTAL_LIFETIME)  # add, not set: never overwrite a copy incrs have moved on
     return count

@@ -32,9 +32,9 @@ def inside(samples: Sequence[ndb.Key], lo: ndb.Key | None, hi: ndb.Key) -> list[
     return [s for s in samples if (lo_o is None or order(s) > lo_o) and order(s) < hi_o]
 
 
-def parts_needed(page_start: ndb.Key, page_end: ndb.Key, hi: ndb.Key, page_len: int, page_size: int, k: int,
+def parts_needed(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int, per_task: int, k: int,
                  samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the `page_size`s it holds (what
+    """How many ranges the rest (page_end, hi] is worth splitting into: about twice the `per_task`s it holds (the keys
     one task lists), at most k. Splitting a few entities k ways only makes k tasks that each pay a task's fixed costs
     for a handful of entities. The rest's size is judged by the samples' density over the keys just read
     (page_start, page_end], `page_len` of them; without samples there (the Firestore emulator keeps none), by its ids'
@@ -48,7 +48,7 @@ def parts_needed(page_start: ndb.Key, page_end: ndb.Key, hi: ndb.Key, page_len: 
         remaining = _by_id_density(page_start, page_end, hi, page_len)
     if remaining is None:
         return k
-    return max(1, min(k, math.ceil(2 * remaining / page_size)))
+    return max(1, min(k, math.ceil(2 * remaining / per_task)))
 
 
 def _by_id_density(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int) -> float | None:

@@ -1,8 +1,9 @@
 """The mapper's tree of tasks over key ranges: one task of a job, delivered by a queue at least once.
 
 A task lists the first pages of its key range (keys only, in key order) in one query; it keeps the first page, hands
-each page after it to a child, splits what lies beyond into up to `fanout` ranges, each a new task started at once;
-then it processes its page in chunks, a transaction each. The tree is O(log N) deep and keeps as many workers
+each page after it to a child, and splits what lies beyond into up to `fanout` ranges, each a child too. It then
+processes its page in chunks, a transaction each; the first chunk's commit records the children, which are enqueued
+at once while the task goes on with its page. The tree is O(log N) deep and keeps as many workers
 busy as the queue has. Never limit+offset: an offset query reads and skips every entity before the page, so walking
 N entities that way reads O(N^2) (bench/mapper.py measures it).
 
@@ -16,6 +17,7 @@ concurrent tasks never collide with each other. What a job adds up over its enti
 credit) is kept in each task's record and summed once, when the last credit comes back (completion.py).
 """
 import functools
+import itertools
 import logging
 from typing import Any
 
@@ -31,10 +33,10 @@ log = logging.getLogger(__name__)
 
 KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
 TASK_HANDLER = "mapper.run"
-# The keys a task hands out as listed pages, urlsafe, at most: its TaskListing keeps them (1 MiB an entity) and
-# each child's task carries its own (1 MB a Cloud Tasks task, https://cloud.google.com/tasks/docs/quotas; 100 KB for
-# App Engine queues in the older API). Accounts' keys take about 30 bytes; a kind with long key names hands out fewer
-# pages and splits the rest as ranges.
+# At most this many bytes of urlsafe keys go into the pages one task hands out. Each child's task carries its page
+# (the binding limit: 100 KB a task for App Engine queues in the older API; a Cloud Tasks task takes 1 MB,
+# https://cloud.google.com/tasks/docs/quotas), and the task's TaskListing keeps them all (1 MiB an entity). Accounts'
+# keys take about 30 bytes; a kind with long key names hands out fewer pages and splits the rest as ranges.
 LISTED_BYTES = 90_000
 
 
@@ -47,7 +49,8 @@ def enqueue(payload: TaskPayload) -> None:
 
 
 def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
-    """One task of a job's tree (delivered by a queue, at least once). Returns what it did."""
+    """One task of a job's tree (delivered by a queue, at least once; `attempt`: how many deliveries of it failed
+    before this one, core/tasks.py). Returns what it did."""
     payload = TaskPayload.from_json(body)
     job = MapperJob.get_by_id(payload.job)
     if job is None or job.finished:
@@ -61,9 +64,9 @@ def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     else:
         record, returned_here = _run(job, definition, record_key, payload, attempt)
     if record.returned:
-        # Only the delivery that finished the record adds its credit to the running sum. Any other delivery of a
-        # finished record (attempt 1+) cannot know whether the one that finished it lived to add it: 0 here, and
-        # maybe_finish then trusts the records over the sum.
+        # Every delivery that sees the record finished calls maybe_finish, but only the one that finished it passes
+        # its credit. Any other passes 0: it cannot know whether the finishing delivery lived to add its credit to the
+        # cache's running sum, and maybe_finish then sums the records instead.
         completion.maybe_finish(job, returned_here)
     return {"processed": record.processed, "children": len(record.children)}
 
@@ -107,24 +110,23 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     A range task's first delivery lists the first `fanout` + 1 pages of its range in one query: it keeps the first
     page, hands each other page whole to a child (whose payload carries its keys: it runs no query; as many pages as
     LISTED_BYTES of keys hold), and splits what lies beyond the pages it handed out into up to `fanout` ranges, each
-    a child that does the same. Queries are what a mapper pays most for on the emulators (each one costs about as
-    much as reading the whole kind, where production reads what it returns), so a job runs about one query per
-    `fanout` + 1 pages.
+    a child that does the same. So a job runs about one query per `fanout` + 1 pages: fewer RPCs, and fewer of them
+    that must wait for one another.
 
     The page's first chunk also records the children, and they are enqueued as soon as it commits, while this task
     goes on with its page: the tree grows one query and one commit per level, not one whole page per level, so a
     job's critical path (the RPCs that must follow one another) is its depth in short steps plus one page. Each task
     keeps a share of its credit for its own page and hands the rest to its children: the credit comes back whole only
     when every page, the splitters' own included, is done."""
-    listed = payload.listed
     page, children = record.page, []
-    if listed is not None:  # a page its parent listed
-        keys = listed[listed.index(record.last_key) + 1:] if record.last_key else listed
-        page = page or TaskPage(listed[0], listed[-1], False)
-    elif page is None:  # first delivery: fix the page (one more key says whether any remain)
-        keys = _page_query(job.kind, payload.lo_key, payload.hi_key).fetch(
-            job.page_size * (job.fanout + 1) + 1, keys_only=True)
-        listed, keys = keys, keys[:job.page_size]
+    given = payload.listed  # the page's keys, when the parent listed this task's page for it
+    if given is not None:  # no query: the rest of the page after the last key done
+        keys = given[given.index(record.last_key) + 1:] if record.last_key else given
+        page = page or TaskPage(given[0], given[-1], False)
+    elif page is None:  # a range task's first delivery: list its page and the pages after it in one query
+        listed = _page_query(job.kind, payload.lo_key, payload.hi_key).fetch(
+            job.page_size * (job.fanout + 1) + 1, keys_only=True)  # one key more says whether any remain
+        keys = listed[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(listed) > len(keys)) if keys else TaskPage(None, None, False)
         children = _split(job, payload, listed, record.credit) if page.more else []
     else:  # a retry: the rest of the page its first delivery fixed
@@ -132,23 +134,26 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
                                                                                        keys_only=True)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
+    # An empty page still commits one empty chunk: the record must be written, done, with its children.
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
-    pages = {child.task: child.keys for child in children if child.keys is not None}
+    listed_pages = {child.task: child.keys for child in children if child.keys is not None}
 
-    def txn(chunk: list[ndb.Key], expected: ndb.Key | None, final: bool) -> TaskRecord:
+    # `record` below is this delivery's latest copy: the loop at the end rebinds it to each chunk's committed record.
+    def txn(chunk: list[ndb.Key], expected_last_key: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
         # own key range and its own record), so chunks of concurrent tasks never collide.
         current, *entities = ndb.get_multi([record.key] + chunk)
-        if current is None and not expected and record.page_end is None:  # no delivery has written it yet
+        if current is None and expected_last_key is None and record.page_end is None:  # no delivery wrote it yet
             current = TaskRecord.new(record.key, payload)
             current.started = record.started  # when this delivery began, before its page query
-        elif current is None or current.state != "running" or current.last_key != expected:
+        elif current is None or current.state != "running" or current.last_key != expected_last_key:
             raise Superseded()
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
         writes = definition.apply(entities, job.params, prepared) if entities else []
         tally = definition.tally(entities, job.params) if definition.tally and entities else None
         first = current.page_end is None  # this chunk fixes the page and the children: their listing goes with it
-        listing = [TaskListing(key=TaskListing.key_for(current.key), pages=pages)] if first and pages else []
+        listing = ([TaskListing(key=TaskListing.key_for(current.key), pages=listed_pages)]
+                   if first and listed_pages else [])
         current.advance(page, chunk, len(entities), tally, children, final)
         ndb.put_multi([*writes, current, *listing])
         return current
@@ -156,7 +161,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     for number, chunk in enumerate(chunks):
         record = transact(functools.partial(txn, chunk, record.last_key, number == len(chunks) - 1))
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
-            _enqueue_children(record, pages if children else None)
+            _enqueue_children(record, listed_pages if children else None)
     return record
 
 
@@ -167,29 +172,33 @@ def _enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = N
         listing = TaskListing.key_for(record.key).get() if any(c.get("listed") for c in record.children) else None
         pages = listing.pages if listing else {}
     for child in record.children:
-        enqueue(TaskPayload.from_json({**child, "keys": pages[child["task"]]} if child.get("listed") else child))
+        if child.get("listed"):  # its page's keys are kept apart from the record
+            child = {**child, "keys": pages[child["task"]]}
+        enqueue(TaskPayload.from_json(child))
 
 
 def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: int) -> list[TaskPayload]:
-    """The payloads of the tasks the rest of the range after the task's own page splits into: the pages `listed`
-    after its own, each handed whole to a child (as long as their keys fit LISTED_BYTES), then, if keys
+    """Split the rest of the range, after this task's own page, into child tasks; returns their payloads: the pages
+    `listed` after its own, each handed whole to a child (as long as their keys fit LISTED_BYTES), then, if keys
     remain after those, up to `fanout` ranges (one when the range cannot split). Each child gets an equal share of
-    `credit`, and the task keeps one share and the remainder for its own page."""
-    size, most = job.page_size, job.page_size * (job.fanout + 1)
+    `credit`, and the task keeps one share and the remainder for its own page. When the credit is too finely divided
+    for that, one child takes the whole rest as a range, with half the credit."""
+    size, listed_max = job.page_size, job.page_size * (job.fanout + 1)  # listed_max: the most keys one task lists
     pages: list[list[ndb.Key]] = []
     used = 0
-    for i in range(size, min(len(listed), most), size):
+    for i in range(size, min(len(listed), listed_max), size):
         used += sum(len(key.urlsafe()) for key in listed[i:i + size])
         if used > LISTED_BYTES:
             break
         pages.append(listed[i:i + size])
-    handed = min(size * (len(pages) + 1), len(listed))  # the task's own page and the pages handed out
+    keys_covered = min(size * (len(pages) + 1), len(listed))  # by the task's own page and the pages handed out
     ranges = []
-    if len(listed) > handed:  # keys remain after them
-        end, hi = listed[handed - 1], payload.hi_key
-        parts = keyrange.parts_needed(listed[0], end, hi, handed, most, job.fanout, job.samples)
+    if len(listed) > keys_covered:  # keys remain after them
+        end, hi = listed[keys_covered - 1], payload.hi_key
+        parts = keyrange.parts_needed(page_start=listed[0], page_end=end, hi=hi, page_len=keys_covered,
+                                      per_task=listed_max, k=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, listed[0]) if parts > 1 else []) + [hi]
-        ranges = list(zip(bounds, bounds[1:], strict=False))
+        ranges = list(itertools.pairwise(bounds))
     share = credit // (len(pages) + len(ranges) + 1)
     if share == 0:  # credit too finely divided for this split (a long chain of ranges that could not split)
         if credit < 2:  # no credit to hand on: the job fails rather than finish with this range unvisited
@@ -204,8 +213,8 @@ def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
     """End a task's record without visiting the rest of its page (its job is cancelled, or the task failed for good):
     `state`, and the credit it kept for its page returned, so the job still ends when every other task has. What its
     chunks committed before stays in the record's tally; children it recorded are enqueued (again: a delivery may
-    have died before it did) and return their own credit. (the record, the credit this call returned: 0 when another
-    delivery ended the record first)."""
+    have died before it did) and return their own credit. Returns the record and the credit this call returned (0
+    when another delivery ended the record first)."""
     def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
