@@ -117,7 +117,8 @@ def count_comment(ref: EntryRef) -> None:
     Not in that transaction, on purpose: there, a collision on a counter shard would abort and redo the comment's write
     too, and every comment would span two entity groups (bench/results/comments.md measures both ways). The price is
     that a process dying between the two, or a counter that cannot be written (the cache away when the counter is
-    first created), leaves the count one short; the comment itself is never lost. Best effort, like a view count."""
+    first created), leaves the count one short (and a counter commit that answered UNKNOWN yet applied, one over);
+    the comment itself is never lost. Best effort, like a view count; the recount job repairs either."""
     COUNTERS.increment(comments_counter(ref))
 
 

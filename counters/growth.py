@@ -117,9 +117,15 @@ class ContentionWindow:
             while rate >= self.GROW_AT * factor:
                 factor *= 2
             factor = factor if factor > 1 else 0
-            # After a verdict, judge only attempts at the size it asks for.
+            # After a verdict, judge only attempts at the size it asks for (until `restart` says where it landed).
             self._seen[name] = (size * (factor or 1), 0, 0)
             return factor
+
+    def restart(self, name: str, num_shards: int) -> None:
+        """A fresh window at the size the counter has after a verdict's `grow`: the size asked for, another process's,
+        or the old one when the growth did not apply (a collision, the cache away), which a later window asks again."""
+        with self._lock:
+            self._seen[name] = (num_shards, 0, 0)
 
 
 contention = ContentionWindow()  # the process's own

@@ -18,8 +18,7 @@ from typing import Any
 from google.cloud import ndb
 
 from core import clock, runtime, validate
-from core.cache import CACHE_DOWN
-from core.errors import SignInRequired, Unavailable
+from core.errors import SignInRequired
 from counters import growth
 from counters.growth import DEFAULT_SHARDS, configure, get_config, require_config
 from counters.models import (
@@ -66,7 +65,9 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
     def on_attempt(num_shards: int, collided: bool) -> int:
         factor = growth.contention.observe(name, num_shards, collided)
         if factor:
-            return growth.grow(name, num_shards, factor)
+            grown = growth.grow(name, num_shards, factor)
+            growth.contention.restart(name, grown)
+            return grown
         if collided:
             # Another writer may have grown the counter since this increment began: retry over all its shards.
             # Only a committed shard count is safe to use, since a total sums the shards below it.
@@ -139,14 +140,15 @@ class OwnedCounters:
 
     def increment(self, short: str) -> bool:
         """+1, best effort: True if it counted. A count that cannot be made now (the counter's first increment while
-        memcached is away, since configs are a globally cached kind; contention beyond the retries) is logged and
-        skipped, never an error for the reader or writer whose request it rides on."""
+        the cache is away, since configs are a globally cached kind; contention beyond the retries; Datastore not
+        answering) is logged and skipped, never an error for the reader or writer whose request it rides on. Without
+        an idempotency key: an increment whose commit answered UNKNOWN and yet applied counts twice."""
         name = self.name(short)
         try:
             increment(name, mode="adaptive", listed=False)
             return True
-        except (Unavailable, *CACHE_DOWN) as e:
-            log.warning("counter %s not incremented: %r", name, e)
+        except Exception:  # noqa: BLE001 - whatever failed, the request it rides on has done its own work
+            log.warning("counter %s not incremented", name, exc_info=True)
             return False
 
     def totals(self, shorts: Iterable[str]) -> dict[str, int]:

@@ -92,7 +92,9 @@ class BlindShardWriter(ShardWriter):
         except core_exceptions.AlreadyExists:
             assert marker is not None  # only the marker can exist already
             existing = marker.key.get(use_cache=False, use_global_cache=False)
-            return existing is not None and existing.token == self.token  # our own earlier attempt committed
+            if existing is None or existing.token != self.token:
+                return False  # another call applied this key
+            # This call's own earlier commit applied (it answered UNKNOWN): its total was never incr'd.
         return self._counted()
 
 
@@ -104,7 +106,11 @@ class TransactionalShardWriter(ShardWriter):
             if self.marker_key is not None:
                 marker = self.marker_key.get(retries=0)
                 if marker is not None:
-                    return marker.token == self.token
+                    if marker.token != self.token:
+                        return False  # another call applied this key
+                    # This call's own earlier commit applied (it answered UNKNOWN): its total was never incr'd.
+                    ndb.get_context().call_on_commit(self._counted)
+                    return True
                 AppliedIncrement.new(self.marker_key, self.token, clock.now()).put()
             key = CounterShard.key_for(self.name, index)
             shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment

@@ -2,11 +2,12 @@
 import time
 
 import pytest
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import costs, runtime
 from core.errors import BadInput, Conflict, Unprocessable
-from counters import growth, service, simple, totals
+from counters import growth, service, simple, totals, writes
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
 from counters.simple import SimpleCounterShard
 from tests.support import in_threads, writers_meet_before_writing
@@ -245,12 +246,63 @@ def test_contention_window_grows_only_on_lasting_contention():
     assert window.observe("other", 1, True) == 0  # windows are per counter
 
 
+def test_an_adaptive_counter_whose_growth_did_not_apply_is_judged_again(legacy_app, monkeypatch):
+    """A verdict's growth can fail to apply (its transaction collides, or the cache is away); the process's window then
+    starts again at the size the counter still has, and a later verdict grows it. Legacy: the Firestore emulator's
+    blind increments never collide, so nothing grows there."""
+    with runtime.current().context():
+        growth.configure("regrow", "adaptive")
+    real, failed = growth.grow, []
+
+    def first_growth_fails(name, seen_shards, factor):
+        if not failed:
+            failed.append(factor)
+            return seen_shards
+        return real(name, seen_shards, factor)
+
+    monkeypatch.setattr(growth, "grow", first_growth_fails)
+    _hammer(lambda: service.increment("regrow"), threads=24, each=30)
+    with runtime.current().context():
+        assert failed and growth.get_config("regrow").num_shards > 1
+
+
 def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     growth.configure("steps", "adaptive")
     assert growth.grow("steps", 1, 4) == 4
     assert growth.grow("steps", 1, 4) == 4  # a second verdict from the old size changes nothing
     assert growth.grow("steps", 4, 2) == 8
     assert growth.get_config("steps").num_shards == 8
+
+
+def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_cached_total(ndb_context, monkeypatch):
+    """A commit can answer UNKNOWN and yet have applied; what follows a commit (the cached total's incr) then never
+    ran. The retry finds this call's own marker: applied once, and the cached total still follows it."""
+    growth.configure("unknown", "general", 1)
+    service.increment("unknown")
+    assert totals.get_total("unknown") == totals.Total(1, False)  # summed, then kept in the cache
+    real, lost = writes.ShardWriter._counted, []
+
+    def answer_lost(writer):
+        if not lost:  # the first commit applied; its answer is lost, so nothing after it runs
+            lost.append(writer)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return real(writer)
+
+    monkeypatch.setattr(writes.ShardWriter, "_counted", answer_lost)
+    result = service.increment("unknown", "k1")
+    assert lost and result.applied is True and result.attempts == 2
+    assert totals.shard_counts(growth.get_config("unknown")) == [2]
+    assert totals.get_total("unknown") == totals.Total(2, True)  # the cached total, moved on by the retry
+
+
+def test_a_count_riding_on_a_request_never_fails_it(ndb_context, monkeypatch):
+    """A feature's own counter is best effort: Datastore not answering while it counts is logged, not raised, so a
+    comment already written is not answered with an error."""
+    def down(*args, **kwargs):
+        raise core_exceptions.ServiceUnavailable("Datastore is not answering")
+
+    monkeypatch.setattr(service, "commit_on_a_shard", down)
+    assert service.owned("feature").increment("views") is False
 
 
 def test_seed_command_seeds_once(app):
