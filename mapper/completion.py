@@ -3,6 +3,7 @@ the cache, and the job finished, exactly once, when every task has handed its cr
 the cache's running sum a hint: a check task sums the records when the cache lost some).
 """
 import dataclasses
+import uuid
 from typing import Any
 
 from google.cloud import ndb
@@ -204,15 +205,17 @@ def run_check(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
 def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
     """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
     since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
-    finish, one does it, and a retry after a commit of unknown outcome finds it finished. `status`: the records'
-    sums, every credit back (no chunk can commit after that)."""
+    finish, one does it, and its own retry after a commit of unknown outcome finds it finished by itself (and so still
+    runs on_done). At most once: a process that dies between the commit and on_done leaves it undone. `status`: the
+    records' sums, every credit back (no chunk can commit after that)."""
     definition = jobs.of(job)
+    call = uuid.uuid4().hex
 
     def txn() -> MapperJob | None:
         current = job.key.get(retries=0)
         if current.finished:
-            return None
-        current.finished, current.outcome = clock.now(), _outcome(current, status)
+            return current if current.finished_by == call else None
+        current.finished, current.finished_by, current.outcome = clock.now(), call, _outcome(current, status)
         current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
                            "tally": status.tally}
         settled = definition.settle(status.tally, current.params) if definition and definition.settle else []

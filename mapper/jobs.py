@@ -44,7 +44,7 @@ class JobDefinition:
     apply: Callable[[list, dict, Any], list]
     parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
-    on_done: Callable[[MapperJob], None] | None = None
+    on_done: Callable[[MapperJob], None] | None = None  # after the job finished, at most once (completion._finalize)
     tally: Callable[[list, dict], dict] | None = None
     settle: Callable[[dict, dict], list] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form

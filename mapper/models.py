@@ -97,6 +97,7 @@ class MapperJob(ndb.Model):
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
+    finished_by = ndb.TextProperty()  # which call set it: its own retry after an UNKNOWN commit still runs on_done
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `finished`
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
 

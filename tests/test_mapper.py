@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from accounts.models import Account
@@ -270,6 +271,29 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs
     # the chunk that died rolled back its accounts and its record's tally: the job settled each account's credit once
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 3000
     assert job_status(client, job_id)["processed"] == 300
+
+
+def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_follow_up(extra_jobs, client, auth,
+                                                                                         task_queue, monkeypatch):
+    """A commit can answer UNKNOWN and yet have applied: the retry of the transaction that finished the job finds it
+    finished by this very call, and so still runs the job's on_done (the audit's result), once."""
+    seed_accounts(30)
+    DONE.clear()
+    real, answered = ndb.transaction, []
+
+    def finish_applied_then_unknown(fn, **kwargs):
+        result = real(fn, **kwargs)
+        if getattr(fn, "__qualname__", "") == "_finalize.<locals>.txn" and not answered:
+            answered.append(result)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return result
+
+    job_id = start(client, auth, "test_flaky_credit")
+    monkeypatch.setattr(ndb, "transaction", finish_applied_then_unknown)
+    task_queue.drain()
+    monkeypatch.undo()
+    assert answered and job_status(client, job_id)["state"] == "done"
+    assert [job.id for job in DONE] == [job_id]
 
 
 def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
