@@ -124,6 +124,8 @@ class TaskRecord(ndb.Model):
     page_start = ndb.KeyProperty(indexed=False)  # and its first
     more = ndb.BooleanProperty(default=False, indexed=False)  # keys remained after the page
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
+    # Which delivery's which chunk committed last: a chunk's own retry after an UNKNOWN commit finds itself there.
+    last_chunk = ndb.TextProperty()
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     # The payloads of the tasks it split into, enqueued again on a retry; a listed page's keys are in its TaskListing.

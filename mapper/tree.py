@@ -19,6 +19,7 @@ credit) is kept in each task's record and summed once, when the last credit come
 import functools
 import itertools
 import logging
+import uuid
 from typing import Any
 
 from google.cloud import ndb
@@ -88,11 +89,12 @@ def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.
         record = _process(job, definition, record, payload)
         completion.hint(job, record, record.processed - processed_before, record.state == "done")
         return record, record.returned
-    except Superseded:
-        raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
     except Exception as e:
         if attempt + 1 < tasks.MAX_ATTEMPTS:
+            if isinstance(e, Superseded):  # the other delivery ends the record, or the queue brings this one back
+                raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
             raise
+        # The last delivery: the task fails for good (a delivery it met steps back), so that the job still ends.
         log.exception("mapper task %s failed for good", record_key.id())
         return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
@@ -138,11 +140,15 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]
     listed_pages = {child.task: child.keys for child in children if child.keys is not None}
 
+    delivery = uuid.uuid4().hex
+
     # `record` below is this delivery's latest copy: the loop at the end rebinds it to each chunk's committed record.
-    def txn(chunk: list[ndb.Key], expected_last_key: ndb.Key | None, final: bool) -> TaskRecord:
+    def txn(number: int, chunk: list[ndb.Key], expected_last_key: ndb.Key | None, final: bool) -> TaskRecord:
         # One lookup for the record and the chunk: entities no other task's transaction touches (each task has its
         # own key range and its own record), so chunks of concurrent tasks never collide.
         current, *entities = ndb.get_multi([record.key] + chunk)
+        if current is not None and current.last_chunk == f"{delivery}:{number}":
+            return current  # this chunk's own commit applied, though it answered UNKNOWN: nothing more to do
         if current is None and expected_last_key is None and record.page_end is None:  # no delivery wrote it yet
             current = TaskRecord.new(record.key, payload)
             current.started = record.started  # when this delivery began, before its page query
@@ -155,11 +161,12 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         listing = ([TaskListing(key=TaskListing.key_for(current.key), pages=listed_pages)]
                    if first and listed_pages else [])
         current.advance(page, chunk, len(entities), tally, children, final)
+        current.last_chunk = f"{delivery}:{number}"
         ndb.put_multi([*writes, current, *listing])
         return current
 
     for number, chunk in enumerate(chunks):
-        record = transact(functools.partial(txn, chunk, record.last_key, number == len(chunks) - 1))
+        record = transact(functools.partial(txn, number, chunk, record.last_key, number == len(chunks) - 1))
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
             _enqueue_children(record, listed_pages if children else None)
     return record

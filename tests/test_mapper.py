@@ -296,6 +296,29 @@ def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_
     assert [job.id for job in DONE] == [job_id]
 
 
+def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra_jobs, client, auth, task_queue,
+                                                                           monkeypatch):
+    """A chunk's commit can answer UNKNOWN and yet have applied: its retry finds the record moved on by this very
+    delivery's chunk (not by another delivery) and goes on with the next chunk, crediting every account once."""
+    keys = seed_accounts(60)  # the root's page holds all 60: three chunks of 24 (the job's chunk)
+    real, answered = ndb.transaction, []
+
+    def chunk_applied_then_unknown(fn, **kwargs):
+        result = real(fn, **kwargs)
+        if getattr(getattr(fn, "func", None), "__qualname__", "") == "_process.<locals>.txn" and not answered:
+            answered.append(result)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return result
+
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    monkeypatch.setattr(ndb, "transaction", chunk_applied_then_unknown)
+    task_queue.drain()
+    monkeypatch.undo()
+    root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
+    assert answered and root == [200]  # not a 409 that took its own commit for another delivery's
+    assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
+
+
 def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
     """Equal shares while the credit divides; one child re-listing the rest with half when it does not; a task whose
     credit is spent fails rather than leave its range unvisited with the job done."""
