@@ -13,17 +13,18 @@ class UserSequence(ndb.Model):
     """A user's comment sequence; key name is the user's pseudonym (core.identity.pseudonym: the key is in every
     comment's public id, so it must not say who wrote it). Written only by that user's own posts.
 
-    Neither cache: it is read in transactions only, and the global cache would make every comment wait on memcached.
-    `last_token` names the request that wrote `seq` (its idempotency key, else a fresh one): a resend of it (a form
-    sent twice) or a retry after a commit whose outcome was unknown finds it and answers with that comment instead of
-    posting it again. `last_call` tells the two apart: only this call's own retry goes on to count the comment.
+    Neither cache: it is read in transactions only, and the global cache would make every comment wait on the cache.
+    `recent` holds the user's last RECENT_REQUESTS comment requests as [token, sort key, call]: the token is the
+    request's idempotency key (else a fresh one), so a resend of it (a form sent twice) or a retry after a commit whose
+    outcome was unknown finds it and answers with that comment instead of posting it again; `call` tells the two
+    apart (only the call's own retry goes on to count the comment). Several, not one: the user's other tab may post
+    in between. On the entity the transaction reads anyway: no read or write more per comment.
     """
+    RECENT_REQUESTS = 8
     _use_cache = False
     _use_global_cache = False
     seq = ndb.IntegerProperty(default=0, indexed=False)
-    last_token = ndb.TextProperty()
-    last_comment = ndb.TextProperty()  # the sort key written with last_token
-    last_call = ndb.TextProperty()  # which call wrote it (its own retry still counts the comment)
+    recent = ndb.JsonProperty(default=[])
 
 
 class Comment(ndb.Model):

@@ -74,10 +74,11 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
 
     The transaction touches only the user's UserSequence and the new comment, both in the user's own entity group:
     nothing another user's comment writes, so comments from many users never contend, and one user's own posts (two
-    tabs) take turns at their sequence (`hot_key`). A retry after a commit of unknown outcome finds `last_token`.
+    tabs) take turns at their sequence (`hot_key`). A retry after a commit of unknown outcome finds its token among
+    the sequence's `recent`.
 
-    `idempotency_key` (a form's token, or the API's header) makes a resend of the user's latest comment a no-op that
-    answers with the comment already written.
+    `idempotency_key` (a form's token, or the API's header) makes a resend of one of the user's latest comments a
+    no-op that answers with the comment already written.
     """
     if user is None:
         raise SignInRequired("Sign in to comment.")
@@ -91,15 +92,16 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
 
     def txn() -> tuple[bool, dict[str, Any]]:
         sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
-        if sequence.last_token == token:
-            # Written already: by this call's own attempt whose commit answered UNKNOWN (it is still to be counted),
-            # or by the same request sent before (counted then). Answer with that comment and write nothing.
-            written = ndb.Key(UserSequence, pseudonym, Comment, sequence.last_comment).get(retries=0)
-            return sequence.last_call == call, comment_dict(written)
+        for sent, written_key, sent_by in sequence.recent:
+            if sent == token:
+                # Written already: by this call's own attempt whose commit answered UNKNOWN (it is still to be
+                # counted), or by the same request sent before (counted then). Answer with it and write nothing.
+                written = ndb.Key(UserSequence, pseudonym, Comment, written_key).get(retries=0)
+                return sent_by == call, comment_dict(written)
         sequence.seq += 1
         now = clock.now()
         key_name = sort_key(now, pseudonym, sequence.seq)
-        sequence.last_token, sequence.last_comment, sequence.last_call = token, key_name, call
+        sequence.recent = [*sequence.recent, [token, key_name, call]][-UserSequence.RECENT_REQUESTS:]
         comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
         ndb.put_multi([sequence, comment])

@@ -10,7 +10,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from core import identity, runtime
+from core import identity, runtime, transactions
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import growth, totals
 from tests.support import in_threads, writers_meet_before_writing
@@ -205,6 +205,37 @@ def test_a_comment_whose_commit_answered_unknown_but_applied_is_written_and_coun
     if idempotency_key:
         assert service.post_comment(EntryRef("b", 0), _user("u"), "once", idempotency_key) == comment
         assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
+
+
+def test_a_retry_after_an_unknown_commit_finds_its_comment_though_another_tab_posted_meanwhile(ndb_context,
+                                                                                               monkeypatch):
+    """The user's other tab may post while this comment's transaction backs off after a commit that answered UNKNOWN
+    yet applied: the retry still finds its own request among the sequence's recent ones, and neither comment is
+    written or counted twice."""
+    _entry()
+    user, real, real_backoff, answered = _user("tabs"), ndb.transaction, transactions.backoff, []
+
+    def applied_then_unknown(fn, **kwargs):
+        result = real(fn, **kwargs)
+        if getattr(fn, "__qualname__", "") == "post_comment.<locals>.txn" and not answered:
+            answered.append(result)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return result
+
+    def other_tab_posts_meanwhile(attempt, base, cap):  # while this tab backs off, out of its turn at the sequence
+        if len(answered) == 1:
+            answered.append("the other tab")
+            service.post_comment(EntryRef("b", 0), user, "from the other tab")
+        real_backoff(attempt, base, cap)
+
+    monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
+    monkeypatch.setattr(transactions, "backoff", other_tab_posts_meanwhile)
+    comment = service.post_comment(EntryRef("b", 0), user, "from this tab")
+    monkeypatch.undo()
+    assert len(answered) == 2
+    assert comment["text"] == "from this tab"
+    assert sorted(c.text for c in Comment.query().fetch()) == ["from the other tab", "from this tab"]
+    assert _exact_count("b", 0) == 2
 
 
 def test_comments_survive_memcached_down(ndb_context, stack):
