@@ -11,6 +11,7 @@ import threading
 import time
 
 from flask import request
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
@@ -184,6 +185,22 @@ def writers_meet_before_writing(monkeypatch, at=(ndb, "put_multi"), parties=2, t
             barrier.wait(timeout)
         return write(*args, **options)
     monkeypatch.setattr(owner, name, meeting)
+
+
+def commit_answers_unknown(monkeypatch, transaction):
+    """The first transaction of the function named `transaction` (its `__qualname__`, a partial's too) commits, and
+    then its caller sees UNKNOWN, as when a commit applied but its answer was lost. Returns the list its committed
+    result is appended to (empty while it has not happened)."""
+    real, answered = ndb.transaction, []
+
+    def applied_then_unknown(fn, **options):
+        result = real(fn, **options)
+        if getattr(getattr(fn, "func", fn), "__qualname__", "") == transaction and not answered:
+            answered.append(result)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return result
+    monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
+    return answered
 
 
 def in_threads(count, fn):

@@ -2,7 +2,6 @@
 import datetime
 
 import pytest
-from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from blog import demo as blog_demo
@@ -13,7 +12,7 @@ from comments.models import Comment, UserSequence
 from core import identity, runtime, transactions
 from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
 from counters import growth, totals
-from tests.support import in_threads, writers_meet_before_writing
+from tests.support import commit_answers_unknown, in_threads, writers_meet_before_writing
 
 
 def _user(name):
@@ -188,18 +187,10 @@ def test_a_comment_whose_commit_answered_unknown_but_applied_is_written_and_coun
     comment this very call wrote: it answers with it, writes nothing more, and the comment is still counted (the count
     follows the commit). A resend of the request (a new call, the same key) is neither written nor counted again."""
     _entry()
-    real, answered = ndb.transaction, []
-
-    def applied_then_unknown(fn, **kwargs):
-        result = real(fn, **kwargs)
-        answered.append(result)
-        if len(answered) == 1:  # the comment's own transaction: it committed, and the answer is lost
-            raise core_exceptions.Unknown("the commit's outcome is unknown")
-        return result
-
-    monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
+    answered = commit_answers_unknown(monkeypatch, "post_comment.<locals>.txn")
     comment = service.post_comment(EntryRef("b", 0), _user("u"), "once", idempotency_key)
     monkeypatch.undo()
+    assert answered  # the commit did answer UNKNOWN
     assert [c.sort_key for c in Comment.query().fetch()] == [comment["id"]]
     assert _exact_count("b", 0) == 1
     if idempotency_key:
@@ -213,14 +204,8 @@ def test_a_retry_after_an_unknown_commit_finds_its_comment_though_another_tab_po
     yet applied: the retry still finds its own request among the sequence's recent ones, and neither comment is
     written or counted twice."""
     _entry()
-    user, real, real_backoff, answered = _user("tabs"), ndb.transaction, transactions.backoff, []
-
-    def applied_then_unknown(fn, **kwargs):
-        result = real(fn, **kwargs)
-        if getattr(fn, "__qualname__", "") == "post_comment.<locals>.txn" and not answered:
-            answered.append(result)
-            raise core_exceptions.Unknown("the commit's outcome is unknown")
-        return result
+    user, real_backoff = _user("tabs"), transactions.backoff
+    answered = commit_answers_unknown(monkeypatch, "post_comment.<locals>.txn")
 
     def other_tab_posts_meanwhile(attempt, base, cap):  # while this tab backs off, out of its turn at the sequence
         if len(answered) == 1:
@@ -228,7 +213,6 @@ def test_a_retry_after_an_unknown_commit_finds_its_comment_though_another_tab_po
             service.post_comment(EntryRef("b", 0), user, "from the other tab")
         real_backoff(attempt, base, cap)
 
-    monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
     monkeypatch.setattr(transactions, "backoff", other_tab_posts_meanwhile)
     comment = service.post_comment(EntryRef("b", 0), user, "from this tab")
     monkeypatch.undo()

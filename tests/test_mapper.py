@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from accounts.models import Account
@@ -14,7 +13,7 @@ from accounts.service import ADD_CREDIT
 from core import runtime
 from mapper import completion, jobs, keyrange, service, tree
 from mapper.models import MapperJob, TaskListing, TaskPayload, TaskRecord
-from tests.support import billed
+from tests.support import billed, commit_answers_unknown
 
 
 class Thing(ndb.Model):
@@ -279,17 +278,8 @@ def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_
     finished by this very call, and so still runs the job's on_done (the audit's result), once."""
     seed_accounts(30)
     DONE.clear()
-    real, answered = ndb.transaction, []
-
-    def finish_applied_then_unknown(fn, **kwargs):
-        result = real(fn, **kwargs)
-        if getattr(fn, "__qualname__", "") == "_finalize.<locals>.txn" and not answered:
-            answered.append(result)
-            raise core_exceptions.Unknown("the commit's outcome is unknown")
-        return result
-
     job_id = start(client, auth, "test_flaky_credit")
-    monkeypatch.setattr(ndb, "transaction", finish_applied_then_unknown)
+    answered = commit_answers_unknown(monkeypatch, "_finalize.<locals>.txn")
     task_queue.drain()
     monkeypatch.undo()
     assert answered and job_status(client, job_id)["state"] == "done"
@@ -301,17 +291,8 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
     """A chunk's commit can answer UNKNOWN and yet have applied: its retry finds the record moved on by this very
     delivery's chunk (not by another delivery) and goes on with the next chunk, crediting every account once."""
     keys = seed_accounts(60)  # the root's page holds all 60: three chunks of 24 (the job's chunk)
-    real, answered = ndb.transaction, []
-
-    def chunk_applied_then_unknown(fn, **kwargs):
-        result = real(fn, **kwargs)
-        if getattr(getattr(fn, "func", None), "__qualname__", "") == "_process.<locals>.txn" and not answered:
-            answered.append(result)
-            raise core_exceptions.Unknown("the commit's outcome is unknown")
-        return result
-
     job_id = start(client, auth, "test_flaky_credit", page_size=100)
-    monkeypatch.setattr(ndb, "transaction", chunk_applied_then_unknown)
+    answered = commit_answers_unknown(monkeypatch, "_process.<locals>.txn")
     task_queue.drain()
     monkeypatch.undo()
     root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
