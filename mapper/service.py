@@ -74,6 +74,8 @@ def cancel_job(job_id: object) -> MapperJob:
     def txn() -> MapperJob:
         job = key.get(retries=0)
         if job.finished:
+            if job.cancelled:  # by an earlier cancel, or by this one's own commit that answered UNKNOWN: done already
+                return job
             raise Conflict("The job has finished already.", "job_finished")
         job.cancelled = True
         job.put()

@@ -518,6 +518,18 @@ def test_cancel_stops_the_tasks_not_yet_run(app, client, auth, task_queue):
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 200
 
 
+def test_cancelling_a_job_that_ended_cancelled_is_answered_as_done(app, client, auth, task_queue):
+    """A cancel sent again (or retried after its commit answered UNKNOWN) once the job has ended cancelled is not a
+    conflict: what it asked for is done."""
+    seed_accounts(100)
+    job_id = start(client, auth, page_size=20, fanout=2)
+    assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 200
+    task_queue.drain()
+    assert job_status(client, job_id)["state"] == "cancelled"
+    again = client.post(f"/api/jobs/{job_id}/cancel")
+    assert again.status_code == 200 and again.get_json()["state"] == "cancelled"
+
+
 def test_cancelling_a_finished_job_is_a_conflict(app, client, auth, task_queue):
     job_id = start(client, auth, expect="done")
     r = client.post(f"/api/jobs/{job_id}/cancel")
