@@ -200,7 +200,9 @@ def comment_counts(refs: Iterable[EntryRef]) -> dict[EntryRef, int]:
 
 def _recount_prepare(entry_keys: list[ndb.Key], params: dict[str, Any]) -> dict[ndb.Key, int]:
     """How far each entry's counter is from its comments. Counting is a query on Comment.entry, which no transaction
-    may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences."""
+    may run (only ancestor queries can): so it runs here, before the chunk's transaction applies the differences. On
+    legacy Datastore that query is eventually consistent: a comment posted a moment before may be missed, and its
+    counter set one short until the next recount (Firestore in Datastore mode is strongly consistent)."""
     refs = {key: EntryRef.from_key(key) for key in entry_keys}
     current = COUNTERS.exact_totals([comments_counter(ref) for ref in refs.values()])
     deltas: dict[ndb.Key, int] = {}
