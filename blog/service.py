@@ -93,11 +93,12 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     """Write an entry with the blog's next index (the blog is created by its first entry).
 
     The BlogIndex read, its bump and the entry's write are one transaction on the blog's entity group: two posts at
-    once cannot both read the same max_index and commit. On legacy Datastore one of them aborts and is retried; on
-    Firestore the second waits for the first's lock. Either way `hot_key` first makes a blog's posts take turns across
-    processes (core/hotspots.py), so most never meet. So indexes are dense (a rejected or failed post consumes none)
-    and unique. Every post writes a PostMarker in the same transaction,
-    keyed by the client's Idempotency-Key or by a fresh one: a retry after a commit of unknown outcome finds it.
+    once cannot both read the same max_index and commit. On legacy Datastore one of them aborts at its commit; on
+    Firestore both hold read locks and one is aborted (by the emulator only after its lock timeout); it is retried.
+    Either way `hot_key` first makes a blog's posts take turns across processes (core/hotspots.py), so most never
+    meet. So indexes are dense (a rejected or failed post consumes none) and unique. Every post writes a PostMarker in
+    the same transaction, keyed by the client's Idempotency-Key or by a fresh one: a retry after a commit of unknown
+    outcome finds it.
     """
     validate_blog(blog)
     title, body = validate_title(title), validate.text(body, "body", BODY_MAX)

@@ -230,5 +230,5 @@ RECOUNT = mapper_jobs.JobDefinition(
                 "meanwhile.",
     apply=_recount_apply, prepare=_recount_prepare,
     # Legacy's 25 entity groups a transaction: the task's record, each entry's blog (a chunk may span as many blogs as
-    # entries), and each repaired counter's config and shard: 1 + 7 + 2 * 7 = 22.
-    chunk=7, page_size=50)
+    # entries), and each repaired counter's config and shard: 1 + 8 + 2 * 8 = 25.
+    chunk=8, page_size=50)

@@ -65,8 +65,11 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
     def on_attempt(num_shards: int, collided: bool) -> int:
         factor = growth.contention.observe(name, num_shards, collided)
         if factor:
-            grown = growth.grow(name, num_shards, factor)
-            growth.contention.restart(name, grown)
+            grown = num_shards
+            try:
+                grown = growth.grow(name, num_shards, factor)
+            finally:  # a fresh window at the size the counter has, even when grow raised
+                growth.contention.restart(name, grown)
             return grown
         if collided:
             # Another writer may have grown the counter since this increment began: retry over all its shards.

@@ -206,7 +206,9 @@ def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
     """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
     since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
     finish, one does it, and its own retry after a commit of unknown outcome finds it finished by itself (and so still
-    runs on_done). At most once: a process that dies between the commit and on_done leaves it undone. `status`: the
+    runs on_done; what was to follow that commit, a settled counter's cached total dropped, did not run: that total
+    corrects itself when its cached copy expires). on_done is at most once: a process that dies between the commit
+    and on_done leaves it undone. `status`: the
     records' sums, every credit back (no chunk can commit after that)."""
     definition = jobs.of(job)
     call = uuid.uuid4().hex

@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 
 KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
 TASK_HANDLER = "mapper.run"
-# At most this many bytes of urlsafe keys go into the pages one task hands out. Each child's task carries its page
-# (the binding limit: 100 KB a task for App Engine queues in the older API; a Cloud Tasks task takes 1 MB,
-# https://cloud.google.com/tasks/docs/quotas), and the task's TaskListing keeps them all (1 MiB an entity). Accounts'
-# keys take about 30 bytes; a kind with long key names hands out fewer pages and splits the rest as ranges.
+# At most this many bytes of urlsafe keys go into the pages one task hands out, all its pages together: so that each
+# child's task, which carries one page, is surely under the smallest task limit (100 KB for App Engine queues in the
+# older API; a Cloud Tasks task takes 1 MB, https://cloud.google.com/tasks/docs/quotas), and the task's TaskListing,
+# which keeps them all, far under an entity's 1 MiB. Accounts' keys take about 30 bytes; a kind with long key names
+# hands out fewer pages and splits the rest as ranges.
 LISTED_BYTES = 90_000
 
 
@@ -89,12 +90,11 @@ def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.
         record = _process(job, definition, record, payload)
         completion.hint(job, record, record.processed - processed_before, record.state == "done")
         return record, record.returned
+    except Superseded:  # another delivery moved the record on: it is alive, and ends the record
+        raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
     except Exception as e:
         if attempt + 1 < tasks.MAX_ATTEMPTS:
-            if isinstance(e, Superseded):  # the other delivery ends the record, or the queue brings this one back
-                raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
             raise
-        # The last delivery: the task fails for good (a delivery it met steps back), so that the job still ends.
         log.exception("mapper task %s failed for good", record_key.id())
         return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
@@ -148,7 +148,10 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         # own key range and its own record), so chunks of concurrent tasks never collide.
         current, *entities = ndb.get_multi([record.key] + chunk)
         if current is not None and current.last_chunk == f"{delivery}:{number}":
-            return current  # this chunk's own commit applied, though it answered UNKNOWN: nothing more to do
+            # This chunk's own commit applied, though it answered UNKNOWN: go on from it. What was to follow that
+            # commit (a counter's cached total dropped by add_in_transaction) did not run: that total corrects itself
+            # when its cached copy expires.
+            return current
         if current is None and expected_last_key is None and record.page_end is None:  # no delivery wrote it yet
             current = TaskRecord.new(record.key, payload)
             current.started = record.started  # when this delivery began, before its page query
