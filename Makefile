@@ -47,15 +47,20 @@ load: $(STAMP)
 screenshots: $(STAMP)
 	$(PY) -m devstack.screenshots
 
-## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py), the session key's secret in Secret
-## Manager (made once), then the indexes (waiting until every one is READY), then the app and its task queue to App
-## Engine (needs `gcloud auth login` and `gcloud config set project ...`)
+## deploy: the deploy files checked as gcloud reads them (devstack/deployfiles.py); the APIs enabled; the preflight
+## (devstack/preflight.py: the project's database, app, connector, cache, queue, roles, read through gcloud, before
+## any upload); the session key's secret in Secret Manager (made once); the task queue created or updated through the
+## Cloud Tasks API from queue.yaml (which is never uploaded); the indexes (waiting until every one is READY); then the
+## app, and cron.yaml when there is one (docs/deploy.md; needs `gcloud auth login` and `gcloud config set project`)
 deploy: $(STAMP)
 	$(PY) -m devstack.deployfiles
+	$(PY) -m devstack.preflight --enable-apis
+	$(PY) -m devstack.preflight
 	$(PY) -m devstack.deployfiles --secret-key
+	$(PY) -m devstack.preflight --queue
 	gcloud app deploy index.yaml
 	$(PY) -m devstack.deployfiles --wait-for-indexes
-	gcloud app deploy app.yaml queue.yaml
+	gcloud app deploy app.yaml $(wildcard cron.yaml)
 
 clean:
 	rm -rf $(VENV) .venv-* .devstack .pytest_cache

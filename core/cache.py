@@ -57,7 +57,7 @@ class CacheClient(Protocol):
 def make_client(settings: Settings) -> CacheClient:
     """A thread-safe client for the cache the settings name (memcached hosts or a Redis URL), or NoCache."""
     if settings.redis_url:
-        return RedisCacheClient(settings.redis_url)
+        return RedisCacheClient(settings.redis_url, settings.cache_ca)
     if settings.memcached_hosts:
         return MemcachedCacheClient(settings.memcached_hosts)
     return NoCache()
@@ -172,12 +172,18 @@ class RedisCacheClient:
     """Redis/Valkey (redis-py), answering as memcached does."""
     name = "redis"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ca: str | None = None) -> None:
+        # rediss:// (Memorystore for Valkey's in-transit encryption): the server's certificate must chain to `ca`, the
+        # instance's own CA (Settings.cache_ca), and to nothing else. The host name is not matched: the app reaches
+        # the instance by its Private Service Connect endpoint's IP address, and a CA that only this instance uses
+        # already says which server it is.
+        tls: dict[str, Any] = ({"ssl_ca_data": ca, "ssl_cert_reqs": "required", "ssl_check_hostname": False}
+                               if url.startswith("rediss://") else {})
         # One retry, on a broken connection only: a pooled connection to a server that restarted fails once and is
         # replaced. A timeout (frozen server) is not retried: that would double the wait on every call.
         self.redis = redis.Redis.from_url(
             url, socket_timeout=IO_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)), **tls)
         self._incr = self.redis.register_script(_INCR_IF_PRESENT)
         self._delete_if = self.redis.register_script(_DELETE_IF)
 

@@ -1,8 +1,10 @@
 """Settings, read once per process from the environment."""
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from core import production_latency
@@ -28,6 +30,9 @@ class Settings:
     # The cache (core/cache.py): memcached hosts ("host:port") or a Redis/Valkey URL, at most one; neither: no cache.
     memcached_hosts: tuple = ()
     redis_url: str | None = None
+    # With REDIS_URL rediss:// (in-transit encryption): the PEM text of the CA that signs the server's certificate,
+    # read at start from CACHE_CA_FILE (cache_ca_pem below).
+    cache_ca: str | None = None
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
@@ -96,6 +101,7 @@ class Settings:
             raise RuntimeError("Set MEMCACHED_HOSTS or REDIS_URL, not both: the app uses one cache.")
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise RuntimeError("REDIS_URL must be a redis://host:port[/db] URL (rediss:// for TLS).")
+        cache_ca = cache_ca_pem(env.get("CACHE_CA_FILE", "").strip(), redis_url)
         latency = env.get("LATENCY") or "none"
         if latency not in production_latency.NAMES:
             raise RuntimeError(f"LATENCY must be {' or '.join(production_latency.NAMES)}.")
@@ -110,6 +116,7 @@ class Settings:
             namespace=env.get("DATASTORE_NAMESPACE") or None,
             memcached_hosts=memcached_hosts,
             redis_url=redis_url,
+            cache_ca=cache_ca,
             secret_key=secret or DEV_SECRET,
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
@@ -161,6 +168,40 @@ def hosts(text: str, gae: bool, project: str) -> dict[str, Any]:
         raise RuntimeError(f"TRUSTED_HOSTS must be host names, comma-separated, the first (the app's canonical name) "
                            f"without a leading '.': {', '.join(bad) or names[0]!r} is not.")
     return {"trusted_hosts": names, "canonical_host": names[0]}
+
+
+# CACHE_CA_FILE is named relative to the app's folder (the one app.yaml is in), whatever the working directory.
+APP_ROOT = Path(__file__).resolve().parent.parent
+CA_COMMAND = ("gcloud memorystore instances get-certificate-authority INSTANCE --location=REGION, or `python -m "
+              "devstack.preflight --save-valkey-ca` which saves it")
+
+
+def cache_ca_pem(name: str, redis_url: str | None) -> str | None:
+    """The CA certificates CACHE_CA_FILE names, as PEM text, when REDIS_URL is rediss://. Memorystore for Valkey's
+    in-transit encryption signs the server's certificate with a certificate authority of the instance's own, which
+    a client must download and trust ("About in-transit encryption",
+    https://cloud.google.com/memorystore/docs/valkey/about-in-transit-encryption): no public CA vouches for it, so
+    rediss:// without it fails every connection, and the app refuses to start rather than run with every cache call
+    a miss."""
+    tls = bool(redis_url and redis_url.startswith("rediss://"))
+    if not name:
+        if tls:
+            raise RuntimeError("REDIS_URL is rediss:// but CACHE_CA_FILE is not set: save the instance's CA beside "
+                               f"app.yaml ({CA_COMMAND}) and set CACHE_CA_FILE to the file's name.")
+        return None
+    if not tls:
+        raise RuntimeError("CACHE_CA_FILE is set but REDIS_URL is not rediss://: the CA is for in-transit encryption "
+                           "only; use rediss:// or leave CACHE_CA_FILE empty.")
+    try:
+        text = (APP_ROOT / name).read_text()
+        ssl.create_default_context(cadata=text)  # refuses anything but certificates
+    except (OSError, ValueError, ssl.SSLError) as e:
+        raise RuntimeError(f"CACHE_CA_FILE {name!r} is not a readable PEM file of CA certificates ({e}): save the "
+                           f"instance's CA there ({CA_COMMAND}).") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise RuntimeError(f"CACHE_CA_FILE {name!r} holds no PEM certificate: save the instance's CA there "
+                           f"({CA_COMMAND}).")
+    return text
 
 
 # SECRET_KEY_SECRET: a Secret Manager secret's name ("app-secret-key", in the app's own project) or a version's full

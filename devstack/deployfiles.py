@@ -1,7 +1,9 @@
-"""The deploy files read as `gcloud app deploy` reads them: app.yaml, index.yaml and
-queue.yaml parsed and validated by the Google Cloud CLI's own code (googlecloudsdk.api_lib.app.yaml_parsing, run on
+"""The deploy files read as `gcloud app deploy` reads them: app.yaml, index.yaml, queue.yaml and, when there is one,
+cron.yaml parsed and validated by the Google Cloud CLI's own code (googlecloudsdk.api_lib.app.yaml_parsing, run on
 the CLI's bundled Python), and what they say handed back as JSON. `make deploy` runs it first; tests/test_deploy.py
-holds the app's routes to the handlers it returns.
+holds the app's routes to the handlers it returns. queue.yaml is never uploaded: it describes the queue, which
+`make deploy` creates or updates through the Cloud Tasks API (devstack/preflight.py), and devstack's local Cloud
+Tasks delivers by it.
 """
 import json
 import os
@@ -18,17 +20,19 @@ from core.settings import Settings, secret_version
 from devstack.services import REPO, DevstackError, sdk_roots
 
 DEPLOYED = ("app.yaml", "index.yaml", "queue.yaml")
+OPTIONAL = ("cron.yaml",)  # deployed when present: gcloud app deploy app.yaml cron.yaml
 
 # Runs on the CLI's Python, with its lib/ on the path: what gcloud app deploy does with each file before uploading.
 _PARSE = r"""
 import json, os, sys
 from googlecloudsdk.api_lib.app import yaml_parsing
 from googlecloudsdk.command_lib.app import source_files_util
-app_yaml, index_yaml, queue_yaml, source = sys.argv[1:5]
+app_yaml, index_yaml, queue_yaml, cron_yaml, source = sys.argv[1:6]
 info = yaml_parsing.ServiceYamlInfo.FromFile(app_yaml)
 app = info.parsed
 index = yaml_parsing.ConfigYamlInfo.FromFile(index_yaml).parsed
 queue = yaml_parsing.ConfigYamlInfo.FromFile(queue_yaml).parsed
+cron = yaml_parsing.ConfigYamlInfo.FromFile(cron_yaml).parsed if os.path.exists(cron_yaml) else None
 env = app.env_variables or {}
 # The files gcloud app deploy would upload from the source folder: its own choice (.gcloudignore), as in deploy_util.
 # Without a .gcloudignore gcloud would write one into the folder: nothing is listed then, and the check refuses.
@@ -47,8 +51,12 @@ print(json.dumps({
     "automatic_scaling": bool(app.automatic_scaling and app.automatic_scaling.max_instances),
     "indexes": [{"kind": i.kind, "ancestor": bool(i.ancestor),
                  "properties": [(p.name, p.direction or "asc") for p in i.properties or []]} for i in index.indexes],
-    "queues": [{"name": q.name, "rate": q.rate, "retry_limit": q.retry_parameters and
-                q.retry_parameters.task_retry_limit} for q in queue.queue],
+    "queues": [{"name": q.name, "rate": q.rate, "bucket_size": q.bucket_size,
+                "max_concurrent_requests": q.max_concurrent_requests,
+                "retry": {name: getattr(q.retry_parameters, name, None) for name in (
+                    "task_retry_limit", "min_backoff_seconds", "max_backoff_seconds", "max_doublings",
+                    "task_age_limit")}} for q in queue.queue],
+    "cron": cron and [{"url": c.url, "schedule": c.schedule, "target": c.target} for c in cron.cron or []],
     "upload": upload,
 }))
 """
@@ -69,12 +77,14 @@ def parse(folder=REPO):
     """What gcloud makes of `folder`'s deploy files: (the parsed files as a dict, gcloud's warnings)."""
     python, path = sdk_python()
     with tempfile.TemporaryDirectory(prefix="deployfiles-") as tmp:
-        for name in DEPLOYED:
-            (Path(tmp) / name).write_text((Path(folder) / name).read_text())
+        for name in DEPLOYED + OPTIONAL:
+            if name in DEPLOYED or (Path(folder) / name).exists():
+                (Path(tmp) / name).write_text((Path(folder) / name).read_text())
         # The user's gcloud configuration (HOME, CLOUDSDK_CONFIG) as the deploy reads it: gcloudignore/enabled among it.
         env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
         env |= {name: os.environ[name] for name in ("HOME", "CLOUDSDK_CONFIG") if name in os.environ}
-        done = subprocess.run([python, "-c", _PARSE, *(str(Path(tmp) / n) for n in DEPLOYED), str(folder)],
+        done = subprocess.run([python, "-c", _PARSE, *(str(Path(tmp) / n) for n in DEPLOYED + OPTIONAL),
+                               str(folder)],
                               capture_output=True, text=True, timeout=120, env=env)
     if done.returncode != 0:
         raise DevstackError(f"gcloud's parser refused the deploy files:\n{done.stderr.strip()[-3000:]}")
@@ -111,6 +121,11 @@ def check_settings(parsed):
     if upload is None:
         raise DevstackError("There is no .gcloudignore beside app.yaml: restore it, or the upload would carry "
                             "secret.yaml, the virtualenvs and the tests.")
+    # What the app reads from its own folder at start: gunicorn's settings (each worker warms itself), the cache's CA.
+    for needed in ("gunicorn.conf.py", env.get("CACHE_CA_FILE", "").strip()):
+        if needed and needed not in upload:
+            raise DevstackError(f"The upload would not carry {needed}, which the app reads at start: put it beside "
+                                "app.yaml and keep it out of .gcloudignore.")
     if "secret.yaml" in upload:
         raise DevstackError("The upload would include secret.yaml, where an earlier version of this app kept its key: "
                             "delete it, or list it in .gcloudignore.")
@@ -189,8 +204,10 @@ def check():
     check_settings(parsed)
     if warnings:
         raise DevstackError(f"gcloud warns about the deploy files:\n{warnings}")
+    cron = parsed["cron"]
     print(f"deploy files parsed as gcloud does: {parsed['runtime']}, {len(parsed['handlers'])} handlers, "
-          f"{len(parsed['indexes'])} indexes, queues {', '.join(q['name'] for q in parsed['queues'])}")
+          f"{len(parsed['indexes'])} indexes, queues {', '.join(q['name'] for q in parsed['queues'])} (made through "
+          f"the Cloud Tasks API, not uploaded), {f'{len(cron)} cron jobs' if cron is not None else 'no cron.yaml'}")
 
 
 # `make deploy`'s steps, in its order: python -m devstack.deployfiles [--secret-key | --wait-for-indexes]

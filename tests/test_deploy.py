@@ -1,13 +1,17 @@
 """The deploy files as `gcloud app deploy` reads them (the Cloud SDK's own parser, devstack/deployfiles.py), and every
 route the app serves reachable through app.yaml's handlers, in the order App Engine tries them."""
+import json
 import re
+import subprocess
 
 import pytest
+import redis
 from google.cloud import ndb
 
 from core import runtime, tasks
+from core.cache import make_client
 from core.settings import Settings, with_secret_key
-from devstack import deployfiles
+from devstack import deployfiles, preflight
 from devstack.services import REPO, DevstackError
 
 
@@ -81,9 +85,9 @@ FILLED = {'GOOGLE_CLIENT_ID: ""': f'GOOGLE_CLIENT_ID: "{CLIENT_ID}"',
 
 
 def _deploy_folder(tmp_path, changes=FILLED, then=None, **extra):
-    """A copy of the deploy files and .gcloudignore in `tmp_path`, app.yaml changed by `changes` and `then` (each must
-    apply), with `extra` files (name: text) beside them."""
-    for name in (*deployfiles.DEPLOYED, ".gcloudignore"):
+    """A copy of the deploy files, .gcloudignore and gunicorn.conf.py in `tmp_path`, app.yaml changed by `changes`
+    and `then` (each must apply), with `extra` files (name: text) beside them."""
+    for name in (*deployfiles.DEPLOYED, ".gcloudignore", "gunicorn.conf.py"):
         (tmp_path / name).write_text((REPO / name).read_text())
     app_yaml = (REPO / "app.yaml").read_text()
     for old, new in [*changes.items(), *(then or {}).items()]:
@@ -179,7 +183,7 @@ def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
     kinds = {index["kind"] for index in parsed["indexes"]}
     assert kinds and kinds <= set(ndb.Model._kind_map), kinds - set(ndb.Model._kind_map)
     queue = next(q for q in parsed["queues"] if q["name"] == runtime.of(app).settings.tasks_queue)
-    assert queue["retry_limit"] == tasks.MAX_ATTEMPTS  # the handler records a failure on the last delivery
+    assert queue["retry"]["task_retry_limit"] == tasks.MAX_ATTEMPTS  # the handler records a failure on the last one
 
 
 def test_trusted_hosts_the_app_would_refuse_stop_the_deploy(tmp_path):
@@ -203,12 +207,16 @@ def test_make_deploy_waits_for_every_index_that_is_not_ready():
               {"indexId": "c", "kind": "Job", "state": "ERROR"}]
     assert deployfiles.indexes_not_ready(listed) == ["Comment (CREATING)", "Job (ERROR)"]
     assert deployfiles.indexes_not_ready(listed[:1]) == [] and deployfiles.indexes_not_ready([]) == []
-    deploy = (REPO / "Makefile").read_text().split("\ndeploy:", 1)[1].split("\n\n", 1)[0].splitlines()
-    steps = [line.strip() for line in deploy[1:]]
+    steps = _make_deploy_steps()
     # the indexes first, READY before the app that queries them
     wait = steps.index("$(PY) -m devstack.deployfiles --wait-for-indexes")
     assert (steps.index("$(PY) -m devstack.deployfiles --secret-key") < steps.index("gcloud app deploy index.yaml")
-            < wait < steps.index("gcloud app deploy app.yaml queue.yaml"))
+            < wait < steps.index("gcloud app deploy app.yaml $(wildcard cron.yaml)"))
+
+
+def _make_deploy_steps():
+    deploy = (REPO / "Makefile").read_text().split("\ndeploy:", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [line.strip() for line in deploy[1:]]
 
 
 # --- SECRET_KEY from Secret Manager --------------------------------------------------------------------------------
@@ -278,3 +286,259 @@ def test_a_session_key_that_cannot_be_read_stops_the_app_with_what_to_do(secret_
     secret_manager.secrets["projects/demo/secrets/short/versions/latest"] = "12345"
     with pytest.raises(RuntimeError, match=refusal):
         with_secret_key({"GOOGLE_CLOUD_PROJECT": "demo", **env}, secret_manager.client())
+
+
+# --- make deploy's preflight, on gcloud's recorded answers (tests/fixtures/gcloud/README.md) --------------------------
+
+FIXTURES = REPO / "tests" / "fixtures" / "gcloud"
+READY = json.loads((FIXTURES / "ready.json").read_text())
+BROKEN = json.loads((FIXTURES / "broken.json").read_text())
+VALKEY_CONNECTOR = ("vpc_access_connector:\n  name: projects/demo-project/locations/us-central1/connectors/"
+                    "cache-connector\n  egress_setting: private-ranges-only")
+# app.yaml filled in for ready.json's project: a Valkey instance with in-transit encryption, behind a connector.
+VALKEY = {**FILLED, 'REDIS_URL: ""': 'REDIS_URL: "rediss://10.128.0.5:6379/0"', SHIPPED_CONNECTOR: VALKEY_CONNECTOR,
+          'CACHE_CA_FILE: ""': f'CACHE_CA_FILE: "{FIXTURES / "valkey-ca.pem"}"'}
+
+
+class Recorded:
+    """gcloud, answering from recorded answers: `run(args)` is what gcloud printed for that command line (as JSON),
+    or its error. A command nobody recorded fails the test: the preflight asks only what the recording holds."""
+
+    def __init__(self, answers):
+        self.answers, self.asked = answers, []
+
+    def __call__(self, args):
+        line = " ".join(args)
+        self.asked.append(line)
+        assert line in self.answers, f"not recorded: gcloud {line}"
+        answer = self.answers[line]
+        if "error" in answer:
+            raise preflight.GcloudFailed(answer["error"])
+        return answer["json"]
+
+
+@pytest.fixture(scope="module")
+def valkey_app_yaml(tmp_path_factory):
+    return deployfiles.parse(_deploy_folder(tmp_path_factory.mktemp("valkey"), changes=VALKEY))[0]
+
+
+def test_the_preflight_passes_a_ready_project_having_read_all_of_it(valkey_app_yaml):
+    gcloud = Recorded(READY)
+    check = preflight.Preflight(valkey_app_yaml, gcloud)
+    assert check.check() == []
+    assert sorted(set(gcloud.asked)) == sorted(READY)  # every part of the project was read
+    preflight.preflight(valkey_app_yaml, Recorded(READY))  # make deploy goes on
+
+
+REFUSALS = {
+    "an API is off": r"APIs not enabled: cloudtasks.googleapis.com .*gcloud services enable cloudtasks",
+    "no App Engine app": r"no App Engine app: `gcloud app create --region=REGION`",
+    "the app is disabled": r"The App Engine app is USER_DISABLED: enable it again",
+    "no database": r"no \(default\) database: `gcloud firestore databases create --location=nam5 "
+                   r"--type=datastore-mode`",
+    "a Native mode database": r"FIRESTORE_NATIVE, not DATASTORE_MODE.*databases update --type=datastore-mode",
+    "the database in another region": r"in eur3, the app in us-central.*databases create --location=nam5",
+    "no such connector": r"There is no connector .*connectors create cache-connector --region=us-central1",
+    "a connector in ERROR": r"The connector cache-connector is ERROR, not READY",
+    "no Valkey instance at REDIS_URL": r"REDIS_URL's address 10.128.0.5 is not the endpoint of a Memorystore for "
+                                       r"Valkey",
+    "a Valkey instance still creating": r"The Valkey instance cache is CREATING, not ACTIVE",
+    "a Valkey instance in cluster mode": r"Cluster Mode Enabled.*--mode=cluster-disabled",
+    "a Valkey instance in another network": r"connector is in the network 'default' but cache's endpoint .* valkey-net",
+    "a Valkey instance without in-transit encryption": r"in-transit encryption off: REDIS_URL must be redis://",
+    "a Valkey instance whose CA is not CACHE_CA_FILE's": r"does not hold 1 of the Valkey instance cache's CA.*"
+                                                         r"--save-valkey-ca",
+    "a paused queue": r"The queue mapper is PAUSED.*gcloud tasks queues resume mapper --location=us-central1",
+    "a queue disabled by a queue.yaml upload": r"The queue mapper is DISABLED.*queues resume mapper",
+    "the app's account without appengine.applications.get": r"demo-project@appspot.gserviceaccount.com lacks "
+                                                            r"roles/appengine.appViewer .*appengine.applications.get.*"
+                                                            r"--role=roles/appengine.appViewer",
+    "the app's account without Datastore": r"lacks roles/datastore.user .*--role=roles/datastore.user",
+    "the app's account without the enqueuer role": r"lacks roles/cloudtasks.enqueuer .*--role=roles/cloudtasks",
+    "the build's account without a role": r"Cloud Build runs the deploy's build as 123456789012-compute@developer."
+                                          r"gserviceaccount.com, which lacks roles/cloudbuild.builds.builder",
+}
+
+
+def test_every_recorded_broken_state_has_its_refusal():
+    assert sorted(BROKEN) == sorted(REFUSALS)
+
+
+@pytest.mark.parametrize("state", sorted(REFUSALS))
+def test_the_preflight_refuses_each_broken_state_once_naming_the_fix(valkey_app_yaml, state):
+    problems = preflight.Preflight(valkey_app_yaml, Recorded(READY | BROKEN[state])).check()
+    assert len(problems) == 1, problems
+    assert re.search(REFUSALS[state], problems[0]), problems[0]
+    with pytest.raises(DevstackError, match="Not deploying: the project is not ready"):
+        preflight.preflight(valkey_app_yaml, Recorded(READY | BROKEN[state]))
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"TASKS_LOCATION": "us-east1"}, r"TASKS_LOCATION is 'us-east1' but the app is in us-central: set "
+                                     r"TASKS_LOCATION: \"us-central1\""),
+    ({"vpc_access_connector": "projects/demo-project/locations/europe-west1/connectors/cache-connector"},
+     r"The connector is in europe-west1, the app in us-central: .*connectors create NAME --region=us-central1"),
+    ({"REDIS_URL": "redis://10.128.0.5:6379/0", "CACHE_CA_FILE": ""},
+     r"in-transit encryption on: REDIS_URL must be rediss://"),
+])
+def test_the_preflight_refuses_app_yaml_that_does_not_match_the_project(valkey_app_yaml, change, refusal):
+    parsed = {**valkey_app_yaml, "env": dict(valkey_app_yaml["env"])}
+    for name, value in change.items():
+        (parsed if name == "vpc_access_connector" else parsed["env"])[name] = value
+    problems = preflight.Preflight(parsed, Recorded(READY)).check()
+    assert len(problems) == 1 and re.search(refusal, problems[0]), problems
+
+
+def test_a_project_without_a_cache_needs_neither_its_apis_nor_a_connector(deployed):
+    parsed = {**deployed[0], "env": {**deployed[0]["env"], "TASKS_LOCATION": "us-central1"}}
+    answers = {line: answer for line, answer in READY.items() if "memorystore" not in line and "vpc-access" not in line}
+    answers["services list --enabled"] = {"json": [s for s in READY["services list --enabled"]["json"]
+                                                   if s["config"]["name"] in preflight.APIS]}
+    gcloud = Recorded(answers)
+    assert preflight.Preflight(parsed, gcloud).check() == []
+    assert not any("memorystore" in line or "vpc-access" in line for line in gcloud.asked)
+
+
+def test_make_deploy_creates_or_updates_the_queue_from_queue_yaml(deployed):
+    parsed = {**deployed[0], "env": {**deployed[0]["env"], "TASKS_LOCATION": "us-central"}}
+    flags = ["--max-dispatches-per-second=50", "--max-concurrent-dispatches=32", "--max-attempts=10",
+             "--min-backoff=0.1s", "--max-backoff=10s"]
+    queue_line = "tasks queues describe mapper --location=us-central1"
+    existing = Recorded({queue_line: READY[queue_line],
+                         "tasks queues update mapper --location=us-central1 " + " ".join(flags): {"json": {}}})
+    assert preflight.ensure_queue(parsed, existing).startswith("gcloud tasks queues update mapper")
+    create = "tasks queues create mapper --location=us-central1 " + " ".join(flags)
+    new = Recorded({queue_line: {"error": "ERROR: (gcloud.tasks.queues.describe) NOT_FOUND: Requested entity was not "
+                                          "found."}, create: {"json": {}}})
+    assert preflight.ensure_queue(parsed, new) == "gcloud " + create
+    assert (preflight.queue_flags({**parsed["queues"][0], "rate": "600/m"})[0] == "--max-dispatches-per-second=10")
+
+
+def test_make_deploy_never_uploads_queue_yaml_and_checks_the_project_before_any_upload():
+    steps = _make_deploy_steps()
+    changes = [i for i, step in enumerate(steps) if step.startswith("gcloud app deploy")
+               or step.endswith(("--secret-key", "--queue"))]
+    checks = [steps.index("$(PY) -m devstack.preflight --enable-apis"), steps.index("$(PY) -m devstack.preflight")]
+    assert checks == sorted(checks) and checks[1] < min(changes)
+    assert not any("queue.yaml" in step for step in steps)
+
+
+def test_the_valkey_ca_is_saved_from_gcloud_and_then_accepted(valkey_app_yaml, tmp_path):
+    saved = tmp_path / "valkey-ca.pem"
+    parsed = {**valkey_app_yaml, "env": {**valkey_app_yaml["env"], "CACHE_CA_FILE": str(saved)}}
+    assert len(preflight.Preflight(parsed, Recorded(READY)).check()) == 1  # no such file yet: refused
+    preflight.save_valkey_ca(parsed, Recorded(READY))
+    assert preflight.Preflight(parsed, Recorded(READY)).check() == []
+    assert Settings.from_env({"REDIS_URL": "rediss://10.128.0.5:6379/0", "CACHE_CA_FILE": str(saved),
+                              "SECRET_KEY": "s"}).cache_ca == saved.read_text()
+
+
+def test_cron_yaml_is_checked_and_deployed_when_there_is_one(tmp_path, app):
+    cron = "cron:\n- description: sweep\n  url: /api/tasks/sweep\n  schedule: every 15 minutes\n"
+    parsed, warnings = deployfiles.parse(_deploy_folder(tmp_path, **{"cron.yaml": cron}))
+    assert warnings == "" and parsed["cron"] == [{"url": "/api/tasks/sweep", "schedule": "every 15 minutes",
+                                                  "target": None}]
+    assert unreachable(app, parsed["handlers"]) == [] and _handler_for("/api/tasks/sweep", parsed["handlers"])["script"]
+    (tmp_path / "cron.yaml").write_text(cron.replace("  url: /api/tasks/sweep\n", ""))
+    with pytest.raises(DevstackError, match=r"gcloud's parser refused(.|\n)*Missing required value \[url\]"):
+        deployfiles.parse(tmp_path)
+    (tmp_path / "none").mkdir()
+    assert deployfiles.parse(_deploy_folder(tmp_path / "none"))[0]["cron"] is None
+
+
+def test_the_upload_must_carry_gunicorn_conf_and_the_ca_file(tmp_path):
+    ca = "tests/fixtures/gcloud/valkey-ca.pem"  # in the repository, so that Settings reads it; but not uploaded
+    folder = _deploy_folder(tmp_path, then={'REDIS_URL: "redis://10.0.0.3:6379/0"': 'REDIS_URL: "rediss://10.0.0.3"',
+                                            'CACHE_CA_FILE: ""': f'CACHE_CA_FILE: "{ca}"'},
+                            **{ca: ""})
+    with pytest.raises(DevstackError, match="would not carry tests/fixtures/gcloud/valkey-ca.pem"):
+        deployfiles.check_settings(deployfiles.parse(folder)[0])  # .gcloudignore leaves out tests/
+    (folder / "gunicorn.conf.py").unlink()
+    with pytest.raises(DevstackError, match="would not carry gunicorn.conf.py"):
+        deployfiles.check_settings(deployfiles.parse(folder)[0])  # gunicorn.conf.py is checked first
+
+
+# --- the cache's TLS: the instance's CA, named by CACHE_CA_FILE -------------------------------------------------------
+
+@pytest.mark.parametrize("env, refusal", [
+    ({"REDIS_URL": "rediss://10.0.0.3:6379/0"}, "REDIS_URL is rediss:// but CACHE_CA_FILE is not set"),
+    ({"REDIS_URL": "redis://10.0.0.3:6379/0", "CACHE_CA_FILE": "ca.pem"}, "CACHE_CA_FILE is set but REDIS_URL is not"),
+    ({"REDIS_URL": "rediss://10.0.0.3:6379/0", "CACHE_CA_FILE": "no-such-ca.pem"}, "is not a readable PEM file"),
+    ({"REDIS_URL": "rediss://10.0.0.3:6379/0", "CACHE_CA_FILE": "app.yaml"}, "is not a readable PEM file"),
+    ({"REDIS_URL": "rediss://10.0.0.3:6379/0", "CACHE_CA_FILE": "gunicorn.conf.py"}, "is not a readable PEM file"),
+])
+def test_the_app_refuses_to_start_with_tls_but_no_ca(env, refusal):
+    with pytest.raises(RuntimeError, match=refusal):
+        Settings.from_env({"SECRET_KEY": "s", **env})
+    assert Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": "redis://10.0.0.3:6379/0"}).cache_ca is None
+
+
+def _openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def tls_redis(tmp_path):
+    """Debian's redis-server on a TLS port only, its certificate signed by a CA made here (as Memorystore for Valkey
+    signs with the instance's own CA); `other.pem` a CA that signed nothing of it."""
+    from devstack.services import Redis, _port_open
+
+    for name in ("ca", "other"):
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                 "-keyout", str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.pem"),
+                 "-subj", f"/CN={name}")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+             str(tmp_path / "server.key"), "-out", str(tmp_path / "server.csr"), "-subj", "/CN=valkey")
+    _openssl("x509", "-req", "-in", str(tmp_path / "server.csr"), "-CA", str(tmp_path / "ca.pem"), "-CAkey",
+             str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "2", "-out", str(tmp_path / "server.pem"))
+
+    class TlsRedis(Redis):
+        def _args(self):
+            args = super()._args()
+            args[args.index("--port") + 1] = "0"
+            return [*args, "--tls-port", str(self.port), "--tls-cert-file", str(tmp_path / "server.pem"),
+                    "--tls-key-file", str(tmp_path / "server.key"), "--tls-auth-clients", "no"]
+
+        def _answers(self):
+            return _port_open(self.port)
+
+    server = TlsRedis().start()
+    yield server, tmp_path
+    server.stop()
+
+
+def test_the_cache_speaks_tls_trusting_only_the_named_ca(tls_redis):
+    server, folder = tls_redis
+    url = f"rediss://{server.host}/0"
+    client = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": url,
+                                            "CACHE_CA_FILE": str(folder / "ca.pem")}))
+    assert client.add("k", b"v", expire=60) and client.get("k") == b"v"
+    strange = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": url,
+                                             "CACHE_CA_FILE": str(folder / "other.pem")}))
+    with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
+        strange.get("k")
+    plain = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": f"redis://{server.host}/0"}))
+    with pytest.raises(redis.RedisError):
+        plain.get("k")
+    for each in (client, strange, plain):
+        each.close()
+
+
+# --- warm workers -----------------------------------------------------------------------------------------------------
+
+def test_each_gunicorn_worker_warms_itself_before_any_request(stack, tmp_path):
+    """Two workers, as app.yaml's entrypoint starts them, and no request at all (no /_ah/warmup either): each worker
+    has made its Datastore lookup and its cache call on its own (gunicorn.conf.py)."""
+    from devstack.serving import Gunicorn, app_env, wait_until
+
+    log = tmp_path / "gunicorn.log"
+    with log.open("w") as output:
+        server = Gunicorn(app_env(stack, "s" * 32), access_log=True, wait=False, output=output)
+        try:
+            warm = wait_until(lambda: len(re.findall(r"worker (\d+) warm: Datastore ok, cache ok in \d+ ms",
+                                                     log.read_text())) == 2 and log.read_text(),
+                              "two workers warm", timeout=60)
+            pids = set(re.findall(r"worker (\d+) warm", warm))
+            assert len(pids) == 2 and "GET /" not in warm  # two processes, each warm before any request was sent
+        finally:
+            server.stop()

@@ -1,0 +1,20 @@
+"""gunicorn's settings file, read from the working directory by default (gunicorn's `--config`, default
+./gunicorn.conf.py): App Engine's entrypoint (app.yaml) and devstack's gunicorn both start in the app's folder.
+
+Each worker warms itself before it serves. A worker is a process of its own, with its own Datastore channel and cache
+connections; App Engine's warmup request (/_ah/warmup) reaches one worker of an instance, and only when App Engine
+sends one: Google says its warmup does "not work in every case", and an idle app's first request is a loading request
+("Configuring warmup requests", https://cloud.google.com/appengine/docs/standard/configuring-warmup-requests).
+"""
+from typing import Any
+
+
+def post_worker_init(worker: Any) -> None:
+    """Called by gunicorn in each worker once it has loaded the app (main:app, built at import) and before it takes a
+    request: the worker's first Datastore lookup and cache call happen here, not in a user's request."""
+    from core import runtime
+    from core.views import warm
+
+    app = worker.wsgi
+    if runtime.EXTENSION in getattr(app, "extensions", {}):  # main:app; another WSGI app served by gunicorn: nothing
+        worker.log.info("worker %s warm: %s", worker.pid, warm(app))
