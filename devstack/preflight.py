@@ -183,8 +183,7 @@ class Preflight:
             self.refuse(f"vpc_access_connector {name!r} is not projects/PROJECT_ID/locations/REGION/connectors/NAME.")
             return
         project, region, connector_name = parts[1], parts[3], parts[5]
-        # "The connector must be in the same region as the app"
-        # (https://cloud.google.com/appengine/docs/standard/connecting-vpc).
+        # App Engine uses a connector of its own region (https://cloud.google.com/appengine/docs/standard/connecting-vpc).
         if region != self.region:
             self.refuse(f"The connector is in {region}, the app in {app['locationId']}: App Engine uses a connector "
                         f"of its own region. Create one there: `gcloud compute networks vpc-access connectors create "
