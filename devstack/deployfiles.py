@@ -174,7 +174,7 @@ def wait_for_indexes(timeout=1800, every=20):
 
 def ensure_secret_key():
     """The session key's secret (app.yaml's SECRET_KEY_SECRET) exists, made of 32 random bytes the first time, and the
-    app's service account (App Engine's default) may read it. Idempotent: an existing key is never replaced, since
+    app's service account may read it. Idempotent: an existing key is never replaced, since
     replacing it signs everyone out."""
     name = parse()[0]["env"]["SECRET_KEY_SECRET"].strip()
     if "/" in name:
@@ -193,9 +193,11 @@ def ensure_secret_key():
         _gcloud("secrets", "create", name, "--replication-policy=automatic", "--data-file=-",
                 stdin=key or secrets.token_hex(32))
         print(f"created the secret {name} with {'the key of secret.yaml' if key else 'a new session key'}")
-    _gcloud("secrets", "add-iam-policy-binding", name, f"--member=serviceAccount:{project}@appspot.gserviceaccount.com",
+    # The account the app runs as (`gcloud app describe`'s serviceAccount), App Engine's default one unless changed.
+    account = _gcloud("app", "describe", "--format=value(serviceAccount)") or f"{project}@appspot.gserviceaccount.com"
+    _gcloud("secrets", "add-iam-policy-binding", name, f"--member=serviceAccount:{account}",
             "--role=roles/secretmanager.secretAccessor")
-    print(f"{project}@appspot.gserviceaccount.com may read the secret {name}")
+    print(f"{account} may read the secret {name}")
 
 
 def check():
