@@ -4,6 +4,7 @@ every process shares, for /appstats (records.py). Installed on every app by crea
 """
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -55,7 +56,7 @@ def init_app(app: Flask) -> None:
         response.headers["Server-Timing"] = cost.server_timing()
         served = time.time()
         record = {"method": request.method, "path": _path(), "status": response.status_code,
-                  "at": clock.iso_of(served), **cost.figures(backend)}
+                  "at": clock.iso_of(served), "process": _process(), **cost.figures(backend)}
         if request.endpoint != "static":  # static files' answers (mostly 304s) would crowd the requests out
             records.keep(rt.cache, record, cost.kept_calls())
         if project is None:
@@ -67,6 +68,13 @@ def init_app(app: Flask) -> None:
     app.add_template_global(request_cost)
     app.jinja_env.globals["latency_modelled"] = rt.latency.on
     app.add_template_global(costs.plural)
+
+
+def _process() -> str:
+    """Which process served the request: its instance (App Engine's GAE_INSTANCE, its last 8 characters:
+    https://cloud.google.com/appengine/docs/standard/python3/runtime#environment_variables) and its pid (a gunicorn
+    worker forks after the app is built, so the pid is read when the request is served)."""
+    return f"{os.environ.get('GAE_INSTANCE', 'local')[-8:]}/{os.getpid()}"
 
 
 def _path() -> str:

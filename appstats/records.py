@@ -6,8 +6,10 @@ Each record is numbered by one counter in the cache (`Cache.next_number`: an `in
 requests anywhere get the same id. It is written with one `set` into slot `id % RING` of a ring of keys: writers from
 many processes never read, change and write back a shared list (which would lose the entries of writers in between),
 each writes its own slot, and the ring bounds what Appstats takes of the cache (RING keys) however busy the app is.
-The listing reads the counter and the last LISTED slots in one `get_many`; a slot holding another id than the one asked
-for was written over by a newer request (the ring went round), or the record expired or was evicted: the app says so.
+The listing reads the counter, then the last LISTED slots in one `get_many`; a request's page reads its slot and the
+counter in one. A slot holding another id than the one asked for was written over by a newer request (the ring went
+round), or the record expired or was evicted: the app says so. A cache that does not answer is said as such, never
+taken for a record that is gone.
 
 When the counter is missing (a cache flushed, restarted or that evicted it) it starts again from the time in
 microseconds, so a new id is never one an older record still in the ring (or a link in someone's history) has, unless
@@ -61,23 +63,21 @@ def keep(cache: Cache, record: dict[str, Any], calls: list[costs.Call]) -> int |
     return request_id
 
 
-def _latest(cache: Cache) -> int | None:
-    """The last id given; None when the cache has no counter (flushed, restarted or evicted since); Away when the
-    cache does not answer."""
-    latest = cache.get(NEXT)
-    if latest is None and cache.ping() != "ok":
+def _read(cache: Cache, keys: list[str]) -> dict[str, bytes]:
+    found = cache.read_many(keys)
+    if found is None:  # an outage, or a timeout: not a record that is gone
         raise Away()
-    return None if latest is None else int(latest)
+    return found
 
 
 def recent(cache: Cache) -> list[dict[str, Any]]:
     """The last LISTED requests of every process, newest first (those written over, expired or evicted are left out);
-    Away when the cache is away."""
-    latest = _latest(cache)
-    if latest is None:
+    Away when the cache does not answer."""
+    latest = _read(cache, [NEXT]).get(NEXT)
+    if latest is None:  # nothing recorded since the cache started (or it was flushed)
         return []
-    ids = range(latest, max(latest - LISTED, 0), -1)
-    found = cache.get_many([_slot(i) for i in ids])
+    ids = range(int(latest), max(int(latest) - LISTED, 0), -1)
+    found = _read(cache, [_slot(i) for i in ids])
     listed = []
     for i in ids:  # a slot holding another id was written over since the counter was read: not this one
         stored = found.get(_slot(i))
@@ -87,11 +87,13 @@ def recent(cache: Cache) -> list[dict[str, Any]]:
 
 
 def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.Call]]:
-    """Request `request_id`'s record and its calls; Gone when it is not kept, Away when the cache is away."""
-    stored = cache.get(_slot(request_id))
+    """Request `request_id`'s record and its calls (one cache call); Gone when it is not kept, Away when the cache
+    does not answer."""
+    found = _read(cache, [_slot(request_id), NEXT])
+    stored = found.get(_slot(request_id))
     if stored is not None:
-        found = json.loads(stored)
-        if found["request"]["id"] == request_id:
-            return found["request"], [costs.Call(*call) for call in found["calls"]]
-    latest = _latest(cache)
-    raise Gone(recorded=latest is None or 0 < request_id <= latest)  # no counter: flushed or evicted with the records
+        record = json.loads(stored)
+        if record["request"]["id"] == request_id:
+            return record["request"], [costs.Call(*call) for call in record["calls"]]
+    latest = found.get(NEXT)  # none: flushed or evicted, with the records
+    raise Gone(recorded=latest is None or 0 < request_id <= int(latest))

@@ -268,6 +268,11 @@ class Cache:
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         return self._safely({}, lambda c: c.get_many(keys)) if keys else {}
 
+    def read_many(self, keys: list[str]) -> dict[str, bytes] | None:
+        """As get_many, but None when the cache did not answer (away, frozen, bypassed or none): for a caller that must
+        tell a miss from an outage."""
+        return self._safely(None, lambda c: c.get_many(keys))
+
     def add(self, key: str, value: CacheValue, expire: int) -> bool:
         """Store only if absent; False when not stored or the cache is away."""
         return bool(self._safely(False, lambda c: c.add(key, value, expire)))
