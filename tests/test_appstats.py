@@ -19,7 +19,6 @@ from devstack.serving import Gunicorn, app_env, signed_in
 from devstack.taskqueue import DrainedQueue
 from tests.support import ON_APP_ENGINE, csrf_token, make_app, running, timing
 
-
 ADMIN = "boss@example.com"
 SECRET = "appstats-test-secret"
 
