@@ -491,3 +491,32 @@ def _answered(session, url):
             return answer
         assert "cache_away" in answer.text or "cache is not answering" in answer.text, answer.text
     return answer
+
+
+def test_the_timeline_legend_shows_the_colours_of_the_bars(client, auth):
+    """Every call of a staircase is on the critical path: its bars keep their kind's colour (the critical ones are
+    outlined, no fill of their own), so the legend's colours are the bars' in every case; the last tick is anchored at
+    its end, inside the figure."""
+    app = client.application
+
+    @app.get("/staircase")
+    def staircase():
+        cache = runtime.current().cache
+        for i in range(3):
+            cache.get(f"stair-{i}")
+        return "ok"
+
+    auth.admin()
+    client.get("/staircase")
+    record = _recorded(client, "/staircase")
+    page = client.get(f"/appstats/{record['id']}").get_data(as_text=True)
+    bars = re.findall(r'<rect [^>]*class="([^"]+)"[^>]*data-bar', page)
+    assert bars == ["tl-cache tl-critical"] * 3, bars  # all critical, each still a cache call's colour
+    legend = re.search(r"<figcaption data-legend>(.*?)</figcaption>", page, re.S)[1]
+    assert 'class="tl-key tl-cache"' in legend and "cache call" in legend and "critical path" in legend
+    ticks = re.findall(r'class="(tl-tick[^"]*)"', page)
+    assert ticks[-1] == "tl-tick tl-tick-end" and all(t == "tl-tick" for t in ticks[:-1])
+    css = (Path(__file__).resolve().parents[1] / "static/css/app.css").read_text()
+    critical = re.search(r"\.tl-critical \{([^}]*)\}", css)[1]
+    assert "fill" not in critical and "stroke" in critical
+    assert "text-anchor: end" in re.search(r"\.tl-tick-end \{([^}]*)\}", css)[1]
