@@ -16,9 +16,9 @@ microseconds, so a new id is never one an older record still in the ring (or a l
 the app served more than a million requests a second. With the cache away no record is kept and the request is served
 all the same (every call in core/cache.py is a miss or a no-op when the server does not answer).
 
-Cost per request: two cache calls after the response is computed (the counter's `incr`, the record's `set`; three
-the one time the counter is started again), made outside the request's own figures (the response has them already);
-no Datastore RPC.
+Cost per request: two cache calls after the response is computed (the counter's `incr`, the record's `set`; four the
+one time the counter is started again: a missed `incr`, its `add`, the `incr` again), made outside the request's own
+figures (the response has them already); no Datastore RPC.
 """
 import json
 import time
@@ -27,7 +27,7 @@ from typing import Any
 from core import costs
 from core.cache import Cache
 
-RING = 1000  # slots: the last RING requests of every process together are kept (as Appstats kept 1,000 in memcache)
+RING = 1000  # slots: the last RING requests of every process together are kept
 LISTED = 100  # the listing's last requests
 KEPT_SECONDS = 24 * 3600  # a record expires after a day (a cache under pressure may evict it sooner)
 NEXT = "appstats:next"  # the counter that numbers the requests
