@@ -1,11 +1,10 @@
 """The accounting's Flask side: every response gets its request's costs (core/costs.py counts them) in its
-`Server-Timing` header, pages get them in their footer, each request gets one log line, and the process keeps the
-last requests for /appstats. Installed on every app by create_app, whichever features it has.
+`Server-Timing` header, pages get them in their footer, each request gets one log line, and a record in the cache
+every process shares, for /appstats (records.py). Installed on every app by create_app, whichever features it has.
 """
-import collections
-import itertools
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -14,9 +13,9 @@ from typing import Any
 from flask import Flask, Response, request
 from markupsafe import Markup, escape
 
+from appstats import records
 from core import billing, clock, costs, runtime
 
-RECENT = 100  # requests kept per process for /appstats
 # App Engine's X-Cloud-Trace-Context, TRACE_ID/SPAN_ID;o=OPTIONS (https://cloud.google.com/trace/docs/trace-context).
 # A client may send its own: only a well-formed one is used.
 TRACE_CONTEXT = re.compile(r"(?P<trace>[0-9a-f]{32})(?:/(?P<span>\d{1,20}))?(?:;o=(?P<options>[01]))?")
@@ -42,9 +41,6 @@ def init_app(app: Flask) -> None:
     rt = runtime.of(app)
     backend, project = rt.cache.backend, rt.settings.project if rt.settings.on_app_engine else None
     cache_name = backend if backend != "none" else "cache"
-    # the last requests, newest first, each its record and its Cost (for its timeline): one step under the GIL each
-    recent = app.extensions["appstats"] = collections.deque(maxlen=RECENT)
-    numbers = itertools.count(1)
 
     def request_cost() -> Markup | None:
         """The footer's figures for the request so far, or None when nothing is counted."""
@@ -59,9 +55,10 @@ def init_app(app: Flask) -> None:
         cost.end()
         response.headers["Server-Timing"] = cost.server_timing()
         served = time.time()
-        record = {"id": next(numbers), "method": request.method, "path": _path(), "status": response.status_code,
-                  "at": clock.iso_of(served), **cost.figures(backend)}
-        recent.appendleft((record, cost))
+        record = {"method": request.method, "path": _path(), "status": response.status_code,
+                  "at": clock.iso_of(served), "process": _process(), **cost.figures(backend)}
+        if request.endpoint != "static":  # static files' answers (mostly 304s) would crowd the requests out
+            records.keep(rt.cache, record, cost.kept_calls())
         if project is None:
             LOCAL_LINES.info(_line(record, cost.billed, cache_name))
         else:
@@ -71,6 +68,13 @@ def init_app(app: Flask) -> None:
     app.add_template_global(request_cost)
     app.jinja_env.globals["latency_modelled"] = rt.latency.on
     app.add_template_global(costs.plural)
+
+
+def _process() -> str:
+    """Which process served the request: its instance (App Engine's GAE_INSTANCE, its last 8 characters:
+    https://cloud.google.com/appengine/docs/standard/python3/runtime#environment_variables) and its pid (a gunicorn
+    worker forks after the app is built, so the pid is read when the request is served)."""
+    return f"{os.environ.get('GAE_INSTANCE', 'local')[-8:]}/{os.getpid()}"
 
 
 def _path() -> str:

@@ -46,6 +46,7 @@ class CacheClient(Protocol):
     def get(self, key: str) -> bytes | None: ...
     def get_many(self, keys: list[str]) -> dict[str, bytes]: ...
     def add(self, key: str, value: CacheValue, expire: int = 0) -> bool: ...
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool: ...
     def incr(self, key: str, delta: int) -> int | None: ...
     def delete(self, key: str) -> bool: ...
     def delete_if(self, key: str, value: CacheValue) -> bool: ...
@@ -133,6 +134,9 @@ class MemcachedCacheClient:
     def add(self, key: str, value: CacheValue, expire: int = 0) -> bool:
         return self.memcached.add(key, value, expire=expire, noreply=False)
 
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool:
+        return self.memcached.set(key, value, expire=expire, noreply=False)
+
     def incr(self, key: str, delta: int) -> int | None:
         return self.memcached.incr(key, delta, noreply=False)
 
@@ -198,6 +202,9 @@ class RedisCacheClient:
         # memcached's expire 0 is "no expiry"; Redis's EX must be positive.
         return bool(self.redis.set(key, value, nx=True, ex=expire or None))
 
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool:
+        return bool(self.redis.set(key, value, ex=expire or None))
+
     def incr(self, key: str, delta: int) -> int | None:
         return self._incr(keys=[key], args=[delta])
 
@@ -229,7 +236,7 @@ class NoCache:
     def _absent(self, *args: object, **kwargs: object) -> NoReturn:
         raise NoCacheServer()
 
-    get = get_many = add = incr = delete = delete_if = _absent
+    get = get_many = add = set = incr = delete = delete_if = _absent
 
     def flush(self) -> None:
         pass
@@ -267,9 +274,31 @@ class Cache:
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         return self._safely({}, lambda c: c.get_many(keys)) if keys else {}
 
+    def read_many(self, keys: list[str]) -> dict[str, bytes] | None:
+        """As get_many, but None when the cache did not answer (away, frozen, bypassed or none): for a caller that must
+        tell a miss from an outage."""
+        return self._safely(None, lambda c: c.get_many(keys))
+
     def add(self, key: str, value: CacheValue, expire: int) -> bool:
         """Store only if absent; False when not stored or the cache is away."""
         return bool(self._safely(False, lambda c: c.add(key, value, expire)))
+
+    def set(self, key: str, value: CacheValue, expire: int) -> bool:
+        """Store, whatever was there; False when not stored or the cache is away."""
+        return bool(self._safely(False, lambda c: c.set(key, value, expire)))
+
+    def next_number(self, key: str, start: int) -> int | None:
+        """The next number of a counter every process shares (one `incr`), started at `start` + 1 when the key is
+        missing (never set, flushed or evicted); None when the cache is away. Two processes that both find it missing
+        both `add` it, one wins, and both then `incr` the same counter: no number is given twice while it lives. A
+        server that does not answer costs one timeout, not three: the first failure ends the call."""
+        def numbered(c: CacheClient) -> int | None:
+            number = c.incr(key, 1)
+            if number is None:
+                c.add(key, start)  # False: another process started it first; either way it exists now
+                number = c.incr(key, 1)
+            return number
+        return self._safely(None, numbered)
 
     def claim(self, key: str, expire: int) -> bool:
         """False only when the cache says another caller claimed `key` first; True when this call claimed it or

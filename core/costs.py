@@ -2,8 +2,10 @@
 - every Datastore RPC, by a gRPC interceptor on ndb's channel (core.datastore.RpcCounter), ndb's batches and retries
   included, with what production bills for it (core/billing.py: read from the RPC's answer, so the same on an emulator);
 - every cache call, by the wrapped client that the app and ndb's global cache both use (core.cache.CountedClient).
-Each request gets a `Cost` (core.runtime.RequestMiddleware); appstats/accounting.py puts it on the response. No Flask
-here, so benchmarks count costs too.
+Each request gets a `Cost` (core.runtime.RequestMiddleware), found through a contextvar (`current()`); the threads a
+request starts through core.runtime.Runtime.map_in_threads carry it (a new thread starts with an empty context), so
+their calls are the request's too, every change under the Cost's lock. appstats/accounting.py puts it on the response.
+No Flask here, so benchmarks count costs too.
 """
 import contextlib
 import contextvars
@@ -78,7 +80,8 @@ class Cost:
             self.retried += 1
 
     def end(self) -> None:
-        self.ended = time.perf_counter()
+        with self.lock:  # an RPC answered on a gRPC thread reads `ended` in _keep, under the lock
+            self.ended = time.perf_counter()
 
     def app_ms(self) -> float:
         """The request's milliseconds so far, or until it ended."""
@@ -108,14 +111,13 @@ class Cost:
                 text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits (LATENCY=production)"
         return text
 
-    def timeline(self, counted: int) -> dict[str, Any]:
-        """The calls kept until the request ended, in the order they were made, with the critical path among them
-        marked, and how many of the `counted` were not kept (`cut`)."""
+    def kept_calls(self) -> list[Call]:
+        """The calls kept until the request ended, in the order they were made."""
         with self.lock:
-            calls = sorted(self.calls, key=lambda call: call.start_ms)
-        critical = critical_path(calls)
-        return {"calls": [{**dataclasses.asdict(call), "critical": i in critical} for i, call in enumerate(calls)],
-                "cut": max(counted - len(calls), 0)}
+            return sorted(self.calls, key=lambda call: call.start_ms)
+
+    def timeline(self, counted: int) -> dict[str, Any]:
+        return timeline(self.kept_calls(), counted)
 
     def figures(self, cache_backend: str) -> dict[str, Any]:
         """The figures as the log line, /appstats and its API give them."""
@@ -127,6 +129,14 @@ class Cost:
                     "cache": {"backend": cache_backend, "calls": self.cache.total(),
                               "ms": round(self.cache_s * 1000, 1), "by_call": dict(self.cache)},
                     "app_ms": round(self.app_ms(), 1)}
+
+
+def timeline(calls: list[Call], counted: int) -> dict[str, Any]:
+    """`calls` (in the order they were made) with the critical path among them marked, and how many of the `counted`
+    were not kept (`cut`)."""
+    critical = critical_path(calls)
+    return {"calls": [{**dataclasses.asdict(call), "critical": i in critical} for i, call in enumerate(calls)],
+            "cut": max(counted - len(calls), 0)}
 
 
 def critical_path(calls: list[Call]) -> set[int]:

@@ -83,10 +83,18 @@ class Runtime:
         return wrapped
 
     def map_in_threads(self, fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
-        """fn(item) for every item, all at once on threads of their own, each in its own context; the results."""
+        """fn(item) for every item, all at once on threads of their own, each in its own context; the results.
+        Their RPCs and cache calls are counted in the cost of the request (or step) that started them (core/costs.py):
+        a new thread starts with an empty context, so the Cost is handed over here. Only the Cost: the caller's ndb
+        context stays its own (ndb refuses a second context on a thread that has one, and contexts are not shared)."""
         items = list(items)
+        cost, in_context = costs.current(), self.in_context(fn)
+
+        def counted(item: Any) -> T:
+            with costs.measuring(cost):
+                return in_context(item)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-            return list(pool.map(self.in_context(fn), items))
+            return list(pool.map(counted, items))
 
     def close(self) -> None:
         self.cache_client.close()

@@ -6,16 +6,21 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from appstats import accounting
+from appstats import accounting, records
 from core import costs, runtime
 from core.costs import Cost
 from devstack.apps import app_on
+from devstack.serving import Gunicorn, app_env, signed_in
 from devstack.taskqueue import DrainedQueue
-from tests.support import ON_APP_ENGINE, make_app, running, timing
+from tests.support import ON_APP_ENGINE, csrf_token, make_app, running, timing
+
+ADMIN = "boss@example.com"
+SECRET = "appstats-test-secret"
 
 
 def rpcs(response):
@@ -85,11 +90,21 @@ def test_the_footer_shows_the_pages_cost_and_admins_see_the_last_requests(client
     assert "GET /api/counters/x" in html and "recent requests" in html
 
 
-def test_the_recent_requests_are_bounded(client):
-    store = client.application.extensions["appstats"]
-    for _ in range(130):
+def test_the_recent_requests_are_bounded(client, auth, monkeypatch):
+    """The listing shows the last LISTED; the cache holds the last RING (a ring of keys, each written over in turn),
+    so Appstats takes a bounded part of the cache however busy the app is, and an older id says it is gone."""
+    monkeypatch.setattr(records, "RING", 150)
+    auth.admin()
+    client.get("/healthz")
+    first = client.get("/api/appstats").get_json()["requests"][0]
+    assert first["path"] == "/healthz"
+    for _ in range(160):
         client.get("/healthz")
-    assert len(store) == 100
+    listed = client.get("/api/appstats").get_json()["requests"]
+    assert len(listed) == records.LISTED == 100 and len({r["id"] for r in listed}) == 100
+    assert [r["id"] for r in listed] == sorted((r["id"] for r in listed), reverse=True)
+    gone = client.get(f"/api/appstats/{first['id']}")
+    assert gone.status_code == 404 and gone.get_json()["error"]["code"] == "request_expired"
 
 
 @pytest.fixture
@@ -223,10 +238,10 @@ def test_a_cost_keeps_each_calls_times_up_to_its_bound():
 
 
 def test_accounting_off_counts_nothing(stack):
-    with running(make_app(stack, APPSTATS="off")) as app:
+    with running(make_app(stack, APPSTATS="off"), flush=True) as app:
         r = app.test_client().get("/api/counters")
         assert r.status_code == 200 and "Server-Timing" not in r.headers
-        assert not app.extensions["appstats"]
+        assert runtime.of(app).cache.get(records.NEXT) is None  # nothing recorded
 
 
 # --- a request's timeline (/appstats/<id>) ---------------------------------------------------------------------------
@@ -267,8 +282,9 @@ def test_only_admins_see_a_timeline_and_only_while_it_is_kept(client, auth):
     auth.sign_in()
     assert client.get("/appstats/1").status_code == 403 and client.get("/api/appstats/1").status_code == 403
     auth.admin()
-    assert client.get("/api/appstats/999999").get_json()["error"]["code"] == "no_such_request"
-    assert client.get("/appstats/999999").status_code == 404
+    never = client.get("/api/appstats").get_json()["requests"][0]["id"] + 10 ** 6  # an id no request has had yet
+    assert client.get(f"/api/appstats/{never}").get_json()["error"]["code"] == "no_such_request"
+    assert client.get(f"/appstats/{never}").status_code == 404
     for bad in ("/appstats/0x1", "/appstats/-1", "/api/appstats/x"):
         assert client.get(bad).status_code == 404
 
@@ -322,3 +338,183 @@ def test_the_critical_path_is_the_longest_chain_of_calls_one_after_another():
     assert costs.critical_path(calls((0, 4), (0, 1), (1, 2), (4, 5))) == {0, 3}  # 4 ms + 1 ms beats 1 + 1 + 1
     assert len(costs.critical_path(calls((0, 3), (0, 3), (0, 3)))) == 1
     assert costs.critical_path([]) == set()
+
+
+# --- the records, shared by every process (appstats/records.py) -------------------------------------------------------
+
+def test_a_record_no_longer_in_the_cache_says_it_expired(client, auth):
+    """A record the cache evicted (or let expire) is a 404 that says so, on the page and in the API, and is no longer
+    listed; after a flush the ids go on from the time, so an old link never opens a newer request."""
+    auth.admin()
+    client.get("/api/counters/evicted")
+    record = _recorded(client, "/api/counters/evicted")
+    assert client.get(f"/api/appstats/{record['id']}").status_code == 200
+    cache = runtime.of(client.application).cache
+    assert cache.delete(f"appstats:slot:{record['id'] % records.RING}")  # what an eviction or an expiry does
+    api = client.get(f"/api/appstats/{record['id']}")
+    assert api.status_code == 404 and api.get_json()["error"]["code"] == "request_expired"
+    assert "no longer kept" in api.get_json()["error"]["message"]
+    page = client.get(f"/appstats/{record['id']}")
+    assert page.status_code == 404 and "no longer kept" in page.get_data(as_text=True)
+    assert record["id"] not in {r["id"] for r in client.get("/api/appstats").get_json()["requests"]}
+    # flushed: the counter and every record gone; the next ids are larger than any before, so the old one stays gone
+    client.get("/api/counters/before-flush")
+    old = _recorded(client, "/api/counters/before-flush")
+    cache.flush()
+    client.get("/api/counters/after-flush")
+    new = _recorded(client, "/api/counters/after-flush")
+    assert new["id"] > old["id"]
+    assert client.get(f"/api/appstats/{old['id']}").get_json()["error"]["code"] == "request_expired"
+
+
+def test_with_the_cache_away_requests_are_served_and_appstats_says_why_it_has_nothing(client, auth, stack):
+    """The records live in the cache: frozen (SIGSTOP: every call times out), every request is still served, no record
+    kept, and /appstats and its API say the cache is away (503, not an empty list, a 404 or a 500); keeping a record
+    costs one timeout, not three. Frozen rather than stopped: a stopped server's port could be taken meanwhile by
+    another test run on this machine."""
+    from core import cache as cache_module
+    auth.admin()
+    client.get("/healthz")
+    kept = client.get("/api/appstats").get_json()["requests"][0]
+    cache = runtime.of(client.application).cache
+    stack.cache.pause()
+    try:
+        assert client.get("/api/counters").status_code == 200
+        listing = client.get("/api/appstats")
+        assert listing.status_code == 503 and listing.get_json()["error"]["code"] == "cache_away"
+        assert client.get(f"/api/appstats/{kept['id']}").get_json()["error"]["code"] == "cache_away"
+        page = client.get("/appstats")
+        assert page.status_code == 503 and "data-cache-away" in page.get_data(as_text=True)
+        started = time.monotonic()
+        with runtime.of(client.application).activated():
+            assert records.keep(cache, kept, []) is None
+        elapsed = time.monotonic() - started
+    finally:
+        stack.cache.resume()
+    assert elapsed < cache_module.IO_TIMEOUT + cache_module.CONNECT_TIMEOUT + 0.2, elapsed
+    client.get("/api/counters/back")
+    assert client.get("/api/appstats").get_json()["requests"][0]["path"] == "/api/counters/back"  # kept again
+
+
+def test_a_visitor_is_told_how_to_sign_in_and_comes_back(client, auth):
+    """/appstats for a visitor: a 401 with a link to the sign-in that comes back to /appstats; signed in without
+    admin, a 403 that says so."""
+    page = client.get("/appstats")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 401 and 'href="/signin?next=/appstats" data-signin' in html, html
+    signin = client.get("/signin?next=%2Fappstats").get_data(as_text=True)
+    assert 'name="next" value="/appstats"' in signin
+    auth.sign_in()
+    page = client.get("/appstats")
+    assert page.status_code == 403 and "not as an admin" in page.get_data(as_text=True)
+
+
+def test_static_files_are_not_recorded(client, auth):
+    auth.admin()
+    assert client.get("/static/css/app.css").status_code == 200
+    client.get("/healthz")
+    assert not [r for r in client.get("/api/appstats").get_json()["requests"] if r["path"].startswith("/static/")]
+
+
+def test_a_burst_counts_the_work_of_its_threads(client, auth):
+    """The 200 increments of a burst run on 16 threads: their RPCs, cache calls and bill are the request's, in its
+    Server-Timing, its record and its timeline (its first MOST_CALLS calls drawn, the others counted in `cut`)."""
+    auth.admin()
+    client.put("/api/counters/threads", json={"mode": "general", "num_shards": 4})
+    r = client.post("/api/counters/threads/burst", json={"writers": 16, "increments": 200})
+    assert r.status_code == 200 and r.get_json()["increments"] == 200
+    said = timing(r)
+    assert said["datastore"][1]["Commit"] >= 200, r.headers["Server-Timing"]
+    record = _recorded(client, "/api/counters/threads/burst")
+    assert record["datastore"]["by_method"]["Commit"] >= 200 and record["billed"]["writes"] >= 200
+    assert record["datastore"]["rpcs"] == said["datastore"][0]
+    found = client.get(f"/api/appstats/{record['id']}").get_json()
+    assert len(found["calls"]) == costs.MOST_CALLS
+    assert found["cut"] == record["datastore"]["rpcs"] + record["cache"]["calls"] - costs.MOST_CALLS
+    # the form's burst too (POST /counters/burst-new): its answer says its 200 increments' commits
+    r = client.post("/counters/burst-new", data={"csrf_token": csrf_token(client)})
+    assert r.status_code == 302 and timing(r)["datastore"][1]["Commit"] >= 200, r.headers["Server-Timing"]
+
+
+def test_threads_a_request_starts_count_in_its_cost_and_no_change_is_lost(app):
+    """Runtime.map_in_threads hands the request's Cost to its threads; 16 threads counting at once lose no call."""
+    rt = runtime.of(app)
+    with costs.measured() as cost, rt.context():
+        rt.map_in_threads(lambda _: [rt.cache.get(f"t-{i}") for i in range(50)], range(16))
+    assert cost.cache["get"] == 16 * 50
+    with costs.measured() as outside:
+        pass
+    assert outside.cache.total() == 0
+
+
+def test_two_workers_every_link_opens_its_own_request(stack):
+    """gunicorn with two workers on one cache: requests spread over both (a new connection each, which either worker
+    may accept) are listed together, with ids no two share, and each row's link, opened 20 times (so answered by
+    both workers), opens the request it names, page and API alike. With a store per process the same id named two
+    requests and half the links were a 404."""
+    namespace = f"a{uuid.uuid4().hex[:12]}"
+    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
+    server = Gunicorn(env, workers=2, threads=4)
+    try:
+        admin = signed_in(server.url, ADMIN, admin=True)
+        admin.headers["Connection"] = "close"  # each request a connection of its own: the kernel spreads them
+        for i in range(20):
+            assert admin.get(f"{server.url}/api/counters/row-{i}", timeout=30).status_code == 404
+        page = admin.get(f"{server.url}/appstats", timeout=30).text
+        links = dict(re.findall(r'href="/appstats/(\d+)" data-timeline-link><code>GET (/api/counters/row-\d+)</code>',
+                                page))
+        assert sorted(links.values()) == sorted(f"/api/counters/row-{i}" for i in range(20)), page[:2000]
+        listed = admin.get(f"{server.url}/api/appstats", timeout=30).json()["requests"]
+        rows = {r["path"]: r for r in listed if r["path"].startswith("/api/counters/row-")}
+        assert {str(r["id"]): path for path, r in rows.items()} == links
+        assert len({r["process"] for r in rows.values()}) == 2, "every row served by one worker: nothing shown"
+        for _ in range(20):
+            for request_id, path in links.items():
+                opened = _answered(admin, f"{server.url}/appstats/{request_id}")
+                assert opened.status_code == 200 and f"<code>GET {path}</code>" in opened.text, (request_id, path)
+                assert _answered(admin, f"{server.url}/api/appstats/{request_id}").json()["request"] == rows[path]
+        opened_by = {r["process"] for r in admin.get(f"{server.url}/api/appstats", timeout=30).json()["requests"]
+                     if r["path"].startswith("/appstats/")}
+        assert len(opened_by) == 2, "every link opened by one worker"
+    finally:
+        server.stop()
+
+
+def _answered(session, url):
+    """GET `url`, sent again (at most twice) while it answers 503 cache_away: on this shared machine a cache call can
+    outlast its 0.25 s timeout, and the app rightly says so rather than taking it for a record that is gone."""
+    for _ in range(3):
+        answer = session.get(url, timeout=30)
+        if answer.status_code != 503:
+            return answer
+        assert "cache_away" in answer.text or "cache is not answering" in answer.text, answer.text
+    return answer
+
+
+def test_the_timeline_legend_shows_the_colours_of_the_bars(client, auth):
+    """Every call of a staircase is on the critical path: its bars keep their kind's colour (the critical ones are
+    outlined, no fill of their own), so the legend's colours are the bars' in every case; the last tick is anchored at
+    its end, inside the figure."""
+    app = client.application
+
+    @app.get("/staircase")
+    def staircase():
+        cache = runtime.current().cache
+        for i in range(3):
+            cache.get(f"stair-{i}")
+        return "ok"
+
+    auth.admin()
+    client.get("/staircase")
+    record = _recorded(client, "/staircase")
+    page = client.get(f"/appstats/{record['id']}").get_data(as_text=True)
+    bars = re.findall(r'<rect [^>]*class="([^"]+)"[^>]*data-bar', page)
+    assert bars == ["tl-cache tl-critical"] * 3, bars  # all critical, each still a cache call's colour
+    legend = re.search(r"<figcaption data-legend>(.*?)</figcaption>", page, re.S)[1]
+    assert 'class="tl-key tl-cache"' in legend and "cache call" in legend and "critical path" in legend
+    ticks = re.findall(r'class="(tl-tick[^"]*)"', page)
+    assert ticks[-1] == "tl-tick tl-tick-end" and all(t == "tl-tick" for t in ticks[:-1])
+    css = (Path(__file__).resolve().parents[1] / "static/css/app.css").read_text()
+    critical = re.search(r"\.tl-critical \{([^}]*)\}", css)[1]
+    assert "fill" not in critical and "stroke" in critical
+    assert "text-anchor: end" in re.search(r"\.tl-tick-end \{([^}]*)\}", css)[1]

@@ -1,0 +1,99 @@
+"""Appstats' records, kept where the original Appstats kept them: in the cache every process shares (memcached or
+Redis), so /appstats lists the last requests of every gunicorn worker and App Engine instance, and each record opens
+from whichever process answers.
+
+Each record is numbered by one counter in the cache (`Cache.next_number`: an `incr`, atomic on the server), so no two
+requests anywhere get the same id. It is written with one `set` into slot `id % RING` of a ring of keys: writers from
+many processes never read, change and write back a shared list (which would lose the entries of writers in between),
+each writes its own slot, and the ring bounds what Appstats takes of the cache (RING keys) however busy the app is.
+The listing reads the counter, then the last LISTED slots in one `get_many`; a request's page reads its slot and the
+counter in one. A slot holding another id than the one asked for was written over by a newer request (the ring went
+round), or the record expired or was evicted: the app says so. A cache that does not answer is said as such, never
+taken for a record that is gone.
+
+When the counter is missing (a cache flushed, restarted or that evicted it) it starts again from the time in
+microseconds, so a new id is never one an older record still in the ring (or a link in someone's history) has, unless
+the app served more than a million requests a second. With the cache away no record is kept and the request is served
+all the same (every call in core/cache.py is a miss or a no-op when the server does not answer).
+
+Cost per request: two cache calls after the response is computed (the counter's `incr`, the record's `set`; four the
+one time the counter is started again: a missed `incr`, its `add`, the `incr` again), made outside the request's own
+figures (the response has them already); no Datastore RPC.
+"""
+import json
+import time
+from typing import Any
+
+from core import costs
+from core.cache import Cache
+
+RING = 1000  # slots: the last RING requests of every process together are kept
+LISTED = 100  # the listing's last requests
+KEPT_SECONDS = 24 * 3600  # a record expires after a day (a cache under pressure may evict it sooner)
+NEXT = "appstats:next"  # the counter that numbers the requests
+
+
+def _slot(request_id: int) -> str:
+    return f"appstats:slot:{request_id % RING}"
+
+
+class Away(Exception):
+    """The cache did not answer (or there is none): no record can be read."""
+
+
+class Gone(Exception):
+    """The record asked for is no longer in the cache (expired, evicted, written over); `recorded` says whether its id
+    was ever given."""
+
+    def __init__(self, recorded: bool) -> None:
+        super().__init__()
+        self.recorded = recorded
+
+
+def keep(cache: Cache, record: dict[str, Any], calls: list[costs.Call]) -> int | None:
+    """Number `record` and write it with its calls into its slot; its id, or None when the cache is away. The calls
+    made here are Appstats' own, not the request's: they are not counted in its figures (already given)."""
+    with costs.measuring(None):
+        request_id = cache.next_number(NEXT, start=time.time_ns() // 1000)
+        if request_id is None:
+            return None
+        stored = {"request": {**record, "id": request_id},
+                  "calls": [[c.kind, c.name, round(c.start_ms, 3), round(c.end_ms, 3)] for c in calls]}
+        cache.set(_slot(request_id), json.dumps(stored, separators=(",", ":")), KEPT_SECONDS)
+    return request_id
+
+
+def _read(cache: Cache, keys: list[str]) -> dict[str, bytes]:
+    found = cache.read_many(keys)
+    if found is None:  # an outage, or a timeout: not a record that is gone
+        raise Away()
+    return found
+
+
+def recent(cache: Cache) -> list[dict[str, Any]]:
+    """The last LISTED requests of every process, newest first (those written over, expired or evicted are left out);
+    Away when the cache does not answer."""
+    latest = _read(cache, [NEXT]).get(NEXT)
+    if latest is None:  # nothing recorded since the cache started (or it was flushed)
+        return []
+    ids = range(int(latest), max(int(latest) - LISTED, 0), -1)
+    found = _read(cache, [_slot(i) for i in ids])
+    listed = []
+    for i in ids:  # a slot holding another id was written over since the counter was read: not this one
+        stored = found.get(_slot(i))
+        if stored is not None and (record := json.loads(stored)["request"])["id"] == i:
+            listed.append(record)
+    return listed
+
+
+def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.Call]]:
+    """Request `request_id`'s record and its calls (one cache call); Gone when it is not kept, Away when the cache
+    does not answer."""
+    found = _read(cache, [_slot(request_id), NEXT])
+    stored = found.get(_slot(request_id))
+    if stored is not None:
+        record = json.loads(stored)
+        if record["request"]["id"] == request_id:
+            return record["request"], [costs.Call(*call) for call in record["calls"]]
+    latest = found.get(NEXT)  # none: flushed or evicted, with the records
+    raise Gone(recorded=latest is None or 0 < request_id <= int(latest))
