@@ -46,6 +46,7 @@ class CacheClient(Protocol):
     def get(self, key: str) -> bytes | None: ...
     def get_many(self, keys: list[str]) -> dict[str, bytes]: ...
     def add(self, key: str, value: CacheValue, expire: int = 0) -> bool: ...
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool: ...
     def incr(self, key: str, delta: int) -> int | None: ...
     def delete(self, key: str) -> bool: ...
     def delete_if(self, key: str, value: CacheValue) -> bool: ...
@@ -133,6 +134,9 @@ class MemcachedCacheClient:
     def add(self, key: str, value: CacheValue, expire: int = 0) -> bool:
         return self.memcached.add(key, value, expire=expire, noreply=False)
 
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool:
+        return self.memcached.set(key, value, expire=expire, noreply=False)
+
     def incr(self, key: str, delta: int) -> int | None:
         return self.memcached.incr(key, delta, noreply=False)
 
@@ -192,6 +196,9 @@ class RedisCacheClient:
         # memcached's expire 0 is "no expiry"; Redis's EX must be positive.
         return bool(self.redis.set(key, value, nx=True, ex=expire or None))
 
+    def set(self, key: str, value: CacheValue, expire: int = 0) -> bool:
+        return bool(self.redis.set(key, value, ex=expire or None))
+
     def incr(self, key: str, delta: int) -> int | None:
         return self._incr(keys=[key], args=[delta])
 
@@ -223,7 +230,7 @@ class NoCache:
     def _absent(self, *args: object, **kwargs: object) -> NoReturn:
         raise NoCacheServer()
 
-    get = get_many = add = incr = delete = delete_if = _absent
+    get = get_many = add = set = incr = delete = delete_if = _absent
 
     def flush(self) -> None:
         pass
@@ -264,6 +271,11 @@ class Cache:
     def add(self, key: str, value: CacheValue, expire: int) -> bool:
         """Store only if absent; False when not stored or the cache is away."""
         return bool(self._safely(False, lambda c: c.add(key, value, expire)))
+
+    def set(self, key: str, value: CacheValue, expire: int) -> bool:
+        """Store whatever is there (a value that must replace an older one: core/identity.py's sign-out); False when
+        not stored or the cache is away. Most callers want `add`: a blind store can put back what a writer replaced."""
+        return bool(self._safely(False, lambda c: c.set(key, value, expire)))
 
     def claim(self, key: str, expire: int) -> bool:
         """False only when the cache says another caller claimed `key` first; True when this call claimed it or
