@@ -20,7 +20,7 @@ from counters import totals as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
 from devstack.serving import app_env, instances, signed_in
-from tests.support import at_once, make_app, running
+from tests.support import WRITE_BUDGET, at_once, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "processes-test-secret"
@@ -31,7 +31,7 @@ def fleet(stack):
     """(the servers' URLs, an app in this process on the same namespace for reading the stored data back, the
     servers' environment)."""
     namespace = f"p{uuid.uuid4().hex[:12]}"  # the servers outlive any one test: a namespace of their own
-    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
+    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace, WRITE_BUDGET=WRITE_BUDGET)
     with instances(env, count=2, workers=2) as servers:
         urls = [s.url for s in servers]
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
