@@ -21,9 +21,9 @@ HOST_NAME = re.compile(r"\.?[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*")  # a DNS name 
 class WriteBudget:
     """How much one signed-in person may create in a window of `window` seconds (core/budget.py): comments, counters
     created, blog entries posted. A person at a keyboard stays far below; a script flooding the pages everyone reads
-    meets a 429. WRITE_BUDGET="comments=20,counters=5,posts=20,window=600" (any of them; the rest keep these)."""
+    meets a 429. WRITE_BUDGET="comments=20,counters=10,posts=20,window=600" (any of them; the rest keep these)."""
     comments: int = 20
-    counters: int = 5
+    counters: int = 10
     posts: int = 20
     window: int = 600
 

@@ -36,7 +36,7 @@ def _refused(r):
 
 
 def test_the_default_figures_are_the_documented_ones():
-    assert Settings(project="p", emulator_host=None).write_budget == WriteBudget(20, 5, 20, 600)
+    assert Settings(project="p", emulator_host=None).write_budget == WriteBudget(20, 10, 20, 600)
     assert Settings.from_env({"DATASTORE_EMULATOR_HOST": "h:1", "WRITE_BUDGET": "comments=7"}).write_budget == \
         WriteBudget(comments=7)
     for bad in ("comments=0", "comments=x", "likes=3", "comments"):
