@@ -147,7 +147,7 @@ def api_list() -> ResponseReturnValue:
 
 @bp.get("/api/counters/<name>")
 def api_get(name: str) -> ResponseReturnValue:
-    """One counter; `?shards=1` adds each shard's count (a few seconds old for an anonymous visitor)."""
+    """One counter; `?shards=1` adds each shard's count (a few seconds old for anyone but an admin)."""
     config = growth.require_config(name)
     if request.args.get("shards") in ("1", "true"):
         return jsonify(_counter_json(config, *totals.total_and_shards(config, _shards_from_cache())))

@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+import requests
 from google.cloud import ndb
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
@@ -151,3 +152,17 @@ def test_a_process_killed_holding_the_turn_stalls_the_others_one_expiry_at_most(
     # It waited for the dead holder's lease (so the turn reaches across processes), and no longer than its expiry.
     assert 1.0 <= waited <= hotspots.LEASE_SECONDS + 3, f"waited {waited:.1f} s"
     assert _read(app, lambda: ndb.Key(BlogIndex, blog).get().max_index) == 0
+
+
+def test_a_sign_out_answered_by_one_process_ends_the_cookie_in_every_other(fleet):
+    """Sign-out's revocation across processes (core/identity.py): the cookie saved before a sign-out answered by one
+    server is nobody's on both servers, each worker of each, though every one of them had it cached as good."""
+    urls = fleet[0]
+    browser = signed_in(urls[0], "ann@example.com")
+    saved = browser.cookies.get("session")
+
+    def who(url):
+        return requests.get(f"{url}/api/session", cookies={"session": saved}, timeout=30).status_code
+    assert [who(url) for url in urls * 4] == [200] * 8  # each worker reads (and caches) the generation
+    assert browser.delete(f"{urls[1]}/api/session", timeout=30).status_code == 204
+    assert [who(url) for url in urls * 4] == [401] * 8
