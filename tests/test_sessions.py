@@ -26,7 +26,12 @@ def _replay(client, cookie):
 
 
 def _writes_refused(client):
-    """Writes a signed-in person may make, each refused as from nobody (401), nothing written."""
+    """Writes a signed-in person may make, each refused as from nobody (401), nothing written: the issue's comment
+    (entry 0 of blog "news" exists), a counter created, an entry posted."""
+    r = client.post("/api/blogs/news/entries/0/comments", json={"text": "posted with a revoked cookie"})
+    assert r.status_code == 401 and r.get_json()["error"]["code"] == "sign_in_required"
+    assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
+    assert client.post("/api/blogs/news/entries", json={"title": "t", "body": "b"}).status_code == 401
     assert client.put("/api/counters/mine", json={"mode": "general"}).status_code == 401
     assert client.post("/api/counters/newname/increment").status_code == 401
     assert client.get("/api/counters/newname").status_code == 404
@@ -36,6 +41,7 @@ def test_a_cookie_saved_before_sign_out_is_nobodys_after_it(client, auth):
     """The issue's probe: save the cookie, DELETE /api/session (204), send the old cookie: it was 200 with the user,
     and a write went through with a re-issued cookie. Now 401, and every write refused."""
     auth.sign_in(EMAIL, admin=True)
+    assert client.post("/api/blogs/news/entries", json={"title": "t", "body": "b"}).status_code == 201
     saved = _cookie(client)
     assert client.get("/api/session").status_code == 200
     assert client.delete("/api/session").status_code == 204
