@@ -47,9 +47,11 @@ def create_app(settings: Settings | None = None, *, task_queue: Queue | None = N
         SESSION_COOKIE_SECURE=settings.on_app_engine,
         WTF_CSRF_CHECK_DEFAULT=False,  # web.init_app checks forms; the JSON API is protected by its content type
         WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the session: a page left open still posts
-        # Flask refuses a session cookie signed longer ago than this, permanent session or not: a sign-in lasts at
-        # most 12 hours after the session last changed, and a copy of the cookie kept after signing out dies then.
-        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=12),
+        # Flask refuses a session cookie signed longer ago than this, permanent session or not. That age restarts
+        # whenever the session changes, so it is not what ends a sign-in: core/identity.py checks the sign-in's own
+        # time on every request (SESSION_HOURS after it, however the cookie was used) and ends every copy of the
+        # cookie at sign-out.
+        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=identity.SESSION_HOURS),
     )
     app.config.update(flask_config)
 

@@ -6,7 +6,7 @@ from flask import Blueprint, flash, jsonify, make_response, redirect, render_tem
 from flask.typing import ResponseReturnValue
 
 from blog import pages, service
-from core import identity, runtime
+from core import budget, identity, runtime
 from core.errors import AppError, BadInput
 from core.web import form_refused, json_body
 
@@ -61,6 +61,7 @@ def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> Re
     """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in, with
     the reason."""
     user = identity.require_admin()
+    budget.spend(user["id"], "posts")
     form = request.form
     author = identity.display_name(user["email"])
     try:
@@ -99,6 +100,7 @@ def api_blogs() -> ResponseReturnValue:
 def api_post(blog: str) -> ResponseReturnValue:
     """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()
+    budget.spend(user["id"], "posts")
     data = json_body()
     posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user["email"]),
                                 request.headers.get("Idempotency-Key"))

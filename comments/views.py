@@ -16,7 +16,7 @@ from blog import pages as blog_pages
 from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
-from core import identity
+from core import budget, identity
 from core.errors import AppError
 from core.web import form_refused, json_body
 
@@ -71,6 +71,7 @@ ENTRY_ADDON = blog_pages.EntryAddon(name="comments", summaries=_summaries, meta_
 def post_form(blog: str, index: int) -> ResponseReturnValue:
     """A signed-in person's comment from the form under an entry."""
     user = identity.require_user()
+    budget.spend(user["id"], "comments")
     ref = blog_service.entry_ref(blog, index)
     try:
         comment = service.post_comment(ref, user, request.form.get("text", ""),
@@ -85,6 +86,7 @@ def post_form(blog: str, index: int) -> ResponseReturnValue:
 def api_post(blog: str, index: str) -> ResponseReturnValue:
     """Signed in: {"text": 1..2000 characters} comments on the entry."""
     user = identity.require_user()
+    budget.spend(user["id"], "comments")
     comment = service.post_comment(blog_service.entry_ref(blog, index), user, json_body().get("text"),
                                    request.headers.get("Idempotency-Key"))
     _remember(comment)

@@ -284,7 +284,9 @@ class Cache:
         return bool(self._safely(False, lambda c: c.add(key, value, expire)))
 
     def set(self, key: str, value: CacheValue, expire: int) -> bool:
-        """Store, whatever was there; False when not stored or the cache is away."""
+        """Store whatever is there (a value that must replace an older one: core/identity.py's sign-out, appstats'
+        records); False when not stored or the cache is away. Most callers want `add`: a blind store can put back what a
+        writer replaced."""
         return bool(self._safely(False, lambda c: c.set(key, value, expire)))
 
     def next_number(self, key: str, start: int) -> int | None:

@@ -7,6 +7,7 @@ T = TypeVar("T")
 class AppError(Exception):
     status = 400
     code = "bad_request"
+    retry_after: int | None = None  # seconds, sent as Retry-After (a 429's)
 
     def __init__(self, message: str, code: str | None = None, status: int | None = None) -> None:
         super().__init__(message)

@@ -2,10 +2,16 @@
 
 Anyone reads the pages without signing in; writing needs a signed-in person; admins are the emails in ADMIN_EMAILS.
 Whoever signed in is kept in the signed session cookie, the same way for both sign-ins:
-- Locally (not GAE_ENV=standard, DEV_SIGNIN=on) a person signs in with any email and chooses whether they are an admin.
+- Locally (a Datastore emulator, DEV_SIGNIN=on, not GAE_ENV=standard) a person signs in with any email and chooses
+  whether they are an admin.
 - On App Engine, Sign in with Google: Google's button gives the browser an ID token (a JWT Google signed for this app's
   OAuth client), the page posts it here, and google-auth checks it against Google's published keys
   (https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). `sub` is the stable user id.
+
+A session is absolute and revocable (checked on every request, in `current_user`): it ends SESSION_HOURS after the
+sign-in, whatever happened since (the cookie carries the sign-in's time, which nothing moves), and signing out ends
+every copy of the cookie, in every process: the cookie carries the person's session generation as it was at sign-in,
+and signing out gives them a new one (`SessionGeneration`, one entity per person, its value cached).
 
 Why not Identity-Aware Proxy, which signs every request: IAP's access policy covers a whole service or version, not a
 path, so behind it nobody reads anonymously, and without it nobody is signed in (docs/deploy.md, "Sign-in").
@@ -14,6 +20,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 import threading
 import time
 from typing import Any, TypedDict
@@ -22,6 +29,7 @@ import requests
 from flask import g, session
 from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
+from google.cloud import ndb
 
 from core import runtime
 from core.errors import AppError, BadInput, Forbidden, NotFound, SignInRequired, Unavailable
@@ -31,6 +39,13 @@ log = logging.getLogger(__name__)
 # id_token.verify_oauth2_token fetches on every call; fetched here once an hour instead).
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
+SESSION_HOURS = 12  # a sign-in lasts this long from the moment it was made, however the cookie is used or re-issued
+# Seconds a person's session generation stays in the cache. A signed-in request reads it there; sign-out stores the
+# new one there at once, so a revoked cookie is refused on every process from then on. Only if the cache was
+# unreachable at sign-out and comes back still holding the old value (a frozen server, not a restarted one) can a
+# revoked copy pass, for at most this long.
+GENERATION_LIFETIME = 600
+NEVER_SIGNED_OUT = "0"  # the generation of a person who never signed out (no entity)
 
 
 class User(TypedDict):
@@ -140,12 +155,64 @@ def display_name(email: str) -> str:
     return email.split("@", 1)[0]
 
 
+class SessionGeneration(ndb.Model):
+    """A person's session generation, keyed by their user id: a sign-in's cookie carries it, and it changes when they
+    sign out, which ends every cookie carrying the old one. A random token, not a number: sign-out writes it blind,
+    without reading it first (no transaction), and two sign-outs at once both end the old one. Cached by hand
+    (`generation`), not by ndb's global cache, which keeps no misses: most people never sign out, so have no entity."""
+    _use_global_cache = False
+    value = ndb.TextProperty()  # not indexed: never queried
+
+
+def _generation_key(user_id: str) -> str:
+    return "session-generation:" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
+
+
+def generation(user_id: str) -> str:
+    """The person's session generation: from the cache (one round trip), else read by key and cached. With the cache
+    away, a read by key each time: a signed-in request costs one Lookup more, and revocation still holds."""
+    cache = runtime.cache()
+    cached = cache.get(_generation_key(user_id))
+    if cached is not None:
+        return cached.decode()
+    found = SessionGeneration.get_by_id(user_id)
+    value = found.value if found is not None else NEVER_SIGNED_OUT
+    # `add`: a sign-out that stored its new generation meanwhile is not overwritten by this older read.
+    cache.add(_generation_key(user_id), value, expire=GENERATION_LIFETIME)
+    return value
+
+
+def _renew_generation(user_id: str) -> None:
+    """Sign-out: a new generation, written to Datastore first (the truth: a cache restarted or evicted reads it back)
+    and then stored over the cached one. A blind store after the write, not a delete: a reader that read the old value
+    before the write and caches it after would otherwise put it back for GENERATION_LIFETIME; after the store its
+    `add` finds the key taken."""
+    value = secrets.token_hex(8)
+    SessionGeneration(id=user_id, value=value).put()
+    runtime.cache().set(_generation_key(user_id), value, expire=GENERATION_LIFETIME)
+
+
+def _session_is_current(user: User) -> bool:
+    """Whether this cookie's sign-in is still good: made less than SESSION_HOURS ago, by the clock of the sign-in's
+    time stored in the cookie (Flask's own age check counts from the cookie's last re-issue, which every change to
+    the session moves on), and of the person's current session generation."""
+    signed_in, carried = session.get("signed_in"), session.get("generation")
+    if not isinstance(signed_in, int) or isinstance(signed_in, bool) or not isinstance(carried, str):
+        return False  # a cookie from before sessions carried them, or not one this app made
+    age = time.time() - signed_in
+    return -60 <= age < SESSION_HOURS * 3600 and hmac.compare_digest(carried, generation(user["id"]))
+
+
 def current_user() -> User | None:
     """The signed-in user for this request, or None. Worked out once per request. Whether a Google user is an admin
-    is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy."""
+    is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy. A
+    cookie whose sign-in has ended (SESSION_HOURS, or signed out elsewhere) is nobody's, and is cleared."""
     if "user" not in g:
         settings = runtime.current().settings
         user = session.get("user")
+        if user is not None and not _session_is_current(user):
+            session.clear()
+            user = None
         if user is not None:
             if user["id"].startswith("dev-"):  # a dev sign-in's cookie counts only where the dev sign-in exists
                 user = user if settings.dev_signin else None
@@ -170,11 +237,11 @@ def require_admin() -> User:
 
 
 def dev_sign_in(email: object, admin: object) -> User:
-    """Sign in locally as `email`; refused on App Engine, where Google says who is who, and wherever the settings did
-    not turn it on (Settings.dev_signin: local development only)."""
-    settings = runtime.current().settings
-    if settings.on_app_engine or not settings.dev_signin:
-        raise NotFound("Dev sign-in does not exist here (only in local development, with DEV_SIGNIN=on).")
+    """Sign in locally as `email`; refused wherever the settings did not turn it on (Settings.dev_signin: against a
+    Datastore emulator, with DEV_SIGNIN=on, never on App Engine standard)."""
+    if not runtime.current().settings.dev_signin:
+        raise NotFound("Dev sign-in does not exist here (only in local development, against a Datastore emulator, "
+                       "with DEV_SIGNIN=on).")
     if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise BadInput("Give a valid email address.", "bad_email")
     if not isinstance(admin, bool):
@@ -203,14 +270,22 @@ def google_sign_in(credential: object, keys: GoogleKeys) -> User:
 
 def _keep(user: User, vouched: bool = False) -> User:
     """The session now holds `user` and nothing from before: a fresh session at each sign-in. `vouched`: whether the
-    email is the account's own (email_is_the_accounts), which an admin's must be."""
+    email is the account's own (email_is_the_accounts), which an admin's must be. The sign-in's time and the
+    person's session generation go into the cookie, and nothing changes them afterwards (`_session_is_current`)."""
     session.clear()
     session["user"] = user
     session["vouched"] = vouched
+    session["signed_in"] = int(time.time())
+    session["generation"] = generation(user["id"])
     g.user = user
     return user
 
 
 def sign_out() -> None:
+    """Sign out, here and wherever a copy of this cookie is: the person's sign-ins made so far all end (every
+    browser they signed in with, as with "sign out everywhere"), the next sign-in starts a new one."""
+    user = current_user()
+    if user is not None:
+        _renew_generation(user["id"])
     session.clear()
     g.user = None

@@ -20,6 +20,28 @@ HOST_NAME = re.compile(r"\.?[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*")  # a DNS name 
 
 
 @dataclass(frozen=True)
+class WriteBudget:
+    """How much one signed-in person may create in a window of `window` seconds (core/budget.py): comments, counters
+    created, blog entries posted. A person at a keyboard stays far below; a script flooding the pages everyone reads
+    meets a 429. WRITE_BUDGET="comments=20,counters=10,posts=20,window=600" (any of them; the rest keep these)."""
+    comments: int = 20
+    counters: int = 10
+    posts: int = 20
+    window: int = 600
+
+    @classmethod
+    def parse(cls, text: str) -> "WriteBudget":
+        figures: dict[str, int] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            name, _, value = part.partition("=")
+            if name.strip() not in cls.__dataclass_fields__ or not value.strip().isdigit() or int(value) < 1:
+                raise RuntimeError(f"WRITE_BUDGET: {part!r} is not one of comments=N, counters=N, posts=N, window=S "
+                                   "(whole numbers from 1).")
+            figures[name.strip()] = int(value)
+        return cls(**figures)
+
+
+@dataclass(frozen=True)
 class Settings:
     project: str
     emulator_host: str | None
@@ -37,8 +59,10 @@ class Settings:
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
     # The dev sign-in (an email and an admin box, no password) lets anyone in as an admin: it exists only in local
-    # development, where the database is a local emulator and the environment asks for it (DEV_SIGNIN=on: devstack's
-    # stacks set it). Never on App Engine, Cloud Run or a VM, whatever else is set.
+    # development: on exactly when the database is an emulator (DATASTORE_EMULATOR_HOST set), the environment asks for
+    # it (DEV_SIGNIN=on: devstack's stacks set it) and the app is not on App Engine standard (GAE_ENV=standard). The
+    # emulator is what makes it safe, on any platform: a deployment on Cloud Run (K_SERVICE), flex or a VM against the
+    # real Datastore has no emulator host, so no dev sign-in whatever else is set (docs/security.md).
     dev_signin: bool = False
     # Sign in with Google (core/identity.py): the OAuth web client's id, whose ID tokens the app accepts. Required on
     # App Engine, where it is the only way in; optional locally, beside the dev sign-in.
@@ -63,6 +87,9 @@ class Settings:
     # LATENCY=production: every Datastore RPC and cache call waits a modelled production round trip first
     # (core/production_latency.py). Only against a local emulator: production waits by itself.
     latency: str = "none"
+    # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
+    # it with WRITE_BUDGET where they build their app.
+    write_budget: WriteBudget = field(default_factory=WriteBudget)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -128,6 +155,7 @@ class Settings:
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",
             latency=latency,
+            write_budget=WriteBudget.parse(env.get("WRITE_BUDGET", "")),
             **hosts(env.get("TRUSTED_HOSTS", ""), gae, project),
         )
 

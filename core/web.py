@@ -183,7 +183,10 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(AppError)
     def app_error(e: AppError) -> ResponseReturnValue:
-        return error_response(e.status, e.code, e.message)
+        response = make_response(error_response(e.status, e.code, e.message))
+        if e.retry_after is not None:
+            response.headers["Retry-After"] = str(e.retry_after)
+        return response
 
     @app.errorhandler(CSRFError)
     def csrf_error(e: CSRFError) -> ResponseReturnValue:

@@ -18,7 +18,7 @@ from counters.models import (
 )
 
 TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
-SHARD_VIEW_LIFETIME = 5  # seconds an anonymous reader's cached copy of a counter's shard counts lives
+SHARD_VIEW_LIFETIME = 5  # seconds the cached copy of a counter's shard counts lives (read by all but admins)
 LIST_LIMIT = 100
 PAGE_COUNTERS = 10  # counters on one view of the counters page
 PAGE_SHARDS = MAX_SHARDS  # shards one view reads at most: one counter's most, so every counter can be drawn
@@ -58,14 +58,15 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
     shard read and its `add`, or whose `incr` is lost to a frozen cache, is missing from the cached value until it
     expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts` or `exact_totals`.
 
-    `shards_from_cache` (with `with_shards` and `configs`) is for anonymous readers: each counter's shard counts come
-    from a copy cached for SHARD_VIEW_LIFETIME seconds, fetched in the same cache round trip as the totals, and are
-    read from Datastore (then cached) only when there is no copy. The bill an anonymous GET can cause: reading the
+    `shards_from_cache` (with `with_shards` and `configs`) is for every reader but an admin: each counter's shard
+    counts come from a copy cached for SHARD_VIEW_LIFETIME seconds, fetched in the same cache round trip as the totals,
+    and are read from Datastore (then cached) only when there is no copy. The bill a GET can cause: reading the
     shards bills one entity read per shard (128 to 256 for the demo's adaptive counter, up to MAX_SHARDS), and anyone
-    may ask for them as often as they like. With the copy, a counter's shards are billed at most once a lifetime
-    however many views ask (the talk's lesson: cache what many requests read the same way). The copy may lack the
-    last few seconds' increments (the total beside it, incr'd after each commit, has them); exact readers (a
-    signed-in person, increments, repairs, growth) leave it False and read the shards.
+    may ask for them as often as they like (in production anyone with a Google account signs in). With the copy, a
+    counter's shards are billed at most once a lifetime however many views ask (the talk's lesson: cache what many
+    requests read the same way). The copy may lack the last few seconds' increments (the total beside it, incr'd
+    after each commit, has them); exact readers (an admin, increments, repairs, growth) leave it False and read the
+    shards.
     """
     cache = runtime.cache()
     keys = {name: total_cache_key(name) for name in names}
@@ -151,7 +152,7 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
     Bounded in what it reads, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS of their
     shards (a counter that would pass the budget starts the next page; a page always shows one), so a view reads at
     most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + simple.SHARDS shards however many counters exist and however
-    many shards admins gave them. With `shards_from_cache` (an anonymous visitor) the counters' shards come from
+    many shards admins gave them. With `shards_from_cache` (anyone but an admin) the counters' shards come from
     their short-lived cached copies (see `cached_totals`), so a repeated view reads only the configs and the simple
     counter's twenty shards.
 

@@ -4,7 +4,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity, runtime
+from core import budget, identity, runtime
 from core.errors import Unprocessable
 from core.web import json_body
 from counters import demo, growth, models, service, simple, totals
@@ -30,10 +30,22 @@ def _counter_json(config: CounterConfig, total: totals.Total, shards: list[int] 
 
 
 def _shards_from_cache() -> bool:
-    """An anonymous visitor's views of shards come from a copy cached for a few seconds, so the bill an anonymous GET
-    can cause is bounded (a counter's every shard is one billed read; counters.totals.cached_totals); a signed-in
-    person, who may have just added to one, reads the shards themselves."""
-    return identity.current_user() is None
+    """Anyone's views of shards but an admin's come from a copy cached for a few seconds, so the bill a GET can cause
+    is bounded (a counter's every shard is one billed read, up to 256 of them: counters.totals.cached_totals), whoever
+    asks and however often: in production anyone with a Google account can sign in. An admin, who shapes counters and
+    watches bursts, reads the shards themselves."""
+    user = identity.current_user()
+    return user is None or not user["admin"]
+
+
+def _spend_if_new(name: str) -> None:
+    """A signed-in person's write that creates counter `name` is one of their budget's new counters
+    (core/budget.py): every counter is listed on /counters for everyone. Adding to one that exists spends nothing.
+    The config is read by key (a cache hit in ndb's global cache), and the write after reads it from the request's
+    own context cache."""
+    user = identity.current_user()
+    if user is not None and growth.get_config(name) is None:
+        budget.spend(user["id"], "counters")
 
 
 def _form_int(field: str) -> int:
@@ -64,6 +76,7 @@ def increment_simple_form() -> ResponseReturnValue:
 
 def _increment(name: str, idempotency_key: str | None = None) -> service.Increment:
     """+1 on a public counter; only a signed-in user's first increment creates it."""
+    _spend_if_new(name)
     return service.increment(name, idempotency_key, create=identity.current_user() is not None)
 
 
@@ -80,6 +93,7 @@ def create_form() -> ResponseReturnValue:
     identity.require_admin()
     name = models.public_name(request.form.get("name", "").strip())
     num_shards = _form_int("num_shards") if request.form.get("num_shards") else None
+    _spend_if_new(name)
     growth.configure(name, request.form.get("mode", ""), num_shards)
     flash(f"Counter {name} is ready.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
@@ -108,7 +122,7 @@ def burst_form(name: str) -> ResponseReturnValue:
 @bp.post("/counters/burst-new")
 def burst_new_form() -> ResponseReturnValue:
     """Admin: a new adaptive counter and a burst on it, to watch it grow from one shard."""
-    identity.require_admin()
+    budget.spend(identity.require_admin()["id"], "counters")  # a new counter each time
     name, done, attempts, num_shards = demo.burst_new_adaptive()
     if num_shards > 1:
         grew = f"it grew from 1 shard to {num_shards}."
@@ -133,7 +147,7 @@ def api_list() -> ResponseReturnValue:
 
 @bp.get("/api/counters/<name>")
 def api_get(name: str) -> ResponseReturnValue:
-    """One counter; `?shards=1` adds each shard's count (a few seconds old for an anonymous visitor)."""
+    """One counter; `?shards=1` adds each shard's count (a few seconds old for anyone but an admin)."""
     config = growth.require_config(name)
     if request.args.get("shards") in ("1", "true"):
         return jsonify(_counter_json(config, *totals.total_and_shards(config, _shards_from_cache())))
@@ -152,6 +166,7 @@ def api_configure(name: str) -> ResponseReturnValue:
     """Admin: create a counter in a mode, or grow it."""
     identity.require_admin()
     data = json_body()
+    _spend_if_new(name)
     config = growth.configure(name, data.get("mode"), data.get("num_shards"))
     return jsonify(_counter_json(config, totals.get_total(name, config)))
 

@@ -25,7 +25,11 @@ from devstack.taskqueue import DrainedQueue
 RULE_PARAMETER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")  # Flask's <int:index> is OpenAPI's {index}
 
 
-TEST_ENV = {"SECRET_KEY": "test-secret", "ADMIN_EMAILS": "boss@example.com"}
+# The suite writes far more as one person than anyone at a keyboard would (pages of comments, many counters, bursts of
+# posts), so its apps raise the write budget (core/budget.py); tests/test_write_budget.py checks it with small figures
+# of its own, and the defaults as documented. Apps served as processes pass it too (tests/test_processes.py).
+WRITE_BUDGET = "comments=100000,counters=100000,posts=100000"
+TEST_ENV = {"SECRET_KEY": "test-secret", "ADMIN_EMAILS": "boss@example.com", "WRITE_BUDGET": WRITE_BUDGET}
 
 
 def settings_for(stack, **overrides):

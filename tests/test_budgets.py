@@ -43,11 +43,11 @@ BUDGETS = {
     "/source/counters/service.py": {},
     "/signin": {},
 }
-# A signed-in person reads the shards themselves, where a visitor gets a copy a few seconds old
+# An admin reads the shards themselves, where anyone else gets a copy a few seconds old (tests/test_costly_reads.py)
 SIGNED_IN_BUDGETS = {SHARD_VIEW: {"Lookup": 1}}
 
 # path -> billed (reads, writes, deletes) on a warm cache, for a visitor and an admin; GETs never write. A query that
-# returns nothing bills nothing ("/", "/jobs": no job yet). For a signed-in person the counters page reads every shard
+# returns nothing bills nothing ("/", "/jobs": no job yet). For an admin the counters page reads every shard
 # of every counter it shows in its one Lookup: 3 configs, 20 + 8 shards of the general counters, the simple counter's
 # 20, and as many as the adaptive counter has grown to (1 to 256, with the seeding's contention): 179 to 307 reads, the
 # dearest page here (a million views: $54 to $92). A visitor's view reads the counters' shards from their cached

@@ -369,8 +369,8 @@ def test_tokens_google_would_not_sign_are_refused(gae_client, google_key):
 
 
 def test_a_sign_in_lasts_twelve_hours(gae_client, google_key, monkeypatch):
-    """Flask checks a session cookie's signing time: one signed 13 hours ago is nobody's, one of 11 hours still works,
-    so a copy of a cookie outlives its sign-out by at most that."""
+    """Flask checks a session cookie's signing time: one signed 13 hours ago is nobody's, one of 11 hours still works.
+    An outer bound only: the sign-in's own time and sign-out end a cookie sooner (tests/test_sessions.py)."""
     from itsdangerous.timed import TimestampSigner
     assert gae_client.post("/api/session", json={"credential": _google_token(google_key[0])}).status_code == 200
     app = gae_client.application

@@ -21,7 +21,7 @@ from core import runtime
 from counters import totals as counters
 from devstack.serving import queued, signed_in, wait_until
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
-from tests.support import make_app, running
+from tests.support import WRITE_BUDGET, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "crashes-test-secret"
@@ -55,7 +55,7 @@ def fleet(stack, tmp_path_factory):
     namespace = f"c{uuid.uuid4().hex[:12]}"  # the server outlives any one test: a namespace of its own
     signals = tmp_path_factory.mktemp("crash-signals")
     with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", DATASTORE_NAMESPACE=namespace,
-                CRASH_SIGNALS=str(signals)) as server:
+                CRASH_SIGNALS=str(signals), WRITE_BUDGET=WRITE_BUDGET) as server:
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
         with running(app):
             fleet = Fleet(server.url, server, app, stack, signals)

@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+import requests
 from google.cloud import ndb
 
 from blog.models import BlogEntry, BlogIndex, PostMarker
@@ -20,7 +21,7 @@ from counters import totals as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
 from devstack.serving import app_env, instances, signed_in
-from tests.support import at_once, make_app, running
+from tests.support import WRITE_BUDGET, at_once, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "processes-test-secret"
@@ -31,7 +32,7 @@ def fleet(stack):
     """(the servers' URLs, an app in this process on the same namespace for reading the stored data back, the
     servers' environment)."""
     namespace = f"p{uuid.uuid4().hex[:12]}"  # the servers outlive any one test: a namespace of their own
-    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace)
+    env = dict(app_env(stack, SECRET, admins=ADMIN), DATASTORE_NAMESPACE=namespace, WRITE_BUDGET=WRITE_BUDGET)
     with instances(env, count=2, workers=2) as servers:
         urls = [s.url for s in servers]
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
@@ -151,3 +152,17 @@ def test_a_process_killed_holding_the_turn_stalls_the_others_one_expiry_at_most(
     # It waited for the dead holder's lease (so the turn reaches across processes), and no longer than its expiry.
     assert 1.0 <= waited <= hotspots.LEASE_SECONDS + 3, f"waited {waited:.1f} s"
     assert _read(app, lambda: ndb.Key(BlogIndex, blog).get().max_index) == 0
+
+
+def test_a_sign_out_answered_by_one_process_ends_the_cookie_in_every_other(fleet):
+    """Sign-out's revocation across processes (core/identity.py): the cookie saved before a sign-out answered by one
+    server is nobody's on both servers, each worker of each, though every one of them had it cached as good."""
+    urls = fleet[0]
+    browser = signed_in(urls[0], "ann@example.com")
+    saved = browser.cookies.get("session")
+
+    def who(url):
+        return requests.get(f"{url}/api/session", cookies={"session": saved}, timeout=30).status_code
+    assert [who(url) for url in urls * 4] == [200] * 8  # each worker reads (and caches) the generation
+    assert browser.delete(f"{urls[1]}/api/session", timeout=30).status_code == 204
+    assert [who(url) for url in urls * 4] == [401] * 8

@@ -1,0 +1,53 @@
+"""Each signed-in person's write budget: how many comments, new counters and blog entries one person may create in a
+window (Settings.write_budget), counted in the cache; past it a 429 with Retry-After.
+
+Why: anyone with a Google account can sign in, and what they create shows to everyone (/counters lists every counter,
+comments sit under entries). Without a cap one script posted 30 comments and 20 counters in two seconds.
+
+A fixed window counted by the cache's `incr`, not a sliding log or a token bucket (pyrate_limiter, installed, keeps its
+buckets in process memory, SQLite, Redis or Postgres, none of them memcached): one round trip per write, on either
+cache, shared by every process. The price of a fixed window: a burst at the end of one window and the start of the
+next can reach twice the figure, once.
+
+The cache is an accelerator, never a source of truth (core/cache.py): when it is away, frozen or evicted the count,
+the write goes on uncounted. A cap that took writes down with the cache would turn a cache outage into a write outage.
+"""
+import time
+
+from core import runtime
+from core.errors import AppError
+
+KINDS = {"comments": "comments", "counters": "new counters", "posts": "entries"}  # what each kind counts, for people
+
+
+class TooManyWrites(AppError):
+    """A person past their write budget: 429, `retry_after` seconds until their window ends."""
+    status, code = 429, "too_many_writes"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def spend(user_id: str, kind: str) -> None:
+    """Count one write of `kind` ("comments", "counters" or "posts") by `user_id`; TooManyWrites when it passes the
+    person's budget for the window. Counted before the write is tried: a refused or resent write counts too."""
+    budget = runtime.current().settings.write_budget
+    limit = getattr(budget, kind)
+    now = int(time.time())
+    start = now - now % budget.window
+    left = start + budget.window - now  # seconds until this window ends (1..window)
+    key = f"write-budget:{kind}:{start}:{user_id}"
+    cache = runtime.cache()
+    count = cache.incr(key)
+    if count is None:  # the window's first write, or the cache is away
+        # `add`, not a blind store: two first writes at once both land here, and the one whose add loses counts on
+        # the other's. The key outlives its window by a second, so a late incr never recreates it.
+        count = 1 if cache.add(key, 1, expire=left + 1) else cache.incr(key)
+    if count is not None and count > limit:
+        raise TooManyWrites(f"You have created {limit} {KINDS[kind]} within {_duration(budget.window)}, the most one "
+                            f"person may; try again in {_duration(left)}.", left)
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds} seconds" if seconds < 120 else f"{(seconds + 59) // 60} minutes"
