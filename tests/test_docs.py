@@ -111,7 +111,10 @@ def test_the_cost_examples_in_the_readme_and_docs_are_what_those_pages_say(fresh
         assert _without_times(footer.replace("memcached", cache)) == \
             _without_times("this page: " + fresh_demo["footers"]["visitor", "/blog/demo"]), path
         header = _quoted(path, r"`(datastore;desc=[^`]*)`")[1]
-        assert _without_times(header) == _without_times(fresh_demo["timings"]["visitor", "/blog/demo?start=29"]), path
+        served = fresh_demo["timings"]["visitor", "/blog/demo?start=29"]
+        if cache != "memcached":  # the examples are the default cache's: redis names its calls otherwise (mget)
+            header, served = (re.sub(r'(cache;desc="\d+ calls?)[^"]*"', r'\1"', h) for h in (header, served))
+        assert _without_times(header) == _without_times(served), path
 
 
 def test_the_bills_the_readme_and_docs_quote_are_a_fresh_demos(fresh_demo):
