@@ -52,9 +52,15 @@ def burst(name: str, writers: object, increments: object) -> tuple[int, int, int
     return len(attempts), sum(attempts), growth.require_config(name).num_shards
 
 
-def burst_new_adaptive(writers: int = 16, increments: int = 200) -> tuple[str, int, int, int]:
-    """A new adaptive counter, burst at once: the lesson out of the box, where the seeded one has grown already.
-    Returns (its name, increments, attempts, num_shards afterwards)."""
-    name = f"burst-{clock.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+def new_burst_name() -> str:
+    """A fresh name for burst_new_adaptive, chosen when the page is drawn: its script watches the counter of that
+    name grow while the burst runs, so it must know the name before the burst starts."""
+    return f"burst-{clock.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def burst_new_adaptive(name: str | None = None, writers: int = 16, increments: int = 200) -> tuple[str, int, int, int]:
+    """A new adaptive counter (`name`, or a fresh one), burst at once: the lesson out of the box, where the seeded
+    one has grown already. Returns (its name, increments, attempts, num_shards afterwards)."""
+    name = name or new_burst_name()
     growth.configure(name, "adaptive")
     return (name, *burst(name, writers, increments))

@@ -64,7 +64,7 @@ def index() -> ResponseReturnValue:
     page = totals.counters_page(request.args.get("after"), _shards_from_cache())
     return render_template("counters/index.html", counters=page.counters, next=page.next,
                            first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
-                           max_shards=models.MAX_SHARDS)
+                           max_shards=models.MAX_SHARDS, burst_name=demo.new_burst_name())
 
 
 @bp.post("/counters/simple/increment")
@@ -122,8 +122,10 @@ def burst_form(name: str) -> ResponseReturnValue:
 @bp.post("/counters/burst-new")
 def burst_new_form() -> ResponseReturnValue:
     """Admin: a new adaptive counter and a burst on it, to watch it grow from one shard."""
-    budget.spend(identity.require_admin()["id"], "counters")  # a new counter each time
-    name, done, attempts, num_shards = demo.burst_new_adaptive()
+    user = identity.require_admin()
+    budget.spend(user["id"], "counters")  # a new counter each time
+    given = request.form.get("name", "").strip()
+    name, done, attempts, num_shards = demo.burst_new_adaptive(models.public_name(given) if given else None)
     if num_shards > 1:
         grew = f"it grew from 1 shard to {num_shards}."
     elif runtime.current().settings.backend == "firestore":

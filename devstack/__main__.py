@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devstack.services import REPO, DevstackError, Stack, _port_open, backend_from_env, free_port
-from devstack.serving import Gunicorn, app_env, local_tasks
+from devstack.services import REPO, DevstackError, Stack, backend_from_env
+from devstack.serving import Gunicorn, app_env, listening, local_tasks
 
 # DEVSTACK_STATE: another folder for the lock, the secret and the data (tests/test_run.py runs `make run`'s code beside
 # a developer's own).
@@ -45,9 +45,14 @@ def run(port):
         lock.seek(0)
         where = lock.read().strip() or "see the other terminal"
         sys.exit(f"make run is already running here ({where}); stop it first.")
-    if port is None:
-        port = 8080 if not _port_open(8080) else free_port()
-    url = f"http://127.0.0.1:{port}/"
+    # The port is taken now, before the minute of starting and seeding, by a socket gunicorn inherits: nobody can
+    # take it meanwhile. 8080 unless something listens there (another `make run`): then any free port. A port asked
+    # for (PORT=, --port) and taken is an error.
+    try:
+        listener = listening(port or 8080, or_any=port is None)
+    except OSError as e:
+        sys.exit(f"make run: port {port} is taken ({e.strerror}); stop what listens there or choose another PORT.")
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
     lock.seek(0)
     lock.truncate()
     lock.write(url)
@@ -69,6 +74,7 @@ def run(port):
     secret = _dev_secret()
     tasks = local_tasks(url.rstrip("/"), secret, store=store)
     server = None
+    failed = None
     # Ctrl-C and `kill` both stop everything; SIGINT set explicitly, since a shell that starts us in the background
     # makes Python ignore it.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -81,21 +87,29 @@ def run(port):
         stack.start()
         tasks.start()
         env = app_env(stack, secret, tasks=tasks)
-        subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO, check=True)
-        server = Gunicorn(env, port, wait=False)  # the app logs a line per request itself (appstats)
+        seeded = subprocess.run([sys.executable, "-m", "flask", "seed"], env=dict(os.environ, **env), cwd=REPO)
+        if seeded.returncode:
+            raise DevstackError(f"Seeding the demo content failed (status {seeded.returncode}); its error is above.")
+        # The app logs a line per request itself (appstats). Announced once it answers there, not before.
+        server = Gunicorn(env, listener=listener, wait=False)
+        listener.close()  # gunicorn holds it now
+        server.wait_ready(timeout=120)
         print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator, the task queue and {stack.cache.name})\n",
               flush=True)
-        server.proc.wait()
+        status = server.proc.wait()
+        raise DevstackError(f"gunicorn stopped on its own (status {status}); its error is above.")
     except KeyboardInterrupt:
         pass
     except DevstackError as e:
-        sys.exit(str(e))
+        failed = f"make run failed: {e}"
     finally:
         if server is not None:
             server.stop()
         tasks.stop()
         stack.stop()
         print(f"Stopped the app, the {tasks.name}, the {stack.emulator.name} and {stack.cache.name}.", flush=True)
+    if failed:
+        sys.exit(failed)  # status 1, and make says so
 
 
 def main():

@@ -3,6 +3,7 @@ Engine's entrypoint (`make run`, bench/pages.py)."""
 import concurrent.futures
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,19 +31,46 @@ def local_tasks(url, secret, store=None):
     return LocalTasks(url, local_token(secret), store=store)
 
 
+def listening(port=None, or_any=True):
+    """A loopback socket listening on `port` (None: any free one), held by this process until gunicorn inherits it.
+    Checking a port and binding it later is a race (another `make run` takes it meanwhile, and this one announces a
+    URL that serves the other app): a socket bound and listening from the start is the check, and no one else can
+    take its port after. `or_any`: when `port` is taken, a free port instead of the error. OSError if taken."""
+    sock = socket.socket()
+    # SO_REUSEADDR as gunicorn's own: a port whose last connections linger in TIME_WAIT (the previous `make run`,
+    # stopped a moment ago) binds again. Linux still refuses it while another socket listens there, and two sockets
+    # that both bound it before either listened meet at listen(): the later one's fails.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((LOOPBACK, port or 0))
+        sock.listen(2048)  # gunicorn's default backlog
+    except OSError:
+        sock.close()
+        if not (port and or_any):
+            raise
+        return listening(None)
+    return sock
+
+
 class Gunicorn:
     """gunicorn serving main:app as App Engine's entrypoint does (app.yaml: two workers of eight threads), on a
-    loopback port. Each worker is a process of its own: nothing in one worker's memory reaches another."""
+    loopback port. Each worker is a process of its own: nothing in one worker's memory reaches another.
+
+    `listener`: a listening socket (listening()) that gunicorn takes over (its `fd://` bind) instead of binding a port
+    itself; the port is then this server's from before it starts, and `wait_ready` waits for the app to answer."""
 
     def __init__(self, env, port=None, access_log=False, wait=True, app="main:app", output=None, workers=2,
-                 threads=8):
-        self.port = port or free_port()
+                 threads=8, listener=None):
+        self.listener = listener
+        self.port = listener.getsockname()[1] if listener else port or free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
+        bind = f"fd://{listener.fileno()}" if listener else f"{LOOPBACK}:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}", "--workers", str(workers),
+            [sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", str(workers),
              "--threads", str(threads),
              *(["--access-logfile", "-"] if access_log else ["--log-level", "warning"]), app],
             env=dict(os.environ, **env), cwd=REPO, preexec_fn=_die_with_parent, stdout=output, stderr=output,
+            pass_fds=(listener.fileno(),) if listener else (),
             # A session of its own, so that a terminal's Ctrl-C reaches only whoever started it, who stops the master,
             # which stops its workers once. In the terminal's process group every worker got SIGINT twice (from the
             # terminal and from its master), and gunicorn's gthread worker can hang in its second shutdown, orphaned
@@ -52,13 +80,30 @@ class Gunicorn:
             self.wait_ready()
 
     def wait_ready(self, timeout=60):
-        """Until the server takes connections (a request sent before a worker has loaded the app waits for it)."""
+        """Until the server takes connections (a request sent before a worker has loaded the app waits for it); on an
+        inherited listener, which takes connections before gunicorn even starts, until the app answers /healthz."""
         try:
-            _wait_listening(self.proc, self.port, timeout, "gunicorn")
+            if self.listener:
+                self._wait_answering(timeout)
+            else:
+                _wait_listening(self.proc, self.port, timeout, "gunicorn")
         except DevstackError:
             self.stop()
             raise
         return self
+
+    def _wait_answering(self, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise DevstackError(f"gunicorn exited (status {self.proc.returncode}) before the app answered on "
+                                    f"{self.url}; its error is above")
+            with suppress(requests.RequestException):
+                if requests.get(f"{self.url}/healthz", timeout=5).ok:
+                    return
+            if time.monotonic() > deadline:
+                raise DevstackError(f"the app did not answer on {self.url} within {timeout} s")
+            time.sleep(0.2)
 
     def stop(self):
         """SIGTERM to the master, which finishes the requests in flight (its graceful timeout is 30 s) and stops its

@@ -406,3 +406,21 @@ def test_a_new_adaptive_counter_burst_from_its_page_shows_the_lesson(client, aut
         assert float(said[2]) > 1 and said[3] == f"grew from 1 shard to {config.num_shards}" and config.num_shards > 1
     else:  # blind increments never collide
         assert said[3] == "stayed at 1 shard" and config.num_shards == 1
+
+
+def test_the_new_counter_a_burst_makes_is_the_one_its_page_named(client, auth):
+    """The page names the counter its "Watch one grow" button will make (its script watches that name grow while the
+    burst runs); the form without script makes that very counter. A malformed or reserved name changes nothing."""
+    auth.admin()
+    page = client.get("/counters").get_data(as_text=True)
+    named = re.search(r'<input type="hidden" name="name" value="(burst-[\w-]+)">', page)
+    assert named and named[1] != re.search(r'name="name" value="(burst-[\w-]+)"',
+                                           client.get("/counters").get_data(as_text=True))[1]  # fresh each time
+    token = csrf_token(client)
+    for bad, status in (("two words", 400), ("blog:demo:0:views", 403)):
+        assert client.post("/counters/burst-new", data={"csrf_token": token, "name": bad}).status_code == status
+    assert _stored(CounterConfig) == []
+    r = client.post("/counters/burst-new", data={"csrf_token": token, "name": named[1]}, follow_redirects=True)
+    assert r.status_code == 200 and f"New adaptive counter {named[1]}: 200 increments" in r.get_data(as_text=True)
+    assert client.get(f"/api/counters/{named[1]}").get_json()["count"] == 200
+    assert [key.id() for key in _stored(CounterConfig)] == [named[1]]

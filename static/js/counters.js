@@ -51,15 +51,116 @@ document.querySelectorAll("form[data-increment]").forEach((form) => {
         say(card, body && body.error ? body.error.message : `The increment failed (${res.status}).`);
         return;
       }
-      const data = await (await fetch(form.dataset.refresh, { headers: { Accept: "application/json" } })).json();
-      card.querySelector("[data-total]").textContent = data.count;
-      const source = card.querySelector("[data-source]");
-      if (source) source.textContent = data.cached ? "from memcache" : "summed from shards";
-      const n = card.querySelector("[data-num-shards]");
-      if (n) n.textContent = data.num_shards;
-      drawStrip(card.querySelector("[data-shards]"), data.shards);
+      await refresh(card, form.dataset.refresh);
     } catch (err) {
       window.location.reload();  // the increment counted; show its result the safe way
+    } finally {
+      button.disabled = false;
+    }
+  });
+});
+
+// A counter as it stands (GET /api/counters/<name>?shards=1), drawn on its card: total, shard count, bars.
+async function refresh(card, url) {
+  const res = await fetch(url, { headers: { Accept: "application/json" } });
+  if (!res.ok) throw new Error(`${url}: ${res.status}`);
+  const data = await res.json();
+  card.querySelector("[data-total]").textContent = data.count;
+  const source = card.querySelector("[data-source]");
+  if (source) source.textContent = data.cached ? "from memcache" : "summed from shards";
+  const n = card.querySelector("[data-num-shards]");
+  if (n) n.textContent = data.num_shards;
+  drawStrip(card.querySelector("[data-shards]"), data.shards);
+}
+
+// A burst, watched: its request is sent, and while it runs the counter is read every POLL_MS and redrawn, so the
+// bars multiply on screen as the adaptive counter grows. Sequential reads (one at a time), at most MAX_POLLS of
+// them. Each read of an admin's bills a read per shard: a few hundred reads for a burst, an admin's demo.
+const POLL_MS = 300;
+const MAX_POLLS = 200;
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function watchBurst(card, burstUrl, refreshUrl, body) {
+  // data-running: from the burst's request to its answer (the browser tests tell live frames from the last by it).
+  card.dataset.running = "";
+  let finished = false;
+  const burst = fetch(burstUrl, {
+    method: "POST", headers: { Accept: "application/json", "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  }).finally(() => {
+    finished = true;
+    delete card.dataset.running;
+  });
+  for (let polls = 0; !finished && polls < MAX_POLLS; polls++) {
+    await Promise.race([burst.catch(() => null), pause(POLL_MS)]);
+    if (!finished) await refresh(card, refreshUrl).catch(() => null);  // a missed frame is no failure
+  }
+  const res = await burst;
+  const data = await res.json().catch(() => null);
+  if (!res.ok) throw new Error(data && data.error ? data.error.message : `The burst failed (${res.status}).`);
+  await refresh(card, refreshUrl);
+  return data;
+}
+
+function burstSummary(data, writers) {
+  return `${data.name}: ${data.increments} increments from ${writers} writers took ` +
+    `${(data.attempts / data.increments).toFixed(2)} attempts each; it has ${data.num_shards} ` +
+    `shard${data.num_shards === 1 ? "" : "s"} now.`;
+}
+
+function tell(card, text, error) {
+  say(card, text);
+  card.querySelector("[data-note]").className = error ? "flash error" : "flash info";
+}
+
+// A named counter's burst button: its card's bars redrawn while the burst runs.
+document.querySelectorAll("form[data-burst]").forEach((form) => {
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const card = form.closest(".card");
+    const button = form.querySelector("button");
+    const writers = Number(form.elements.writers.value);
+    button.disabled = true;
+    try {
+      const data = await watchBurst(card, form.dataset.burst, form.dataset.refresh,
+        { writers, increments: Number(form.elements.increments.value) });
+      tell(card, burstSummary(data, writers));
+    } catch (err) {
+      tell(card, err.message, true);
+    } finally {
+      button.disabled = false;
+    }
+  });
+});
+
+// "Watch one grow": the counter named by the page is created adaptive (one shard), shown on a card of its own, and
+// burst while its bars are redrawn. Without this script the form posts, and the page shows where it ended.
+document.querySelectorAll("form[data-burst-new]").forEach((form) => {
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const name = form.elements.name.value;
+    const card = document.getElementById("burst-live");
+    const button = form.querySelector("button");
+    const api = `/api/counters/${encodeURIComponent(name)}`;
+    button.disabled = true;
+    try {
+      const made = await fetch(api, {
+        method: "PUT", headers: { Accept: "application/json", "Content-Type": "application/json" },
+        body: JSON.stringify({ mode: "adaptive" }),
+      });
+      if (!made.ok) throw new Error(`The counter could not be created (${made.status}).`);
+      card.querySelector("[data-name]").textContent = name;
+      card.hidden = false;
+      await refresh(card, `${api}?shards=1`);
+      const writers = Number(form.elements.writers.value);
+      const data = await watchBurst(card, `${api}/burst`, `${api}?shards=1`,
+        { writers, increments: Number(form.elements.increments.value) });
+      tell(card, `New adaptive counter ${burstSummary(data, writers)}`);
+      // The next click bursts a new counter again: the page's name with another random tail.
+      form.elements.name.value = name.replace(/-[0-9a-f]+$/, `-${newKey().slice(0, 4)}`);
+    } catch (err) {
+      card.hidden = false;
+      tell(card, err.message, true);
     } finally {
       button.disabled = false;
     }

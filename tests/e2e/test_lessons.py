@@ -26,7 +26,7 @@ def test_counter_button_updates_the_total_and_the_shard_strip_in_place(page):
     assert _shard_counts(strip) == [0, 0, 0, 0]
     page.evaluate("window.stillThisPage = true")
     for n in range(1, 7):
-        card.get_by_role("button", name="Increment clicks").click()
+        card.get_by_role("button", name="+1 to clicks").click()
         expect(total).to_have_text(str(n))
     assert sum(_shard_counts(strip)) == 6 and len(_shard_counts(strip)) == 4
     heights = [float(b.get_attribute("height")) for b in strip.locator(".bar").all()]
@@ -35,7 +35,7 @@ def test_counter_button_updates_the_total_and_the_shard_strip_in_place(page):
     assert api(page, "GET", "/api/counters/clicks")["count"] == 6
 
     simple = page.locator("#simple")
-    simple.get_by_role("button", name="Increment the simple counter").click()
+    simple.get_by_role("button", name="+1 to the simple counter").click()
     expect(simple.locator("[data-total]")).to_have_text("1")
     assert sum(_shard_counts(simple.locator("[data-shards]"))) == 1
 
@@ -54,7 +54,7 @@ def test_one_click_counts_once_when_the_refresh_after_it_fails(page):
         route.abort()
     page.route("**/api/counters/clicks?shards=1", fail_refresh)
     with page.expect_navigation():  # the script reloads the page (a GET) instead of posting the form again
-        card.get_by_role("button", name="Increment clicks").click()
+        card.get_by_role("button", name="+1 to clicks").click()
     page.unroute("**/api/counters/clicks?shards=1")
     expect(page.locator("#counter-clicks [data-total]")).to_have_text("2")
     assert len(refreshes) == 1
@@ -75,7 +75,7 @@ def test_a_click_whose_answer_is_lost_is_sent_again_with_its_key_and_counts_once
         route.abort()
     page.route("**/api/counters/clicks/increment", lose_the_answer)
     with page.expect_navigation():  # the script falls back to the form, with the same key
-        page.locator("#counter-clicks").get_by_role("button", name="Increment clicks").click()
+        page.locator("#counter-clicks").get_by_role("button", name="+1 to clicks").click()
     page.unroute("**/api/counters/clicks/increment")
     assert len(keys) == 1 and len(keys[0]) == 32
     expect(page.locator("#counter-clicks [data-total]")).to_have_text("2")
@@ -210,3 +210,49 @@ def test_a_job_started_from_the_accounts_page_reaches_100_percent(page):
     assert page.locator("[data-timeline=request] rect[data-bar]").count() >= 2  # the job's get, its records' gets
     page.get_by_role("link", name="Accounts").click()
     expect(page.locator("[data-field=total_balance]")).to_have_text("2250")
+
+
+# Every redraw of the live card, recorded by the page itself as it happens: how many bars, the total, and whether
+# the burst was still running (the script marks the card data-running until the burst's answer is in).
+RECORD_FRAMES = """() => {
+  window.frames_seen = [];
+  const card = document.getElementById("burst-live");
+  new MutationObserver(() => window.frames_seen.push({
+    bars: card.querySelectorAll("[data-shards] .bar").length,
+    total: Number(card.querySelector("[data-total]").textContent),
+    running: card.hasAttribute("data-running"),
+  })).observe(card, { subtree: true, childList: true, attributes: true, characterData: true });
+}"""
+
+
+def test_a_burst_is_watched_live_its_shard_bars_multiplying_while_it_runs(page, backend):
+    """The README's step: "watch its shard bars multiply". On the legacy emulator 16 writers on one shard collide and
+    the adaptive counter grows while the burst runs; the page shows more bars before the burst has answered. (On
+    Firestore increments never collide, so it stays at one shard: there only the total is seen rising.)"""
+    page.goto("/counters")
+    sign_in(page, ADMIN, admin=True)
+    name = page.locator("form[data-burst-new] input[name=name]").get_attribute("value")
+    page.evaluate(RECORD_FRAMES)
+    page.get_by_role("button", name="Watch one grow: burst a new adaptive counter").click()
+    card = page.locator("#burst-live")
+    expect(card.locator("[data-note]")).to_contain_text(f"New adaptive counter {name}: 200 increments",
+                                                        timeout=60_000)
+    frames = page.evaluate("window.frames_seen")
+    live = [f for f in frames if f["running"]]
+    final = api(page, "GET", f"/api/counters/{name}?shards=1")
+    assert final["count"] == 200
+    expect(card.locator("[data-total]")).to_have_text("200")
+    expect(card.locator("[data-shards] .bar")).to_have_count(final["num_shards"])
+    assert live, frames
+    assert any(0 < f["total"] < 200 for f in live), f"no total seen mid-burst: {frames}"
+    if backend == "legacy":
+        assert final["num_shards"] > 1
+        assert len({f["bars"] for f in live}) >= 2, f"the bars did not change while the burst ran: {frames}"
+        assert any(f["bars"] > 1 for f in live), f"no growth seen before the burst answered: {frames}"
+
+    # The named counter's burst button: the same live redraw on its own card, then its summary there.
+    page.reload()
+    counter = page.locator(f"#counter-{name}")
+    counter.get_by_role("button", name="Burst: 200 from 16 writers").click()
+    expect(counter.locator("[data-note]")).to_contain_text(f"{name}: 200 increments from 16 writers", timeout=60_000)
+    expect(counter.locator("[data-total]")).to_have_text("400")
