@@ -55,8 +55,9 @@ class Settings:
     # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
     # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
     hot_leases: bool = True
-    # LATENCY=production: every Datastore RPC and cache call waits a modelled production round trip first
-    # (core/production_latency.py). Only against a local emulator: production waits by itself.
+    # LATENCY=production (a regional database) or multi-region (nam5-like Commits): every Datastore RPC, cache call,
+    # task creation and delivery waits a modelled production round trip first (core/production_latency.py). Only
+    # against a local emulator: production waits by itself.
     latency: str = "none"
 
     @classmethod
@@ -98,9 +99,9 @@ class Settings:
             raise RuntimeError("REDIS_URL must be a redis://host:port[/db] URL (rediss:// for TLS).")
         latency = env.get("LATENCY") or "none"
         if latency not in production_latency.NAMES:
-            raise RuntimeError(f"LATENCY must be {' or '.join(production_latency.NAMES)}.")
+            raise RuntimeError(f"LATENCY must be {', '.join(production_latency.NAMES)}.")
         if latency != "none" and not local:
-            raise RuntimeError("LATENCY=production models production's waits on a local emulator; it cannot be set "
+            raise RuntimeError(f"LATENCY={latency} models production's waits on a local emulator; it cannot be set "
                                "anywhere else.")
         project = env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo"
         return cls(
