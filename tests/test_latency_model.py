@@ -64,8 +64,8 @@ def test_each_call_draws_its_published_quantiles_tail_included():
         draws = [trip.draw(rng) * 1000 for _ in range(40_000)]
         assert quantile(draws, 0.5) == pytest.approx(trip.median_ms, rel=0.05)
         assert quantile(draws, 0.99) == pytest.approx(trip.p99_ms, rel=0.15)
-        assert quantile(draws, 0.999) == pytest.approx(trip.p999_ms, rel=0.35)  # 40 draws above it
-        assert max(draws) <= trip.cap_ms and min(draws) > 0
+        assert quantile(draws, 0.999) == pytest.approx(trip.p999_ms, rel=0.2)  # 40 draws above it
+        assert trip.p999_ms < max(draws) <= trip.cap_ms and min(draws) > 0  # the published tail is reached
     # the tail is the published one: a Lookup's p99.9 is more than 5 times its median, as the histogram's
     assert production_latency.LOOKUP.p999_ms > 5 * production_latency.LOOKUP.median_ms
     off = Model()
