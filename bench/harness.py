@@ -343,8 +343,11 @@ def markdown_table(headers, rows):
 
 def machine_line(backends=None):
     where = " and ".join(BACKEND_NAMES[b] for b in backends) if backends else "Cloud Datastore emulator"
-    return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, {where} + memcached on loopback")
+    # The machine is shared: its load when the results were written says how much of the 2 cores the run had.
+    load = os.getloadavg()[1]
+    return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores (load average "
+            f"{load:.1f} over the last 5 minutes when written), Python {platform.python_version()}, {where} + "
+            f"memcached on loopback")
 
 
 def write_result(name, text):
