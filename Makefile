@@ -2,9 +2,10 @@
 # DATASTORE=legacy (the default for run and test: the legacy Datastore emulator, which enforces index.yaml) or
 # DATASTORE=firestore (the Firestore emulator in Datastore mode, what App Engine apps use today). `make bench` measures
 # both side by side unless DATASTORE names one. CACHE=memcached (the default, the talk's) or CACHE=redis (Debian's
-# redis-server, standing in for Memorystore for Valkey) picks the cache the same way. LATENCY=production makes every
-# Datastore RPC and cache call wait a modelled production round trip (core/production_latency.py); `make bench`
-# measures both ways side by side unless LATENCY names one.
+# redis-server, standing in for Memorystore for Valkey) picks the cache the same way. LATENCY=production (a regional
+# database) or LATENCY=multi-region (nam5-like Commits) makes every Datastore RPC, cache call, task creation and task
+# delivery wait a production round trip from published measurements (core/production_latency.py); `make bench`
+# measures both profiles side by side unless LATENCY names one (LATENCY=none: the bare emulator).
 PYTHON ?= python3
 export DATASTORE CACHE LATENCY
 VENV := .venv

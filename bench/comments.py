@@ -106,7 +106,7 @@ def measure(rounds, seconds, column=""):
 # sequence is not slow there (in turn on the Firestore emulator it committed 80-150 comments/s, as many as the designed
 # comments): its figures are reported, not judged. What is judged on every column is that the designed comments
 # share nothing (designed against the ceiling) and lose nothing.
-TARGET_VS_SHARED = {"production": 3}
+TARGET_VS_SHARED = {"production": 3, "multi-region": 3}
 
 
 def _section(column, results, lost, bills, seconds, rounds):

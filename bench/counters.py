@@ -127,6 +127,8 @@ def measure_reads(rounds):
     summed_read = harness.in_context(lambda: sum(totals.shard_counts(growth.require_config("readme"))))
 
     def one_round():
+        # cached again each round: under the latency model a round's reads take longer than the total's lifetime
+        harness.in_context(lambda: totals.get_total("readme"))()
         cached, summed = [], []
         for _ in range(READS):
             start = time.perf_counter()
@@ -144,6 +146,7 @@ def measure_reads(rounds):
         totals.get_total("readme")  # cache it
     harness.in_context(prepare)()
     pairs = [one_round() for _ in range(rounds)]
+    harness.in_context(lambda: totals.get_total("readme"))()  # cached again, so that the cached read is billed as one
     bills = harness.billed(cached_read)()[1], harness.billed(summed_read)()[1]
     return harness.median([c for c, _ in pairs]), harness.median([s for _, s in pairs]), bills
 
@@ -185,7 +188,7 @@ def _section(column, measured, rounds, seconds):
     def vs_one(v):
         # A ratio against one entity that committed nothing measures nothing: then the check says so, missed.
         return at[v]["rate"] / one_rate if one_rate else f"one entity committed nothing in {rounds} x {seconds} s"
-    if latency == "production":  # the talk's claim where writes wait as in production
+    if latency != "none":  # the talk's claim where writes wait as in production (either profile)
         for v in SHARDED_FOR_ITS_WRITERS:
             checks.append((f"{name}: {v} commits/s vs one entity's best transaction, 32 writers", vs_one(v), ">= 5",
                            5, True))
@@ -203,7 +206,7 @@ def _section(column, measured, rounds, seconds):
         checks.append((f"{name}: cached total read vs summing 20 shards (speed-up)", summed / cached, ">= 20", 20,
                        True))
     # The bare column's time-bound targets (from the counters issue) are this machine's: say what bounds them.
-    bounds_line = "" if latency == "production" else (
+    bounds_line = "" if latency != "none" else (
         f"Bare, what bounds the time targets here: the uncontended ceiling's own p99 is "
         f"{at['ceiling']['p99'] / one_p99:.2f} of one entity's best p99 (32 writers queue for 2 cores, collisions or "
         f"not); a cached total ({cached * 1e6:.0f} µs) and the summed one ({summed * 1e6:.0f} µs) are both this "

@@ -48,24 +48,27 @@ def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
 
 
 BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore emulator (Datastore mode)"}
-LATENCIES = production_latency.NAMES  # the columns: bare, and under the production latency model
-LATENCY_NAMES = {"none": "bare emulator", "production": "LATENCY=production"}
+LATENCIES = production_latency.NAMES  # the columns: bare, and under each profile of the production latency model
+PROFILES = production_latency.PROFILES  # the columns `make bench` measures unless LATENCY names one
+LATENCY_NAMES = {"none": "bare emulator", "production": "LATENCY=production",
+                 "multi-region": "LATENCY=multi-region"}
 
 
 def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
     """A benchmark measured in every column of one run, side by side: each backend (`--backends`, as
-    main_per_backend), each bare and under the production latency model (`--latency`: none, production or both,
-    default LATENCY's when it is set, else both; core/production_latency.py). measure(args, stack, app) on a fresh
-    stack per column, then report(args, {(backend, latency): measured}) -> verdict."""
+    main_per_backend), under each profile of the production latency model (`--latency`: none, production,
+    multi-region, comma-separated, or all; default LATENCY's when it is set, else both profiles, production and
+    multi-region; core/production_latency.py). measure(args, stack, app) on a fresh stack per column, then
+    report(args, {(backend, latency): measured}) -> verdict."""
     def with_latency(parser):
-        parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(LATENCIES),
-                            help="none, production or both (comma-separated)")
+        parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(PROFILES),
+                            help="none, production, multi-region (comma-separated), or all")
         if extra:
             extra(parser)
     args = _arguments(prog, argv, seconds, with_latency)
     measured = {}
     for backend in _backends(args):
-        for latency in LATENCIES if args.latency == "both" else args.latency.split(","):
+        for latency in LATENCIES if args.latency == "all" else args.latency.split(","):
             print(f"--- {prog} on {backend}, {LATENCY_NAMES[latency]}", flush=True)
             stack, app = start_stack(backend, latency)
             rt = runtime.of(app)
@@ -101,7 +104,7 @@ def column_name(column):
 
 def start_stack(backend=None, latency="none"):
     """A fresh stack (`backend`, else DATASTORE's) and an app on it, waiting production's round trips when `latency`
-    is "production": (stack, app). Its tasks wait in a queue the benchmark drains itself
+    names a profile ("production", "multi-region"): (stack, app). Its tasks wait in a queue the benchmark drains itself
     (devstack.taskqueue.DrainedQueue)."""
     stack = Stack(consistency=1.0, backend=backend or backend_from_env()).start()
     app = app_on(stack, task_queue=DrainedQueue(), SECRET_KEY="bench", LATENCY=latency)
@@ -128,9 +131,28 @@ def retried_in(server_timing):
 
 WHOSE_FIGURES = (
     "Whose figures: the bills and the critical paths (in RPCs) are production's: the same RPCs are billed, and must "
-    "follow one another, there. Wall times under LATENCY=production are the model's: its round trips are assumptions "
-    "(core/production_latency.py), waited on this machine's 2 cores, where production would have many instances. "
+    "follow one another, there. Wall times under LATENCY=production (a regional database) and LATENCY=multi-region "
+    "(nam5-like Commits) are the latency model's (core/production_latency.py), waited on this machine's 2 cores, "
+    "where production would have many instances. The model's figures are published measurements or, where none "
+    f"exists, inferences: {production_latency.SUMMARY} "
     "Bare wall times are this machine's alone: the emulators answer in microseconds, from the same 2 cores as the app.")
+
+
+_METHODS = re.compile(r'(\d+) ([\w.]+)')
+
+
+def modelled_path(server_timing, latency):
+    """(RPCs, cache calls, modelled seconds) of one request from its Server-Timing header: its Datastore RPCs by method
+    and its cache calls, each at its median round trip under the profile `latency` (core/production_latency.py). For a
+    request whose calls follow one another (one post: a transaction), that is its critical path under the model."""
+    model = production_latency.Model(latency)
+    found = {m["name"]: m["desc"] for m in re.finditer(r'(?P<name>datastore|cache);desc="(?P<desc>[^"]*)"',
+                                                       server_timing or "")}
+    rpcs = {method: int(n) for n, method in _METHODS.findall(found.get("datastore", "").partition(":")[2])}
+    calls = sum(int(n) for n, _ in _METHODS.findall(found.get("cache", "").partition(":")[2]))
+    seconds = (sum(n * model.datastore.get(m, production_latency.UNKNOWN_RPC).median_ms for m, n in rpcs.items())
+               + calls * production_latency.CACHE.median_ms) / 1000
+    return sum(rpcs.values()), calls, seconds
 
 
 class TaskChains:
@@ -321,8 +343,11 @@ def markdown_table(headers, rows):
 
 def machine_line(backends=None):
     where = " and ".join(BACKEND_NAMES[b] for b in backends) if backends else "Cloud Datastore emulator"
-    return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, {where} + memcached on loopback")
+    # The machine is shared: its load when the results were written says how much of the 2 cores the run had.
+    load = os.getloadavg()[1]
+    return (f"{datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} cores (load average "
+            f"{load:.1f} over the last 5 minutes when written), Python {platform.python_version()}, {where} + "
+            f"memcached on loopback")
 
 
 def write_result(name, text):

@@ -26,7 +26,7 @@ import requests
 from flask import Flask
 
 from bench import harness
-from core import runtime
+from core import production_latency, runtime
 from devstack import Stack
 from devstack.services import REPO, backend_from_env, debian_binary
 from devstack.serving import Gunicorn, app_env, wait_until
@@ -303,8 +303,9 @@ writing the headers and the body) to a socket that sends nothing, on and off in 
 the serving thread's own CPU time; medians of 200 pairs. On {in_us["on"]:.1f} us, off {in_us["off"]:.1f} us a request:
 the accounting (its header, footer, log line and record) is {in_diff:.1f} us. On App Engine's settings (each line a
 Cloud Logging entry, JSON, with the request's trace): on {gae_us["on"]:.1f} us, off {gae_us["off"]:.1f} us, the
-accounting {gae_diff:.1f} us. One Datastore RPC under the production latency model is about 4,000 us
-(core/production_latency.py).
+accounting {gae_diff:.1f} us. One Datastore Lookup under the production latency model waits a median of
+{production_latency.LOOKUP.median_ms * 1000:,.0f} us, a cache call {production_latency.CACHE.median_ms * 1000:,.0f} us
+(core/production_latency.py, with whose figures they are).
 
 ## The front page under the production latency model
 

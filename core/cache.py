@@ -89,10 +89,7 @@ class CountedClient:
         def call(*args: Any, **kwargs: Any) -> Any:
             cost = costs.current()
             started = time.perf_counter()
-            if self._model.on:
-                waited = self._model.before_cache_call()
-                if cost is not None:
-                    cost.add_wait(waited)
+            self._model.before_cache_call(cost)
             try:
                 return attribute(*args, **kwargs)
             finally:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from core import billing
+from core import billing, production_latency
 
 MOST_CALLS = 300  # calls kept per request for its timeline (/appstats/<id>), the first answered; all are counted
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no header value or log line may have one
@@ -97,7 +97,7 @@ class Cost:
             if self.retried:
                 value += f', retried;desc="{plural(self.retried, "transaction")} retried after a collision"'
             if self.waited_s:
-                value += f', model;desc="LATENCY=production: modelled round trips";dur={self.waited_s * 1000:.1f}'
+                value += f', model;desc="{production_latency.label()}: modelled waits";dur={self.waited_s * 1000:.1f}'
         return CONTROL.sub("?", value)  # the names come from the code, but a header value must never break its line
 
     def footer(self, cache_name: str) -> str:
@@ -108,7 +108,7 @@ class Cost:
                     f"{plural(self.cache.total(), cache_name + ' call')} ({self.cache_s * 1000:.1f} ms); "
                     f"billed in production: {self.billed.priced(' such requests')}")
             if self.waited_s:
-                text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits (LATENCY=production)"
+                text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits, {production_latency.label()}"
         return text
 
     def kept_calls(self) -> list[Call]:

@@ -24,7 +24,8 @@ CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 class RpcCounter(grpc.UnaryUnaryClientInterceptor):
     """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
     (on its thread); ndb sends RPCs asynchronously, so the answer may arrive on a gRPC thread. Under a production
-    latency model (`model`), the RPC first waits its modelled round trip, timed with it."""
+    latency model (`model`), the RPC first waits its modelled round trip, timed with it (an aggregation also waits
+    its scan once it is answered)."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -35,11 +36,12 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         started = time.perf_counter()
         method = client_call_details.method
         method = (method if isinstance(method, str) else method.decode()).rsplit("/", 1)[-1]
-        if self.model.on:
-            waited = self.model.before_rpc(method)
-            if cost is not None:
-                cost.add_wait(waited)
+        self.model.before_rpc(method, cost)
         outcome = continuation(client_call_details, request)
+        if method == "RunAggregationQuery" and self.model.on and outcome.done() and outcome.exception() is None:
+            # A blocking call (datastore_v1's) has its answer here: its scan's share, known only from the count, is
+            # waited before the caller sees the answer (core/production_latency.py, SCAN_MS_PER_1000_ENTRIES).
+            self.model.after_aggregation(billing.of(method, request, outcome.result())[1].get("index entries", 0), cost)
         if cost is not None:
             def done(answered: grpc.Future) -> None:
                 if answered.exception() is None:

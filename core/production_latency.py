@@ -1,94 +1,238 @@
-"""LATENCY=production: the local stack made to wait where production waits.
+"""LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits.
 
 Both emulators and the cache run on this machine and answer in well under a millisecond, so the lessons that are
 about waiting (a transaction holds its entity group for several round trips; work spread over many tasks overlaps
-its waits) do not show here. With this model on, every Datastore RPC and every cache call waits, before it is sent,
-a round trip drawn from the distribution below, on the thread that makes it. Waiting before sending (not after the
-answer) keeps a transaction's window on the server as long as production's: BeginTransaction, then each Lookup, then
-Commit reach the emulator one modelled round trip apart.
+its waits) do not show here. With a profile on, every Datastore RPC, every cache call, every Cloud Tasks create and
+every task's delivery waits, before it is sent, a round trip drawn from the distributions below, on the thread that
+makes it. Waiting before sending (not after the answer) keeps a transaction's window on the server as long as
+production's: BeginTransaction, then each Lookup, then Commit reach the emulator one modelled round trip apart.
 
-The figures. Google publishes no per-method latency for Firestore in Datastore mode or Memorystore, so the medians
-and 99th percentiles below are ASSUMPTIONS, chosen from what is published:
-- An App Engine instance and its database in one region: a round trip inside a data centre is about 0.5 ms
-  (J. Dean, "Numbers Everyone Should Know",
-  https://static.googleusercontent.com/media/research.google.com/en//people/jeff/stanford-295-talk.pdf), and the
-  database's front ends add their own work to it.
-- A write is slower than a read: a regional database "operates in a multi-zone replicated configuration" and a
-  multi-region one replicates across regions (https://cloud.google.com/datastore/docs/locations), so a Commit waits
-  for a quorum of replicas in other zones, while a Lookup or a query is answered by one.
-- The talk (2008) put a datastore write at about 10 ms ("writes are expensive") and reads far below it.
-- Memorystore is in the same region's VPC: "sub-millisecond" is its own description
-  (https://cloud.google.com/memorystore/docs/redis/memorystore-for-redis-overview).
-Each wait is drawn from a log-normal distribution with that median and 99th percentile (latencies have a long right
-tail, never a negative one), capped at twice the p99 so one draw cannot stall a benchmark. Change them here: this is
-the one place the model is defined; the footer, Server-Timing and /numbers show its waits beside the measured times.
+Whose figures. Google publishes no per-method latency for Firestore in Datastore mode, Memorystore, the Serverless
+VPC Access connector or Cloud Tasks ("We don't have a page with latency numbers since it's a moving target",
+the Datastore team, googleapis/google-cloud-datastore#5, 2016-04-04). Each figure below is the best published
+third-party measurement, cited beside it with its date and conditions; where none exists the comment says so (INF:
+an inference, a hypothesis to measure in production). The collected sources: /work/shared/latency-reference.md's
+table, reproduced in docs/lessons/numbers.md.
+
+The shape of the tail. The only published histogram of a Firestore read is googleapis/nodejs-firestore#1994
+(2024-02-04: 10,000 sequential GetDocument calls from Cloud Shell, Node client, Firestore Native, the database's
+location unstated): p50 16-17 ms, p75 18, p87.5 19-20, p96.9 23, p99.2 32-35, p99.6 45-48, p99.9 86-101, p99.99
+125-565. Every Datastore call here is drawn from that histogram's shape (its quantiles divided by its median, SHAPE)
+scaled to the call's own median: that Datastore mode (the same backend) and writes have the same shape is INF. The
+draw follows the published quantiles (interpolated between them on a log scale, in normal-quantile steps), so the tail
+is the published one: one Lookup in a thousand waits about 80 ms, one Commit in a thousand about 265 ms. Below the
+median no source gives a figure: the shape mirrors its first step above (INF). Nothing is drawn beyond the p99.99
+point (the lower of the two published, 125 ms for 16.5): that is the cap, above the published p99.9 (86-101 ms).
+
+Two profiles, `LATENCY=production` (the default profile when the model is on: a regional database, as
+`gcloud app create --region` and the deploy guide make) and `LATENCY=multi-region` (nam5- or eur3-like: its Commits
+slower, its reads the same). "A regional location gives lower write latency" than a multi-region one
+(https://cloud.google.com/datastore/docs/locations), so a multi-region Commit waits for replicas in other regions.
+Change the figures here: this is the one place the model is defined; the footer, Server-Timing, /numbers and the
+benchmarks' reports show its waits and its figures.
 """
+import contextvars
 import math
 import random
+import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
-NAMES = ("none", "production")
+NAMES = ("none", "production", "multi-region")  # LATENCY's values: off, and the two profiles
+PROFILES = NAMES[1:]
+
+_NORMAL = statistics.NormalDist()
+# googleapis/nodejs-firestore#1994 (2024-02-04), GetDocument from Cloud Shell: (quantile, that quantile / the median)
+# with the median 16.5 ms and each published range at its middle, the p99.99 at the lower of its two (125 of 125-565).
+SHAPE = ((0.75, 18 / 16.5), (0.875, 19.5 / 16.5), (0.969, 23 / 16.5), (0.992, 33.5 / 16.5), (0.996, 46.5 / 16.5),
+         (0.999, 93.5 / 16.5), (0.9999, 125 / 16.5))
+
+
+class Waits(Protocol):
+    """What keeps a request's waits (core.costs.Cost)."""
+    def add_wait(self, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
 class RoundTrip:
-    """One kind of call's modelled round trip, in milliseconds."""
+    """One kind of call's modelled round trip: its median in milliseconds and its tail, (quantile, that quantile /
+    the median) from a published histogram, increasing. Nothing is drawn beyond the last point (the cap)."""
     median_ms: float
-    p99_ms: float
+    tail: tuple[tuple[float, float], ...] = SHAPE
+
+    def quantile_ms(self, q: float) -> float:
+        """The q-quantile, milliseconds: log-linear between the published points in normal-quantile steps (a
+        log-normal between each pair), the lower half the first step above the median mirrored, capped at the last."""
+        points = [(0.0, 0.0), *((_NORMAL.inv_cdf(p), math.log(ratio)) for p, ratio in self.tail)]
+        z = _NORMAL.inv_cdf(min(max(q, 1e-9), 1 - 1e-9))
+        if z <= 0:  # below the median: the first step's slope, mirrored
+            z1, log1 = points[1]
+            return self.median_ms * math.exp(z * log1 / z1)
+        for (z0, log0), (z1, log1) in zip(points, points[1:], strict=False):
+            if z <= z1:
+                return min(self.median_ms * math.exp(log0 + (log1 - log0) * (z - z0) / (z1 - z0)), self.cap_ms)
+        return self.cap_ms  # the last published point
+
+    @property
+    def p99_ms(self) -> float:
+        return self.quantile_ms(0.99)
+
+    @property
+    def p999_ms(self) -> float:
+        return self.quantile_ms(0.999)
+
+    @property
+    def cap_ms(self) -> float:
+        return self.median_ms * self.tail[-1][1]
 
     def draw(self, rng: random.Random) -> float:
         """A round trip in seconds."""
-        sigma = math.log(self.p99_ms / self.median_ms) / 2.326  # z of the 99th percentile
-        return min(self.median_ms * math.exp(sigma * rng.normalvariate(0, 1)), 2 * self.p99_ms) / 1000
+        return self.quantile_ms(rng.random()) / 1000
 
 
 # Datastore RPCs by gRPC method (google.datastore.v1.Datastore), as App Engine sees Firestore in Datastore mode in its
-# own region: assumptions (see above).
+# own region. The three medians measured: googleapis/google-cloud-dotnet#5333 "Datastore latency", Jon Skeet (the
+# .NET client's maintainer), 2020-09-24: .NET client on Cloud Run europe-west1, warm, 10 samples each; the database
+# apparently in europe-west2 ("Run isn't supported in europe-west2 yet"), so probably CROSS-REGION (Belgium to London):
+# a same-region call may be a few ms faster, which no source measures. (The report that opened the thread measured
+# 60-70 ms for a RunQuery in one region, us-central1; Skeet could not reproduce it.)
+LOOKUP = RoundTrip(14.5)  # 1 key: 14-21 ms, median ~14.5 (dotnet#5333, cross-region)
+RUN_QUERY = RoundTrip(19)  # small result: 14-24 ms, median ~19 (dotnet#5333, cross-region)
+COMMIT = RoundTrip(47)  # 1 entity, non-transactional insert: 24-55 ms, median ~47 (dotnet#5333, cross-region)
+# INF: one small RPC, as a Lookup (10-20 ms, latency-reference); python-datastore PR#499 (2023-11-28) lets a client skip
+# it (begin_later), python-ndb still sends it. No source measures it.
+BEGIN_TRANSACTION = LOOKUP
+# RunAggregationQuery (COUNT, SUM): no latency figure anywhere. Officially Count.up_to bounds "the number of entities
+# to scan, limiting latency, and cost" (Datastore v1 API reference, AggregationQuery.Aggregation.Count), so it grows
+# with the index entries scanned. INF: a small query's round trip (RUN_QUERY), then SCAN_MS_PER_1000_ENTRIES for each
+# 1,000 entries its COUNT counted (billed as one read, https://cloud.google.com/datastore/pricing: the server's work
+# for 1,000 entries priced as one entity read). The rate is a hypothesis: the one figure near it, python-ndb#360
+# (2020), a client-side count of ~200 entities in 0.1 s, paid for sending every key back, which an aggregation does not.
+RUN_AGGREGATION_QUERY = RUN_QUERY
+SCAN_MS_PER_1000_ENTRIES = 5.0
+# The multi-region profile's Commit. No source measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of
+# Megastore's cross-datacenter writes, "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on
+# the distance"), which google-cloud-go#890 (2018, Go on GCE) also saw reading a us-central multi-region database from
+# us-central: 100-120 ms (with client artefacts). Reads: the nearest replica answers, as in a regional database (INF).
+MULTI_REGION_COMMIT = RoundTrip(100)
+
 DATASTORE = {
-    "Lookup": RoundTrip(4, 15),
-    "RunQuery": RoundTrip(6, 25),
-    "RunAggregationQuery": RoundTrip(10, 40),
-    "BeginTransaction": RoundTrip(4, 15),
-    "Commit": RoundTrip(12, 50),  # replicated to a quorum in other zones before it answers
-    "Rollback": RoundTrip(4, 15),
-    "AllocateIds": RoundTrip(4, 15),
-    "ReserveIds": RoundTrip(4, 15),
+    "Lookup": LOOKUP,
+    "RunQuery": RUN_QUERY,
+    "RunAggregationQuery": RUN_AGGREGATION_QUERY,
+    "BeginTransaction": BEGIN_TRANSACTION,
+    "Commit": COMMIT,
+    "Rollback": LOOKUP,  # INF: one small RPC; "best-effort" and no figure (Datastore best practices)
+    "AllocateIds": LOOKUP,  # INF: one small RPC; sai-pullabhotla/catatumbo#12 (2016): "taking quite a while", no number
+    "ReserveIds": LOOKUP,  # INF: as AllocateIds
 }
-CACHE = RoundTrip(0.5, 2)  # Memorystore in the same region (an assumption within its "sub-millisecond")
-UNKNOWN_RPC = RoundTrip(6, 25)
+# A Memorystore call from App Engine standard: Memorystore says only "sub-millisecond"
+# (https://cloud.google.com/appengine/docs/legacy/standard/python/migrate-to-python3/memcache-to-memorystore), and
+# App Engine reaches it only through a Serverless VPC Access connector, a hop no source measures. INF (the
+# latency-reference's estimate): about 1 ms at p50, a few ms at p99, its shape assumed, capped at 10 ms.
+CACHE = RoundTrip(1.0, ((0.99, 3.0), (0.999, 6.0), (0.9999, 10.0)))
+# Cloud Tasks: no published latency for creating a task or for the time until its delivery starts. INF: CreateTask
+# stores the task durably in the queue's region before it answers, so a regional write, budgeted as a Commit; a
+# delivery is the queue's dispatch plus an HTTP request through App Engine's front end, budgeted as two small round
+# trips (2 x 14.5 ms), the Firestore shape assumed for both.
+TASK_CREATE = COMMIT
+TASK_DELIVERY = RoundTrip(29)
+UNKNOWN_RPC = RUN_QUERY
+
+PROFILE_DATASTORE = {
+    "production": DATASTORE,
+    "multi-region": {**DATASTORE, "Commit": MULTI_REGION_COMMIT},
+}
+
+# The profile the current request last waited under (set by every wait, read by its footer: core/costs.py).
+_waited_under: contextvars.ContextVar[str] = contextvars.ContextVar("latency_profile", default="production")
+
+
+def label() -> str:
+    """`LATENCY=<profile>` that this request's modelled waits were drawn from, as the footer names it."""
+    return f"LATENCY={_waited_under.get()}"
 
 
 class Model:
-    """The waits of one app's stack: none (the default), or production's (`LATENCY=production`, local stacks only).
-    Thread-safe: one per process, used by every request thread."""
+    """The waits of one app's stack: none (the default), or a profile's (`LATENCY=production` or
+    `LATENCY=multi-region`, local stacks only). Thread-safe: one per process, used by every request thread."""
 
     def __init__(self, name: str = "none") -> None:
         if name not in NAMES:
             raise ValueError(f"LATENCY must be one of {', '.join(NAMES)}, not {name!r}")
-        self.on = name == "production"
+        self.name = name
+        self.on = name != "none"
+        self.datastore = PROFILE_DATASTORE.get(name, DATASTORE)
         self._rng = random.Random()
-        self._lock = threading.Lock()  # random.Random's normalvariate keeps state between calls
+        self._lock = threading.Lock()  # one generator shared by every thread
 
-    def before_rpc(self, method: str) -> float:
-        """Wait a Datastore RPC's modelled round trip (nothing when off); the seconds waited."""
-        return self._wait(DATASTORE.get(method, UNKNOWN_RPC)) if self.on else 0.0
+    def before_rpc(self, method: str, waits: Waits | None = None) -> float:
+        """Wait a Datastore RPC's modelled round trip (nothing when off), kept in `waits`; the seconds waited."""
+        return self._wait(self.datastore.get(method, UNKNOWN_RPC), waits)
 
-    def before_cache_call(self) -> float:
-        """Wait a cache call's modelled round trip (nothing when off); the seconds waited."""
-        return self._wait(CACHE) if self.on else 0.0
+    def after_aggregation(self, entries: int, waits: Waits | None = None) -> float:
+        """Wait an aggregation's scan of `entries` index entries (nothing when off): the server's share of its time,
+        which grows with them (INF: SCAN_MS_PER_1000_ENTRIES)."""
+        return self._sleep(entries / 1000 * SCAN_MS_PER_1000_ENTRIES / 1000, waits) if self.on else 0.0
 
-    def _wait(self, trip: RoundTrip) -> float:
+    def before_cache_call(self, waits: Waits | None = None) -> float:
+        """Wait a cache call's modelled round trip through the connector (nothing when off)."""
+        return self._wait(CACHE, waits)
+
+    def before_task_create(self, waits: Waits | None = None) -> float:
+        """Wait a Cloud Tasks CreateTask (nothing when off)."""
+        return self._wait(TASK_CREATE, waits)
+
+    def before_task_delivery(self, waits: Waits | None = None) -> float:
+        """Wait the time from a task's turn in the queue to its request reaching the app (nothing when off)."""
+        return self._wait(TASK_DELIVERY, waits)
+
+    def _wait(self, trip: RoundTrip, waits: Waits | None) -> float:
+        if not self.on:
+            return 0.0
         with self._lock:
             seconds = trip.draw(self._rng)
+        return self._sleep(seconds, waits)
+
+    def _sleep(self, seconds: float, waits: Waits | None) -> float:
+        _waited_under.set(self.name)
         time.sleep(seconds)
+        if waits is not None:
+            waits.add_wait(seconds)
         return seconds
 
     def describe(self) -> list[dict]:
-        """The model's figures, for /numbers and the benchmarks' reports."""
-        return [{"call": name, "median_ms": trip.median_ms, "p99_ms": trip.p99_ms}
-                for name, trip in [*DATASTORE.items(), ("cache call", CACHE)]]
+        """The model's figures (this profile's, or production's when off), for /numbers and the benchmarks."""
+        calls = [*self.datastore.items(), ("cache call (through the VPC connector)", CACHE),
+                 ("Cloud Tasks create", TASK_CREATE), ("Cloud Tasks delivery", TASK_DELIVERY)]
+        return [{"call": name, "median_ms": round(trip.median_ms, 1), "p99_ms": round(trip.p99_ms, 1),
+                 "p999_ms": round(trip.p999_ms, 1), "cap_ms": round(trip.cap_ms, 1),
+                 "source": SOURCES_MULTI_REGION_COMMIT if trip is MULTI_REGION_COMMIT else SOURCES[name]}
+                for name, trip in calls]
 
 
-OFF = Model()
+_DOTNET = "google-cloud-dotnet#5333 (2020-09-24, probably cross-region)"
+_INF = "none published: an inference"
+SOURCES = {
+    "Lookup": _DOTNET, "RunQuery": _DOTNET, "Commit": _DOTNET, "BeginTransaction": _INF, "Rollback": _INF,
+    "AllocateIds": _INF, "ReserveIds": _INF,
+    "RunAggregationQuery": f"{_INF}: a RunQuery + {SCAN_MS_PER_1000_ENTRIES:g} ms per 1,000 index entries counted",
+    "cache call (through the VPC connector)": f"{_INF} (Memorystore: \u201csub-millisecond\u201d)",
+    "Cloud Tasks create": f"{_INF}: a Commit", "Cloud Tasks delivery": f"{_INF}: two small round trips",
+}
+SOURCES_MULTI_REGION_COMMIT = f"{_INF}: Megastore's 100-400 ms (CIDR 2011)"
+TAIL_SOURCE = "the tail: nodejs-firestore#1994 (2024-02-04) GetDocument's histogram, scaled"
+# The benchmarks' "Whose figures" paragraph and /numbers name these.
+SUMMARY = (
+    "Lookup 14.5 ms, RunQuery 19 ms and Commit 47 ms at the median (google-cloud-dotnet#5333, Jon Skeet, 2020-09-24, "
+    ".NET on Cloud Run, probably cross-region), each with the tail of nodejs-firestore#1994's GetDocument histogram "
+    "(2024-02-04, Cloud Shell; p99.9 5.7x the median, capped at its p99.99); under LATENCY=multi-region a Commit's "
+    "median is 100 ms (an inference: Megastore's cross-datacenter writes, CIDR 2011). No source measures "
+    "BeginTransaction, Rollback, AllocateIds, RunAggregationQuery (modelled as a RunQuery + 5 ms per 1,000 index "
+    "entries counted), a cache call through the Serverless VPC Access connector (1 ms, p99 3 ms) or Cloud Tasks "
+    "(create: a Commit; delivery: 29 ms): those are inferences.")
+
+
+OFF = Model()  # the model off: what a stack built without one waits (nothing)

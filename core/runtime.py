@@ -30,7 +30,7 @@ EXTENSION = "runtime"  # where create_app keeps an app's runtime
 class Runtime:
     def __init__(self, settings: Settings | None = None, task_queue: tasks_module.Queue | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        # Where the backends differ is chosen here, once; under LATENCY=production every call below waits first.
+        # Where the backends differ is chosen here, once; under a LATENCY profile every call below waits first.
         self.latency = production_latency.Model(self.settings.latency)
         self.cache_client = cache_module.make_client(self.settings)
         self.cache = cache_module.Cache(self.cache_client, self.latency)
@@ -41,7 +41,7 @@ class Runtime:
             self.cache_client.global_cache(self.latency),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None)
         self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
-        self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings))
+        self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings), self.latency)
         self._registries: dict[str, dict] = {}
 
     def registry(self, name: str) -> dict:

@@ -84,8 +84,9 @@ class Settings:
     # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
     # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
     hot_leases: bool = True
-    # LATENCY=production: every Datastore RPC and cache call waits a modelled production round trip first
-    # (core/production_latency.py). Only against a local emulator: production waits by itself.
+    # LATENCY=production (a regional database) or multi-region (nam5-like Commits): every Datastore RPC, cache call,
+    # task creation and delivery waits a modelled production round trip first (core/production_latency.py). Only
+    # against a local emulator: production waits by itself.
     latency: str = "none"
     # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
     # it with WRITE_BUDGET where they build their app.
@@ -131,9 +132,9 @@ class Settings:
         cache_ca = cache_ca_pem(env.get("CACHE_CA_FILE", "").strip(), redis_url)
         latency = env.get("LATENCY") or "none"
         if latency not in production_latency.NAMES:
-            raise RuntimeError(f"LATENCY must be {' or '.join(production_latency.NAMES)}.")
+            raise RuntimeError(f"LATENCY must be {', '.join(production_latency.NAMES)}.")
         if latency != "none" and not local:
-            raise RuntimeError("LATENCY=production models production's waits on a local emulator; it cannot be set "
+            raise RuntimeError(f"LATENCY={latency} models production's waits on a local emulator; it cannot be set "
                                "anywhere else.")
         project = env.get("DATASTORE_DATASET") or env.get("GOOGLE_CLOUD_PROJECT") or "scalable-demo"
         return cls(

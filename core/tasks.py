@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core import costs
+from core.production_latency import OFF, Model
 from core.settings import Settings
 
 if TYPE_CHECKING:
@@ -98,8 +100,9 @@ class TaskRouter:
     """The app's task handlers by name, and the queue that delivers to them. One per runtime: the features register
     their handlers while the app is built, never by being imported."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, model: Model = OFF) -> None:
         self.queue = queue
+        self.model = model  # under a LATENCY profile, creating a task and delivering it wait (production_latency)
         self._handlers: dict[str, Callable[[dict, int], object]] = {}
 
     def register(self, name: str, fn: Callable[[dict, int], object]) -> None:
@@ -111,12 +114,17 @@ class TaskRouter:
     def handler(self, name: str) -> Callable[[dict, int], object] | None:
         return self._handlers.get(name)
 
+    def delivered(self) -> None:
+        """A delivery has reached its handler: under a LATENCY profile, first the time it took to get here."""
+        self.model.before_task_delivery(costs.current())
+
     def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None:
         """Enqueue once by `task_name` (a name used before is dropped), due in `delay` seconds."""
         if name not in self._handlers:
             raise ValueError(f"no task handler is registered as {name!r}")
         if not TASK_NAME_PATTERN.fullmatch(task_name):
             raise ValueError(f"bad task name {task_name!r}")
+        self.model.before_task_create(costs.current())  # the CreateTask round trip, under a LATENCY profile
         self.queue.enqueue(name, payload, task_name, delay=delay)
 
 

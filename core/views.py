@@ -148,6 +148,7 @@ def run_task(name: str) -> ResponseReturnValue:
     fn = runtime.tasks().handler(name)
     if fn is None:
         raise NotFound(f"No task handler is named {name!r}.", "no_such_task")
+    runtime.tasks().delivered()
     attempt = request.headers.get(tasks.RETRY_HEADER, "0")
     result = fn(json_body(), int(attempt) if attempt.isdigit() else 0)
     return jsonify(result or {})

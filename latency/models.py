@@ -23,4 +23,4 @@ class Measurement(ndb.Model):
     backend_name = ndb.TextProperty()  # said in words: an emulator, or the real database
     runs = ndb.IntegerProperty(indexed=False)
     operations = ndb.JsonProperty()
-    latency = ndb.TextProperty()  # "production": measured under the production latency model (LATENCY)
+    latency = ndb.TextProperty()  # "production" or "multi-region": measured under that latency profile (LATENCY)

@@ -152,7 +152,8 @@ def measurement_dict(measurement: Measurement) -> dict[str, Any]:
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,
-            # "production": each figure includes the modelled round trips (core/production_latency.py)
+            # a profile ("production", "multi-region"): each figure includes its modelled round trips
+            # (core/production_latency.py)
             "latency": measurement.latency or "none",
             # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
             "write_read_ratio": round(write / read, 1) if write and read else None}
