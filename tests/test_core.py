@@ -62,10 +62,14 @@ def test_session_api(client):
 
 
 @pytest.mark.parametrize("body", [{"email": "not-an-email"}, {"email": ""}, {"email": "a@b.c" + "x" * 300},
-                                  {"email": "a@example.com", "admin": "yes"}, {"admin": True}, {"email": 5}])
-def test_bad_sign_in_is_400(client, body):
+                                  {"email": "a@example.com", "admin": "yes"}, {"admin": True}, {"email": 5},
+                                  {"email": "a\ud800@example.com"}, {"email": "a\uffff@example.com"}])
+def test_bad_sign_in_is_422(client, body):
+    """A lone surrogate (JSON's "\\ud800") was a 500: its user id is a hash of the email's UTF-8 (issue 57)."""
     r = client.post("/api/session", json=body)
-    assert r.status_code == 400 and r.get_json()["error"]["message"]
+    code = "bad_admin" if body.get("admin") == "yes" else "bad_email"
+    assert r.status_code == 422 and r.get_json()["error"]["code"] == code
+    assert r.get_json()["error"]["message"]
     assert client.get("/api/session").status_code == 401
 
 
@@ -95,7 +99,9 @@ def test_signin_page_and_form(client):
     assert client.post("/signout", data={"csrf_token": token}).status_code == 400
     token = csrf_token(client, "/signin")
     r = client.post("/signin", data={"csrf_token": token, "email": "nope"})
-    assert r.status_code == 400 and b"valid email" in r.data
+    assert r.status_code == 422 and b"valid email" in r.data
+    r = client.post("/signin", data={"csrf_token": csrf_token(client, "/signin"), "email": "a\x01\uffff@example.com"})
+    assert r.status_code == 422 and b"valid email" in r.data
     assert client.post("/signout", data={"csrf_token": token}).status_code == 302
     assert client.get("/api/session").status_code == 401
 
