@@ -25,7 +25,7 @@ def test_the_model_is_off_by_default_and_only_for_a_local_emulator():
     with pytest.raises(RuntimeError, match="none or production"):
         Settings.from_env({**LOCAL, "LATENCY": "fast"})
     with pytest.raises(RuntimeError, match="local emulator"):  # production waits by itself
-        Settings.from_env({"SECRET_KEY": "s", "LATENCY": "production"})
+        Settings.from_env({"SECRET_KEY": "s" * 32, "LATENCY": "production"})
 
 
 def test_each_call_draws_around_its_median_with_a_bounded_tail():
