@@ -18,11 +18,17 @@ TAGS = {
 ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "th": {"align"}, "td": {"align"}}
 URL_SCHEMES = {"http", "https", "mailto"}  # relative URLs stay allowed; every other scheme is dropped
 
+
+class _Renderer(MarkdownIt):
+    """markdown-it-py would leave a `javascript:` link as its literal text; here the link is kept and nh3 drops its
+    URL, so one place (URL_SCHEMES) decides which URLs a page may carry."""
+
+    def validateLink(self, url: str) -> bool:  # markdown-it-py's name
+        return True
+
+
 # CommonMark with raw HTML (dropped or kept by nh3 below, as before) and tables; fenced code is CommonMark's own.
-_RENDERER = MarkdownIt("commonmark", {"html": True}).enable("table")
-# markdown-it-py would leave a `javascript:` link as its literal text; the link is kept and nh3 drops its URL, so one
-# place (URL_SCHEMES) decides which URLs a page may carry.
-_RENDERER.validateLink = lambda url: True
+_RENDERER = _Renderer("commonmark", {"html": True}).enable("table")
 
 
 def render_markdown(text: str) -> str:

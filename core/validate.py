@@ -85,6 +85,16 @@ def whole_number(value: object, field: str, low: int, high: int, default: int | 
     return value
 
 
+def flag(value: str | None, field: str) -> bool:
+    """A query string's yes or no, as the OpenAPI document lists them: absent, "0" or "false" no, "1" or "true" yes;
+    anything else (an empty value, "yes") a 400 naming `field`, rather than a silent no."""
+    if value in (None, "0", "false"):
+        return False
+    if value in ("1", "true"):
+        return True
+    raise BadInput(f"{field} must be 1, true, 0 or false.", f"bad_{field}")
+
+
 def form_number(value: str | None) -> object:
     """A form's field as whole_number(from_json=True) takes it: a string of digits as its int, anything else as it
     is, for that check to refuse with its own message."""
