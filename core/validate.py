@@ -76,9 +76,8 @@ def whole_number(value: object, field: str, low: int, high: int, default: int | 
     done. A form sends its numbers as text: its view hands them over through form_number."""
     if value is None and default is not None:
         return default
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(high)) \
-            and not from_json:
-        value = int(value)
+    if not from_json:
+        value = _digits_as_int(value, len(str(high)))
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         error = Unprocessable if from_json else BadInput
         raise error(f"{field} must be a whole number from {low} to {high}.", f"bad_{field}")
@@ -98,7 +97,13 @@ def flag(value: str | None, field: str) -> bool:
 def form_number(value: str | None) -> object:
     """A form's field as whole_number(from_json=True) takes it: a string of digits as its int, anything else as it
     is, for that check to refuse with its own message."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+    return _digits_as_int(value, 18)
+
+
+def _digits_as_int(value: object, most: int) -> object:
+    """A string of 1..most ASCII digits as its int (bounded: Python refuses to convert more than 4,300 digits, and no
+    field takes so many); anything else unchanged."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= most:
         return int(value)
     return value
 
