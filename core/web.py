@@ -48,7 +48,8 @@ def is_api() -> bool:
 def json_body() -> dict:
     """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object (bytes
     that are not UTF-8 included), 422 when a string in it holds what no text field may (validate.plain_json: a lone
-    surrogate, which JSON's "\\ud800" escape gives and UTF-8 cannot encode, a noncharacter, a control character)."""
+    surrogate, which JSON's "\\ud800" escape gives, and so do its bytes ED A0 80, Python's json decoding with
+    "surrogatepass"; a noncharacter; a control character)."""
     if not request.is_json:
         raise _not_json()
     try:

@@ -132,6 +132,12 @@ def test_bad_blog_names_bodies_and_keys_write_nothing(client, auth):
     assert client.post("/api/blogs/news/entries", data="title=x", content_type="application/x-www-form-urlencoded"
                        ).status_code == 415
     assert client.post("/api/blogs/news/entries", data="[1]", content_type="application/json").status_code == 400
+    # Bytes that are not UTF-8 do not parse (400); a surrogate encoded as bytes (CESU-8's ED A0 80) does, since
+    # Python's json decodes bytes with "surrogatepass", and meets the text check as the escape "\ud800" does (422).
+    for raw, status, code in ((b"\xff", 400, "bad_json"), (b"\xed\xa0\x80", 422, "bad_title")):
+        r = client.post("/api/blogs/news/entries", data=b'{"title": "t' + raw + b'", "body": "b"}',
+                        content_type="application/json")
+        assert r.status_code == status and r.get_json()["error"]["code"] == code, raw
     assert _post(client, headers={"Idempotency-Key": "has space"}).status_code == 400
     assert client.post("/api/blogs/news/entries", data="x" * (MAX_BODY_BYTES + 1), content_type="application/json"
                        ).status_code == 413
