@@ -24,7 +24,7 @@ from google.cloud import ndb
 
 from accounts.models import Account, AccountsAudit
 from core import clock, runtime
-from core.errors import BadInput
+from core.errors import Unprocessable
 from core.transactions import transact
 from core.validate import text, whole_number
 from counters import service as counters
@@ -64,7 +64,7 @@ def keep_figures() -> None:
 
 def seed(count: object) -> dict[str, Any]:
     """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH); the seed's id."""
-    how_many = whole_number(count, "count", 1, MAX_SEED)
+    how_many = whole_number(count, "count", 1, MAX_SEED, from_json=True)
     keep_figures()
     seed_id = secrets.token_hex(6)
     for start in range(0, how_many, SEED_BATCH):
@@ -108,8 +108,8 @@ def _credit_params(params: dict[str, Any]) -> dict[str, int]:
     """The job's checked params; once they are valid, the counters it settles into are created (keep_figures)."""
     unknown = set(params) - {"amount"}
     if unknown:
-        raise BadInput(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
-    checked = {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT)}
+        raise Unprocessable(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
+    checked = {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT, from_json=True)}
     keep_figures()
     return checked
 

@@ -5,7 +5,7 @@ from flask import Blueprint, flash, jsonify, redirect, render_template, request,
 from flask.typing import ResponseReturnValue
 
 from accounts import service
-from core import identity, runtime
+from core import identity, runtime, validate
 from core.errors import AppError
 from core.web import form_refused, json_body
 from mapper import service as mapper
@@ -32,7 +32,7 @@ def seed_form() -> ResponseReturnValue:
     """Seed accounts in the background."""
     identity.require_admin()
     try:
-        seeded = service.seed(request.form.get("count"))
+        seeded = service.seed(validate.form_number(request.form.get("count")))
     except AppError as e:
         return form_refused(e, _page)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
@@ -46,7 +46,7 @@ def credit_form() -> ResponseReturnValue:
     """Start the add_credit job over every account."""
     identity.require_admin()
     try:
-        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": request.form.get("amount")})
+        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))})
     except AppError as e:
         return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))

@@ -6,7 +6,7 @@ from flask import Blueprint, flash, jsonify, make_response, redirect, render_tem
 from flask.typing import ResponseReturnValue
 
 from blog import pages, service
-from core import budget, identity, runtime
+from core import budget, identity, runtime, validate
 from core.errors import AppError, BadInput
 from core.web import form_refused, json_body
 
@@ -52,7 +52,11 @@ def entry(blog: str, index: int) -> ResponseReturnValue:
 def feed(blog: str) -> ResponseReturnValue:
     """The newest entries as an Atom feed."""
     page = service.get_page(blog, None, service.FEED_SIZE)
-    response = make_response(render_template("blog/feed.xml", blog=blog, page=page))
+    # Well-formed XML whatever the entries hold: one stored before its text was checked (validate.text) may carry a
+    # character XML 1.0 has no place for (U+FFFF, a control character), which would make a reader refuse the whole
+    # feed. Such characters are never markup, so removing them from the document drops nothing but themselves.
+    feed_xml = validate.without_unsafe_characters(render_template("blog/feed.xml", blog=blog, page=page))
+    response = make_response(feed_xml)
     response.mimetype = "application/atom+xml"
     return response
 

@@ -31,8 +31,8 @@ from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
 from google.cloud import ndb
 
-from core import runtime
-from core.errors import AppError, BadInput, Forbidden, NotFound, SignInRequired, Unavailable
+from core import runtime, validate
+from core.errors import AppError, Forbidden, NotFound, SignInRequired, Unavailable, Unprocessable
 
 log = logging.getLogger(__name__)
 # Google's keys for the ID tokens Sign in with Google issues, PEM certificates by key id (what google-auth's own
@@ -242,10 +242,11 @@ def dev_sign_in(email: object, admin: object) -> User:
     if not runtime.current().settings.dev_signin:
         raise NotFound("Dev sign-in does not exist here (only in local development, against a Datastore emulator, "
                        "with DEV_SIGNIN=on).")
-    if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
-        raise BadInput("Give a valid email address.", "bad_email")
+    if not isinstance(email, str) or len(email) > 254 or not EMAIL_PATTERN.fullmatch(email) \
+            or validate.UNSAFE_CHARACTERS.search(email):  # the form's too: a noncharacter is valid UTF-8
+        raise Unprocessable("Give a valid email address.", "bad_email")
     if not isinstance(admin, bool):
-        raise BadInput("admin must be true or false.", "bad_admin")
+        raise Unprocessable("admin must be true or false.", "bad_admin")
     return _keep(make_user(dev_user_id(email), email, admin))
 
 

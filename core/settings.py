@@ -10,6 +10,11 @@ from typing import Any
 from core import production_latency
 
 DEV_SECRET = "dev-only-secret-not-for-app-engine"
+# The shortest SECRET_KEY a deployment takes, set directly or from Secret Manager: 32 bytes (256 bits, as
+# `secrets.token_hex(32)` or `make deploy`'s secret give). The session cookie and the task tokens are HMACs of what an
+# attacker can read, so a short key can be searched for offline from one cookie, then sign any session. Local
+# development (an emulator) is exempt: its data is the developer's own, and its default key (DEV_SECRET) is public.
+SECRET_MIN_BYTES = 32
 # The names a local app answers to. A page of another site whose name the attacker points at 127.0.0.1 (DNS
 # rebinding) reaches a local app as a same-origin request with that name in Host: refused, as every other name.
 # "localhost" is also the Werkzeug test client's Host, and devstack serves on 127.0.0.1 (devstack/serving.py). No IPv6
@@ -104,6 +109,11 @@ class Settings:
                                "secret" if gae
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
+        if secret and not local and len(secret.encode()) < SECRET_MIN_BYTES:
+            # A short key can be guessed offline from one cookie (an HMAC of known content), then sign any session.
+            raise RuntimeError(f"SECRET_KEY holds {len(secret.encode())} bytes: a session key needs at least "
+                               f"{SECRET_MIN_BYTES} (`python -c 'import secrets; print(secrets.token_hex(32))'` makes "
+                               "one).")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
         tasks_location = tasks_region(env.get("TASKS_LOCATION") or "") or ("local" if tasks_emulator else None)
         if gae and not REGION_NAME.fullmatch(tasks_location or ""):
@@ -275,6 +285,7 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
         raise RuntimeError(f"SECRET_KEY could not be read from Secret Manager, {wanted}: {said} (`make deploy` "
                            "creates the secret and lets the app's service account read it: roles/secretmanager."
                            "secretAccessor).") from None
-    if len(payload) < 32:
-        raise RuntimeError(f"The secret {wanted} holds {len(payload)} characters: a session key needs at least 32.")
+    if len(payload) < SECRET_MIN_BYTES:
+        raise RuntimeError(f"The secret {wanted} holds {len(payload)} characters: a session key needs at least "
+                           f"{SECRET_MIN_BYTES}.")
     return {**env, "SECRET_KEY": payload}

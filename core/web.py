@@ -14,7 +14,7 @@ from google.api_core import exceptions as core_exceptions
 from markupsafe import Markup, escape
 from werkzeug.exceptions import BadHost, HTTPException, SecurityError
 
-from core import clock, features, identity, runtime
+from core import clock, features, identity, runtime, validate
 from core.cache import CACHE_DOWN
 from core.errors import AppError, BadInput
 
@@ -46,7 +46,10 @@ def is_api() -> bool:
 
 
 def json_body() -> dict:
-    """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object."""
+    """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object (bytes
+    that are not UTF-8 included), 422 when a string in it holds what no text field may (validate.plain_json: a lone
+    surrogate, which JSON's "\\ud800" escape gives, and so do its bytes ED A0 80, Python's json decoding with
+    "surrogatepass"; a noncharacter; a control character)."""
     if not request.is_json:
         raise _not_json()
     try:
@@ -55,7 +58,7 @@ def json_body() -> dict:
         data = None
     if not isinstance(data, dict):
         raise BadInput("The body must be a JSON object.", "bad_json")
-    return data
+    return validate.plain_json(data)
 
 
 def error_response(status: int, code: str, message: str) -> ResponseReturnValue:

@@ -4,7 +4,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import budget, identity, runtime
+from core import budget, identity, runtime, validate
 from core.errors import Unprocessable
 from core.web import json_body
 from counters import demo, growth, models, service, simple, totals
@@ -151,7 +151,7 @@ def api_list() -> ResponseReturnValue:
 def api_get(name: str) -> ResponseReturnValue:
     """One counter; `?shards=1` adds each shard's count (a few seconds old for anyone but an admin)."""
     config = growth.require_config(name)
-    if request.args.get("shards") in ("1", "true"):
+    if validate.flag(request.args.get("shards"), "shards"):
         return jsonify(_counter_json(config, *totals.total_and_shards(config, _shards_from_cache())))
     return jsonify(_counter_json(config, totals.get_total(name, config)))
 
@@ -193,7 +193,7 @@ def api_burst(name: str) -> ResponseReturnValue:
 @bp.get("/api/simple-counter")
 def api_simple() -> ResponseReturnValue:
     """The talk's twenty-shard counter (counters/simple.py): its cached total, or with `shards=1` every shard, read."""
-    if request.args.get("shards") in ("1", "true"):
+    if validate.flag(request.args.get("shards"), "shards"):
         shards = simple.shard_counts()
         return jsonify(count=sum(shards), num_shards=simple.SHARDS, shards=shards)
     return jsonify(count=simple.total(), num_shards=simple.SHARDS)

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Flask
 
 from core import runtime
-from core.errors import BadInput
+from core.errors import Unprocessable
 from mapper.models import MapperJob
 
 # The legacy emulator (like Datastore before Firestore) refuses a transaction over more than 25 entity groups; a
@@ -34,8 +34,8 @@ class JobDefinition:
     `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job finished (done,
     failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
     committed, instead of each chunk writing one shared entity.
-    `parse_params(params)` checks the job's params (BadInput when wrong) and returns them as the job keeps them; it
-    runs after every other check of the request, so it may create what the job needs once they are valid.
+    `parse_params(params)` checks the job's params (Unprocessable when wrong: a 422) and returns them as the job keeps
+    them; it runs after every other check of the request, so it may create what the job needs once they are valid.
     """
     name: str
     kind: str
@@ -59,7 +59,7 @@ JOBS = "mapper.jobs"  # the runtime's registry of this app's jobs by name
 
 def _no_params(params: dict[str, Any]) -> dict[str, Any]:
     if params:
-        raise BadInput("This job takes no params.", "bad_params")
+        raise Unprocessable("This job takes no params.", "bad_params")
     return {}
 
 
@@ -99,7 +99,7 @@ def registered() -> dict[str, JobDefinition]:
 def definition_of(name: object) -> JobDefinition:
     jobs = _jobs()
     if not isinstance(name, str) or name not in jobs:
-        raise BadInput(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
+        raise Unprocessable(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
     return jobs[name]
 
 

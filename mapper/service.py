@@ -8,7 +8,7 @@ from typing import Any
 from google.cloud import ndb
 
 from core import clock
-from core.errors import BadInput, Conflict, found
+from core.errors import BadInput, Conflict, Unprocessable, found
 from core.transactions import transact
 from core.validate import whole_number
 from mapper import completion, jobs, keyrange, tree
@@ -25,9 +25,9 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     definition = jobs.definition_of(name)
     params = {} if params is None else params
     if not isinstance(params, dict):
-        raise BadInput("params must be a JSON object.", "bad_params")
-    page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size)
-    fanout = whole_number(fanout, "fanout", 2, 16, default=definition.fanout)
+        raise Unprocessable("params must be a JSON object.", "bad_params")
+    page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size, from_json=True)
+    fanout = whole_number(fanout, "fanout", 2, 16, default=definition.fanout, from_json=True)
     params = definition.parse_params(params)  # last: a job's parse_params may write what it needs, once all is valid
 
     query = ndb.Query(kind=definition.kind)

@@ -6,7 +6,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity, runtime
+from core import identity, runtime, validate
 from core.errors import AppError, Conflict
 from core.web import form_refused, json_body
 from mapper import jobs as job_definitions
@@ -35,7 +35,8 @@ def start_form() -> ResponseReturnValue:
     identity.require_admin()
     name = request.form.get("name", "")
     definition = job_definitions.registered().get(name)
-    params = {field: request.form.get(field) for field, _, _ in (definition.fields if definition else ())}
+    params = {field: validate.form_number(request.form.get(field))
+              for field, _, _ in (definition.fields if definition else ())}
     try:
         job = service.start_job(name, params)
     except AppError as e:

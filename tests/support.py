@@ -150,7 +150,7 @@ class Auth:
 
 
 # What App Engine's settings need at the least (core/settings.py refuses to start without each): as on App Engine.
-ON_APP_ENGINE = {"GAE_ENV": "standard", "SECRET_KEY": "s", "TASKS_LOCATION": "us-central1",
+ON_APP_ENGINE = {"GAE_ENV": "standard", "SECRET_KEY": "s" * 32, "TASKS_LOCATION": "us-central1",
                  "GOOGLE_CLIENT_ID": "123456789-test.apps.googleusercontent.com"}
 
 

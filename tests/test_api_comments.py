@@ -99,7 +99,12 @@ def test_anonymous_comment_is_401_and_writes_nothing(client, entry):
 
 
 @pytest.mark.parametrize("body,status,code", [({"text": ""}, 422, "bad_text"), ({"text": "x" * 2001}, 422, "bad_text"),
-                                              ({"text": 7}, 422, "bad_text"), ({}, 422, "bad_text")])
+                                              ({"text": 7}, 422, "bad_text"), ({}, 422, "bad_text"),
+                                              # issue 57: a lone surrogate was a 500 at the write
+                                              ({"text": "hi \ud800 there"}, 422, "bad_text"),
+                                              ({"text": "hi \uffff there"}, 422, "bad_text"),
+                                              ({"text": "hi \x00 there"}, 422, "bad_text"),
+                                              ({"text": "ok", "extra": ["\udc00"]}, 422, "bad_extra")])
 def test_bad_comment_bodies_write_nothing(client, auth, entry, body, status, code):
     auth.sign_in("ann@example.com")
     r = client.post("/api/blogs/news/entries/0/comments", json=body)
@@ -151,6 +156,8 @@ def test_comment_form_error_keeps_the_text(client, auth, entry):
     r = client.post("/blog/news/0/comments", data={"csrf_token": token, "text": "y" * 2001})
     assert r.status_code == 422 and "y" * 2001 in r.get_data(as_text=True)
     assert _stored(Comment) == []
+    r = client.post("/blog/news/0/comments", data={"csrf_token": token, "text": "kept \ufdd0 text"})
+    assert r.status_code == 422 and "text holds U+FDD0" in r.get_data(as_text=True)
     r = client.post("/blog/news/0/comments", data={"text": "no token"})
     assert r.status_code == 400 and _stored(Comment) == []
 

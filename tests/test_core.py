@@ -62,10 +62,14 @@ def test_session_api(client):
 
 
 @pytest.mark.parametrize("body", [{"email": "not-an-email"}, {"email": ""}, {"email": "a@b.c" + "x" * 300},
-                                  {"email": "a@example.com", "admin": "yes"}, {"admin": True}, {"email": 5}])
-def test_bad_sign_in_is_400(client, body):
+                                  {"email": "a@example.com", "admin": "yes"}, {"admin": True}, {"email": 5},
+                                  {"email": "a\ud800@example.com"}, {"email": "a\uffff@example.com"}])
+def test_bad_sign_in_is_422(client, body):
+    """A lone surrogate (JSON's "\\ud800") was a 500: its user id is a hash of the email's UTF-8 (issue 57)."""
     r = client.post("/api/session", json=body)
-    assert r.status_code == 400 and r.get_json()["error"]["message"]
+    code = "bad_admin" if body.get("admin") == "yes" else "bad_email"
+    assert r.status_code == 422 and r.get_json()["error"]["code"] == code
+    assert r.get_json()["error"]["message"]
     assert client.get("/api/session").status_code == 401
 
 
@@ -95,7 +99,9 @@ def test_signin_page_and_form(client):
     assert client.post("/signout", data={"csrf_token": token}).status_code == 400
     token = csrf_token(client, "/signin")
     r = client.post("/signin", data={"csrf_token": token, "email": "nope"})
-    assert r.status_code == 400 and b"valid email" in r.data
+    assert r.status_code == 422 and b"valid email" in r.data
+    r = client.post("/signin", data={"csrf_token": csrf_token(client, "/signin"), "email": "a\x01\uffff@example.com"})
+    assert r.status_code == 422 and b"valid email" in r.data
     assert client.post("/signout", data={"csrf_token": token}).status_code == 302
     assert client.get("/api/session").status_code == 401
 
@@ -392,7 +398,7 @@ def test_the_google_sign_in_form_needs_its_csrf_token(gae_client, google_key):
 def test_a_dev_sign_ins_cookie_is_nobody_where_there_is_no_dev_sign_in(stack, gae_client):
     """The same SECRET_KEY on a local app and a deployment would make the local cookie valid there: it counts only
     where the dev sign-in exists."""
-    with running(app_on(stack, SECRET_KEY="s", DEV_SIGNIN="on")) as local:
+    with running(app_on(stack, SECRET_KEY=ON_APP_ENGINE["SECRET_KEY"], DEV_SIGNIN="on")) as local:
         client = local.test_client()
         assert client.post("/api/session", json={"email": "x@example.com", "admin": True}).status_code == 200
         cookie = client.get_cookie("session", domain="localhost")
@@ -432,13 +438,26 @@ def test_app_engine_needs_a_secret_key():
         Settings.from_env({"GAE_ENV": "standard"})
 
 
+@pytest.mark.parametrize("where", [ON_APP_ENGINE, {"K_SERVICE": "app"}, {}])
+def test_a_secret_key_set_directly_holds_at_least_32_bytes(where):
+    """Issue 57: a SECRET_KEY set directly had no minimum (Secret Manager's had one). Counted in bytes: "é" is two.
+    Local development (an emulator) takes any: its default key is public anyway."""
+    for short in ("s", "x" * 31, "é" * 15 + "x"):
+        with pytest.raises(RuntimeError, match=f"SECRET_KEY holds {len(short.encode())} bytes: a session key needs at "
+                                               "least 32"):
+            Settings.from_env({**where, "SECRET_KEY": short})
+    for enough in ("x" * 32, "é" * 16):
+        assert Settings.from_env({**where, "SECRET_KEY": enough}).secret_key == enough
+    assert Settings.from_env({"DATASTORE_EMULATOR_HOST": "127.0.0.1:8081", "SECRET_KEY": "s"}).secret_key == "s"
+
+
 def test_the_dev_sign_in_and_the_dev_secret_are_for_local_development_only():
     """Off App Engine standard is not local development: Cloud Run, flex or a VM need their own secret, and never get
     the dev sign-in (anyone in as an admin) even when asked; locally it is there only when asked for."""
     for elsewhere in ({}, {"GAE_ENV": "flex"}, {"K_SERVICE": "app"}):
         with pytest.raises(RuntimeError, match="outside local development"):
             Settings.from_env(elsewhere)
-        assert not Settings.from_env({**elsewhere, "SECRET_KEY": "s", "DEV_SIGNIN": "on"}).dev_signin
+        assert not Settings.from_env({**elsewhere, "SECRET_KEY": "s" * 32, "DEV_SIGNIN": "on"}).dev_signin
     local = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:8081"}
     assert not Settings.from_env(local).dev_signin  # not asked for
     assert Settings.from_env({**local, "DEV_SIGNIN": "on"}).dev_signin
@@ -485,7 +504,7 @@ def test_missing_sdk_is_one_clear_sentence(monkeypatch, tmp_path):
 
 def test_settings_parse_memcached_hosts_and_admins():
     s = Settings.from_env({"MEMCACHED_HOSTS": "10.0.0.1:11211, 10.0.0.2:11211", "ADMIN_EMAILS": "A@x.com, b@y.org",
-                           "SECRET_KEY": "s"})
+                           "SECRET_KEY": "s" * 32})
     assert s.memcached_hosts == ("10.0.0.1:11211", "10.0.0.2:11211")
     assert s.admin_emails == {"a@x.com", "b@y.org"}
 

@@ -109,7 +109,7 @@ def test_app_yaml_names_every_setting_app_engine_needs(deployed, tmp_path):
     assert parsed["inbound_services"] == ["warmup"] and parsed["max_concurrent_requests"] == 16
     filled, _ = deployfiles.parse(_deploy_folder(tmp_path))
     deployfiles.check_settings(filled)  # filled in as docs/deploy.md says: nothing refused
-    env = filled["env"] | {"GAE_ENV": "standard", "SECRET_KEY": "s"}
+    env = filled["env"] | {"GAE_ENV": "standard", "SECRET_KEY": "s" * 32}
     settings = Settings.from_env(env)
     assert settings.backend == "firestore" and settings.tasks_location == "us-central1"  # App Engine's us-central
     assert settings.tasks_emulator_host is None  # Cloud Tasks itself, whatever the environment says

@@ -32,7 +32,7 @@ def test_the_model_is_off_by_default_has_two_profiles_and_is_only_for_a_local_em
     with pytest.raises(RuntimeError, match="none, production, multi-region"):
         Settings.from_env({**LOCAL, "LATENCY": "fast"})
     with pytest.raises(RuntimeError, match="local emulator"):  # production waits by itself
-        Settings.from_env({"SECRET_KEY": "s", "LATENCY": "multi-region"})
+        Settings.from_env({"SECRET_KEY": "s" * 32, "LATENCY": "multi-region"})
     with pytest.raises(ValueError, match="LATENCY"):
         Model("regional")
 

@@ -85,7 +85,7 @@ def test_enqueue_refuses_unknown_handlers_and_bad_names(cloud_tasks, gae_app):
 
 def test_cloud_tasks_needs_a_location_and_off_app_engine_a_local_server():
     with pytest.raises(RuntimeError, match="TASKS_LOCATION"):
-        Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s"})
+        Settings.from_env({"GAE_ENV": "standard", "SECRET_KEY": "s" * 32})
     # App Engine's names for its two oldest regions (what `gcloud app describe` prints) are Cloud Tasks' us-central1
     # and europe-west1; anything else that is not a region's name stops the app at its start.
     deployed = {**ON_APP_ENGINE, "TASKS_LOCATION": ""}
@@ -93,9 +93,9 @@ def test_cloud_tasks_needs_a_location_and_off_app_engine_a_local_server():
     assert Settings.from_env(deployed | {"TASKS_LOCATION": "asia-northeast1"}).tasks_location == "asia-northeast1"
     with pytest.raises(RuntimeError, match="not a region's name"):
         Settings.from_env(deployed | {"TASKS_LOCATION": "Iowa"})
-    local = Settings.from_env({"CLOUD_TASKS_EMULATOR_HOST": "127.0.0.1:9", "SECRET_KEY": "s"})
+    local = Settings.from_env({"CLOUD_TASKS_EMULATOR_HOST": "127.0.0.1:9", "SECRET_KEY": "s" * 32})
     assert (local.tasks_emulator_host, local.tasks_location) == ("127.0.0.1:9", "local")
     assert isinstance(tasks.make_queue(local), tasks.CloudTasksQueue)
     # neither App Engine nor a local server: the app serves, and says what is missing when it tries to enqueue
     with pytest.raises(RuntimeError, match="CLOUD_TASKS_EMULATOR_HOST"):
-        tasks.make_queue(Settings.from_env({"SECRET_KEY": "s"})).enqueue("accounts.seed", {}, "t-1")
+        tasks.make_queue(Settings.from_env({"SECRET_KEY": "s" * 32})).enqueue("accounts.seed", {}, "t-1")
