@@ -58,6 +58,11 @@ class Settings:
     # LATENCY=production: every Datastore RPC and cache call waits a modelled production round trip first
     # (core/production_latency.py). Only against a local emulator: production waits by itself.
     latency: str = "none"
+    # The mapper's sweep (mapper/sweep.py): a running task's record is leased for `mapper_lease_seconds` from each of
+    # its chunks' commits; the sweep, every `mapper_sweep_seconds` (cron.yaml on App Engine, the local task server
+    # off it), queues again the tasks whose lease ran out and the on_done of finished jobs not yet run.
+    mapper_lease_seconds: int = 120
+    mapper_sweep_seconds: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -121,6 +126,8 @@ class Settings:
             appstats=env.get("APPSTATS", "on") != "off",
             hot_leases=env.get("HOT_LEASES", "on") != "off",
             latency=latency,
+            mapper_lease_seconds=seconds_setting(env, "MAPPER_LEASE_SECONDS", MAPPER_LEASE_SECONDS),
+            mapper_sweep_seconds=seconds_setting(env, "MAPPER_SWEEP_SECONDS", MAPPER_SWEEP_SECONDS),
             **hosts(env.get("TRUSTED_HOSTS", ""), gae, project),
         )
 
@@ -133,6 +140,19 @@ class Settings:
     def canonical_url_root(self) -> str:
         """The app's own URL root, whatever Host a request came with: https on App Engine (`secure: always`)."""
         return f"{'https' if self.on_app_engine else 'http'}://{self.canonical_host}"
+
+
+MAPPER_LEASE_SECONDS, MAPPER_SWEEP_SECONDS = Settings.mapper_lease_seconds, Settings.mapper_sweep_seconds
+
+
+def seconds_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of seconds from `name` (1 to a day), else `default`."""
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= 86400:
+        raise RuntimeError(f"{name} must be a whole number of seconds from 1 to 86400.")
+    return int(value)
 
 
 # App Engine calls two regions by older names than every other service, Cloud Tasks included: "europe-west and
