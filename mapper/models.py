@@ -147,8 +147,9 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
-    # While it runs: until when the delivery that last committed is trusted to be alive (each chunk's commit renews it,
-    # the page's last clears it). Indexed: the sweep (mapper/sweep.py) queries for leases run out.
+    # While it runs: until when the delivery that last committed is trusted to be alive (each chunk's commit renews
+    # it); once ended, set only until the sweep has seen a record of each child (renew). Indexed: the sweep
+    # (mapper/sweep.py) queries for leases run out.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     revived_by = ndb.TextProperty()  # which sweep call did last: its own retry after an UNKNOWN commit finds it
@@ -186,8 +187,11 @@ class TaskRecord(ndb.Model):
             self.state, self.returned = "done", self.kept_credit
 
     def renew(self, seconds: int) -> None:
-        """The lease after a commit: `seconds` from now while running, none once the record has ended."""
-        self.lease = clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" else None
+        """The lease after a commit: `seconds` from now while running; once ended, the same if it has children (the
+        sweep then checks once that each has a record: a child whose every delivery died before its first commit has
+        none, and nothing else would ever run it), else none."""
+        self.lease = (clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" or self.children
+                      else None)
 
 
 class TaskListing(ndb.Model):

@@ -7,12 +7,12 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, validate
+from core import clock, runtime, validate
 from core.errors import BadInput, Conflict, found
 from core.transactions import transact
 from core.validate import whole_number
 from mapper import completion, jobs, keyrange, tree
-from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload
+from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload, TaskRecord
 
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
@@ -49,9 +49,13 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
     job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
                     fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
+    root = None
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
-    inserted = _insert(job)
+    else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
+        root = TaskRecord.new(ndb.Key(TaskRecord, _root(job).name), _root(job))
+        root.renew(runtime.current().settings.mapper_lease_seconds)
+    inserted = _insert(job, root)
     if inserted is not job:  # the same key's other request, at the same moment, got there first
         return _resent(inserted, definition.name)
     if job.finished:
@@ -62,15 +66,15 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     return job
 
 
-def _insert(job: MapperJob) -> MapperJob:
-    """Put `job` unless its id is taken: `job`, or the job found under its id."""
+def _insert(job: MapperJob, root: TaskRecord | None) -> MapperJob:
+    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id."""
     def txn() -> MapperJob:
         found = job.key.get(retries=0)
         # Another request's job; or this call's own, put by an attempt whose commit answered UNKNOWN: that put set
         # `job.created` (auto_now_add), which an unput job has not.
         if found is not None and found.created != job.created:
             return found
-        job.put()
+        ndb.put_multi([job, root] if root else [job])
         return job
     return transact(txn, hot_key=job.key)
 
@@ -85,8 +89,12 @@ def _resent(first: MapperJob, name: str) -> MapperJob:
     return first
 
 
+def _root(job: MapperJob) -> TaskPayload:
+    return TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode(), TOTAL_CREDIT)
+
+
 def _enqueue_root(job: MapperJob) -> None:
-    tree.enqueue(TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode(), TOTAL_CREDIT))
+    tree.enqueue(_root(job))
 
 
 def job_dict(job: MapperJob) -> dict[str, Any]:
@@ -95,7 +103,7 @@ def job_dict(job: MapperJob) -> dict[str, Any]:
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
             "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
             "page_size": job.page_size, "created": clock.iso(job.created), "tally": s.tally,
-            "estimated": s.estimated, "elapsed": round((end - job.created).total_seconds(), 1)}
+            "estimated": s.estimated, "revived": s.revived, "elapsed": round((end - job.created).total_seconds(), 1)}
 
 
 def get_job(job_id: object) -> MapperJob:

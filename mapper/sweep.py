@@ -27,7 +27,7 @@ from google.cloud import ndb
 from core import clock, runtime
 from core.transactions import transact
 from mapper import completion, tree
-from mapper.models import MapperJob, TaskRecord
+from mapper.models import MapperJob, TaskPayload, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ def sweep() -> dict[str, Any]:
 
 
 def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
-    """Queue the task of `key` again if its lease ran out and its job still runs: "revived", "failed" (taken up
-    MAX_REVIVALS times already), or None (nothing to do: it moved on, or its job has ended)."""
+    """The record of `key`, whose lease ran out: "revived" (its task queued again: it was running), "failed" (taken
+    up MAX_REVIVALS times already), "children" (it had ended: its children without a record were queued again), or
+    None (nothing to do: it moved on, or its job has ended)."""
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
     ended = job is None or job.finished is not None
     lease = runtime.current().settings.mapper_lease_seconds
@@ -68,22 +69,26 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
 
     def txn() -> TaskRecord | None:
         record = key.get(retries=0)
-        if record is None or record.state != "running":
+        if record is None:
             return None
         if record.revived_by == call:  # this call's own commit, which answered UNKNOWN
             return record
         if record.lease is None or record.lease > now:  # renewed since the query: its delivery is alive
             return None
-        if ended:  # nothing will run it again: off the sweep's list
+        if ended or record.state != "running":  # off the sweep's list (an ended one once its children are checked)
+            if not ended and record.children:
+                return record  # its children first, below; it stays on the list until they all have records
             record.lease = None
         else:
             record.revived, record.revived_by = record.revived + 1, call
             record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
         record.put()
-        return None if ended else record
+        return None if ended or record.lease is None else record
     record = transact(txn)
     if record is None or job is None:
         return None
+    if record.state != "running":
+        return _children_recorded(job, record)
     payload = dataclasses.replace(tree.payload_of(job, record), revived=record.revived)
     if record.revived > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.revived)
@@ -93,6 +98,39 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     tree.enqueue(payload)
     completion.hint_revived(job.id)
     return "revived"
+
+
+def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
+    """An ended record's children: each one without a record (every delivery of it died before its first commit, or
+    was never made) gets one, running with a lease of its own, revived once, and its task queued again; from then on
+    it is a running record like any other. Then the parent's lease is cleared: it is off the sweep's list."""
+    lease = runtime.current().settings.mapper_lease_seconds
+    payloads = [TaskPayload.from_json(child) for child in parent.children]
+    missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
+                                      strict=True) if record is None]
+    for listed in missing:
+        payload = dataclasses.replace(tree.payload_of(job, TaskRecord(key=ndb.Key(TaskRecord, listed.name))),
+                                      revived=1)
+
+        def create(payload: TaskPayload = payload) -> bool:
+            if ndb.Key(TaskRecord, payload.name).get(retries=0) is not None:  # its delivery got there meanwhile
+                return False
+            record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
+            record.revived = 1
+            record.renew(lease)
+            record.put()
+            return True
+        if transact(create):
+            tree.enqueue(payload)
+            completion.hint_revived(job.id)
+
+    def clear() -> None:
+        record = parent.key.get(retries=0)
+        if record is not None and record.state != "running":
+            record.lease = None
+            record.put()
+    transact(clear)
+    return "revived" if missing else None
 
 
 def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:

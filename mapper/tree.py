@@ -247,7 +247,7 @@ def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
             return record, 0
         record.state, record.error = state, error
         record.returned = record.kept_credit
-        record.renew(0)  # ended: no lease
+        record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
         record.put()
         return record, record.returned
     record, returned = transact(txn)

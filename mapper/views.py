@@ -53,9 +53,10 @@ def job(job_id: str) -> ResponseReturnValue:
 def timeline(job_id: str) -> ResponseReturnValue:
     """A job's tasks drawn as a timeline: when each ran, its depth in the tree, the critical path marked."""
     found = service.job_timeline(job_id)
-    rows = [{"label": task["task"], "start": task["start_s"], "end": task["end_s"],
-             "kind": "task", "critical": task["critical"],
-             "detail": f"depth {task['depth']}, {task['processed']} processed, {task['state']}"}
+    rows = [{"label": task["task"] + (" (swept)" if task["revived"] else ""), "start": task["start_s"],
+             "end": task["end_s"], "kind": "task", "critical": task["critical"],
+             "detail": f"depth {task['depth']}, {task['processed']} processed, {task['state']}"
+                       + (f", taken up again by the sweep {task['revived']}x" if task["revived"] else "")}
             for task in found["tasks"]]
     return render_template("mapper/timeline.html", job=found["job"], rows=rows, cut=found["cut"],
                            most_tasks=found["most_tasks"], total=max([row["end"] for row in rows], default=0))
