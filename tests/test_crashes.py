@@ -6,6 +6,7 @@ invariant from the stored data, not from the answers alone, and is bounded in ti
 import concurrent.futures
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -25,7 +26,7 @@ from devstack.services import REPO
 from devstack.serving import queued, signed_in, wait_until
 from mapper import completion
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
-from tests.support import make_app, running
+from tests.support import at_once, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "crashes-test-secret"
@@ -146,11 +147,15 @@ def _run_job(fleet, name, amount, killing=None, **extra):
     job_id = r.json()["id"]
     if killing:
         killing(job_id)
+    _wait_finished(fleet, job_id)
+    # A fresh session: the first one's kept-alive connection may be to a worker killed meanwhile (a reset).
+    return fleet.admin().get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
+
+
+def _wait_finished(fleet, job_id):
     wait_until(lambda: fleet.read(lambda: MapperJob.get_by_id(job_id, use_cache=False,
                                                                 use_global_cache=False).finished),
                f"job {job_id} to finish", timeout=180, interval=0.5)
-    # A fresh session: the first one's kept-alive connection may be to a worker killed meanwhile (a reset).
-    return fleet.admin().get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
 
 
 def _records(fleet, job_id):
@@ -362,3 +367,33 @@ def test_a_process_killed_between_a_jobs_end_and_its_on_done_leaves_it_to_the_sw
     assert job.follow_up_sent >= 1  # sent by the sweep: the finisher died before sending it
     time.sleep(LEASE + 2 * SWEEP)
     assert _follow_ups(fleet, final["id"]) == 1  # ran exactly once
+
+
+# --- a job start sent twice ------------------------------------------------------------------------------------------
+
+def test_a_job_start_sent_again_at_once_to_other_processes_starts_one_job(last_delivery):
+    """The same start sent four times at once, each on a connection of its own (gunicorn's two workers share them),
+    by the API with one Idempotency-Key and by the credit form with one token: one job each, every account credited
+    once by each."""
+    fleet = last_delivery
+    before = _balances(fleet)
+    key = f"start-{uuid.uuid4().hex}"
+    sessions = [fleet.admin() for _ in range(4)]
+    answers = [r for r, _ in at_once(4, lambda i: sessions[i].post(
+        f"{fleet.url}/api/jobs", json={"name": "test_slow_credit", "params": {"amount": 2}, "page_size": 50},
+        headers={"Idempotency-Key": key}, timeout=60))]
+    assert [r.status_code for r in answers] == [202] * 4, [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    html = sessions[0].get(f"{fleet.url}/accounts", timeout=30).text
+    form = re.search(r'action="/accounts/credit".*?name="csrf_token" value="([^"]+)".*?'
+                     r'name="start_token" value="([^"]+)"', html, re.S)
+    data = {"amount": "5", "csrf_token": form.group(1), "start_token": form.group(2)}
+    copies = [requests.Session() for _ in range(4)]
+    for copy in copies:
+        copy.cookies.update(sessions[0].cookies)
+    sent = [r for r, _ in at_once(4, lambda i: copies[i].post(f"{fleet.url}/accounts/credit", data=data,
+                                                               allow_redirects=False, timeout=60))]
+    assert [r.status_code for r in sent] == [302] * 4 and len({r.headers["Location"] for r in sent}) == 1
+    for job_id in (answers[0].json()["id"], sent[0].headers["Location"].rsplit("/", 1)[1]):
+        _wait_finished(fleet, job_id)
+    _credited_once(before, _balances(fleet), 2 + 5)
