@@ -17,7 +17,7 @@ from devstack import serving, taskqueue
 from devstack.apps import app_on
 from devstack.services import REPO
 from mapper.models import MapperJob
-from tests.support import TEST_ENV, billed, csrf_token
+from tests.support import TEST_ENV, billed, commit_answers_unknown, csrf_token
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -179,6 +179,19 @@ def test_seed_accounts_in_the_background_exactly(client, auth, task_queue):
     task_queue.drain(workers=2)
     assert task_queue.deliver(first)  # delivered again (a queue may): no account twice
     assert client.get("/api/accounts/summary").get_json() == {"count": 1234, "total_balance": 0}
+
+
+def test_a_seed_chunk_whose_commit_answered_unknown_reports_what_it_created(client, auth, task_queue, monkeypatch):
+    """A seed chunk's commit answers UNKNOWN though it applied: its retry finds the accounts it created itself and
+    counts them in the task's report (it reported fewer), and the kept count stays exact."""
+    auth.admin()
+    assert client.post("/api/accounts/seed", json={"count": 50}).status_code == 202
+    answered = commit_answers_unknown(monkeypatch, "_create_missing")
+    task_queue.drain()
+    monkeypatch.undo()
+    reports = [body for task, status, body in task_queue.responses if task.handler == "accounts.seed"]
+    assert answered and reports == [{"created": 50}]
+    assert client.get("/api/accounts/summary").get_json()["count"] == 50
 
 
 @pytest.mark.parametrize("body", [{"count": 0}, {"count": 100001}, {"count": "x"}, {"count": None}, {}, {"count": -1}])
