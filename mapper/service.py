@@ -54,6 +54,7 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
     else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
         root = TaskRecord.new(ndb.Key(TaskRecord, _root(job).name), _root(job))
+        root.started = None  # its first delivery's begin, set by that delivery (tree.py)
         root.renew(runtime.current().settings.mapper_lease_seconds)
     inserted = _insert(job, root)
     if inserted is not job:  # the same key's other request, at the same moment, got there first

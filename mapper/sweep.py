@@ -116,7 +116,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
             if ndb.Key(TaskRecord, payload.name).get(retries=0) is not None:  # its delivery got there meanwhile
                 return False
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-            record.revived = 1
+            record.revived, record.started = 1, None  # started: by its first delivery (tree.py)
             record.renew(lease)
             record.put()
             return True

@@ -10,7 +10,9 @@ N entities that way reads O(N^2) (bench/mapper.py measures it).
 Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
 that dies half way is retried from where its record says, and a second delivery of the same task finds the record
 moved on and steps back. The record keeps the children it split into from its first chunk on; a retry enqueues those
-same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice. Each chunk's commit
+also renews the record's lease: a task whose last allowed delivery died is queued again by the sweep (sweep.py) as
+one more redelivery (`TaskPayload.revived`), which goes on from the record the same way.
 
 No hot entity: a chunk's transaction writes its entities and its own task's record, nothing another task writes, so
 concurrent tasks never collide with each other. What a job adds up over its entities (its tally: a credit job's total
@@ -24,7 +26,7 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import runtime, tasks
+from core import clock, runtime, tasks
 from core.errors import Conflict
 from core.transactions import transact
 from mapper import completion, jobs, keyrange
@@ -94,6 +96,7 @@ def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.
     # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
     # reads the record first). One lookup fewer per task. The sweep's deliveries are redeliveries: they read it.
     record = (record_key.get() if attempt or payload.revived else None) or TaskRecord.new(record_key, payload)
+    record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
         _enqueue_children(record)  # the delivery that finished it may have died before enqueueing them
         return record, 0  # only the delivery that finished the record returned its credit
@@ -172,6 +175,8 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
             current.started = record.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != expected_last_key:
             raise Superseded()
+        if current.started is None:  # written before any delivery (the root's with its job, the sweep's): begun now
+            current.started = record.started
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
         writes = definition.apply(entities, job.params, prepared) if entities else []
         tally = definition.tally(entities, job.params) if definition.tally and entities else None
