@@ -9,6 +9,9 @@ class Account(ndb.Model):
     _use_cache = False
     _use_global_cache = False
     balance = ndb.IntegerProperty(default=0)  # indexed: what a SUM aggregation query reads (the aggregation lesson)
+    # Which seed transaction created it: that transaction's own retry, after a commit that answered UNKNOWN but
+    # applied, counts it as created by itself (accounts.service._create_missing).
+    created_by = ndb.TextProperty()
 
 
 class AccountsAudit(ndb.Model):

@@ -17,13 +17,14 @@ import hashlib
 import math
 import secrets
 import time
+import uuid
 from typing import Any
 
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from accounts.models import Account, AccountsAudit
-from core import clock, runtime
+from core import clock, runtime, validate
 from core.errors import Unprocessable
 from core.transactions import transact
 from core.validate import text, whole_number
@@ -62,11 +63,17 @@ def keep_figures() -> None:
         COUNTERS.configure(short, KEPT_SHARDS)
 
 
-def seed(count: object) -> dict[str, Any]:
-    """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH); the seed's id."""
+def seed(count: object, idempotency_key: str | None = None, user: str = "") -> dict[str, Any]:
+    """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH); the seed's id.
+
+    With an idempotency key the seed's id is derived from `user` and the key: a resend enqueues tasks of the same
+    names, which the queue drops (core/tasks.py), and whose accounts' keys are the same (`account_key`), so it
+    creates no account twice, even once the queue has forgotten the names."""
     how_many = whole_number(count, "count", 1, MAX_SEED, from_json=True)
+    validate.idempotency_key(idempotency_key)
     keep_figures()
-    seed_id = secrets.token_hex(6)
+    seed_id = (validate.id_for_key(user, idempotency_key, 12) if idempotency_key
+               else secrets.token_hex(6))
     for start in range(0, how_many, SEED_BATCH):
         runtime.tasks().enqueue(SEED_HANDLER, {"seed": seed_id, "start": start,
                                                "stop": min(start + SEED_BATCH, how_many)}, f"seed-{seed_id}-{start}")
@@ -82,18 +89,24 @@ def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
     start = whole_number(payload.get("start"), "start", 0, MAX_SEED - 1, from_json=True)
     stop = whole_number(payload.get("stop"), "stop", start + 1, min(start + SEED_BATCH, MAX_SEED), from_json=True)
     keys = [account_key(seed_id, n) for n in range(start, stop)]
-    created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK]))
+    created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK], uuid.uuid4().hex))
                   for i in range(0, len(keys), SEED_CHUNK))
     return {"created": created}
 
 
-def _create_missing(keys: list[ndb.Key]) -> int:
-    """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count. A retried
-    task finds the accounts its earlier delivery created, and neither zeroes them (they may be credited since) nor
-    counts them again."""
-    missing = [k for k, a in zip(keys, ndb.get_multi(keys, retries=0), strict=True) if a is None]
+def _create_missing(keys: list[ndb.Key], call: str) -> int:
+    """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count; how many
+    this call created. A retried task finds the accounts its earlier delivery created, and neither zeroes them (they
+    may be credited since) nor counts them again. This call's own retry, after its commit answered UNKNOWN and yet
+    applied, finds the accounts it created marked with `call`: it writes nothing and reports them as its own."""
+    found = ndb.get_multi(keys, retries=0)
+    mine = sum(1 for a in found if a is not None and a.created_by == call)
+    if mine:
+        return mine
+    missing = [k for k, a in zip(keys, found, strict=True) if a is None]
     if missing:
-        ndb.put_multi([Account(key=k, balance=0) for k in missing] + COUNTERS.add_in_transaction(COUNT, len(missing)))
+        ndb.put_multi([Account(key=k, balance=0, created_by=call) for k in missing]
+                      + COUNTERS.add_in_transaction(COUNT, len(missing)))
     return len(missing)
 
 
@@ -145,14 +158,15 @@ def _audit_tally(accounts: list[Account], params: dict[str, Any]) -> dict[str, i
     return {COUNT: len(accounts), BALANCE: sum(a.balance for a in accounts)}
 
 
-def _record_audit(job: MapperJob) -> None:
-    """When the audit has finished: its tally (every account read once, by the mapper) beside the kept figures."""
+def _record_audit(job: MapperJob) -> list[AccountsAudit]:
+    """When the audit has finished: its tally (every account read once, by the mapper) beside the kept figures, to be
+    written by the mapper with the mark that the job's follow-up ran."""
     if job.outcome != "done":
-        return  # cancelled or failed: it did not read every account
+        return []  # cancelled or failed: it did not read every account
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     tally = (job.summary or {}).get("tally", {})
-    AccountsAudit(id=AccountsAudit.LATEST, job=job.id, found_count=tally.get(COUNT, 0),
-                  found_balance=tally.get(BALANCE, 0), kept_count=kept[COUNT], kept_balance=kept[BALANCE]).put()
+    return [AccountsAudit(id=AccountsAudit.LATEST, job=job.id, found_count=tally.get(COUNT, 0),
+                          found_balance=tally.get(BALANCE, 0), kept_count=kept[COUNT], kept_balance=kept[BALANCE])]
 
 
 AUDIT = mapper_jobs.JobDefinition(

@@ -29,10 +29,11 @@ def _page(status: int = 200, comparison: dict[str, Any] | None = None) -> tuple[
 
 @bp.post("/accounts/seed")
 def seed_form() -> ResponseReturnValue:
-    """Seed accounts in the background."""
-    identity.require_admin()
+    """Seed accounts in the background; the form's token makes a resend of it seed nothing more."""
+    user = identity.require_admin()
     try:
-        seeded = service.seed(validate.form_number(request.form.get("count")))
+        seeded = service.seed(validate.form_number(request.form.get("count")), request.form.get("start_token") or None,
+                              user["email"])
     except AppError as e:
         return form_refused(e, _page)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
@@ -43,10 +44,11 @@ def seed_form() -> ResponseReturnValue:
 
 @bp.post("/accounts/credit")
 def credit_form() -> ResponseReturnValue:
-    """Start the add_credit job over every account."""
-    identity.require_admin()
+    """Start the add_credit job over every account; the form's token makes a resend of it answer the first job."""
+    user = identity.require_admin()
     try:
-        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))})
+        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))},
+                               idempotency_key=request.form.get("start_token") or None, user=user["email"])
     except AppError as e:
         return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))
@@ -54,9 +56,13 @@ def credit_form() -> ResponseReturnValue:
 
 @bp.post("/accounts/audit")
 def audit_form() -> ResponseReturnValue:
-    """Start the audit_accounts job."""
-    identity.require_admin()
-    job = mapper.start_job(service.AUDIT.name, {})
+    """Start the audit_accounts job; the form's token makes a resend of it answer the first job."""
+    user = identity.require_admin()
+    try:
+        job = mapper.start_job(service.AUDIT.name, {}, idempotency_key=request.form.get("start_token") or None,
+                               user=user["email"])
+    except AppError as e:
+        return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))
 
 
@@ -82,9 +88,10 @@ def api_audit() -> ResponseReturnValue:
 
 @bp.post("/api/accounts/seed")
 def api_seed() -> ResponseReturnValue:
-    """Seed {"count": 1..100000} accounts in the background -> 202."""
-    identity.require_admin()
-    return jsonify(service.seed(json_body().get("count"))), 202
+    """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
+    the same accounts (none twice) and answers the same seed."""
+    user = identity.require_admin()
+    return jsonify(service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["email"])), 202
 
 
 @bp.get("/api/accounts/summary")

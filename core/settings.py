@@ -96,6 +96,11 @@ class Settings:
     # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
     # it with WRITE_BUDGET where they build their app.
     write_budget: WriteBudget = field(default_factory=WriteBudget)
+    # The mapper's sweep (mapper/sweep.py): a running task's record is leased for `mapper_lease_seconds` from each of
+    # its chunks' commits; the sweep, every `mapper_sweep_seconds` (cron.yaml on App Engine, the local task server
+    # off it), queues again the tasks whose lease ran out and the on_done of finished jobs not yet run.
+    mapper_lease_seconds: int = 120
+    mapper_sweep_seconds: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -167,6 +172,8 @@ class Settings:
             hot_leases=env.get("HOT_LEASES", "on") != "off",
             latency=latency,
             write_budget=WriteBudget.parse(env.get("WRITE_BUDGET", "")),
+            mapper_lease_seconds=seconds_setting(env, "MAPPER_LEASE_SECONDS", MAPPER_LEASE_SECONDS),
+            mapper_sweep_seconds=seconds_setting(env, "MAPPER_SWEEP_SECONDS", MAPPER_SWEEP_SECONDS),
             **hosts(env.get("TRUSTED_HOSTS", ""), gae, project),
         )
 
@@ -179,6 +186,19 @@ class Settings:
     def canonical_url_root(self) -> str:
         """The app's own URL root, whatever Host a request came with: https on App Engine (`secure: always`)."""
         return f"{'https' if self.on_app_engine else 'http'}://{self.canonical_host}"
+
+
+MAPPER_LEASE_SECONDS, MAPPER_SWEEP_SECONDS = Settings.mapper_lease_seconds, Settings.mapper_sweep_seconds
+
+
+def seconds_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of seconds from `name` (1 to a day), else `default`."""
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= 86400:
+        raise RuntimeError(f"{name} must be a whole number of seconds from 1 to 86400.")
+    return int(value)
 
 
 # App Engine calls two regions by older names than every other service, Cloud Tasks included: "europe-west and

@@ -1,5 +1,6 @@
 """Checks shared by every feature's input: bounded text, characters text may hold, whole numbers from URLs or JSON,
 idempotency keys."""
+import hashlib
 import re
 
 from core.errors import BadInput, Unprocessable
@@ -114,3 +115,10 @@ def idempotency_key(value: str | None) -> str | None:
         raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
                        "bad_idempotency_key")
     return value
+
+
+def id_for_key(user: str, idempotency_key: str, digits: int) -> str:
+    """An id of `digits` hex digits that a user's idempotency key names: what the key starts (a job, a seed) is stored
+    or enqueued under it, so a resend of the request finds it or is dropped by name instead of starting it again. The
+    key is the user's own: another user's same key names another id."""
+    return hashlib.sha256(f"{user}\n{idempotency_key}".encode()).hexdigest()[:digits]

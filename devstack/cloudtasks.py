@@ -14,6 +14,9 @@ What it does as Cloud Tasks does (sources beside each rule):
 - queue.yaml's `rate` and `bucket_size` (a token bucket), `max_concurrent_requests`, and `retry_parameters`
   (`task_retry_limit`, `min_backoff_seconds`, `max_backoff_seconds`, `max_doublings`) are applied per queue.
 - A task's schedule_time is honoured.
+- cron.yaml's jobs are sent as App Engine's cron sends them: a GET of the job's url with X-Appengine-Cron: true, on
+  its schedule (`every N minutes`; seconds too, locally); the mapper's sweep on MAPPER_SWEEP_SECONDS when set, the
+  setting its schedule stands for (core/settings.py), so that a test sweeps every second.
 
 What differs: Cloud Tasks trusts a delivery by App Engine's X-AppEngine-* headers, which App Engine strips from outside
 requests; nothing strips them locally, so this server also sends the app's secret token (X-Tasks-Token), which the
@@ -21,7 +24,8 @@ task route checks off App Engine (core/tasks.py). So its API is not open to ever
 must carry that token (gRPC metadata x-tasks-token, core.tasks.local_channel), else UNAUTHENTICATED; Cloud Tasks
 itself takes Google credentials. Only App Engine targets; no OIDC; one delivery at a time per task.
 
-Run: `python -m devstack.cloudtasks --port P --target http://127.0.0.1:8080 [--store FILE]`, the token in TASKS_TOKEN.
+Run: `python -m devstack.cloudtasks --port P --target http://127.0.0.1:8080 [--store FILE] [--cron cron.yaml]`, the
+token in TASKS_TOKEN.
 """
 import argparse
 import concurrent.futures
@@ -45,6 +49,7 @@ import yaml
 from google.cloud import tasks_v2
 from google.protobuf import timestamp_pb2
 
+from core.settings import MAPPER_SWEEP_SECONDS, seconds_setting
 from core.tasks import API_TOKEN_METADATA, NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
@@ -290,6 +295,59 @@ class Dispatcher:
         return True, 200 <= response.status_code < 300
 
 
+# --- cron.yaml: App Engine's cron, locally ---------------------------------------------------------------------------
+
+CRON_HEADER = "X-Appengine-Cron"
+SCHEDULE = re.compile(r"every (\d+) (seconds|minutes|mins|hours)")
+# A cron job whose schedule is a setting of the app: the setting, when set, is its interval here.
+SCHEDULE_SETTINGS = {"/api/jobs/sweep": ("MAPPER_SWEEP_SECONDS", MAPPER_SWEEP_SECONDS)}
+
+
+def load_cron(path, env=os.environ):
+    """[(url, seconds)] from a cron.yaml (only `every N minutes|hours` schedules, and seconds, which App Engine
+    refuses: its finest is a minute, https://cloud.google.com/appengine/docs/standard/reference/cron-yaml)."""
+    jobs = []
+    for entry in (yaml.safe_load(path.read_text()) or {}).get("cron", []):
+        match = SCHEDULE.fullmatch(entry["schedule"].strip())
+        if not match:
+            raise ValueError(f"cron.yaml: only 'every N minutes' schedules are run locally, not {entry['schedule']!r}")
+        seconds = int(match.group(1)) * {"seconds": 1, "minutes": 60, "mins": 60, "hours": 3600}[match.group(2)]
+        if entry["url"] in SCHEDULE_SETTINGS:
+            seconds = seconds_setting(env, *SCHEDULE_SETTINGS[entry["url"]])
+        jobs.append((entry["url"], seconds))
+    return jobs
+
+
+class Cron:
+    """Sends each cron job's GET on its schedule, the first one interval after the start, as App Engine does: one at
+    a time per job, an answer waited for up to the task deadline; a failed one is not retried (the next is due)."""
+
+    def __init__(self, jobs, target, token):
+        self.jobs, self.target, self.token = jobs, target.rstrip("/"), token
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._every, args=job, name=f"cron-{job[0]}", daemon=True)
+                        for job in jobs]
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self):
+        self.stopped.set()
+
+    def _every(self, url, seconds):
+        session = requests.Session()
+        while not self.stopped.wait(seconds):
+            try:
+                response = session.get(self.target + url, headers={CRON_HEADER: "true", TOKEN_HEADER: self.token,
+                                                                   "User-Agent": "AppEngine-Google; cron"},
+                                       timeout=(5, DEADLINE))
+                if response.status_code != 200:
+                    log.warning("cron %s answered %s", url, response.status_code)
+            except requests.RequestException as e:
+                log.warning("cron %s not sent: %s", url, e)
+
+
 def _timestamp(seconds):
     ts = timestamp_pb2.Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
@@ -299,8 +357,9 @@ def _timestamp(seconds):
 class Server:
     """The API (gRPC, google.cloud.tasks.v2.CloudTasks: CreateTask, GetTask, DeleteTask) and a dispatcher per queue."""
 
-    def __init__(self, port, target, token, queues, store_path=":memory:"):
+    def __init__(self, port, target, token, queues, store_path=":memory:", cron=()):
         self.token = token
+        self.cron = Cron(cron, target, token)
         self.store = Store(store_path)
         self.queues = queues
         self.dispatchers = {name: Dispatcher(config, self.store, target, token) for name, config in queues.items()}
@@ -319,9 +378,11 @@ class Server:
         for dispatcher in self.dispatchers.values():
             dispatcher.start()
         self.grpc.start()
+        self.cron.start()
         return self
 
     def stop(self):
+        self.cron.stop()
         self.grpc.stop(1)
         for dispatcher in self.dispatchers.values():
             dispatcher.stop()
@@ -389,12 +450,15 @@ class Server:
 
 class LocalTasks:
     """This server as a process of its own on a loopback port, delivering to `target` with `token`; `store` a file
-    that keeps the tasks across restarts (None: in memory, gone when it stops)."""
+    that keeps the tasks across restarts (None: in memory, gone when it stops); `cron_yaml` its cron jobs (None:
+    none); `env` added to its environment (the app's settings that a cron schedule stands for)."""
 
     name = "local Cloud Tasks"
 
-    def __init__(self, target, token, store=None, port=None, queue_yaml=REPO / "queue.yaml", location="local"):
+    def __init__(self, target, token, store=None, port=None, queue_yaml=REPO / "queue.yaml", location="local",
+                 cron_yaml=REPO / "cron.yaml", env=None):
         self.target, self.token, self.store, self.queue_yaml = target, token, store, queue_yaml
+        self.cron_yaml, self.extra_env = cron_yaml, env or {}
         self.port = port or free_port()
         self.location = location
         self.proc = None
@@ -417,7 +481,9 @@ class LocalTasks:
                    "--queues", str(self.queue_yaml)]
         if self.store:
             command += ["--store", str(self.store)]
-        self.proc = subprocess.Popen(command, env=dict(os.environ, TASKS_TOKEN=self.token), cwd=REPO,
+        if self.cron_yaml:
+            command += ["--cron", str(self.cron_yaml)]
+        self.proc = subprocess.Popen(command, env=dict(os.environ, **self.extra_env, TASKS_TOKEN=self.token), cwd=REPO,
                                      preexec_fn=_die_with_parent)
         try:
             _wait_listening(self.proc, self.port, timeout, f"the {self.name}")
@@ -443,11 +509,12 @@ def main(argv=None):
     parser.add_argument("--target", required=True, help="the app's base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--queues", default=str(REPO / "queue.yaml"))
     parser.add_argument("--store", default=":memory:", help="a SQLite file that keeps the tasks across restarts")
+    parser.add_argument("--cron", help="a cron.yaml whose jobs to send on their schedules")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="cloudtasks: %(message)s")
     from pathlib import Path
     server = Server(args.port, args.target, os.environ.get("TASKS_TOKEN", ""), load_queues(Path(args.queues)),
-                    args.store).start()
+                    args.store, load_cron(Path(args.cron)) if args.cron else ()).start()
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     signal.signal(signal.SIGINT, lambda *_: stopped.set())

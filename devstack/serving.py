@@ -130,14 +130,16 @@ def instances(env, count, workers=1, threads=8):
 
 
 @contextmanager
-def queued(stack, secret, admins="", workers=2, threads=8, app="main:app", **env):
+def queued(stack, secret, admins="", workers=2, threads=8, app="main:app", queue_yaml=None, **env):
     """The deployed shape on loopback: gunicorn (`workers` processes of `threads` threads) serving `app` on `stack`,
     its tasks in devstack's local Cloud Tasks (queue.yaml's rate, concurrency and retries), outside its processes.
-    `env` adds to the app's environment. Yields the Gunicorn, warmed up; the tasks stop before it, so that nothing is
-    delivered to a server that is going away."""
+    `env` adds to the app's environment (and the task server's: a setting may be a cron job's schedule);
+    `queue_yaml` another queue.yaml than the app's. Yields the Gunicorn, warmed up; the tasks stop before it, so that
+    nothing is delivered to a server that is going away."""
     port = free_port()
     with ExitStack() as stop:
-        tasks = LocalTasks(f"http://{LOOPBACK}:{port}", local_token(secret))
+        tasks = LocalTasks(f"http://{LOOPBACK}:{port}", local_token(secret), env=env,
+                           **({"queue_yaml": queue_yaml} if queue_yaml else {}))
         server = Gunicorn(dict(app_env(stack, secret, admins=admins, tasks=tasks), **env), port, app=app,
                           workers=workers, threads=threads, output=subprocess.DEVNULL)
         stop.callback(server.stop)

@@ -3,6 +3,7 @@ the cache, and the job finished, exactly once, when every task has handed its cr
 the cache's running sum a hint: a check task sums the records when the cache lost some).
 """
 import dataclasses
+import datetime
 import uuid
 from typing import Any
 
@@ -26,7 +27,7 @@ MAX_CHECKS = 120
 # finishing a job). Each delivery adds what it did after committing it: a hint may fall short (a delivery that died
 # before adding, a cache restart), never run ahead. Depth: one key per level reached (max over adds, no read).
 HINT_LIFETIME = 7 * 86400
-HINTS = ("returned", "processed", "tasks")
+HINTS = ("returned", "processed", "tasks", "revived")
 MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits of 100-entity pages reaches 12 by 10**9
 
 
@@ -51,6 +52,11 @@ def hint(job: MapperJob, record: TaskRecord, processed_here: int, finished_here:
             cache.add(_depth_key(job.id, record.depth + 1), 1, expire=HINT_LIFETIME)
 
 
+def hint_revived(job_id: str) -> None:
+    """The sweep queued one of the job's tasks again (best effort, as every hint)."""
+    runtime.cache().incr(_key(job_id, "revived"), 1)
+
+
 def _hinted(job: MapperJob) -> "Status":
     """A running job's status from its hints: one cache round trip, whatever the job's size."""
     depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
@@ -60,7 +66,7 @@ def _hinted(job: MapperJob) -> "Status":
         return int(found.get(_key(job.id, name), 0))
     depth = max((d for d, key in enumerate(depth_keys, 1) if key in found), default=0)
     return Status("running", processed=number("processed"), returned=number("returned"), tasks=number("tasks"),
-                  depth=depth, estimated=True)
+                  depth=depth, revived=number("revived"), estimated=True)
 
 
 def start_hints(job_id: str) -> None:
@@ -77,6 +83,7 @@ class Status:
     tasks: int = 0
     depth: int = 0
     failed: int = 0
+    revived: int = 0  # tasks the sweep queued again (a task revived twice counts twice)
     tally: dict[str, int] = dataclasses.field(default_factory=dict)
     estimated: bool = False  # the figures are the cache's hints (a running job), not the records' sums
 
@@ -109,6 +116,7 @@ def _derive(job: MapperJob) -> Status:
         status.tasks += 1
         status.depth = max(status.depth, record.depth + 1)
         status.failed += record.state == "failed"
+        status.revived += record.revived or 0
         status.tally = summed(status.tally, record.tally or {})
     return status
 
@@ -142,7 +150,7 @@ def timeline(job: MapperJob) -> dict[str, Any]:
         tasks.append({"task": name, "depth": record.depth, "processed": record.processed, "state": record.state,
                       "start_s": round(((record.started or record.updated) - job.created).total_seconds(), 3),
                       "end_s": round((record.updated - job.created).total_seconds(), 3),
-                      "critical": name in critical})
+                      "critical": name in critical, "revived": record.revived or 0})
     # a running job's tasks so far from its hints, which may fall short
     made = (job.summary or {}).get("tasks", len(shown)) if job.finished else _hinted(job).tasks
     return {"tasks": tasks, "cut": max(made - len(shown), 0), "most_tasks": MOST_TASKS}
@@ -206,10 +214,10 @@ def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
     """Mark the job finished, once, with its outcome as the job stands in this transaction (a cancel may have come
     since the caller read it), and settle its tally (JobDefinition.settle) in the same transaction: of all who see it
     finish, one does it, and its own retry after a commit of unknown outcome finds it finished by itself (and so still
-    runs on_done; what was to follow that commit, a settled counter's cached total dropped, did not run: that total
-    corrects itself when its cached copy expires). on_done is at most once: a process that dies between the commit
-    and on_done leaves it undone. `status`: the
-    records' sums, every credit back (no chunk can commit after that)."""
+    queues its follow-up; what was to follow that commit, a settled counter's cached total dropped, did not run: that
+    total corrects itself when its cached copy expires). The same commit marks the job's on_done pending
+    (`mark_ended`): a process that dies after it leaves the follow-up to the sweep. `status`: the records' sums,
+    every credit back (no chunk can commit after that)."""
     definition = jobs.of(job)
     call = uuid.uuid4().hex
 
@@ -217,23 +225,60 @@ def _finalize(job: MapperJob, status: Status) -> MapperJob | None:
         current = job.key.get(retries=0)
         if current.finished:
             return current if current.finished_by == call else None
-        current.finished, current.finished_by, current.outcome = clock.now(), call, _outcome(current, status)
-        current.summary = {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
-                           "tally": status.tally}
+        current.finished_by = call
+        mark_ended(current, _outcome(current, status) or "done",
+                   {"processed": status.processed, "tasks": status.tasks, "depth": status.depth,
+                    "tally": status.tally, "revived": status.revived})
         settled = definition.settle(status.tally, current.params) if definition and definition.settle else []
         ndb.put_multi([current, *settled])
         return current
     done = transact(txn, hot_key=job.key)
     if done is not None:
-        finished(done)
+        follow_up(done)
     return done
 
 
-def finished(job: MapperJob) -> None:
-    """The job's own follow-up once it has finished (JobDefinition.on_done)."""
+# --- the job's follow-up (JobDefinition.on_done): exactly once, by a task the sweep queues again until it ran --------
+
+DONE_HANDLER = "mapper.done"
+
+
+def mark_ended(job: MapperJob, outcome: str, summary: dict[str, Any]) -> None:
+    """Write the job's end into `job` (the caller puts it, in the commit that finishes the job): its outcome and
+    figures, and its on_done pending when it has one, due within a lease (else the sweep queues it again)."""
+    job.finished, job.outcome, job.summary = clock.now(), outcome, summary
     definition = jobs.of(job)
     if definition and definition.on_done:
-        definition.on_done(job)
+        job.follow_up = "pending"
+        job.follow_up_due = job.finished + datetime.timedelta(seconds=runtime.current().settings.mapper_lease_seconds)
+
+
+def follow_up(job: MapperJob) -> None:
+    """After the finishing commit: queue the task that runs the job's on_done (a no-op for a job without one). The
+    name makes a repeat of this call one task; the sweep's later sends have names of their own (`follow_up_sent`)."""
+    if job.follow_up == "pending":
+        runtime.tasks().enqueue(DONE_HANDLER, {"job": job.id}, f"{job.id}-done-{job.follow_up_sent}")
+
+
+def run_follow_up(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+    """The follow-up task: run the job's on_done and commit what it returns together with the mark that it ran, so
+    its writes land exactly once however often this task is delivered (by the queue, or queued again by the sweep).
+    on_done runs outside the transaction (it may read what a transaction may not: a query, a counter's shards)."""
+    job = MapperJob.get_by_id(payload["job"], use_cache=False, use_global_cache=False)
+    definition = jobs.of(job) if job else None
+    if job is None or job.follow_up != "pending" or definition is None or definition.on_done is None:
+        return {"skipped": "no follow-up pending"}
+    writes = definition.on_done(job) or []
+    call = uuid.uuid4().hex
+
+    def txn() -> bool:
+        current = job.key.get(retries=0)
+        if current.follow_up == "ran":
+            return current.follow_up_by == call  # by this call, whose commit answered UNKNOWN: it did run
+        current.follow_up, current.follow_up_by = "ran", call
+        ndb.put_multi([current, *writes])
+        return True
+    return {"ran": transact(txn, hot_key=job.key)}
 
 
 def status(job: MapperJob) -> Status:

@@ -44,7 +44,9 @@ class JobDefinition:
     apply: Callable[[list, dict, Any], list]
     parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
-    on_done: Callable[[MapperJob], None] | None = None  # after the job finished, at most once (completion._finalize)
+    # After the job finished, by a task of its own: returns entities to write (or None), committed with the mark that
+    # it ran, so they land exactly once; it may itself run more than once (completion.run_follow_up).
+    on_done: Callable[[MapperJob], list | None] | None = None
     tally: Callable[[list, dict], dict] | None = None
     settle: Callable[[dict, dict], list] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form

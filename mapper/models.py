@@ -5,6 +5,7 @@ task writes only its own record (a root entity, its own entity group). The job's
 the records, so a thousand tasks finishing at once contend on nothing.
 """
 import dataclasses
+import datetime
 
 from google.cloud import ndb
 
@@ -27,11 +28,12 @@ class TaskPayload:
     hi: str | None
     credit: int
     keys: list[str] | None = None
+    revived: int = 0  # queued again by the sweep (n-th time): a redelivery, under a new name (`queue_name`)
 
     @classmethod
     def from_json(cls, data: dict) -> "TaskPayload":
         return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"), credit=data["credit"],
-                   keys=data.get("keys"))
+                   keys=data.get("keys"), revived=data.get("revived") or 0)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -40,6 +42,12 @@ class TaskPayload:
     def name(self) -> str:
         """The task's name in the queue, and its record's key name."""
         return f"{self.job}-{self.task}"
+
+    @property
+    def queue_name(self) -> str:
+        """Its name in the queue: a queue keeps a used name for days (core/tasks.py), so the sweep's n-th delivery of
+        the task is a task of its own, "<name>-r<n>"."""
+        return f"{self.name}-r{self.revived}" if self.revived else self.name
 
     @property
     def depth(self) -> int:
@@ -100,6 +108,13 @@ class MapperJob(ndb.Model):
     finished_by = ndb.TextProperty()  # which call set it: its own retry after an UNKNOWN commit still runs on_done
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `finished`
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
+    # The job's follow-up (JobDefinition.on_done), run exactly once by a task of its own: "pending" is written in the
+    # finishing commit, "ran" in the commit of on_done's writes. Indexed: the sweep (mapper/sweep.py) looks for the
+    # pending ones whose task has not reported by `follow_up_due`, and queues it again (`follow_up_sent`: how often).
+    follow_up = ndb.StringProperty(choices=("pending", "ran"))
+    follow_up_due = ndb.DateTimeProperty(indexed=False)
+    follow_up_sent = ndb.IntegerProperty(default=0, indexed=False)
+    follow_up_by = ndb.TextProperty()  # which call wrote it last (a sweep's send, or the run): its own retry knows
 
     @property
     def id(self) -> str:
@@ -132,6 +147,12 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when done: what children did not take
     error = ndb.TextProperty()
+    # While it runs: until when the delivery that last committed is trusted to be alive (each chunk's commit renews
+    # it); once ended, set only until the sweep has seen a record of each child (renew). Indexed: the sweep
+    # (mapper/sweep.py) queries for leases run out.
+    lease = ndb.DateTimeProperty()
+    revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
+    revived_by = ndb.TextProperty()  # which sweep call did last: its own retry after an UNKNOWN commit finds it
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began (TaskRecord.new)
     updated = ndb.DateTimeProperty(auto_now=True, indexed=False)  # its last commit: when it finished, once done
 
@@ -164,6 +185,13 @@ class TaskRecord(ndb.Model):
             self.tally = summed(self.tally or {}, tally)
         if final:
             self.state, self.returned = "done", self.kept_credit
+
+    def renew(self, seconds: int) -> None:
+        """The lease after a commit: `seconds` from now while running; once ended, the same if it has children (the
+        sweep then checks once that each has a record: a child whose every delivery died before its first commit has
+        none, and nothing else would ever run it), else none."""
+        self.lease = (clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" or self.children
+                      else None)
 
 
 class TaskListing(ndb.Model):

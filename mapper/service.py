@@ -7,12 +7,12 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock
+from core import clock, runtime, validate
 from core.errors import BadInput, Conflict, Unprocessable, found
 from core.transactions import transact
 from core.validate import whole_number
 from mapper import completion, jobs, keyrange, tree
-from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload
+from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload, TaskRecord
 
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
@@ -20,9 +20,21 @@ MAX_PAGE_SIZE = 500
 LIST_LIMIT = 20
 
 
-def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None) -> MapperJob:
-    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob."""
+def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None,
+              idempotency_key: str | None = None, user: str = "") -> MapperJob:
+    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob.
+
+    With an idempotency key (the API's Idempotency-Key header, a form's token), the job's id is derived from `user`
+    and the key, and the job is inserted only if that id is free: a resend of the request (a form sent twice, a
+    client's retry after a lost answer, the same request at the same moment from another process) answers the job the
+    first one started, and starts nothing. The job itself is the marker, as a PostMarker is a post's (blog)."""
+    validate.idempotency_key(idempotency_key)
     definition = jobs.definition_of(name)
+    job_id = validate.id_for_key(user, idempotency_key, 16) if idempotency_key else secrets.token_hex(8)
+    if idempotency_key:
+        first = MapperJob.get_by_id(job_id)
+        if first is not None:
+            return _resent(first, definition.name)
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise Unprocessable("params must be a JSON object.", "bad_params")
@@ -35,17 +47,55 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     # composite index per kind (index.yaml), in production as in the emulator.
     last = query.order(-tree.KEY).fetch(1, keys_only=True)
     samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
-    job = MapperJob(id=secrets.token_hex(8), name=name, params=params, kind=definition.kind, page_size=page_size,
+    job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
                     fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
+    root = None
     if not last:  # nothing to visit: done at once
-        job.finished, job.outcome, job.summary = clock.now(), "done", {"processed": 0, "tasks": 0, "depth": 0}
-        job.put()
-        completion.finished(job)
+        completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
+    else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
+        root = TaskRecord.new(ndb.Key(TaskRecord, _root(job).name), _root(job))
+        root.started = None  # its first delivery's begin, set by that delivery (tree.py)
+        root.renew(runtime.current().settings.mapper_lease_seconds)
+    inserted = _insert(job, root)
+    if inserted is not job:  # the same key's other request, at the same moment, got there first
+        return _resent(inserted, definition.name)
+    if job.finished:
+        completion.follow_up(job)
         return job
-    job.put()
     completion.start_hints(job.id)
-    tree.enqueue(TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode(), TOTAL_CREDIT))
+    _enqueue_root(job)
     return job
+
+
+def _insert(job: MapperJob, root: TaskRecord | None) -> MapperJob:
+    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id."""
+    def txn() -> MapperJob:
+        found = job.key.get(retries=0)
+        # Another request's job; or this call's own, put by an attempt whose commit answered UNKNOWN: that put set
+        # `job.created` (auto_now_add), which an unput job has not.
+        if found is not None and found.created != job.created:
+            return found
+        ndb.put_multi([job, root] if root else [job])
+        return job
+    return transact(txn, hot_key=job.key)
+
+
+def _resent(first: MapperJob, name: str) -> MapperJob:
+    """The answer to a resend: the job its key started. The root task is enqueued again while the job runs (its name
+    makes that one task), in case the first request died between the job's commit and its enqueue."""
+    if first.name != name:
+        raise Conflict(f"This idempotency key started a {first.name} job already.", "idempotency_key_reused")
+    if not first.finished:
+        _enqueue_root(first)
+    return first
+
+
+def _root(job: MapperJob) -> TaskPayload:
+    return TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode(), TOTAL_CREDIT)
+
+
+def _enqueue_root(job: MapperJob) -> None:
+    tree.enqueue(_root(job))
 
 
 def job_dict(job: MapperJob) -> dict[str, Any]:
@@ -54,7 +104,7 @@ def job_dict(job: MapperJob) -> dict[str, Any]:
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
             "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
             "page_size": job.page_size, "created": clock.iso(job.created), "tally": s.tally,
-            "estimated": s.estimated, "elapsed": round((end - job.created).total_seconds(), 1)}
+            "estimated": s.estimated, "revived": s.revived, "elapsed": round((end - job.created).total_seconds(), 1)}
 
 
 def get_job(job_id: object) -> MapperJob:

@@ -10,7 +10,9 @@ N entities that way reads O(N^2) (bench/mapper.py measures it).
 Exactly once: each chunk's writes and the task's record (how far its page got) commit in one transaction, so a task
 that dies half way is retried from where its record says, and a second delivery of the same task finds the record
 moved on and steps back. The record keeps the children it split into from its first chunk on; a retry enqueues those
-same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice.
+same named tasks again, which every queue ignores (core/tasks.py), so a retry never splits twice. Each chunk's commit
+also renews the record's lease: a task whose last allowed delivery died is queued again by the sweep (sweep.py) as
+one more redelivery (`TaskPayload.revived`), which goes on from the record the same way.
 
 No hot entity: a chunk's transaction writes its entities and its own task's record, nothing another task writes, so
 concurrent tasks never collide with each other. What a job adds up over its entities (its tally: a credit job's total
@@ -24,11 +26,11 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import runtime, tasks
+from core import clock, runtime, tasks
 from core.errors import Conflict
 from core.transactions import transact
 from mapper import completion, jobs, keyrange
-from mapper.models import MapperJob, TaskListing, TaskPage, TaskPayload, TaskRecord
+from mapper.models import TOTAL_CREDIT, MapperJob, TaskListing, TaskPage, TaskPayload, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,21 @@ class Superseded(Exception):
 
 
 def enqueue(payload: TaskPayload) -> None:
-    runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.name)
+    runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.queue_name)
+
+
+def payload_of(job: MapperJob, record: TaskRecord) -> TaskPayload:
+    """What the task of `record` was given: the root's from the job, any other's from its parent's record (and the
+    parent's TaskListing for a listed page), where the parent fixed it before enqueueing it. For the sweep, which
+    queues a task again knowing only its record."""
+    path = record.key.id().split("-", 1)[1]
+    if path == "0":
+        return TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode() if job.last_key else None, TOTAL_CREDIT)
+    parent_key = ndb.Key(TaskRecord, f"{job.id}-{path.rsplit('-', 1)[0]}")
+    child = next(c for c in parent_key.get().children if c["task"] == path)
+    if child.get("listed"):
+        child = {**child, "keys": TaskListing.key_for(parent_key).get().pages[path]}
+    return TaskPayload.from_json(child)
 
 
 def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
@@ -62,7 +78,7 @@ def run_task(body: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     if job.cancelled:
         # The rest of this task's range is left unvisited and its credit handed back, so that the job still ends and
         # settles what its tasks did before the cancel.
-        record, returned_here = _hand_back(record_key, payload, "done")
+        record, returned_here = hand_back(record_key, payload, "done")
     else:
         record, returned_here = _run(job, definition, record_key, payload, attempt)
     if record.returned:
@@ -78,8 +94,9 @@ def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.
     """This delivery's work on its task: (the record as it left it, the credit it returned)."""
     # A first delivery (attempt 0) does not look for its record: its first chunk's transaction writes it, and finds
     # it there if another delivery got there first (then this one steps back and is retried as attempt 1+, which
-    # reads the record first). One lookup fewer per task.
-    record = (record_key.get() if attempt else None) or TaskRecord.new(record_key, payload)
+    # reads the record first). One lookup fewer per task. The sweep's deliveries are redeliveries: they read it.
+    record = (record_key.get() if attempt or payload.revived else None) or TaskRecord.new(record_key, payload)
+    record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
         _enqueue_children(record)  # the delivery that finished it may have died before enqueueing them
         return record, 0  # only the delivery that finished the record returned its credit
@@ -96,7 +113,7 @@ def _run(job: MapperJob, definition: jobs.JobDefinition | None, record_key: ndb.
         if attempt + 1 < tasks.MAX_ATTEMPTS:
             raise
         log.exception("mapper task %s failed for good", record_key.id())
-        return _hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
+        return hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
 
 def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
@@ -141,6 +158,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
     listed_pages = {child.task: child.keys for child in children if child.keys is not None}
 
     delivery = uuid.uuid4().hex
+    lease = runtime.current().settings.mapper_lease_seconds
 
     # `record` below is this delivery's latest copy: the loop at the end rebinds it to each chunk's committed record.
     def txn(number: int, chunk: list[ndb.Key], expected_last_key: ndb.Key | None, final: bool) -> TaskRecord:
@@ -157,6 +175,8 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
             current.started = record.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != expected_last_key:
             raise Superseded()
+        if current.started is None:  # written before any delivery (the root's with its job, the sweep's): begun now
+            current.started = record.started
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
         writes = definition.apply(entities, job.params, prepared) if entities else []
         tally = definition.tally(entities, job.params) if definition.tally and entities else None
@@ -164,6 +184,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         listing = ([TaskListing(key=TaskListing.key_for(current.key), pages=listed_pages)]
                    if first and listed_pages else [])
         current.advance(page, chunk, len(entities), tally, children, final)
+        current.renew(lease)  # this delivery is alive: the sweep leaves the task alone until the lease runs out
         current.last_chunk = f"{delivery}:{number}"
         ndb.put_multi([*writes, current, *listing])
         return current
@@ -218,7 +239,7 @@ def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: 
             [payload.child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
 
 
-def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
+def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
                error: str | None = None) -> tuple[TaskRecord, int]:
     """End a task's record without visiting the rest of its page (its job is cancelled, or the task failed for good):
     `state`, and the credit it kept for its page returned, so the job still ends when every other task has. What its
@@ -231,6 +252,7 @@ def _hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
             return record, 0
         record.state, record.error = state, error
         record.returned = record.kept_credit
+        record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
         record.put()
         return record, record.returned
     record, returned = transact(txn)

@@ -6,13 +6,14 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity, runtime, validate
-from core.errors import AppError, Conflict
+from core import identity, runtime, tasks, validate
+from core.errors import AppError, Conflict, Forbidden
 from core.web import form_refused, json_body
 from mapper import jobs as job_definitions
-from mapper import service
+from mapper import service, sweep
 
 bp = Blueprint("mapper", __name__)
+CRON_HEADER = "X-Appengine-Cron"
 
 
 # --- pages ----------------------------------------------------------------------------------------------------------
@@ -31,14 +32,15 @@ def _jobs_page(status: int = 200) -> tuple[str, int]:
 
 @bp.post("/jobs")
 def start_form() -> ResponseReturnValue:
-    """Start a job from its form."""
-    identity.require_admin()
+    """Start a job from its form; the form's token makes a resend of it answer the first job."""
+    user = identity.require_admin()
     name = request.form.get("name", "")
     definition = job_definitions.registered().get(name)
     params = {field: validate.form_number(request.form.get(field))
               for field, _, _ in (definition.fields if definition else ())}
     try:
-        job = service.start_job(name, params)
+        job = service.start_job(name, params, idempotency_key=request.form.get("start_token") or None,
+                                user=user["email"])
     except AppError as e:
         return form_refused(e, _jobs_page)
     return redirect(url_for("mapper.job", job_id=job.id))
@@ -79,9 +81,10 @@ def _timeline(job_id: str) -> dict[str, Any]:
 def timeline(job_id: str) -> ResponseReturnValue:
     """A job's tasks drawn as a timeline: when each ran, its depth in the tree, the critical path marked."""
     found = _timeline(job_id)
-    rows = [{"label": task["task"], "start": task["start_s"], "end": task["end_s"],
-             "kind": "task", "critical": task["critical"],
-             "detail": f"depth {task['depth']}, {task['processed']} processed, {task['state']}"}
+    rows = [{"label": task["task"] + (" (swept)" if task["revived"] else ""), "start": task["start_s"],
+             "end": task["end_s"], "kind": "task", "critical": task["critical"],
+             "detail": f"depth {task['depth']}, {task['processed']} processed, {task['state']}"
+                       + (f", taken up again by the sweep {task['revived']}x" if task["revived"] else "")}
             for task in found["tasks"]]
     return render_template("mapper/timeline.html", job=found["job"], rows=rows, cut=found["cut"],
                            most_tasks=found["most_tasks"], total=max([row["end"] for row in rows], default=0))
@@ -110,11 +113,27 @@ def cancel_form(job_id: str) -> ResponseReturnValue:
 
 @bp.post("/api/jobs")
 def api_start() -> ResponseReturnValue:
-    """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202."""
-    identity.require_admin()
+    """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202; a resend with the same
+    Idempotency-Key answers the job the first one started, 202 again."""
+    user = identity.require_admin()
     data = json_body()
-    job = service.start_job(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"))
+    job = service.start_job(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"),
+                            request.headers.get("Idempotency-Key"), user["email"])
     return jsonify(service.job_dict(job)), 202
+
+
+@bp.get("/api/jobs/sweep")
+def api_sweep() -> ResponseReturnValue:
+    """The sweep (mapper/sweep.py), for the app's scheduler only: Cloud Scheduler's App Engine cron (cron.yaml) sends
+    a GET, its only method, with X-Appengine-Cron, a header App Engine strips from outside requests
+    (https://cloud.google.com/appengine/docs/standard/scheduling-jobs-with-cron-yaml#securing_urls_for_cron); the
+    local task server sends the app's task token instead. So this GET writes, for that caller alone: anyone else gets
+    a 403 and nothing runs."""
+    settings = runtime.current().settings
+    if not (request.headers.get(CRON_HEADER) == "true" if settings.on_app_engine
+            else tasks.is_from_queue(request.headers, settings)):
+        raise Forbidden("Only the app's scheduler may call this.", "not_from_cron")
+    return jsonify(sweep.sweep())
 
 
 @bp.get("/api/jobs")

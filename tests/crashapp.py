@@ -3,11 +3,17 @@ slowed down to a quarter second per chunk of 5, so that a test can kill the work
 chunks' transactions; and for that job only, the moment between a task's last commit and its `incr` of the job's
 running sum widened to a second, so that a test can kill a worker inside it. A worker entering that second says so
 with a file named `<job id>.<pid>` in `$CRASH_SIGNALS` (the test's own directory): the test kills that very process
-on the file, instead of guessing the moment from the records it polls through the emulator."""
+on the file, instead of guessing the moment from the records it polls through the emulator.
+
+The same job has an on_done that writes one CrashFollowUp under the job (so a test counts the runs that committed),
+and the moment between its finishing commit and the enqueue of that follow-up (the finisher's, not the sweep's
+resends) is widened to FOLLOW_UP_DELAY, announced by a file `follow-<job id>.<pid>`."""
 import dataclasses
 import os
 import time
 from pathlib import Path
+
+from google.cloud import ndb
 
 import main
 from accounts.service import ADD_CREDIT
@@ -16,6 +22,7 @@ from mapper import jobs as mapper_jobs
 
 CHUNK_SECONDS = 0.25
 INCR_DELAY = 1.0
+FOLLOW_UP_DELAY = 2.0
 SIGNALS = os.environ.get("CRASH_SIGNALS")
 
 
@@ -24,8 +31,16 @@ def _slow_credit(accounts, params, prepared):
     return ADD_CREDIT.apply(accounts, params, prepared)
 
 
+class CrashFollowUp(ndb.Model):
+    """One per run of test_slow_credit's on_done that committed, under ndb.Key("Job", <job id>)."""
+
+
+def _follow_up(job):
+    return [CrashFollowUp(parent=ndb.Key("Job", job.id))]
+
+
 SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5,
-                                  chunk_firestore=None)
+                                  chunk_firestore=None, on_done=_follow_up)
 _maybe_finish = completion.maybe_finish
 
 
@@ -38,6 +53,18 @@ def _late_finish(job, returned):
 
 
 completion.maybe_finish = _late_finish
+_follow_up_after_commit = completion.follow_up
+
+
+def _late_follow_up(job):
+    if job.name == SLOW_CREDIT.name and job.follow_up == "pending" and job.follow_up_sent == 0:
+        if SIGNALS:
+            Path(SIGNALS, f"follow-{job.id}.{os.getpid()}").touch()
+        time.sleep(FOLLOW_UP_DELAY)
+    return _follow_up_after_commit(job)
+
+
+completion.follow_up = _late_follow_up
 
 
 def app():

@@ -1,5 +1,6 @@
 """/api/jobs, /api/accounts, the task route, the jobs and accounts pages; devstack's local Cloud Tasks end to end."""
 import dataclasses
+import re
 import time
 
 import pytest
@@ -14,8 +15,9 @@ from core import runtime, tasks
 from counters.models import CounterConfig
 from devstack import serving, taskqueue
 from devstack.apps import app_on
+from devstack.services import REPO
 from mapper.models import MapperJob
-from tests.support import TEST_ENV, billed, csrf_token
+from tests.support import TEST_ENV, billed, commit_answers_unknown, csrf_token
 
 USER = {"id": "u1", "email": "reader@example.com", "admin": False}
 
@@ -99,6 +101,74 @@ def test_the_task_route_only_answers_the_queue(client, auth, app):
     assert r.status_code == 200 and "skipped" in r.get_json()  # no such job: nothing to do, and no retry
 
 
+def test_a_resent_job_start_answers_the_first_job(client, auth, task_queue):
+    """The same Idempotency-Key twice: 202 with the same job both times, one job and one root task; another user's
+    same key is another job; the key reused for another job is a 409; a bad key a 400 that starts nothing."""
+    with runtime.current().context():
+        ndb.put_multi([Account(balance=0) for _ in range(5)])
+    auth.admin()
+    body, key = {"name": "add_credit", "params": {"amount": 3}}, {"Idempotency-Key": "start-once"}
+    first = client.post("/api/jobs", json=body, headers=key)
+    again = client.post("/api/jobs", json=body, headers=key)
+    assert (first.status_code, again.status_code) == (202, 202)
+    assert again.get_json()["id"] == first.get_json()["id"] and job_count() == 1
+    assert [t.name for t in task_queue.queue.pending] == [f"{first.get_json()['id']}-0"]  # one root task
+    assert client.post("/api/jobs", json={"name": "audit_accounts"}, headers=key).status_code == 409
+    assert client.post("/api/jobs", json=body, headers={"Idempotency-Key": "has space"}).status_code == 400
+    auth.sign_in("other-boss@example.com", admin=True)
+    other = client.post("/api/jobs", json=body, headers=key)
+    assert other.status_code == 202 and other.get_json()["id"] != first.get_json()["id"] and job_count() == 2
+    task_queue.drain(workers=2)
+    with runtime.current().context():
+        assert sorted(a.balance for a in Account.query()) == [6] * 5  # two jobs, each once
+
+
+def test_a_resent_credit_form_redirects_to_the_first_job(client, auth, task_queue):
+    """The /accounts credit form sent twice (same csrf and start tokens): both redirect to one job."""
+    auth.admin()
+    html = client.get("/accounts").get_data(as_text=True)
+    form = re.search(r'action="/accounts/credit".*?name="csrf_token" value="([^"]+)".*?'
+                     r'name="start_token" value="([^"]+)"', html, re.S)
+    data = {"amount": "7", "csrf_token": form.group(1), "start_token": form.group(2)}
+    first, again = client.post("/accounts/credit", data=data), client.post("/accounts/credit", data=data)
+    assert first.status_code == again.status_code == 302 and first.headers["Location"] == again.headers["Location"]
+    assert job_count() == 1
+    fresh = client.get("/accounts").get_data(as_text=True)  # a new page: a new token, a new job
+    assert re.findall(r'name="start_token" value="([^"]+)"', fresh)[0] != form.group(2)
+
+
+def test_a_resent_seed_seeds_nothing_more(client, auth, task_queue):
+    auth.admin()
+    key = {"Idempotency-Key": "seed-once"}
+    first = client.post("/api/accounts/seed", json={"count": 30}, headers=key)
+    again = client.post("/api/accounts/seed", json={"count": 30}, headers=key)
+    assert first.status_code == again.status_code == 202 and first.get_json() == again.get_json()
+    assert len(task_queue.queue.pending) == 1  # the resend's task had the same name
+    task_queue.drain()
+    assert client.get("/api/accounts/summary").get_json()["count"] == 30
+
+
+def test_the_sweep_answers_only_the_scheduler(client, auth, app):
+    """GET /api/jobs/sweep writes (App Engine's cron sends only GETs): anyone but the app's scheduler gets a 403."""
+    auth.admin()
+    assert client.get("/api/jobs/sweep").status_code == 403
+    assert client.get("/api/jobs/sweep", headers={"X-Appengine-Cron": "true"}).status_code == 403  # not on GAE
+    good = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    r = client.get("/api/jobs/sweep", headers=good)
+    assert r.status_code == 200 and r.get_json() == {"revived": [], "failed": [], "follow_ups": []}
+
+
+def test_the_cron_schedule_is_the_sweep_setting(tmp_path):
+    """cron.yaml says what core/settings.py's default says; the local task server takes the setting when it is set."""
+    from core.settings import MAPPER_SWEEP_SECONDS
+    from devstack import cloudtasks
+    assert cloudtasks.load_cron(REPO / "cron.yaml", env={}) == [("/api/jobs/sweep", MAPPER_SWEEP_SECONDS)]
+    assert cloudtasks.load_cron(REPO / "cron.yaml", env={"MAPPER_SWEEP_SECONDS": "2"}) == [("/api/jobs/sweep", 2)]
+    (tmp_path / "cron.yaml").write_text("cron:\n- url: /x\n  schedule: every monday 09:00\n")
+    with pytest.raises(ValueError, match="schedule"):
+        cloudtasks.load_cron(tmp_path / "cron.yaml")
+
+
 # --- accounts ---------------------------------------------------------------------------------------------------------
 
 def test_seed_accounts_in_the_background_exactly(client, auth, task_queue):
@@ -110,6 +180,19 @@ def test_seed_accounts_in_the_background_exactly(client, auth, task_queue):
     task_queue.drain(workers=2)
     assert task_queue.deliver(first)  # delivered again (a queue may): no account twice
     assert client.get("/api/accounts/summary").get_json() == {"count": 1234, "total_balance": 0}
+
+
+def test_a_seed_chunk_whose_commit_answered_unknown_reports_what_it_created(client, auth, task_queue, monkeypatch):
+    """A seed chunk's commit answers UNKNOWN though it applied: its retry finds the accounts it created itself and
+    counts them in the task's report (it reported fewer), and the kept count stays exact."""
+    auth.admin()
+    assert client.post("/api/accounts/seed", json={"count": 50}).status_code == 202
+    answered = commit_answers_unknown(monkeypatch, "_create_missing")
+    task_queue.drain()
+    monkeypatch.undo()
+    reports = [body for task, status, body in task_queue.responses if task.handler == "accounts.seed"]
+    assert answered and reports == [{"created": 50}]
+    assert client.get("/api/accounts/summary").get_json()["count"] == 50
 
 
 @pytest.mark.parametrize("body", [{"count": 0}, {"count": 100001}, {"count": "x"}, {"count": None}, {}, {"count": -1},

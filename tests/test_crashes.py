@@ -4,7 +4,9 @@ writes and of a mapper job, the emulator frozen, the cache restarted or frozen w
 invariant from the stored data, not from the answers alone, and is bounded in time.
 """
 import concurrent.futures
+import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -13,15 +15,18 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from google.cloud import ndb
 
 from accounts.models import Account
 from blog.models import BlogEntry, BlogIndex
 from core import runtime
 from counters import totals as counters
+from devstack.services import REPO
 from devstack.serving import queued, signed_in, wait_until
+from mapper import completion
 from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
-from tests.support import WRITE_BUDGET, make_app, running
+from tests.support import WRITE_BUDGET, at_once, make_app, running
 
 ADMIN = "boss@example.com"
 SECRET = "crashes-test-secret"
@@ -50,17 +55,43 @@ class Fleet:
         return signed_in(self.url, ADMIN, admin=True)
 
 
-@pytest.fixture(scope="module")
-def fleet(stack, tmp_path_factory):
+@contextlib.contextmanager
+def _fleet(stack, tmp_path_factory, seed, queue_yaml=None, **env):
     namespace = f"c{uuid.uuid4().hex[:12]}"  # the server outlives any one test: a namespace of its own
     signals = tmp_path_factory.mktemp("crash-signals")
-    with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", DATASTORE_NAMESPACE=namespace,
-                CRASH_SIGNALS=str(signals), WRITE_BUDGET=WRITE_BUDGET) as server:
+    with queued(stack, SECRET, admins=ADMIN, app="tests.crashapp:app()", queue_yaml=queue_yaml,
+                DATASTORE_NAMESPACE=namespace, CRASH_SIGNALS=str(signals), WRITE_BUDGET=WRITE_BUDGET, **env) as server:
         app = make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace, SECRET_KEY=SECRET)
         with running(app):
             fleet = Fleet(server.url, server, app, stack, signals)
-            _seed_accounts(fleet)
+            seed(fleet)
             yield fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(stack, tmp_path_factory):
+    with _fleet(stack, tmp_path_factory, _seed_accounts) as fleet:
+        yield fleet
+
+
+LEASE, SWEEP = 3, 1  # seconds: a test waits for the sweep seconds, not the defaults' minutes
+
+
+@pytest.fixture(scope="module")
+def last_delivery(stack, tmp_path_factory):
+    """A fleet whose queue delivers each task once (task_retry_limit: 1): every delivery is its task's last allowed
+    one, so only the sweep (every SWEEP s, leases of LEASE s) can take up a task whose process died."""
+    queues = yaml.safe_load((REPO / "queue.yaml").read_text())
+    for queue in queues["queue"]:
+        queue["retry_parameters"]["task_retry_limit"] = 1
+    queue_yaml = tmp_path_factory.mktemp("queues") / "queue.yaml"
+    queue_yaml.write_text(yaml.safe_dump(queues))
+
+    def seed(fleet):  # from here: the seed's own tasks would get one delivery too
+        fleet.read(lambda: ndb.put_multi([Account(balance=0) for _ in range(ACCOUNTS)]))
+    with _fleet(stack, tmp_path_factory, seed, queue_yaml=queue_yaml, MAPPER_LEASE_SECONDS=str(LEASE),
+                MAPPER_SWEEP_SECONDS=str(SWEEP)) as fleet:
+        yield fleet
 
 
 def _seed_accounts(fleet):
@@ -116,11 +147,15 @@ def _run_job(fleet, name, amount, killing=None, **extra):
     job_id = r.json()["id"]
     if killing:
         killing(job_id)
+    _wait_finished(fleet, job_id)
+    # A fresh session: the first one's kept-alive connection may be to a worker killed meanwhile (a reset).
+    return fleet.admin().get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
+
+
+def _wait_finished(fleet, job_id):
     wait_until(lambda: fleet.read(lambda: MapperJob.get_by_id(job_id, use_cache=False,
                                                                 use_global_cache=False).finished),
                f"job {job_id} to finish", timeout=180, interval=0.5)
-    # A fresh session: the first one's kept-alive connection may be to a worker killed meanwhile (a reset).
-    return fleet.admin().get(f"{fleet.url}/api/jobs/{job_id}", timeout=30).json()
 
 
 def _records(fleet, job_id):
@@ -271,3 +306,94 @@ def test_a_job_finishes_when_a_worker_dies_between_a_task_commit_and_its_incr(fl
     running_sum = wait_until(lambda: fleet.read(
         lambda: runtime.of(fleet.app).cache.get(f"mapper-returned:{final['id']}")), "the running sum", 10)
     assert int(running_sum) < TOTAL_CREDIT, (running_sum, cut)
+
+
+# --- the sweep: a task whose last allowed delivery died, a job's follow-up whose process died ------------------------
+
+def _follow_ups(fleet, job_id):
+    """The committed runs of test_slow_credit's on_done for the job (tests/crashapp.py), read strongly consistent."""
+    return fleet.read(lambda: len(ndb.Query(kind="CrashFollowUp", ancestor=ndb.Key("Job", job_id))
+                                  .fetch(keys_only=True)))
+
+
+def test_a_task_killed_in_its_last_allowed_delivery_is_taken_up_again_by_the_sweep(last_delivery):
+    fleet = last_delivery
+    before = _balances(fleet)
+    cut = {}
+
+    def kill_mid_page(job_id):
+        # The root's page is 50 accounts in chunks of 5, a quarter second each; its one delivery is killed half way.
+        def half_way():
+            record = fleet.read(lambda: TaskRecord.get_by_id(f"{job_id}-0"))
+            return record if record and record.state == "running" and 0 < record.processed < 50 else None
+        cut["record"] = wait_until(half_way, "the root task's first chunk", timeout=60, interval=0.05)
+        fleet.kill_workers(2)
+    final = _run_job(fleet, "test_slow_credit", 3, killing=kill_mid_page, page_size=50)
+    assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
+    root = fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0"))
+    # the queue had no delivery left: the sweep queued it again, and it went on from its record
+    assert root.state == "done" and root.processed == 50 and root.revived >= 1
+    assert cut["record"].processed < 50 and final["revived"] >= 1
+    _credited_once(before, _balances(fleet), 3)
+    wait_until(lambda: _follow_ups(fleet, final["id"]) == 1, "the job's on_done", timeout=30)
+    page = fleet.admin().get(f"{fleet.url}/jobs/{final['id']}/timeline", timeout=30)
+    assert page.status_code == 200 and "0 (swept)" in page.text and "taken up again by the sweep" in page.text
+    timeline = fleet.admin().get(f"{fleet.url}/api/jobs/{final['id']}/timeline", timeout=30).json()
+    assert [t["revived"] for t in timeline["tasks"] if t["task"] == "0"] == [root.revived]
+    time.sleep(LEASE + 2 * SWEEP)  # later sweeps leave the finished job alone: on_done still ran once
+    assert _follow_ups(fleet, final["id"]) == 1
+    # and every record is off the sweep's list: the running ones ended, the ended ones' children checked
+    records = fleet.read(lambda: completion.records(MapperJob.get_by_id(final["id"])))  # by key: strongly consistent
+    assert len(records) == final["tasks"] and [r.key.id() for r in records if r.lease is not None] == []
+
+
+def test_a_process_killed_between_a_jobs_end_and_its_on_done_leaves_it_to_the_sweep(last_delivery):
+    fleet = last_delivery
+    before = _balances(fleet)
+    cut = {}
+
+    def kill_after_the_end(job_id):
+        # tests/crashapp.py holds the finisher two seconds between the finishing commit and the follow-up's enqueue,
+        # and names its process by a file: that process is killed there
+        held = wait_until(lambda: sorted(fleet.signals.glob(f"follow-{job_id}.*")), "the job's finishing commit",
+                          timeout=120, interval=0.01)
+        cut["pid"] = int(held[0].suffix[1:])
+        os.kill(cut["pid"], signal.SIGKILL)
+    final = _run_job(fleet, "test_slow_credit", 6, killing=kill_after_the_end, page_size=20)
+    assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
+    _credited_once(before, _balances(fleet), 6)
+    job = wait_until(lambda: fleet.read(lambda: (lambda j: j if j.follow_up == "ran" else None)(
+        MapperJob.get_by_id(final["id"], use_cache=False, use_global_cache=False))), "the on_done", timeout=60)
+    assert job.follow_up_sent >= 1  # sent by the sweep: the finisher died before sending it
+    time.sleep(LEASE + 2 * SWEEP)
+    assert _follow_ups(fleet, final["id"]) == 1  # ran exactly once
+
+
+# --- a job start sent twice ------------------------------------------------------------------------------------------
+
+def test_a_job_start_sent_again_at_once_to_other_processes_starts_one_job(last_delivery):
+    """The same start sent four times at once, each on a connection of its own (gunicorn's two workers share them),
+    by the API with one Idempotency-Key and by the credit form with one token: one job each, every account credited
+    once by each."""
+    fleet = last_delivery
+    before = _balances(fleet)
+    key = f"start-{uuid.uuid4().hex}"
+    sessions = [fleet.admin() for _ in range(4)]
+    answers = [r for r, _ in at_once(4, lambda i: sessions[i].post(
+        f"{fleet.url}/api/jobs", json={"name": "test_slow_credit", "params": {"amount": 2}, "page_size": 50},
+        headers={"Idempotency-Key": key}, timeout=60))]
+    assert [r.status_code for r in answers] == [202] * 4, [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    html = sessions[0].get(f"{fleet.url}/accounts", timeout=30).text
+    form = re.search(r'action="/accounts/credit".*?name="csrf_token" value="([^"]+)".*?'
+                     r'name="start_token" value="([^"]+)"', html, re.S)
+    data = {"amount": "5", "csrf_token": form.group(1), "start_token": form.group(2)}
+    copies = [requests.Session() for _ in range(4)]
+    for copy in copies:
+        copy.cookies.update(sessions[0].cookies)
+    sent = [r for r, _ in at_once(4, lambda i: copies[i].post(f"{fleet.url}/accounts/credit", data=data,
+                                                               allow_redirects=False, timeout=60))]
+    assert [r.status_code for r in sent] == [302] * 4 and len({r.headers["Location"] for r in sent}) == 1
+    for job_id in (answers[0].json()["id"], sent[0].headers["Location"].rsplit("/", 1)[1]):
+        _wait_finished(fleet, job_id)
+    _credited_once(before, _balances(fleet), 2 + 5)

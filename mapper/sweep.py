@@ -1,0 +1,155 @@
+"""The sweep: no job strands. Run every `mapper_sweep_seconds` by a schedule outside the app's processes (cron.yaml on
+App Engine; devstack's local task server off it), so a process that dies cannot take it with it.
+
+A queue delivers a task until it answers 2xx, a set number of times. A delivery killed outright (SIGKILL, an instance
+shut down: no except clause runs) on its last allowed attempt, or one that stepped back (409) for another delivery
+that then died, leaves its TaskRecord running and no delivery to come: the job could never finish. So each running
+record carries a lease, renewed by each of its chunks' commits (TaskRecord.renew). The sweep finds the records whose
+lease ran out while their job still runs and queues their task again, as a new task (a queue keeps a used name for
+days) that the task's code takes as one more redelivery: it reads the record and goes on from it. The revival is a
+transaction on the record, so of two sweeps at once one queues it; a delivery that was only slow finds, at its next
+chunk, the record as it left it and goes on (the lease is a hint of who is alive, never a lock: the record's
+last_key is what keeps two deliveries from both applying a chunk, tree.py).
+
+The same sweep queues again a finished job's follow-up (on_done) until it has recorded that it ran (completion.py).
+
+Bounded: at most SWEEP_BATCH of each a run; the rest on the next run. The queries are eventually consistent on legacy
+Datastore (no ancestor): a record whose lease just ran out may show one run later.
+"""
+import dataclasses
+import datetime
+import logging
+import uuid
+from typing import Any
+
+from google.cloud import ndb
+
+from core import clock, runtime
+from core.transactions import transact
+from mapper import completion, tree
+from mapper.models import MapperJob, TaskPayload, TaskRecord
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 100
+# A task taken up again this many times and dying each time (a page that kills its process) fails, as a task whose
+# deliveries all raised does: the job then ends ("failed") instead of being retried for ever.
+MAX_REVIVALS = 5
+# A lower bound on the lease in the query: an ended record's lease is null, and null sorts before every datetime.
+EPOCH = datetime.datetime(2000, 1, 1)
+
+
+def sweep() -> dict[str, Any]:
+    """One run: the tasks queued again, the tasks failed for good after MAX_REVIVALS, the follow-ups sent again."""
+    now = clock.now()
+    revived: list[str] = []
+    failed: list[str] = []
+    follow_ups: list[str] = []
+    expired = TaskRecord.query(TaskRecord.lease < now, TaskRecord.lease > EPOCH).fetch(SWEEP_BATCH, keys_only=True)
+    for key in expired:
+        outcome = _take_up(key, now)
+        if outcome:
+            (revived if outcome == "revived" else failed).append(key.id())
+    for job in MapperJob.query(MapperJob.follow_up == "pending").fetch(SWEEP_BATCH):
+        if job.follow_up_due is None or job.follow_up_due <= now:
+            sent = _resend_follow_up(job.key, now)
+            if sent:
+                follow_ups.append(sent.id)
+    return {"revived": revived, "failed": failed, "follow_ups": follow_ups}
+
+
+def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
+    """The record of `key`, whose lease ran out: "revived" (its task queued again: it was running), "failed" (taken
+    up MAX_REVIVALS times already), "children" (it had ended: its children without a record were queued again), or
+    None (nothing to do: it moved on, or its job has ended)."""
+    job = MapperJob.get_by_id(key.id().split("-", 1)[0])
+    ended = job is None or job.finished is not None
+    lease = runtime.current().settings.mapper_lease_seconds
+    call = uuid.uuid4().hex
+
+    def txn() -> TaskRecord | None:
+        record = key.get(retries=0)
+        if record is None:
+            return None
+        if record.revived_by == call:  # this call's own commit, which answered UNKNOWN
+            return record
+        if record.lease is None or record.lease > now:  # renewed since the query: its delivery is alive
+            return None
+        if ended or record.state != "running":  # off the sweep's list (an ended one once its children are checked)
+            if not ended and record.children:
+                return record  # its children first, below; it stays on the list until they all have records
+            record.lease = None
+        else:
+            record.revived, record.revived_by = record.revived + 1, call
+            record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
+        record.put()
+        return None if ended or record.lease is None else record
+    record = transact(txn)
+    if record is None or job is None:
+        return None
+    if record.state != "running":
+        return _children_recorded(job, record)
+    payload = dataclasses.replace(tree.payload_of(job, record), revived=record.revived)
+    if record.revived > MAX_REVIVALS:
+        log.error("mapper task %s died %d times; failed for good", key.id(), record.revived)
+        _, returned = tree.hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
+        completion.maybe_finish(job, returned)
+        return "failed"
+    tree.enqueue(payload)
+    completion.hint_revived(job.id)
+    return "revived"
+
+
+def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
+    """An ended record's children: each one without a record (every delivery of it died before its first commit, or
+    was never made) gets one, running with a lease of its own, revived once, and its task queued again; from then on
+    it is a running record like any other. Then the parent's lease is cleared: it is off the sweep's list."""
+    lease = runtime.current().settings.mapper_lease_seconds
+    payloads = [TaskPayload.from_json(child) for child in parent.children]
+    missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
+                                      strict=True) if record is None]
+    for listed in missing:
+        payload = dataclasses.replace(tree.payload_of(job, TaskRecord(key=ndb.Key(TaskRecord, listed.name))),
+                                      revived=1)
+
+        def create(payload: TaskPayload = payload) -> bool:
+            if ndb.Key(TaskRecord, payload.name).get(retries=0) is not None:  # its delivery got there meanwhile
+                return False
+            record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
+            record.revived, record.started = 1, None  # started: by its first delivery (tree.py)
+            record.renew(lease)
+            record.put()
+            return True
+        if transact(create):
+            tree.enqueue(payload)
+            completion.hint_revived(job.id)
+
+    def clear() -> None:
+        record = parent.key.get(retries=0)
+        if record is not None and record.state != "running":
+            record.lease = None
+            record.put()
+    transact(clear)
+    return "revived" if missing else None
+
+
+def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:
+    """Queue a finished job's follow-up again (a new task) if it has not reported by its due time; the job, or None."""
+    lease = datetime.timedelta(seconds=runtime.current().settings.mapper_lease_seconds)
+    call = uuid.uuid4().hex
+
+    def txn() -> MapperJob | None:
+        job = key.get(retries=0)
+        if job is None or job.follow_up != "pending":
+            return None
+        if job.follow_up_by == call:
+            return job
+        if job.follow_up_due is not None and job.follow_up_due > now:
+            return None
+        job.follow_up_sent, job.follow_up_due, job.follow_up_by = job.follow_up_sent + 1, now + lease, call
+        job.put()
+        return job
+    job = transact(txn, hot_key=key)
+    if job is not None:
+        completion.follow_up(job)
+    return job
