@@ -207,19 +207,22 @@ def test_a_job_finishes_and_credits_each_account_once_when_a_worker_is_killed(fl
     _credited_once(before, _balances(fleet), 7)
 
 
+def _kill_root_mid_page(fleet, job_id, cut):
+    """The root task's page is 50 accounts in chunks of 5, a quarter second each: once its record shows a chunk
+    committed and the page not finished, every worker is killed, the one running it among them (kept in `cut`)."""
+    def half_way():
+        record = fleet.read(lambda: TaskRecord.get_by_id(f"{job_id}-0"))
+        return record if record and record.state == "running" and 0 < record.processed < 50 else None
+    cut["record"] = wait_until(half_way, "the root task's first chunk", timeout=60, interval=0.05)
+    fleet.kill_workers(2)
+
+
 def test_a_delivery_killed_after_its_first_chunk_resumes_from_its_record(fleet):
     before = _balances(fleet)
     cut = {}
 
-    def kill_mid_page(job_id):
-        # The root task's page is 50 accounts in chunks of 5, a quarter second each: once its record shows a chunk
-        # committed and the page not finished, every worker is killed, the one running it among them.
-        def half_way():
-            record = fleet.read(lambda: TaskRecord.get_by_id(f"{job_id}-0"))
-            return record if record and record.state == "running" and 0 < record.processed < 50 else None
-        cut["record"] = wait_until(half_way, "the root task's first chunk", timeout=60, interval=0.05)
-        fleet.kill_workers(2)
-    final = _run_job(fleet, "test_slow_credit", 3, killing=kill_mid_page, page_size=50)
+    final = _run_job(fleet, "test_slow_credit", 3, killing=lambda job_id: _kill_root_mid_page(fleet, job_id, cut),
+                     page_size=50)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
     root = fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0"))
     # the redelivery went on from the record: the page processed once in all, past where the kill cut it
@@ -321,14 +324,8 @@ def test_a_task_killed_in_its_last_allowed_delivery_is_taken_up_again_by_the_swe
     before = _balances(fleet)
     cut = {}
 
-    def kill_mid_page(job_id):
-        # The root's page is 50 accounts in chunks of 5, a quarter second each; its one delivery is killed half way.
-        def half_way():
-            record = fleet.read(lambda: TaskRecord.get_by_id(f"{job_id}-0"))
-            return record if record and record.state == "running" and 0 < record.processed < 50 else None
-        cut["record"] = wait_until(half_way, "the root task's first chunk", timeout=60, interval=0.05)
-        fleet.kill_workers(2)
-    final = _run_job(fleet, "test_slow_credit", 3, killing=kill_mid_page, page_size=50)
+    final = _run_job(fleet, "test_slow_credit", 3, killing=lambda job_id: _kill_root_mid_page(fleet, job_id, cut),
+                     page_size=50)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
     root = fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0"))
     # the queue had no delivery left: the sweep queued it again, and it went on from its record
