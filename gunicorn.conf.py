@@ -13,8 +13,12 @@ def post_worker_init(worker: Any) -> None:
     """Called by gunicorn in each worker once it has loaded the app (main:app, built at import) and before it takes a
     request: the worker's first Datastore lookup and cache call happen here, not in a user's request."""
     from core import runtime
-    from core.views import warm
 
     app = worker.wsgi
-    if runtime.EXTENSION in getattr(app, "extensions", {}):  # main:app; another WSGI app served by gunicorn: nothing
+    if runtime.EXTENSION not in getattr(app, "extensions", {}):  # another WSGI app served by gunicorn: nothing
+        return
+    from core.views import warm
+    try:
         worker.log.info("worker %s warm: %s", worker.pid, warm(app))
+    except Exception:  # gunicorn stops the whole server on an error here: a cold worker is better than none
+        worker.log.exception("worker %s could not warm itself; it serves cold", worker.pid)

@@ -33,7 +33,7 @@ def seed_form() -> ResponseReturnValue:
     user = identity.require_admin()
     try:
         seeded = service.seed(validate.form_number(request.form.get("count")), request.form.get("start_token") or None,
-                              user["email"])
+                              user["id"])
     except AppError as e:
         return form_refused(e, _page)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
@@ -48,7 +48,7 @@ def credit_form() -> ResponseReturnValue:
     user = identity.require_admin()
     try:
         job = mapper.start_job(service.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))},
-                               idempotency_key=request.form.get("start_token") or None, user=user["email"])
+                               idempotency_key=request.form.get("start_token") or None, user=user["id"])
     except AppError as e:
         return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))
@@ -60,7 +60,7 @@ def audit_form() -> ResponseReturnValue:
     user = identity.require_admin()
     try:
         job = mapper.start_job(service.AUDIT.name, {}, idempotency_key=request.form.get("start_token") or None,
-                               user=user["email"])
+                               user=user["id"])
     except AppError as e:
         return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))
@@ -91,7 +91,7 @@ def api_seed() -> ResponseReturnValue:
     """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
     the same accounts (none twice) and answers the same seed."""
     user = identity.require_admin()
-    return jsonify(service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["email"])), 202
+    return jsonify(service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])), 202
 
 
 @bp.get("/api/accounts/summary")

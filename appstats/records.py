@@ -55,7 +55,7 @@ def keep(cache: Cache, record: dict[str, Any], calls: list[costs.Call]) -> int |
     made here are Appstats' own, not the request's: they are not counted in its figures (already given)."""
     with costs.measuring(None):
         request_id = cache.next_number(NEXT, start=time.time_ns() // 1000)
-        if request_id is None:
+        if not request_id:  # away (None); or False from a memcached node that failed a moment ago (HashClient)
             return None
         stored = {"request": {**record, "id": request_id},
                   "calls": [[c.kind, c.name, round(c.start_ms, 3), round(c.end_ms, 3)] for c in calls]}

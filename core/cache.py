@@ -9,6 +9,8 @@ miss (bounded by the timeouts below), so a cache outage slows the site down inst
 """
 import contextvars
 import logging
+import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol, TypeVar, cast
@@ -169,6 +171,20 @@ _INCR_IF_PRESENT = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call
 _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
+class OwnCAConnection(redis.SSLConnection):
+    """TLS that trusts the instance's CA alone. redis-py's SSLConnection starts from ssl.create_default_context(),
+    which also trusts every CA of the system's store; with the host name unchecked (below), any publicly trusted
+    certificate for any name would then pass. Overrides redis-py's `_wrap_socket_with_ssl` (private; redis is
+    pinned in requirements.txt)."""
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> ssl.SSLSocket:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no CA loaded: only the one given here
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=self.ca_data)
+        return context.wrap_socket(sock)
+
+
 class RedisCacheClient:
     """Redis/Valkey (redis-py), answering as memcached does."""
     name = "redis"
@@ -178,8 +194,8 @@ class RedisCacheClient:
         # instance's own CA (Settings.cache_ca), and to nothing else. The host name is not matched: the app reaches
         # the instance by its Private Service Connect endpoint's IP address, and a CA that only this instance uses
         # already says which server it is.
-        tls: dict[str, Any] = ({"ssl_ca_data": ca, "ssl_cert_reqs": "required", "ssl_check_hostname": False}
-                               if url.startswith("rediss://") else {})
+        tls: dict[str, Any] = ({"connection_class": OwnCAConnection, "ssl_ca_data": ca, "ssl_cert_reqs": "required",
+                                "ssl_check_hostname": False} if url.startswith("rediss://") else {})
         # One retry, on a broken connection only: a pooled connection to a server that restarted fails once and is
         # replaced. A timeout (frozen server) is not retried: that would double the wait on every call.
         self.redis = redis.Redis.from_url(
@@ -292,11 +308,13 @@ class Cache:
         both `add` it, one wins, and both then `incr` the same counter: no number is given twice while it lives. A
         server that does not answer costs one timeout, not three: the first failure ends the call."""
         def numbered(c: CacheClient) -> int | None:
+            # `not number`: None for a missing key; False from pymemcache's HashClient for a node that failed within
+            # its retry_timeout (it answers instead of raising): the next number is then unknown, as when away
             number = c.incr(key, 1)
             if number is None:
                 c.add(key, start)  # False: another process started it first; either way it exists now
                 number = c.incr(key, 1)
-            return number
+            return number or None
         return self._safely(None, numbered)
 
     def claim(self, key: str, expire: int) -> bool:

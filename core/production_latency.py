@@ -114,8 +114,10 @@ RUN_AGGREGATION_QUERY = RUN_QUERY
 SCAN_MS_PER_1000_ENTRIES = 5.0
 # The multi-region profile's Commit. No source measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of
 # Megastore's cross-datacenter writes, "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on
-# the distance"), which google-cloud-go#890 (2018, Go on GCE) also saw reading a us-central multi-region database from
-# us-central: 100-120 ms (with client artefacts). Reads: the nearest replica answers, as in a regional database (INF).
+# the distance"). Reads: the nearest replica answers, as in a regional database (INF). The one published figure for a
+# multi-region database is a READ, and it does not fit that inference: 100-120 ms for a get by key from us-central
+# to a us-central multi-region database (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts
+# such as a client made per call). It is not used here.
 MULTI_REGION_COMMIT = RoundTrip(100)
 
 DATASTORE = {

@@ -24,6 +24,9 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")
 HOST_NAME = re.compile(r"\.?[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*")  # a DNS name or an IPv4 address, no port
 
 
+MAX_CACHE_EXPIRE = 30 * 24 * 3600  # memcached: "up to 30 days", else a Unix time (protocol.txt, "Expiration times")
+
+
 @dataclass(frozen=True)
 class WriteBudget:
     """How much one signed-in person may create in a window of `window` seconds (core/budget.py): comments, counters
@@ -43,6 +46,10 @@ class WriteBudget:
                 raise RuntimeError(f"WRITE_BUDGET: {part!r} is not one of comments=N, counters=N, posts=N, window=S "
                                    "(whole numbers from 1).")
             figures[name.strip()] = int(value)
+        if figures.get("window", cls.window) > MAX_CACHE_EXPIRE:
+            # memcached reads an expiry over 30 days as a Unix time (long past): every count would expire at once
+            raise RuntimeError(f"WRITE_BUDGET: window is at most {MAX_CACHE_EXPIRE} s (30 days, memcached's longest "
+                               "relative expiry).")
         return cls(**figures)
 
 

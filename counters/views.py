@@ -49,10 +49,11 @@ def _spend_if_new(name: str) -> None:
 
 
 def _form_int(field: str) -> int:
-    try:
-        return int(request.form.get(field, ""))
-    except ValueError:
-        raise Unprocessable(f"{field} must be a whole number.", f"bad_{field}") from None
+    """A form's whole number, checked as the API's JSON numbers are (validate.form_number: ASCII digits only)."""
+    value = validate.form_number(request.form.get(field, ""))
+    if not isinstance(value, int):
+        raise Unprocessable(f"{field} must be a whole number.", f"bad_{field}")
+    return value
 
 
 # --- pages ----------------------------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class Preflight:
             if not _not_found(e):
                 raise
             self.refuse("The project has no App Engine app: `gcloud app create --region=REGION` (the region cannot "
-                        "be changed later; docs/deploy.md, step 2).")
+                        "be changed later; docs/deploy.md, section 1).")
             return None
         assert isinstance(app, dict)
         if app.get("servingStatus", "SERVING") != "SERVING":
@@ -220,7 +220,7 @@ class Preflight:
         if instance is None:
             self.refuse(f"REDIS_URL's address {host} is not the endpoint of a Memorystore for Valkey instance in "
                         f"{region} (`gcloud memorystore instances list --location={region}`): set it to the "
-                        "instance's discovery endpoint, or create the instance (docs/deploy.md, step 6).")
+                        "instance's discovery endpoint, or create the instance (docs/deploy.md, section 5).")
             return
         name = instance["name"].rsplit("/", 1)[-1]
         if instance.get("state") != "ACTIVE":
@@ -299,7 +299,7 @@ class Preflight:
         email = str(builder.get("serviceAccountEmail") or "").rsplit("/", 1)[-1]
         if not email:
             self.refuse("Cloud Build has no default service account in this project: builds need one (docs/"
-                        "deploy.md, step 1).")
+                        "deploy.md, section 2).")
         elif not held.get(f"serviceAccount:{email}", set()) & BUILDER_ROLES:
             self.refuse(f"Cloud Build runs the deploy's build as {email}, which lacks roles/cloudbuild.builds.builder"
                         f": `gcloud projects add-iam-policy-binding {self.project} --member=serviceAccount:{email} "
@@ -382,7 +382,7 @@ def ensure_queue(parsed: dict, run: Runner = gcloud) -> str:
 
 
 def save_valkey_ca(parsed: dict, run: Runner = gcloud) -> None:
-    """Write the instance's CA certificates into CACHE_CA_FILE (docs/deploy.md, step 6)."""
+    """Write the instance's CA certificates into CACHE_CA_FILE (docs/deploy.md, section 5)."""
     env = parsed["env"]
     check = Preflight(parsed, run)
     check.region = tasks_region(env.get("TASKS_LOCATION", ""))

@@ -98,8 +98,9 @@ class Gunicorn:
             if self.proc.poll() is not None:
                 raise DevstackError(f"gunicorn exited (status {self.proc.returncode}) before the app answered on "
                                     f"{self.url}; its error is above")
-            with suppress(requests.RequestException):
-                if requests.get(f"{self.url}/healthz", timeout=5).ok:
+            with suppress(requests.RequestException), requests.Session() as direct:
+                direct.trust_env = False  # loopback: never through a proxy the environment names
+                if direct.get(f"{self.url}/healthz", timeout=5).ok:
                     return
             if time.monotonic() > deadline:
                 raise DevstackError(f"the app did not answer on {self.url} within {timeout} s")

@@ -104,7 +104,9 @@ class MapperJob(ndb.Model):
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
-    finished = ndb.DateTimeProperty(indexed=False)  # set once, by whoever first sees every credit returned
+    # Set once, by whoever first sees every credit returned. Indexed: the sweep (mapper/sweep.py) lists the running
+    # jobs (finished == None) to sum the records of one with no task at work.
+    finished = ndb.DateTimeProperty()
     finished_by = ndb.TextProperty()  # which call set it: its own retry after an UNKNOWN commit still runs on_done
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `finished`
     summary = ndb.JsonProperty()  # the job's figures when it finished: processed, tasks, depth, tally
@@ -154,11 +156,14 @@ class TaskRecord(ndb.Model):
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     revived_by = ndb.TextProperty()  # which sweep call did last: its own retry after an UNKNOWN commit finds it
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began (TaskRecord.new)
-    updated = ndb.DateTimeProperty(auto_now=True, indexed=False)  # its last commit: when it finished, once done
+    # Its last chunk's commit, or its end (advance, hand_back): when it finished, once done; the timeline's bars end
+    # here. Not auto_now: the sweep's writes (a lease cleared, a task taken up again) are not the task's work.
+    updated = ndb.DateTimeProperty(indexed=False)
 
     @classmethod
     def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
-        return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit, started=clock.now())
+        now = clock.now()
+        return cls(key=key, job=payload.job, depth=payload.depth, credit=payload.credit, started=now, updated=now)
 
     @property
     def page(self) -> TaskPage | None:
@@ -180,6 +185,7 @@ class TaskRecord(ndb.Model):
             self.children = [{**c.to_json(), "keys": None, "listed": c.keys is not None} for c in children]
         if chunk:
             self.last_key = chunk[-1]
+        self.updated = clock.now()
         self.processed += processed
         if tally:
             self.tally = summed(self.tally or {}, tally)

@@ -31,16 +31,16 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     validate.idempotency_key(idempotency_key)
     definition = jobs.definition_of(name)
     job_id = validate.id_for_key(user, idempotency_key, 16) if idempotency_key else secrets.token_hex(8)
-    if idempotency_key:
-        first = MapperJob.get_by_id(job_id)
-        if first is not None:
-            return _resent(first, definition.name)
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise Unprocessable("params must be a JSON object.", "bad_params")
     page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size, from_json=True)
     fanout = whole_number(fanout, "fanout", 2, 16, default=definition.fanout, from_json=True)
     params = definition.parse_params(params)  # last: a job's parse_params may write what it needs, once all is valid
+    if idempotency_key:
+        first = MapperJob.get_by_id(job_id)
+        if first is not None:
+            return _resent(first, definition.name, params, page_size, fanout)
 
     query = ndb.Query(kind=definition.kind)
     # The root range ends at the kind's largest key (none: the kind is empty). A descending key order needs a
@@ -58,7 +58,7 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
         root.renew(runtime.current().settings.mapper_lease_seconds)
     inserted = _insert(job, root)
     if inserted is not job:  # the same key's other request, at the same moment, got there first
-        return _resent(inserted, definition.name)
+        return _resent(inserted, definition.name, params, page_size, fanout)
     if job.finished:
         completion.follow_up(job)
         return job
@@ -80,11 +80,14 @@ def _insert(job: MapperJob, root: TaskRecord | None) -> MapperJob:
     return transact(txn, hot_key=job.key)
 
 
-def _resent(first: MapperJob, name: str) -> MapperJob:
-    """The answer to a resend: the job its key started. The root task is enqueued again while the job runs (its name
-    makes that one task), in case the first request died between the job's commit and its enqueue."""
-    if first.name != name:
-        raise Conflict(f"This idempotency key started a {first.name} job already.", "idempotency_key_reused")
+def _resent(first: MapperJob, name: str, params: dict[str, Any], page_size: int, fanout: int) -> MapperJob:
+    """The answer to a resend: the job its key started, if it asked for the same job (else 409: a form brought back
+    by the browser's Back button and changed must not answer the old job). The root task is enqueued again while the
+    job runs (its name makes that one task), in case the first request died between the job's commit and its
+    enqueue."""
+    if (first.name, first.params, first.page_size, first.fanout) != (name, params, page_size, fanout):
+        raise Conflict(f"This idempotency key started a {first.name} job with other settings already.",
+                       "idempotency_key_reused")
     if not first.finished:
         _enqueue_root(first)
     return first

@@ -11,7 +11,9 @@ transaction on the record, so of two sweeps at once one queues it; a delivery th
 chunk, the record as it left it and goes on (the lease is a hint of who is alive, never a lock: the record's
 last_key is what keeps two deliveries from both applying a chunk, tree.py).
 
-The same sweep queues again a finished job's follow-up (on_done) until it has recorded that it ran (completion.py).
+A job whose tasks have all ended but which is still running (its last task's delivery died between its final commit
+and adding its credit to the running sum) has its records summed by the sweep, which finishes it. The same sweep
+queues again a finished job's follow-up (on_done) until it has recorded that it ran (completion.py).
 
 Bounded: at most SWEEP_BATCH of each a run; the rest on the next run. The queries are eventually consistent on legacy
 Datastore (no ancestor): a record whose lease just ran out may show one run later.
@@ -20,7 +22,8 @@ import dataclasses
 import datetime
 import logging
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from google.cloud import ndb
 
@@ -30,6 +33,7 @@ from mapper import completion, tree
 from mapper.models import MapperJob, TaskPayload, TaskRecord
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SWEEP_BATCH = 100
 # A task taken up again this many times and dying each time (a page that kills its process) fails, as a task whose
@@ -40,22 +44,53 @@ EPOCH = datetime.datetime(2000, 1, 1)
 
 
 def sweep() -> dict[str, Any]:
-    """One run: the tasks queued again, the tasks failed for good after MAX_REVIVALS, the follow-ups sent again."""
+    """One run: the tasks queued again, the tasks failed for good after MAX_REVIVALS, the jobs whose records were summed
+    (no task at work), the follow-ups sent again. Each item on its own: one that raises is logged and left to the
+    next run, and the rest of this run goes on."""
     now = clock.now()
     revived: list[str] = []
     failed: list[str] = []
     follow_ups: list[str] = []
     expired = TaskRecord.query(TaskRecord.lease < now, TaskRecord.lease > EPOCH).fetch(SWEEP_BATCH, keys_only=True)
     for key in expired:
-        outcome = _take_up(key, now)
+        outcome = _each(_take_up, key, now)
         if outcome:
             (revived if outcome == "revived" else failed).append(key.id())
+    at_work = {name.split("-", 1)[0] for name in revived}  # a task just queued again: its lease is live
+    running = {key.id() for key in MapperJob.query(MapperJob.finished == None).fetch(  # noqa: E711 (ndb's null)
+        SWEEP_BATCH, keys_only=True)}
+    summed = [job_id for job_id in sorted(running - at_work) if _each(_finish_if_every_task_ended, job_id, now)]
     for job in MapperJob.query(MapperJob.follow_up == "pending").fetch(SWEEP_BATCH):
         if job.follow_up_due is None or job.follow_up_due <= now:
-            sent = _resend_follow_up(job.key, now)
+            sent = _each(_resend_follow_up, job.key, now)
             if sent:
                 follow_ups.append(sent.id)
-    return {"revived": revived, "failed": failed, "follow_ups": follow_ups}
+    return {"revived": revived, "failed": failed, "summed": summed, "follow_ups": follow_ups}
+
+
+def _each(step: Callable[..., T], *args: Any) -> T | None:
+    """One item of a run; None, logged, when it raised (a task that could not be queued, Datastore away)."""
+    try:
+        return step(*args)
+    except Exception:
+        log.exception("mapper sweep: %s%r failed; the next run tries again", step.__name__, args)
+        return None
+
+
+def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
+    """A running job none of whose records holds a live lease has no task at work: a running record renews its lease
+    with each chunk, one whose lease ran out was taken up again above (a new lease), and an ended parent's children
+    without a record were given one. Its last task's delivery may have died between its final commit and adding its
+    credit to the cache's running sum, on its last allowed attempt, so no delivery comes back to call maybe_finish:
+    sum the records once here (maybe_finish with no credit of its own), and the job finishes or its checks go on.
+    One keys-only query per running job a run; the records are read only when none is live. True when summed."""
+    job = MapperJob.get_by_id(job_id)
+    if job is None or job.finished is not None:
+        return False
+    if TaskRecord.query(TaskRecord.job == job_id, TaskRecord.lease > now).fetch(1, keys_only=True):
+        return False
+    completion.maybe_finish(job, 0)
+    return True
 
 
 def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:

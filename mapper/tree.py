@@ -250,7 +250,7 @@ def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
             return record, 0
-        record.state, record.error = state, error
+        record.state, record.error, record.updated = state, error, clock.now()
         record.returned = record.kept_credit
         record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
         record.put()

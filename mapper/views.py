@@ -40,7 +40,7 @@ def start_form() -> ResponseReturnValue:
               for field, _, _ in (definition.fields if definition else ())}
     try:
         job = service.start_job(name, params, idempotency_key=request.form.get("start_token") or None,
-                                user=user["email"])
+                                user=user["id"])
     except AppError as e:
         return form_refused(e, _jobs_page)
     return redirect(url_for("mapper.job", job_id=job.id))
@@ -118,7 +118,7 @@ def api_start() -> ResponseReturnValue:
     user = identity.require_admin()
     data = json_body()
     job = service.start_job(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"),
-                            request.headers.get("Idempotency-Key"), user["email"])
+                            request.headers.get("Idempotency-Key"), user["id"])
     return jsonify(service.job_dict(job)), 202
 
 

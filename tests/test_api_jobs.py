@@ -103,7 +103,8 @@ def test_the_task_route_only_answers_the_queue(client, auth, app):
 
 def test_a_resent_job_start_answers_the_first_job(client, auth, task_queue):
     """The same Idempotency-Key twice: 202 with the same job both times, one job and one root task; another user's
-    same key is another job; the key reused for another job is a 409; a bad key a 400 that starts nothing."""
+    same key is another job; the key reused for another job, or for the same job with other settings, is a 409; a
+    bad key a 400 that starts nothing."""
     with runtime.current().context():
         ndb.put_multi([Account(balance=0) for _ in range(5)])
     auth.admin()
@@ -114,6 +115,11 @@ def test_a_resent_job_start_answers_the_first_job(client, auth, task_queue):
     assert again.get_json()["id"] == first.get_json()["id"] and job_count() == 1
     assert [t.name for t in task_queue.queue.pending] == [f"{first.get_json()['id']}-0"]  # one root task
     assert client.post("/api/jobs", json={"name": "audit_accounts"}, headers=key).status_code == 409
+    # the same job with other settings (a form brought back by the browser's Back button and changed): not the first
+    for changed in ({**body, "params": {"amount": 4}}, {**body, "page_size": 7}):
+        refused = client.post("/api/jobs", json=changed, headers=key)
+        assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "idempotency_key_reused"
+    assert job_count() == 1
     assert client.post("/api/jobs", json=body, headers={"Idempotency-Key": "has space"}).status_code == 400
     auth.sign_in("other-boss@example.com", admin=True)
     other = client.post("/api/jobs", json=body, headers=key)
@@ -155,7 +161,7 @@ def test_the_sweep_answers_only_the_scheduler(client, auth, app):
     assert client.get("/api/jobs/sweep", headers={"X-Appengine-Cron": "true"}).status_code == 403  # not on GAE
     good = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     r = client.get("/api/jobs/sweep", headers=good)
-    assert r.status_code == 200 and r.get_json() == {"revived": [], "failed": [], "follow_ups": []}
+    assert r.status_code == 200 and r.get_json() == {"revived": [], "failed": [], "summed": [], "follow_ups": []}
 
 
 def test_the_cron_schedule_is_the_sweep_setting(tmp_path):

@@ -288,27 +288,31 @@ def test_a_job_finishes_exactly_when_the_cache_is_frozen_in_its_middle(fleet):
     _credited_once(before, _balances(fleet), 2)
 
 
+def _kill_between_commit_and_incr(fleet, job_id):
+    """tests/crashapp.py holds a task a second between its record's last commit and its incr, and names the worker
+    holding it by a file; that worker is killed inside the second (the file is polled, not the emulator)."""
+    held = wait_until(lambda: sorted(fleet.signals.glob(f"{job_id}.*")), "a task between its commit and its incr",
+                      timeout=60, interval=0.01)
+    os.kill(int(held[0].suffix[1:]), signal.SIGKILL)
+
+
+def _running_sum_is_short(fleet, job_id):
+    """The kill did land in the gap: the job's running sum in the cache is short of the whole (read again if the first
+    get fails: this process's pooled connection may predate an earlier test's restart)."""
+    running_sum = wait_until(lambda: fleet.read(
+        lambda: runtime.of(fleet.app).cache.get(f"mapper-returned:{job_id}")), "the running sum", 10)
+    assert int(running_sum) < TOTAL_CREDIT, running_sum
+
+
 def test_a_job_finishes_when_a_worker_dies_between_a_task_commit_and_its_incr(fleet):
     """The running sum loses a task's credit for good (the delivery that finished the record died before adding it);
     its redelivery finds the record final, trusts the records over the sum, and checks finish the job."""
     before = _balances(fleet)
-    cut = {}
-
-    def kill_before_incr(job_id):
-        # tests/crashapp.py holds a task a second between its record's last commit and its incr, and names the worker
-        # holding it by a file; that worker is killed inside the second (the file is polled, not the emulator)
-        held = wait_until(lambda: sorted(fleet.signals.glob(f"{job_id}.*")), "a task between its commit and its incr",
-                          timeout=60, interval=0.01)
-        cut["pid"] = int(held[0].suffix[1:])
-        os.kill(cut["pid"], signal.SIGKILL)
-    final = _run_job(fleet, "test_slow_credit", 4, killing=kill_before_incr, page_size=20)
+    final = _run_job(fleet, "test_slow_credit", 4, killing=lambda job_id: _kill_between_commit_and_incr(fleet, job_id),
+                     page_size=20)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
     _credited_once(before, _balances(fleet), 4)
-    # the kill did land in the gap: the running sum is short of the whole, and the job finished all the same
-    # (read again if the first get fails: this process's pooled connection may predate an earlier test's restart)
-    running_sum = wait_until(lambda: fleet.read(
-        lambda: runtime.of(fleet.app).cache.get(f"mapper-returned:{final['id']}")), "the running sum", 10)
-    assert int(running_sum) < TOTAL_CREDIT, (running_sum, cut)
+    _running_sum_is_short(fleet, final["id"])
 
 
 # --- the sweep: a task whose last allowed delivery died, a job's follow-up whose process died ------------------------
@@ -342,6 +346,20 @@ def test_a_task_killed_in_its_last_allowed_delivery_is_taken_up_again_by_the_swe
     # and every record is off the sweep's list: the running ones ended, the ended ones' children checked
     records = fleet.read(lambda: completion.records(MapperJob.get_by_id(final["id"])))  # by key: strongly consistent
     assert len(records) == final["tasks"] and [r.key.id() for r in records if r.lease is not None] == []
+
+
+def test_a_last_delivery_killed_between_its_commit_and_its_incr_leaves_the_jobs_end_to_the_sweep(last_delivery):
+    """On its task's last allowed delivery, a process dies between the record's final commit and adding its credit to
+    the running sum: no delivery comes back to sum the records, and the sum stays short for good. The sweep, finding
+    no task of the job at work, sums the records and the job finishes."""
+    fleet = last_delivery
+    before = _balances(fleet)
+    final = _run_job(fleet, "test_slow_credit", 5, killing=lambda job_id: _kill_between_commit_and_incr(fleet, job_id),
+                     page_size=20)
+    assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
+    _credited_once(before, _balances(fleet), 5)
+    _running_sum_is_short(fleet, final["id"])
+    wait_until(lambda: _follow_ups(fleet, final["id"]) == 1, "the job's on_done", timeout=30)
 
 
 def test_a_process_killed_between_a_jobs_end_and_its_on_done_leaves_it_to_the_sweep(last_delivery):

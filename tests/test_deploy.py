@@ -430,7 +430,7 @@ def test_the_valkey_ca_is_saved_from_gcloud_and_then_accepted(valkey_app_yaml, t
     preflight.save_valkey_ca(parsed, Recorded(READY))
     assert preflight.Preflight(parsed, Recorded(READY)).check() == []
     assert Settings.from_env({"REDIS_URL": "rediss://10.128.0.5:6379/0", "CACHE_CA_FILE": str(saved),
-                              "SECRET_KEY": "s"}).cache_ca == saved.read_text()
+                              "SECRET_KEY": "s" * 32}).cache_ca == saved.read_text()
 
 
 def test_cron_yaml_is_checked_and_deployed_when_there_is_one(tmp_path, app):
@@ -469,8 +469,8 @@ def test_the_upload_must_carry_gunicorn_conf_and_the_ca_file(tmp_path):
 ])
 def test_the_app_refuses_to_start_with_tls_but_no_ca(env, refusal):
     with pytest.raises(RuntimeError, match=refusal):
-        Settings.from_env({"SECRET_KEY": "s", **env})
-    assert Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": "redis://10.0.0.3:6379/0"}).cache_ca is None
+        Settings.from_env({"SECRET_KEY": "s" * 32, **env})
+    assert Settings.from_env({"SECRET_KEY": "s" * 32, "REDIS_URL": "redis://10.0.0.3:6379/0"}).cache_ca is None
 
 
 def _openssl(*args):
@@ -507,17 +507,19 @@ def tls_redis(tmp_path):
     server.stop()
 
 
-def test_the_cache_speaks_tls_trusting_only_the_named_ca(tls_redis):
+def test_the_cache_speaks_tls_trusting_only_the_named_ca(tls_redis, monkeypatch):
     server, folder = tls_redis
+    # the server's CA in the system's trust store (as a public CA is): still refused when CACHE_CA_FILE names another
+    monkeypatch.setenv("SSL_CERT_FILE", str(folder / "ca.pem"))
     url = f"rediss://{server.host}/0"
-    client = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": url,
+    client = make_client(Settings.from_env({"SECRET_KEY": "s" * 32, "REDIS_URL": url,
                                             "CACHE_CA_FILE": str(folder / "ca.pem")}))
     assert client.add("k", b"v", expire=60) and client.get("k") == b"v"
-    strange = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": url,
+    strange = make_client(Settings.from_env({"SECRET_KEY": "s" * 32, "REDIS_URL": url,
                                              "CACHE_CA_FILE": str(folder / "other.pem")}))
     with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
         strange.get("k")
-    plain = make_client(Settings.from_env({"SECRET_KEY": "s", "REDIS_URL": f"redis://{server.host}/0"}))
+    plain = make_client(Settings.from_env({"SECRET_KEY": "s" * 32, "REDIS_URL": f"redis://{server.host}/0"}))
     with pytest.raises(redis.RedisError):
         plain.get("k")
     for each in (client, strange, plain):
