@@ -41,8 +41,8 @@ def _shards_from_cache() -> bool:
 def _spend_if_new(name: str) -> None:
     """A signed-in person's write that creates counter `name` is one of their budget's new counters
     (core/budget.py): every counter is listed on /counters for everyone. Adding to one that exists spends nothing.
-    The config is read by key (a cache hit in ndb's global cache), and the write after reads it from the request's
-    own context cache."""
+    The config is read by key (a hit in ndb's global cache; CounterConfig skips the request's context cache, so the
+    write after reads it once more)."""
     user = identity.current_user()
     if user is not None and growth.get_config(name) is None:
         budget.spend(user["id"], "counters")

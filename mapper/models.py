@@ -93,7 +93,8 @@ class MapperJob(ndb.Model):
     """A run of a registered job (mapper.jobs.JobDefinition) over every entity of its kind; key name is the run's
     id.
 
-    Read by key by every task (the ndb global cache serves it from memcached); written three times at most.
+    Read by key by every task (the ndb global cache serves it from memcached); written when it starts, ends and is
+    cancelled, and by its follow-up's sends and run (completion.py).
     """
     name = ndb.StringProperty(required=True)
     params = ndb.JsonProperty(default={})

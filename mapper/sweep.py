@@ -95,8 +95,8 @@ def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
 
 def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     """The record of `key`, whose lease ran out: "revived" (its task queued again: it was running), "failed" (taken
-    up MAX_REVIVALS times already), "children" (it had ended: its children without a record were queued again), or
-    None (nothing to do: it moved on, or its job has ended)."""
+    up MAX_REVIVALS times already), "revived" too when it had ended and its children without a record were queued
+    again, or None (nothing to do: it moved on, or its job has ended)."""
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
     ended = job is None or job.finished is not None
     lease = runtime.current().settings.mapper_lease_seconds

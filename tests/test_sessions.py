@@ -166,7 +166,7 @@ def test_on_cloud_run_the_dev_sign_in_is_not_there(stack):
     (The app here still talks to the test's emulator: the settings are read without its address, then given it.)"""
     env = {k: v for k, v in stack.env().items() if k != "DATASTORE_EMULATOR_HOST"}
     settings = Settings.from_env({**env, **TEST_ENV, "K_SERVICE": "app", "DEV_SIGNIN": "on",
-                                  "TRUSTED_HOSTS": "localhost"})
+                                  "TRUSTED_HOSTS": "localhost", "SECRET_KEY": "k" * 32})
     app = create_app(dataclasses.replace(settings, emulator_host=stack.emulator.host), TESTING=True)
     with running(app):
         client = app.test_client()
