@@ -155,6 +155,9 @@ class TaskRecord(ndb.Model):
     # (mapper/sweep.py) queries for leases run out.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
+    # Revivals since its last chunk committed: a delivery alive but slow (a chunk's transaction waiting on locks past
+    # the lease) commits between two revivals and starts the count again; one that dies each time does not.
+    fruitless = ndb.IntegerProperty(default=0, indexed=False)
     revived_by = ndb.TextProperty()  # which sweep call did last: its own retry after an UNKNOWN commit finds it
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began (TaskRecord.new)
     # Its last chunk's commit, or its end (advance, hand_back): when it finished, once done; the timeline's bars end
@@ -186,7 +189,7 @@ class TaskRecord(ndb.Model):
             self.children = [{**c.to_json(), "keys": None, "listed": c.keys is not None} for c in children]
         if chunk:
             self.last_key = chunk[-1]
-        self.updated = clock.now()
+        self.updated, self.fruitless = clock.now(), 0
         self.processed += processed
         if tally:
             self.tally = summed(self.tally or {}, tally)

@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SWEEP_BATCH = 100
-# A task taken up again this many times and dying each time (a page that kills its process) fails, as a task whose
-# deliveries all raised does: the job then ends ("failed") instead of being retried for ever.
+# A task taken up again this many times in a row with no chunk committed between (TaskRecord.fruitless), dying each
+# time (a page that kills its process), fails, as a task whose deliveries all raised does: the job then ends
+# ("failed") instead of being retried for ever. A delivery alive but slower than the lease commits between two
+# revivals and starts the count again.
 MAX_REVIVALS = 5
 # A lower bound on the lease in the query: an ended record's lease is null, and null sorts before every datetime.
 EPOCH = datetime.datetime(2000, 1, 1)
@@ -115,7 +117,7 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
                 return record  # its children first, below; it stays on the list until they all have records
             record.lease = None
         else:
-            record.revived, record.revived_by = record.revived + 1, call
+            record.revived, record.fruitless, record.revived_by = record.revived + 1, (record.fruitless or 0) + 1, call
             record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
         record.put()
         return None if ended or record.lease is None else record
@@ -125,8 +127,8 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     if record.state != "running":
         return _children_recorded(job, record)
     payload = dataclasses.replace(tree.payload_of(job, record), revived=record.revived)
-    if record.revived > MAX_REVIVALS:
-        log.error("mapper task %s died %d times; failed for good", key.id(), record.revived)
+    if record.fruitless > MAX_REVIVALS:
+        log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
         _, returned = tree.hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
         completion.maybe_finish(job, returned)
         return "failed"
@@ -151,7 +153,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
             if ndb.Key(TaskRecord, payload.name).get(retries=0) is not None:  # its delivery got there meanwhile
                 return False
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-            record.revived, record.started = 1, None  # started: by its first delivery (tree.py)
+            record.revived, record.fruitless, record.started = 1, 1, None  # started: by its first delivery (tree.py)
             record.renew(lease)
             record.put()
             return True
