@@ -218,17 +218,21 @@ def _kill_root_mid_page(fleet, job_id, cut):
     fleet.kill_workers(2)
 
 
-def test_a_delivery_killed_after_its_first_chunk_resumes_from_its_record(fleet):
-    before = _balances(fleet)
-    cut = {}
-
+def _job_killed_mid_root_page(fleet):
+    """A job of 3 each whose root task's workers are killed half way through its page (_kill_root_mid_page): the job
+    ended done, every account credited once; (its final JSON, the root's record, the record as the kill cut it)."""
+    before, cut = _balances(fleet), {}
     final = _run_job(fleet, "test_slow_credit", 3, killing=lambda job_id: _kill_root_mid_page(fleet, job_id, cut),
                      page_size=50)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
-    root = fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0"))
-    # the redelivery went on from the record: the page processed once in all, past where the kill cut it
-    assert root.state == "done" and root.processed == 50 and cut["record"].processed < 50
     _credited_once(before, _balances(fleet), 3)
+    return final, fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0")), cut["record"]
+
+
+def test_a_delivery_killed_after_its_first_chunk_resumes_from_its_record(fleet):
+    final, root, cut = _job_killed_mid_root_page(fleet)
+    # the redelivery went on from the record: the page processed once in all, past where the kill cut it
+    assert root.state == "done" and root.processed == 50 and cut.processed < 50
 
 
 # --- the emulator frozen ---------------------------------------------------------------------------------------------
@@ -326,17 +330,10 @@ def _follow_ups(fleet, job_id):
 
 def test_a_task_killed_in_its_last_allowed_delivery_is_taken_up_again_by_the_sweep(last_delivery):
     fleet = last_delivery
-    before = _balances(fleet)
-    cut = {}
-
-    final = _run_job(fleet, "test_slow_credit", 3, killing=lambda job_id: _kill_root_mid_page(fleet, job_id, cut),
-                     page_size=50)
-    assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
-    root = fleet.read(lambda: TaskRecord.get_by_id(f"{final['id']}-0"))
+    final, root, cut = _job_killed_mid_root_page(fleet)
     # the queue had no delivery left: the sweep queued it again, and it went on from its record
     assert root.state == "done" and root.processed == 50 and root.revived >= 1
-    assert cut["record"].processed < 50 and final["revived"] >= 1
-    _credited_once(before, _balances(fleet), 3)
+    assert cut.processed < 50 and final["revived"] >= 1
     wait_until(lambda: _follow_ups(fleet, final["id"]) == 1, "the job's on_done", timeout=30)
     page = fleet.admin().get(f"{fleet.url}/jobs/{final['id']}/timeline", timeout=30)
     assert page.status_code == 200 and "0 (swept)" in page.text and "taken up again by the sweep" in page.text
