@@ -38,12 +38,9 @@ def spend(user_id: str, kind: str) -> None:
     start = now - now % budget.window
     left = start + budget.window - now  # seconds until this window ends (1..window)
     key = f"write-budget:{kind}:{start}:{user_id}"
-    cache = runtime.cache()
-    count = cache.incr(key)
-    if count is None:  # the window's first write, or the cache is away
-        # `add`, not a blind store: two first writes at once both land here, and the one whose add loses counts on
-        # the other's. The key outlives its window by a second, so a late incr never recreates it.
-        count = 1 if cache.add(key, 1, expire=left + 1) else cache.incr(key)
+    # One counter shared by every process (Cache.next_number: two first writes at once both count); the key outlives
+    # its window by a second, so a late incr never recreates it. None: the cache is away.
+    count = runtime.cache().next_number(key, start=0, expire=left + 1)
     if count is not None and count > limit:
         raise TooManyWrites(f"You have created {limit} {KINDS[kind]} within {_duration(budget.window)}, the most one "
                             f"person may; try again in {_duration(left)}.", left)

@@ -302,9 +302,10 @@ class Cache:
         writer replaced."""
         return bool(self._safely(False, lambda c: c.set(key, value, expire)))
 
-    def next_number(self, key: str, start: int) -> int | None:
+    def next_number(self, key: str, start: int, expire: int = 0) -> int | None:
         """The next number of a counter every process shares (one `incr`), started at `start` + 1 when the key is
-        missing (never set, flushed or evicted); None when the cache is away. Two processes that both find it missing
+        missing (never set, flushed or evicted), kept `expire` seconds (0: until evicted); None when the cache is
+        away. Two processes that both find it missing
         both `add` it, one wins, and both then `incr` the same counter: no number is given twice while it lives. A
         server that does not answer costs one timeout, not three: the first failure ends the call."""
         def numbered(c: CacheClient) -> int | None:
@@ -312,7 +313,7 @@ class Cache:
             # its retry_timeout (it answers instead of raising): the next number is then unknown, as when away
             number = c.incr(key, 1)
             if number is None:
-                c.add(key, start)  # False: another process started it first; either way it exists now
+                c.add(key, start, expire)  # False: another process started it first; either way it exists now
                 number = c.incr(key, 1)
             return number or None
         return self._safely(None, numbered)
