@@ -1,13 +1,11 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import contextlib
 import os
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.api_core import exceptions as core_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import datastore_v1, ndb
 from google.cloud.datastore_v1.services.datastore.transports import DatastoreGrpcTransport
@@ -16,9 +14,6 @@ from google.cloud.ndb import model as ndb_model
 from core import billing, costs
 from core.production_latency import Model
 from core.settings import Settings
-
-# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN.
-CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 
 
 class RpcCounter(grpc.UnaryUnaryClientInterceptor):
@@ -55,21 +50,6 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
 def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
     """`channel` with every RPC counted, after its modelled wait under `model`."""
     return grpc.intercept_channel(channel, RpcCounter(model))
-
-
-def is_contention(error: BaseException) -> bool:
-    """True when `error` means "collided, try the transaction again". ndb retries a failing RPC itself and then
-    raises RetryError with the last error as its cause: contention when that cause is, but when it is an unreachable
-    Datastore, retrying whole transactions would only make the user wait longer for the 503."""
-    if isinstance(error, core_exceptions.RetryError):
-        error = error.cause
-    return isinstance(error, CONTENTION_ERRORS)
-
-
-def backoff(attempt: int, base: float, cap: float) -> None:
-    """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
-    together must not all come back together."""
-    time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
 
 
 def make_client(settings: Settings, model: Model) -> ndb.Client:

@@ -1,40 +1,77 @@
-"""Transactions as the app runs them: retried on contention with jittered backoff, and, on an entity many requests
-write at once, run in turn with that entity's other writers in every process (core/hotspots.py)."""
+"""Transactions as the app runs them: one retry loop for every commit that can collide, and one way to apply a write
+exactly once although a commit may answer UNKNOWN after it applied (docs/lessons/exactly-once.md).
+
+- `retried(attempt, on_collision)`: run `attempt` again when it collides (ABORTED, or the emulator's UNKNOWN), calling
+  `on_collision` before each new try: by default a jittered backoff; a sharded counter passes a policy that moves
+  to another shard instead (counters/writes.py).
+- `transact(fn)`: `fn` in a transaction through that loop, taking its turn at a hot entity first (core/hotspots.py).
+- `Call`: the id of one call, written in the same commit as its effect (its *stamp*), so that the call's retry after
+  an UNKNOWN commit can ask `call.applied(stamp)`: was the write already made, and by me or by someone else?
+"""
 import contextlib
+import random
+import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import costs, runtime
-from core.datastore import backoff, is_contention
 from core.errors import Unavailable
 
 T = TypeVar("T")
 
+# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN (which may have
+# applied: hence `Call`).
+CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
+BUSY = "This is too busy right now; try again."
 
-def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, cap: float = 1.0,
-             busy_message: str = "This is too busy right now; try again.", hot_key: ndb.Key | None = None) -> T:
-    """fn() in a transaction, tried again on contention after a jittered backoff; Unavailable (503) when contention
-    outlasts `max_attempts`. ndb's own retry waits from 1 s, a poor tail for a short transaction on a busy group.
-    `hot_key`: the entity many requests write at once (a blog's index, a user's sequence, a counter's config, a job):
-    each attempt waits for its turn at it (`in_turn`).
 
-    A commit can fail as UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: write a
-    marker in the same transaction and look for it first (see blog.service.post_entry).
-    """
-    for attempt in range(max_attempts):
-        with in_turn(hot_key):
-            try:
-                return ndb.transaction(fn, retries=0)
-            except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
-                if not is_contention(e):
-                    raise
+def is_contention(error: BaseException) -> bool:
+    """True when `error` means "collided, try the transaction again". ndb retries a failing RPC itself and then
+    raises RetryError with the last error as its cause: contention when that cause is, but when it is an unreachable
+    Datastore, retrying whole transactions would only make the user wait longer for the 503."""
+    if isinstance(error, core_exceptions.RetryError):
+        error = error.cause
+    return isinstance(error, CONTENTION_ERRORS)
+
+
+def backoff(attempt: int, base: float, cap: float) -> None:
+    """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
+    together must not all come back together."""
+    time.sleep(random.uniform(0, min(base * 2 ** attempt, cap)))
+
+
+def retried(attempt: Callable[[], T], on_collision: Callable[[int], None], max_attempts: int = 30,
+            busy_message: str = BUSY) -> T:
+    """`attempt()`, tried again after `on_collision(n)` (n: collisions so far, from 0) each time it collides;
+    Unavailable (503) when contention outlasts `max_attempts`. Anything but contention is raised at once."""
+    for collisions in range(max_attempts):
+        try:
+            return attempt()
+        except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
+            if not is_contention(e):
+                raise
         cost = costs.current()
         if cost is not None:  # a collision, shown in the request's Server-Timing (appstats.accounting)
             cost.add_retry()
-        backoff(attempt, base, cap)
+        on_collision(collisions)
     raise Unavailable(busy_message, "contention")
+
+
+def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, cap: float = 1.0,
+             busy_message: str = BUSY, hot_key: ndb.Key | None = None) -> T:
+    """fn() in a transaction, tried again on contention after a jittered backoff. ndb's own retry waits from 1 s, a
+    poor tail for a short transaction on a busy group. `hot_key`: the entity many requests write at once (a blog's
+    index, a user's sequence, a counter's config, a job): each attempt first waits for its turn at it (`in_turn`).
+    A commit can answer UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: it
+    writes a `Call`'s stamp with its effect and looks for it first."""
+    def attempt() -> T:
+        with in_turn(hot_key):
+            return ndb.transaction(fn, retries=0)
+    return retried(attempt, lambda n: backoff(n, base, cap), max_attempts, busy_message)
 
 
 def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:
@@ -43,3 +80,24 @@ def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:
     if hot_key is None:
         return contextlib.nullcontext()
     return runtime.current().hot_entities.turn(hot_key)
+
+
+class Call:
+    """One call that must take effect once. Its `id` is written in the same commit as the effect (the stamp: a marker
+    entity's field, the written entity's own field, an entry in a list); a retry of the commit reads the stamp first.
+
+    `applied(stamp)` answers the retry:
+    - None: nothing written yet: apply (and write `id` with it);
+    - True: written by this very call, whose commit answered UNKNOWN but applied: write nothing again, but still do
+      what was to follow the commit (a cached total's incr, a task to enqueue), which never ran;
+    - False: written by another call (a resend of the same request, another delivery of the same task): write
+      nothing, and answer with what that call wrote.
+    """
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4().hex
+
+    def applied(self, stamp: str | None) -> bool | None:
+        if stamp is None:
+            return None
+        return stamp == self.id

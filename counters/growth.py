@@ -8,9 +8,8 @@ import threading
 from google.cloud import ndb
 
 from core.cache import CACHE_DOWN
-from core.datastore import is_contention
 from core.errors import Conflict, Unprocessable, found
-from core.transactions import in_turn, transact
+from core.transactions import in_turn, is_contention, transact
 from counters.models import CounterConfig, validate_name, validate_num_shards
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import clock, runtime
-from core.datastore import backoff, is_contention
 from core.errors import Unavailable
+from core.transactions import backoff, is_contention
 from counters.models import AppliedIncrement, CounterShard, total_cache_key
 
 MAX_ATTEMPTS = 100

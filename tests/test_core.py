@@ -519,7 +519,7 @@ def test_unreachable_google_keys_are_503_only_for_those_signing_in(gae_client, g
 
 
 def test_contention_is_told_from_an_outage():
-    from core.datastore import is_contention
+    from core.transactions import is_contention
     aborted = core_exceptions.Aborted("too much contention on these datastore entities")
     assert is_contention(aborted) and is_contention(core_exceptions.Unknown("?"))
     # ndb retries an RPC itself, then wraps the last error: what counts is that error.
