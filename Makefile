@@ -12,7 +12,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench load screenshots deploy clean seed
+.PHONY: run test lint bench load screenshots deploy clean seed guarantees
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/mypy
+
+## guarantees: break each guarantee's code on purpose in a scratch copy (tests/mutations/*.toml), run only its named
+## tests, report killed / survived (tests/mutations/run.py; ARGS="--write" fills docs/guarantees.md's last column)
+guarantees: $(STAMP)
+	$(PY) -m tests.mutations.run $(ARGS)
 
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)
