@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -160,6 +161,7 @@ def main() -> int:
     if not mutations:
         print("no mutation entries match", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its scratch copy
     started, tree = time.monotonic(), scratch_copy()
     try:
         outcomes = run(mutations, tree)
