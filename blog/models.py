@@ -84,5 +84,5 @@ class PostMarker(ndb.Model):
     """
     _use_global_cache = False
     index = ndb.IntegerProperty(required=True, indexed=False)
-    token = ndb.TextProperty(required=True)  # which call wrote it, so that call's own retry still says "created"
+    call = ndb.TextProperty(required=True)  # the stamp: the id of the Call that wrote it (core/transactions.py)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
