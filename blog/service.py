@@ -33,9 +33,10 @@ class Posted:
 
 
 def post_entry(blog: str, title: object, body: object, author: str, idempotency_key: str | None = None) -> Posted:
-    """Write an entry with the blog's next index (a blog is created by its first entry): the BlogIndex's bump, the
-    entry and a PostMarker (keyed by the Idempotency-Key, else by the call) commit together, in one entity group, so
-    indexes are dense and unique and a post is applied once. Why, on each emulator: docs/lessons/blog.md."""
+    """Write an entry with the blog's next index (a blog is created by its first entry). The BlogIndex's bump, the
+    entry and a PostMarker (keyed by the Idempotency-Key, else by the call) commit together in the blog's entity
+    group: indexes dense and unique, each post applied once. Why and how on each emulator:
+    docs/lessons/blog.md#why-posts-need-turns-the-two-emulators."""
     validate_blog(blog)
     title, body = validate_title(title), validate_body(body)
     validate.idempotency_key(idempotency_key)
@@ -79,7 +80,7 @@ def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntr
 
 def _page_cache_key(blog: str, max_index: int, limit: int) -> str:
     """The key of a blog's cached front page: it names `max_index`, which every post changes, so no reader is served
-    a front page older than a committed post (why a delete on commit is not enough: docs/lessons/blog.md)."""
+    one older than a committed post (docs/lessons/blog.md#why-the-front-pages-key-names-max_index)."""
     return f"blog-page:{blog}:{max_index}:{limit}"
 
 
