@@ -16,7 +16,7 @@ import counters
 import latency
 import mapper
 import tour
-from blog.service import BODY_MAX, TITLE_MAX
+from blog.validate import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
 from core import views as core_views
 from core.settings import Settings, with_secret_key

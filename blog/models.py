@@ -1,11 +1,6 @@
-"""Blog entities: one entity group per blog.
-
-An entry must get the next index of its blog, dense and unique however many admins post at once. Datastore has no
-auto-increment and no row count, so each blog has a BlogIndex entity holding the highest index given out, and a post
-reads it, bumps it and writes the entry in one transaction. A transaction is atomic within entity groups, so the
-entries are children of their BlogIndex: the bump and the entry commit together or not at all, and an ancestor query
-over the blog is strongly consistent. The price is one entity group per blog, about one post per second sustained,
-which is plenty for a blog (comments, written by many, do not live in this group: see comments/).
+"""Blog entities: one entity group per blog, so that a post's index bump and its entry commit together and an
+ancestor query over the blog is strongly consistent. The price, about one post a second per blog, is plenty for a blog
+(comments, written by many, live elsewhere: see comments/). Why: docs/lessons/blog.md.
 """
 from dataclasses import dataclass
 
@@ -13,12 +8,10 @@ from google.cloud import ndb
 
 
 class BlogIndex(ndb.Model):
-    """A blog; key name is the blog's name. `max_index` is the highest entry index given out (the talk's name).
-
-    Read by key on every front-page view, written once per post: the ndb global cache serves it from memcached. Its
-    value is also the version of the blog's cached front page (blog/service.py), so it must never be read stale from
-    there: ndb locks its cache entry before the post commits and its readers fill the cache only by compare-and-swap.
-    No in-context cache, so a long-lived context (a thread, a task) sees other processes' posts.
+    """A blog; key name is the blog's name. `max_index` is the highest entry index given out (the talk's name), and
+    the version of the blog's cached front page. Read by key on every page view, so in ndb's global cache (never
+    stale: docs/lessons/blog.md#why-the-front-pages-key-names-max_index); not in the in-context cache, so a
+    long-lived context (a thread, a task) sees other processes' posts.
     """
     _use_cache = False
     max_index = ndb.IntegerProperty(required=True, indexed=False)
@@ -31,10 +24,7 @@ class BlogIndex(ndb.Model):
 
 class BlogEntry(ndb.Model):
     """An entry; child of its BlogIndex, key name "<blog>:<index>" (EntryRef.key), so a permalink is a get by key.
-
-    `index` is the only indexed property: pages are `index <= start ORDER BY index DESC` within the blog (an ancestor
-    query, with its composite index in index.yaml). `body_html` is rendered and sanitized once, when the entry is
-    written, not on every view.
+    `index` is its only indexed property (pages query it); `body_html` is rendered and sanitized once, when written.
     """
     index = ndb.IntegerProperty(required=True)
     title = ndb.TextProperty(required=True)
@@ -46,12 +36,9 @@ class BlogEntry(ndb.Model):
 
 @dataclass(frozen=True, order=True)
 class EntryRef:
-    """One entry's identity, and the only code that spells its names. Every feature that refers to an entry holds one
-    (blog/service.py's `entry_ref` checks a blog and index from outside and makes it).
-
-    The spellings are each fixed by data already stored, so they stay as they are: the BlogEntry key name
-    "<blog>:<index>", the reference other entities store ("<blog>/<index>", the shape of its URL), and the stem of its
-    counters' names ("<blog>.<index>", counter names allow no ':' or '/').
+    """One entry's identity, and the only code that spells its names (`entry_ref` in blog/service.py makes one from a
+    URL). Each spelling is fixed by data already stored: the key name "<blog>:<index>", the reference other entities
+    store ("<blog>/<index>"), the stem of its counters' names ("<blog>.<index>": no ':' or '/' in a counter name).
     """
     blog: str
     index: int
@@ -76,13 +63,11 @@ class EntryRef:
 
 
 class PostMarker(ndb.Model):
-    """A post request that has been applied; child of the BlogIndex, key name the request's idempotency key.
-
-    Written in the post's transaction, so it exists exactly when the entry does. A retry of the same request (the
-    client's, or ours after a commit whose outcome was UNKNOWN) finds it and answers with the entry already written
-    instead of spending a second index. Read only inside that transaction, so not in the global cache.
+    """A post that has been applied; child of the BlogIndex, key name the request's idempotency key (or the call's
+    id). Written in the post's transaction: a retry (the client's, or ours after an UNKNOWN commit) finds it and
+    answers with the entry instead of spending a second index. Read only in that transaction: not globally cached.
     """
     _use_global_cache = False
     index = ndb.IntegerProperty(required=True, indexed=False)
-    token = ndb.TextProperty(required=True)  # which call wrote it, so that call's own retry still says "created"
+    call = ndb.TextProperty(required=True)  # the stamp: the id of the Call that wrote it (core/transactions.py)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)

@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask, current_app, render_template
 from markupsafe import Markup
 
-from blog import service
+from blog import service, view_counts
 from blog.models import EntryRef
 from core.fragments import Fragments
 
@@ -55,7 +55,7 @@ def init_app(app: Flask) -> None:
 
 
 def render_index(blog: str, page: service.BlogPage, form: Mapping[str, str] | None = None) -> str:
-    refs = [service.EntryRef(blog, e["index"]) for e in page.items]
+    refs = [EntryRef(blog, e["index"]) for e in page.items]
     shown = summaries(refs)
     # The page of entries rendered once per process for what it shows: an entry is never changed once posted, so its
     # blog and index name its content, and the addons' figures (comment counts) are in the key as they are now.
@@ -71,7 +71,7 @@ def render_entry(ref: EntryRef, status: int = 200, state: dict[str, Any] | None 
     entry = service.require_entry(ref)
     summary = summaries([ref])[ref]
     sections = [addon.section(ref, summary, (state or {}).get(addon.name)) for addon in _addons() if addon.section]
-    return render_template("blog/entry.html", blog=ref.blog, entry=entry, ref=ref, views=service.view_count(ref),
+    return render_template("blog/entry.html", blog=ref.blog, entry=entry, ref=ref, views=view_counts.view_count(ref),
                            max_index=service.require_blog(ref.blog).max_index,
-                           views_counter=service.views_counter(ref), summary=summary, addons=_addons(),
+                           views_counter=view_counts.views_counter(ref), summary=summary, addons=_addons(),
                            sections=sections), status

@@ -5,7 +5,7 @@ from collections.abc import Callable, Mapping
 from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from blog import pages, service
+from blog import entries, pages, service, view_counts
 from core import budget, identity, runtime, validate
 from core.errors import AppError, BadInput
 from core.web import form_refused, json_body
@@ -31,7 +31,7 @@ def _cache_or_not() -> contextlib.AbstractContextManager[None]:
 @bp.get("/blog")
 def blogs() -> ResponseReturnValue:
     """Every blog, and for admins a form to start one."""
-    return render_template("blog/blogs.html", blogs=service.list_blogs(), form={})
+    return render_template("blog/blogs.html", blogs=entries.list_blogs(), form={})
 
 
 @bp.get("/blog/<blog>")
@@ -83,7 +83,7 @@ def start_blog_form() -> ResponseReturnValue:
     """Admin: start a blog by posting its first entry."""
     blog = request.form.get("blog", "").strip()
     return _post_from_form(
-        blog, lambda form: render_template("blog/blogs.html", blogs=service.list_blogs(), form=form))
+        blog, lambda form: render_template("blog/blogs.html", blogs=entries.list_blogs(), form=form))
 
 
 @bp.post("/blog/<blog>/entries")
@@ -97,7 +97,7 @@ def post_form(blog: str) -> ResponseReturnValue:
 @bp.get("/api/blogs")
 def api_blogs() -> ResponseReturnValue:
     """Every blog with its number of entries (the first 100 by name)."""
-    return jsonify(blogs=[{"name": name, "entries": count} for name, count in service.list_blogs()])
+    return jsonify(blogs=[{"name": name, "entries": count} for name, count in entries.list_blogs()])
 
 
 @bp.post("/api/blogs/<blog>/entries")
@@ -125,7 +125,7 @@ def api_entries(blog: str) -> ResponseReturnValue:
 @bp.post("/api/blogs/<blog>/entries/<index>/views")
 def api_view(blog: str, index: str) -> ResponseReturnValue:
     """Count one view of the entry (sent by its page's script; anyone may) -> its view count."""
-    return jsonify(views=service.record_view(service.entry_ref(blog, index)))
+    return jsonify(views=view_counts.record_view(service.entry_ref(blog, index)))
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>")
@@ -133,4 +133,4 @@ def api_entry(blog: str, index: str) -> ResponseReturnValue:
     """One entry by index, with its view count and what the entry addons add (comments: its comment count)."""
     ref = service.entry_ref(blog, index)
     entry = service.require_entry(ref)
-    return jsonify({**entry, "views": service.view_count(ref), **pages.summaries([ref])[ref]})
+    return jsonify({**entry, "views": view_counts.view_count(ref), **pages.summaries([ref])[ref]})

@@ -4,12 +4,12 @@ import time
 import pytest
 from google.cloud import ndb
 
-from blog import markup, service
+from blog import markup, service, view_counts
 from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from core import runtime
 from core.cache import CACHE_DOWN
-from core.errors import NotFound
-from tests.support import in_threads, writers_meet_before_writing
+from core.errors import Conflict, NotFound
+from tests.support import commit_answers_unknown, in_threads, writers_meet_before_writing
 
 
 def _post(n, blog="b", start=0):
@@ -152,6 +152,35 @@ def test_concurrent_retries_of_one_request_post_once(app):
     assert sum(r.created for r in results) == 1 and {r.entry["index"] for r in results} == {0}
 
 
+@pytest.mark.parametrize("idempotency_key", [None, "req-1"])
+def test_a_post_whose_commit_answered_unknown_but_applied_is_posted_once_and_says_created(ndb_context, monkeypatch,
+                                                                                         idempotency_key):
+    """A commit can answer UNKNOWN and yet have applied; `transact` runs the transaction again, which finds the
+    marker this very call wrote (its stamp, `call`): the same entry, still "created", no second index. A resend of
+    the request (another call, the same key) answers with that entry, not created."""
+    answered = commit_answers_unknown(monkeypatch, "post_entry.<locals>.txn")
+    posted = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key)
+    monkeypatch.undo()
+    assert answered  # the commit did answer UNKNOWN
+    assert posted.created and posted.entry["index"] == 0
+    assert service.require_blog("b").max_index == 0
+    assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 1
+    if idempotency_key:
+        again = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key)
+        assert not again.created and again.entry == posted.entry
+
+
+def test_a_resend_whose_posted_entry_is_gone_is_a_conflict_and_posts_nothing(ndb_context):
+    """The marker outlives an entry deleted since (nothing in the app deletes one): a resend of its request is told
+    so, rather than failing on the missing entry or posting it again under a new index."""
+    service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+    EntryRef("b", 0).key.delete()
+    with pytest.raises(Conflict) as refused:
+        service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+    assert refused.value.code == "posted_entry_gone" and refused.value.status == 409
+    assert service.require_blog("b").max_index == 0
+
+
 @pytest.mark.parametrize("body,absent", [
     ("<script>alert(1)</script>hi", ["<script", "alert(1)"]),
     ("[click](javascript:alert(1))", ["javascript:"]),
@@ -198,8 +227,8 @@ def test_markdown_renders_in_time_that_grows_linearly_with_the_text(unit):
 
 def test_views_are_counted_on_an_unlisted_adaptive_counter(ndb_context):
     _post(1)
-    assert service.view_count(EntryRef("b", 0)) == 0
-    assert [service.record_view(EntryRef("b", 0)) for _ in range(3)][-1] == 3
+    assert view_counts.view_count(EntryRef("b", 0)) == 0
+    assert [view_counts.record_view(EntryRef("b", 0)) for _ in range(3)][-1] == 3
     from counters import growth, totals
     assert growth.get_config("blog:b.0.views").mode == "adaptive"
     assert [c.name for c, _, _ in totals.list_counters()] == []

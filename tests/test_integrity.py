@@ -8,7 +8,7 @@ from google.cloud import ndb
 from google.cloud.ndb import context as context_module
 
 from accounts import service as accounts_service
-from blog import service as blog
+from blog import view_counts as blog
 from comments import service as comments
 from core import runtime
 from counters.models import CounterConfig, CounterShard
