@@ -29,6 +29,7 @@ COUNTERS = counters.owned("comments")  # the comments' own counters (an entry's 
 
 
 def sort_key(when: datetime.datetime, user_id: str, seq: int) -> str:
+    """A comment's id, unique and in posting order: `<time>|<user>|<user's sequence>`."""
     if SEPARATOR in user_id:
         raise ValueError("a user id in a sort key cannot contain the separator")
     # Fixed width, spelled out, so that string order is time order: strftime's %Y does not zero-pad years before
