@@ -1,10 +1,11 @@
-"""Comments, the third lesson: service.py (the operations and the recount job), models.py, views.py (their section
-under each entry, the form, /api/.../comments). Comments build on the blog and the counters; neither knows them.
+"""Comments, the third lesson: service.py (the operations), models.py, bookmarks.py (a page's bookmark and the reader's
+own comments), recount.py (the repair job), views.py (their section under each entry, the form, /api/.../comments).
+Comments build on the blog and the counters; neither knows them.
 """
 from flask import Flask
 
 from blog import pages as blog_pages
-from comments import demo, production, service, views
+from comments import demo, production, recount, views
 from core import features
 from mapper import jobs as mapper_jobs
 
@@ -12,7 +13,7 @@ from mapper import jobs as mapper_jobs
 def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     blog_pages.add_entry_addon(app, views.ENTRY_ADDON)
-    mapper_jobs.register(app, service.RECOUNT)
+    mapper_jobs.register(app, recount.RECOUNT)
     features.add(app, features.Feature(
         name="comments",
         lesson=features.Lesson(

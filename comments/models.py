@@ -11,20 +11,29 @@ from google.cloud import ndb
 
 class UserSequence(ndb.Model):
     """A user's comment sequence; key name is the user's pseudonym (core.identity.pseudonym: the key is in every
-    comment's public id, so it must not say who wrote it). Written only by that user's own posts.
+    comment's public id, so it must not say who wrote it). Written only by that user's own posts; read in
+    transactions only, so in neither cache (the global one would make every comment wait on memcached).
 
-    Neither cache: it is read in transactions only, and the global cache would make every comment wait on the cache.
-    `recent` holds the user's last RECENT_REQUESTS comment requests as [token, sort key, call]: the token is the
-    request's idempotency key (else a fresh one), so a resend of it (a form sent twice) or a retry after a commit whose
-    outcome was unknown finds it and answers with that comment instead of posting it again; `call` tells the two
-    apart (only the call's own retry goes on to count the comment). Several, not one: the user's other tab may post
-    in between. On the entity the transaction reads anyway: no read or write more per comment.
+    `recent`: the user's last RECENT_REQUESTS posts as [request, comment, written_by]: the request's idempotency
+    key (None without one), the comment's id, and the id of the `Call` that wrote it (its stamp). Several, not one:
+    the user's other tab may post in between (docs/lessons/comments.md#a-resend-and-a-retry).
     """
     RECENT_REQUESTS = 8
     _use_cache = False
     _use_global_cache = False
     seq = ndb.IntegerProperty(default=0, indexed=False)
     recent = ndb.JsonProperty(default=[])
+
+    def post_of(self, request: str | None, call_id: str) -> tuple[str, str] | None:
+        """(comment, written_by) of a recent post written by the call `call_id` itself, or sent with the idempotency
+        key `request`; None when neither is recent."""
+        for sent_with, comment_id, written_by in self.recent:
+            if written_by == call_id or (request is not None and sent_with == request):
+                return comment_id, written_by
+        return None
+
+    def remember(self, request: str | None, comment_id: str, written_by: str) -> None:
+        self.recent = [*self.recent, [request, comment_id, written_by]][-self.RECENT_REQUESTS:]
 
 
 class Comment(ndb.Model):

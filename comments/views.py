@@ -23,6 +23,8 @@ from core.web import form_refused, json_body
 bp = Blueprint("comments", __name__)
 URL = re.compile(r"https?://[^\s<>\"']+")
 TRAILING = ".,;:!?)]}'\""
+RECENT_SESSION_KEY = "recent_comments"  # the ids of a person's latest comments, kept in their session cookie
+RECENT_KEEP = 5
 
 
 @bp.app_template_filter()
@@ -44,8 +46,8 @@ def linkify(text: str) -> Markup:
 
 def _remember(comment: dict[str, Any]) -> None:
     """Keep the id of the person's new comment in their session, so pages show it at once (service.get_comments)."""
-    recent = [c for c in session.get(service.RECENT_SESSION_KEY, []) if c != comment["id"]]
-    session[service.RECENT_SESSION_KEY] = (recent + [comment["id"]])[-service.RECENT_KEEP:]
+    recent = [c for c in session.get(RECENT_SESSION_KEY, []) if c != comment["id"]]
+    session[RECENT_SESSION_KEY] = (recent + [comment["id"]])[-RECENT_KEEP:]
 
 
 def _summaries(refs: list[EntryRef]) -> dict[EntryRef, dict[str, Any]]:
@@ -57,7 +59,7 @@ def _section(ref: EntryRef, summary: dict[str, Any], form: Mapping[str, str] | N
     refilled with `form` after a refused comment."""
     args = request.args
     page = service.get_comments(ref, args.get("after"), args.get("before"), last=args.get("page") == "last",
-                                own=session.get(service.RECENT_SESSION_KEY, ()))
+                                own=session.get(RECENT_SESSION_KEY, ()))
     return Markup(render_template("comments/_section.html", ref=ref, comments=page,
                                   comment_count=summary["comment_count"], comment_form=form or {},
                                   comment_max=service.TEXT_MAX))
@@ -100,5 +102,5 @@ def api_list(blog: str, index: str) -> ResponseReturnValue:
     args = request.args
     page = service.get_comments(blog_service.entry_ref(blog, index), args.get("after"), args.get("before"),
                                 args.get("limit"), last=args.get("page") == "last",
-                                own=session.get(service.RECENT_SESSION_KEY, ()))
+                                own=session.get(RECENT_SESSION_KEY, ()))
     return jsonify(comments=page.items, next=page.next, prev=page.prev)

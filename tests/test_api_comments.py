@@ -92,6 +92,19 @@ def test_public_ids_and_authors_say_nothing_guessable_about_who(client, auth, en
         assert "@example.com" not in text
 
 
+def test_a_resend_with_its_idempotency_key_answers_the_first_comment_or_409_once_it_was_deleted(client, auth, entry):
+    auth.sign_in("ann@example.com")
+    first = _comment(client, "once", headers={"Idempotency-Key": "k-1"})
+    again = _comment(client, "once", headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == again.status_code == 201 and again.get_json() == first.get_json()
+    [key] = _stored(Comment)
+    with runtime.current().context():
+        key.delete()  # by hand: no page deletes a comment
+    removed = _comment(client, "once", headers={"Idempotency-Key": "k-1"})
+    assert removed.status_code == 409 and removed.get_json()["error"]["code"] == "comment_removed"
+    assert _stored(Comment) == [] and client.get("/api/blogs/news/entries/0").get_json()["comment_count"] == 1
+
+
 def test_anonymous_comment_is_401_and_writes_nothing(client, entry):
     r = _comment(client, "hi")
     assert r.status_code == 401 and r.get_json()["error"]["code"] == "sign_in_required"

@@ -10,6 +10,7 @@ from accounts import demo as accounts_demo
 from accounts.models import Account
 from blog import service as blog_service
 from blog.models import EntryRef
+from comments import recount as comments_recount
 from comments import service as comments_service
 from core import runtime, tasks
 from counters.models import CounterConfig
@@ -327,7 +328,7 @@ def test_recount_fits_a_chunk_of_entries_from_as_many_blogs_in_one_transaction(a
     """A chunk's entries may each be in another blog (another entity group), and each repaired counter adds two groups
     (its config and a shard): the job's chunk keeps the worst case within legacy's 25 groups a transaction."""
     own = comments_service.COUNTERS
-    chunk = comments_service.RECOUNT.chunk
+    chunk = comments_recount.RECOUNT.chunk
     with runtime.current().context():
         for b in range(chunk):
             blog_service.post_entry(f"rc{b:02d}", "one entry", "body", "boss@example.com")

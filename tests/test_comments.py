@@ -7,10 +7,10 @@ from google.cloud import ndb
 from blog import demo as blog_demo
 from blog import service as blog_service
 from blog.models import EntryRef
-from comments import service
+from comments import service, views
 from comments.models import Comment, UserSequence
 from core import identity, runtime, transactions
-from core.errors import BadInput, NotFound, SignInRequired, Unprocessable
+from core.errors import BadInput, Conflict, NotFound, SignInRequired, Unprocessable
 from counters import growth, totals
 from tests.support import commit_answers_unknown, in_threads, writers_meet_before_writing
 
@@ -122,7 +122,7 @@ def test_own_comment_is_seen_at_once_at_consistency_0_9(weak_app):
         user, own = _user("me"), []
         for i in range(15):
             comment = service.post_comment(EntryRef("b", 0), user, f"mine {i}")
-            own = (own + [comment["id"]])[-service.RECENT_KEEP:]
+            own = (own + [comment["id"]])[-views.RECENT_KEEP:]
             page = service.get_comments(EntryRef("b", 0), last=True, own=own)
             assert page.items[-1]["id"] == comment["id"]
 
@@ -178,6 +178,19 @@ def test_a_resent_comment_is_written_and_counted_once(ndb_context):
     assert len(Comment.query().fetch()) == 1 and _exact_count("b", 0) == 1
     service.post_comment(EntryRef("b", 0), _user("u"), "twice", "form-token-2")
     assert _exact_count("b", 0) == 2
+
+
+def test_a_resent_comment_that_was_removed_since_is_a_conflict_not_posted_again(ndb_context):
+    """The request's first send wrote the comment, and it was deleted since (by hand: no page deletes one): the resend
+    finds its request among the sequence's recent ones but no comment, and says so instead of failing on None."""
+    _entry()
+    first = service.post_comment(EntryRef("b", 0), _user("u"), "once", "form-token-1")
+    Comment.query().get(keys_only=True).delete()
+    with pytest.raises(Conflict, match="removed"):
+        service.post_comment(EntryRef("b", 0), _user("u"), "once", "form-token-1")
+    assert Comment.query().fetch() == [] and _exact_count("b", 0) == 1
+    assert ndb.Key(UserSequence, identity.pseudonym(_user("u"))).get().seq == 1
+    assert first["id"] not in [c["id"] for c in service.get_comments(EntryRef("b", 0)).items]
 
 
 @pytest.mark.parametrize("idempotency_key", [None, "form-token-1"])
