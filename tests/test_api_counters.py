@@ -93,7 +93,7 @@ def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(clie
         for marker in fresh:
             assert started + MARKER_LIFETIME <= marker.expires <= started + 2 * MARKER_LIFETIME
         past = started - datetime.timedelta(minutes=1)
-        ndb.put_multi([AppliedIncrement(id=f"views|old-{i}", token="t", expires=past) for i in range(7)])
+        ndb.put_multi([AppliedIncrement(id=f"views|old-{i}", call="t", expires=past) for i in range(7)])
     queued = [t for t in task_queue.queue.pending if t.handler == counters_markers.SWEEP_HANDLER]
     assert 1 <= len(queued) <= 2  # two markers, one request for this hour's sweep (two across an hour's end)
     monkeypatch.setattr(counters_markers, "SWEEP_BATCH", 2)
