@@ -295,6 +295,46 @@ def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_
     assert totals.get_total("unknown") == totals.Total(2, True)  # the cached total, moved on by the retry
 
 
+def _colliding_once(monkeypatch):
+    """Each increment's first attempt collides (ABORTED, before it writes); the shards the attempts chose."""
+    real, tried = writes.shard_writer, []
+
+    def writer(name, marker_key):
+        write = real(name, marker_key)
+
+        def attempt(index):
+            tried.append(index)
+            if len(tried) == 1:
+                raise core_exceptions.Aborted("collided")
+            return write(index)
+        return attempt
+    monkeypatch.setattr(service, "shard_writer", writer)
+    return tried
+
+
+@pytest.mark.parametrize("mode", ["general", "adaptive"])
+def test_a_collision_moves_the_increment_to_another_shard_at_once(ndb_context, monkeypatch, mode):
+    """The shard re-pick is the retry loop's collision policy: the collided +1 goes at once (no backoff) to another
+    shard, and an adaptive counter's window hears the collision, then the success."""
+    growth.configure("moves", mode, 4)
+    tried, slept, heard = _colliding_once(monkeypatch), [], []
+    monkeypatch.setattr(writes, "backoff", lambda *args: slept.append(args))
+    monkeypatch.setattr(growth.contention, "observe", lambda name, shards, collided: heard.append(collided) or 0)
+    result = service.increment("moves")
+    assert result.applied and result.attempts == 2 and tried[0] != tried[1] == result.shard and not slept
+    assert heard == ([True, False] if mode == "adaptive" else [])
+    assert sum(totals.shard_counts_of(growth.require_config("moves"))) == 1
+
+
+def test_a_collision_on_a_single_shard_waits_a_jittered_while(ndb_context, monkeypatch):
+    """One shard: nowhere else to go, so the retry waits its backoff (up to 0.5 s first) on the same shard."""
+    growth.configure("alone", "general", 1)
+    tried, slept = _colliding_once(monkeypatch), []
+    monkeypatch.setattr(writes, "backoff", lambda *args: slept.append(args))
+    assert service.increment("alone").attempts == 2
+    assert tried == [0, 0] and slept == [(1, writes.SINGLE_SHARD_BACKOFF, writes.SINGLE_SHARD_BACKOFF_CAP)]
+
+
 def test_a_count_riding_on_a_request_never_fails_it(ndb_context, monkeypatch):
     """A feature's own counter is best effort: Datastore not answering while it counts is logged, not raised, so a
     comment already written is not answered with an error."""
