@@ -266,6 +266,18 @@ def test_an_adaptive_counter_whose_growth_did_not_apply_is_judged_again(legacy_a
         assert failed and growth.get_config("regrow").num_shards > 1
 
 
+def test_a_growth_whose_transaction_collides_is_skipped_not_raised(ndb_context, monkeypatch):
+    """Growing is best effort, one attempt: a collision leaves the counter as it was for a later window to grow."""
+    growth.configure("collides", "adaptive")
+
+    def collided(*args, **kwargs):
+        raise core_exceptions.Aborted("another writer of the config")
+    monkeypatch.setattr(ndb, "transaction", collided)
+    assert growth.grow("collides", 1, 4) == 1
+    monkeypatch.undo()
+    assert growth.get_config("collides").num_shards == 1
+
+
 def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     growth.configure("steps", "adaptive")
     assert growth.grow("steps", 1, 4) == 4
