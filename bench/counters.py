@@ -82,7 +82,7 @@ def _prepare(variant, tag, writers):
                     "adaptive": ("adaptive", None)}[variant]
     growth.configure(name, mode, shards)
     return (lambda i: service.increment(name).attempts,
-            lambda: list(totals.shard_counts(growth.require_config(name))), name)
+            lambda: list(totals.shard_counts_of(growth.require_config(name))), name)
 
 
 def measure_writes(rounds, seconds, writer_counts=WRITERS, column=""):
@@ -124,7 +124,7 @@ def measure_reads(rounds):
     Each read in a fresh ndb context, as each request has its own: nothing comes from a context cache.
     """
     cached_read = harness.in_context(lambda: totals.get_total("readme").cached)
-    summed_read = harness.in_context(lambda: sum(totals.shard_counts(growth.require_config("readme"))))
+    summed_read = harness.in_context(lambda: sum(totals.shard_counts_of(growth.require_config("readme"))))
 
     def one_round():
         # cached again each round: under the latency model a round's reads take longer than the total's lifetime

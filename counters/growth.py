@@ -1,19 +1,19 @@
 """A counter's config (CounterConfig: its mode and its number of shards), created and grown: by an admin
-(`increase_shards`), or by an adaptive counter itself. Each process watches its own transaction attempts on an
-adaptive counter (ContentionWindow), and multiplies the counter's shards (`grow`) while they keep colliding, up to
+(`increase_shards`), or by an adaptive counter itself. Each process watches its own attempts at an adaptive counter
+(`listener`, ContentionWindow) and multiplies its shards (`grow`) while they keep colliding, up to
 ADAPTIVE_MAX_SHARDS."""
 import logging
 import threading
+from collections.abc import Callable
 
 from google.cloud import ndb
 
 from core.cache import CACHE_DOWN
-from core.errors import Conflict, Unprocessable, found
-from core.transactions import in_turn, is_contention, transact
-from counters.models import CounterConfig, validate_name, validate_num_shards
+from core.errors import Conflict, Unavailable, Unprocessable, found
+from core.transactions import in_turn, transact
+from counters.models import ADAPTIVE_MAX_SHARDS, CounterConfig, validate_name, validate_num_shards
 
 log = logging.getLogger(__name__)
-ADAPTIVE_MAX_SHARDS = 256
 DEFAULT_SHARDS = {"general": 20, "adaptive": 1}
 
 
@@ -26,12 +26,9 @@ def require_config(name: str) -> CounterConfig:
 
 
 def configure(name: str, mode: object, num_shards: object = None, listed: bool = True) -> CounterConfig:
-    """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`.
-    `listed=False` keeps a counter that another feature keeps (an entry's views) off the counters page and list.
-
-    Created in a transaction so that two first uses racing each other cannot both create it (get_or_insert outside
-    a transaction races). A counter's mode is fixed at creation: changing it is a Conflict.
-    """
+    """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`; its mode never changes
+    (Conflict). In a transaction, so that two racing first uses cannot both create it. `listed=False` keeps a counter
+    that another feature keeps (an entry's views) off the counters page and list."""
     validate_name(name)
     if not isinstance(mode, str) or mode not in DEFAULT_SHARDS:
         raise Unprocessable("mode must be 'general' or 'adaptive'.", "bad_mode")
@@ -75,17 +72,10 @@ def increase_shards(name: str, num_shards: object) -> CounterConfig:
 
 
 class ContentionWindow:
-    """Per process and per adaptive counter: how many of the last transaction attempts collided.
-
-    One collision is noise; growth is for contention that lasts. Every attempt is evidence, heard as it happens (an
-    increment stuck behind many collisions would report too late), so a badly contended counter fills its window in a
-    fraction of a second. It grows when at least GROW_AT of the last WINDOW attempts here collided, by as much as the
-    collisions say: an attempt collides about as often as the writers in flight outnumber the shards, so a rate of
-    collisions k times GROW_AT asks for k times the shards (rounded up to a power of two). The window then starts
-    afresh at the new size, so growth stops once the shards are enough for the load. Kept in the process (no
-    shared entity to contend on); each process judges from its own attempts, and the config transaction keeps their
-    verdicts from adding up.
-    """
+    """Per process and per adaptive counter: how many of the last attempts collided. It asks to grow when at least
+    GROW_AT of the last WINDOW collided, by as much as the rate says (k times GROW_AT: k times the shards, rounded up
+    to a power of two), then starts afresh at the new size. Kept in the process: no shared entity to contend on; why
+    this rule, in docs/lessons/counters.md ("When an adaptive counter grows")."""
     WINDOW = 32
     # A counter of few shards is judged sooner: growing it wrongly costs a shard or two, and on one shard every retry
     # also waits its backoff, so 32 attempts there took seconds.
@@ -130,14 +120,31 @@ class ContentionWindow:
 contention = ContentionWindow()  # the process's own
 
 
+def listener(name: str) -> Callable[[int, bool], int]:
+    """What an adaptive counter's increment tells of each attempt (writes.commit_on_a_shard's `on_attempt`): heard
+    as it happens, so a stuck increment grows the counter at once. Returns the shard count to go on with."""
+    def on_attempt(num_shards: int, collided: bool) -> int:
+        factor = contention.observe(name, num_shards, collided)
+        if factor:
+            grown = num_shards
+            try:
+                grown = grow(name, num_shards, factor)
+            finally:  # a fresh window at the size the counter has, even when grow raised
+                contention.restart(name, grown)
+            return grown
+        if collided:
+            # Another writer may have grown the counter since this increment began: retry over all its shards.
+            # Only a committed shard count is safe to use, since a total sums the shards below it.
+            return max(num_shards, require_config(name).num_shards)
+        return num_shards
+    return on_attempt
+
+
 def grow(name: str, seen_shards: int, factor: int) -> int:
     """Multiply an adaptive counter's shards by `factor`, up to the cap; never lowers them. Returns the shard count
-    to go on with.
-
-    Only the first process to ask at a given size grows the counter (the check on `seen_shards`), so several processes
-    reaching the same verdict grow it once. Best effort: if this transaction collides or the config cannot be written
-    (memcached away: it is a globally cached kind), a later window asks again.
-    """
+    to go on with. Only the first process to ask at a given size grows it (the check on `seen_shards`). Best effort:
+    one attempt; if it collides or the config cannot be written (memcached away: a globally cached kind), a later
+    window asks again."""
     current = require_config(name).num_shards  # a cheap look first: another process may have grown it already
     if current != seen_shards or seen_shards >= ADAPTIVE_MAX_SHARDS:
         return current
@@ -152,11 +159,8 @@ def grow(name: str, seen_shards: int, factor: int) -> int:
         return config.num_shards
     try:
         # In turn with the config's other writers (creation, an admin's raise, other processes growing it), so as
-        # not to wait out a lock timeout against them; one attempt only, as said above.
-        with in_turn(key):
-            return ndb.transaction(txn, retries=0)
-    except Exception as e:  # noqa: BLE001 - collided, or memcached away: a later window asks again
-        if not (is_contention(e) or isinstance(e, CACHE_DOWN)):
-            raise
+        # not to wait out a lock timeout against them.
+        return transact(txn, max_attempts=1, hot_key=key)
+    except (Unavailable, *CACHE_DOWN) as e:  # collided (the loop's one attempt), or memcached away
         log.info("adaptive counter %s not grown this time: %r", name, e)
         return seen_shards

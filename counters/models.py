@@ -18,7 +18,12 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 # anyone can create through the public API is ever one of them, whatever features are added later.
 OWNER_SEPARATOR = ":"
 OWNER_PATTERN = re.compile(r"[a-z]{1,20}")
+# The two shard caps. An admin may give a counter up to MAX_SHARDS: the counters page reads at most that many shards a
+# view (totals.PAGE_SHARDS), so every counter can be drawn. An adaptive counter grows itself, unattended, so its cap
+# is lower: a total not cached reads every shard, and about ten shards per writer in flight settle its collisions (the
+# demo's 16 writers reach 128 to 256; docs/lessons/counters.md).
 MAX_SHARDS = 1000
+ADAPTIVE_MAX_SHARDS = 256
 
 
 def validate_name(name: object) -> str:
@@ -96,14 +101,12 @@ class AppliedIncrement(ndb.Model):
     Written in the same transaction as the shard it increments, so the marker exists exactly when the increment does.
     Each marker is its own root entity: only retries of the same key ever contend on it.
 
-    Markers expire: anyone may increment a counter with a fresh key, so markers kept for ever would let anonymous
-    clients grow storage without bound. A key is honoured for MARKER_LIFETIME at least (a client retries within
-    seconds), then the marker goes: in production by a TTL policy on `expires` (Firestore in Datastore mode, deleted
-    typically within 24 hours of expiry: https://cloud.google.com/datastore/docs/ttl), and everywhere by the sweep
-    (service.sweep_markers), which the emulators need since neither applies TTL policies.
+    Markers expire after MARKER_LIFETIME at least (anyone may send fresh keys, so kept for ever they would grow
+    storage without bound): by a TTL policy on `expires` in production, and by the sweep (counters/markers.py)
+    everywhere; docs/lessons/counters.md.
     """
     _use_global_cache = False
-    token = ndb.TextProperty()  # which call applied it, so that call's own retry still says "applied"
+    call = ndb.TextProperty()  # the stamp: the id of the call that applied it (core.transactions.Call)
     # Midnight UTC, a day or two ahead: indexed for the sweep's query, and coarse on purpose. Index rows sort by value
     # then key, so one day's markers spread over their keys (random idempotency keys), where an exact timestamp would
     # put every new row at the end of the index: the hotspot Firestore documents as a limit of 500 writes a second
@@ -112,9 +115,9 @@ class AppliedIncrement(ndb.Model):
     expires = ndb.DateTimeProperty(required=True)
 
     @classmethod
-    def new(cls, key: ndb.Key, token: str, now: datetime.datetime) -> "AppliedIncrement":
+    def new(cls, key: ndb.Key, call: str, now: datetime.datetime) -> "AppliedIncrement":
         day = (now + MARKER_LIFETIME).replace(hour=0, minute=0, second=0, microsecond=0)
-        return cls(key=key, token=token, expires=day + datetime.timedelta(days=1))
+        return cls(key=key, call=call, expires=day + datetime.timedelta(days=1))
 
     @staticmethod
     def key_for(name: str, idempotency_key: str) -> ndb.Key:

@@ -28,7 +28,7 @@ TOTAL_KEY = "simple-counter-total"
 # - low: an increment whose commit the sum missed and whose `incr` came before the `add` (it found no copy to bump);
 # - high: an increment the sum already counted whose `incr` came after the `add` (counted twice);
 # - low: an increment whose `incr` the cache lost.
-TOTAL_LIFETIME = 60  # seconds
+TOTAL_LIFETIME = 60  # seconds; the named counters' cached totals (totals.py) live as long
 
 
 class SimpleCounterShard(ndb.Model):

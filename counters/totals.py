@@ -17,7 +17,6 @@ from counters.models import (
     validate_name,
 )
 
-TOTAL_LIFETIME = 60  # seconds a cached total lives; it bounds how long a lost memcached incr can show
 SHARD_VIEW_LIFETIME = 5  # seconds the cached copy of a counter's shard counts lives (read by all but admins)
 LIST_LIMIT = 100
 PAGE_COUNTERS = 10  # counters on one view of the counters page
@@ -38,35 +37,20 @@ def shard_counts_many(configs: list[CounterConfig]) -> list[list[int]]:
     return [[s.count if s else 0 for s in itertools.islice(shards, c.num_shards)] for c in configs]
 
 
-def shard_counts(config: CounterConfig) -> list[int]:
+def shard_counts_of(config: CounterConfig) -> list[int]:
+    """Each shard's count of a named counter (simple.shard_counts: the simple counter's)."""
     return shard_counts_many([config])[0]
 
 
 def cached_totals(names: list[str], configs: dict | None = None, with_shards: bool = False,
                   shards_from_cache: bool = False) -> dict[str, tuple[Total, list[int] | None]]:
     """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one cache round
-    trip, the rest summed from their shards in one Datastore batch (by key: strongly consistent, no query) and then
-    cached. `configs` ({name: config or None}) when the caller has them; else the missing ones are read by key in one
-    batch. `with_shards` reads every counter's shards in that batch, and missing totals come from the same read.
-
-    A counter that was never created counts 0, and that 0 is cached too: otherwise every page listing entries without
-    comments would ask Datastore for the missing configs again (ndb's global cache does not keep misses). Its first
-    increment incrs the cached 0 after committing, as for any cached total.
-
-    `add`, not `set`: a total another reader cached meanwhile has since received increments of its own; overwriting it
-    with ours would lose them. The cached total is the talk's trade: an increment whose commit lands between a reader's
-    shard read and its `add`, or whose `incr` is lost to a frozen cache, is missing from the cached value until it
-    expires, at most TOTAL_LIFETIME. Reads that must be exact use `shard_counts` or `exact_totals`.
-
-    `shards_from_cache` (with `with_shards` and `configs`) is for every reader but an admin: each counter's shard
-    counts come from a copy cached for SHARD_VIEW_LIFETIME seconds, fetched in the same cache round trip as the totals,
-    and are read from Datastore (then cached) only when there is no copy. The bill a GET can cause: reading the
-    shards bills one entity read per shard (128 to 256 for the demo's adaptive counter, up to MAX_SHARDS), and anyone
-    may ask for them as often as they like (in production anyone with a Google account signs in). With the copy, a
-    counter's shards are billed at most once a lifetime however many views ask (the talk's lesson: cache what many
-    requests read the same way). The copy may lack the last few seconds' increments (the total beside it, incr'd
-    after each commit, has them); exact readers (an admin, increments, repairs, growth) leave it False and read the
-    shards.
+    trip, the rest summed from their shards in one Datastore batch by key and then cached (`add`, not `set`: never
+    overwrite a total that incrs have moved on), for simple.TOTAL_LIFETIME. A counter never created counts 0, cached
+    too. `configs` ({name: config or None}) when the caller has them. `with_shards` reads every counter's shards;
+    `shards_from_cache` (everyone but an admin) takes them from a copy cached for SHARD_VIEW_LIFETIME, since anyone
+    may ask and each shard is a billed read. Exact readers use `shard_counts_of` or `exact_totals`. The trade-offs:
+    docs/lessons/counters.md ("Caching trade-offs").
     """
     cache = runtime.cache()
     keys = {name: total_cache_key(name) for name in names}
@@ -86,7 +70,7 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
             total = Total(int(cached[keys[name]]), True)
         else:
             total = Total(sum(shards.get(name, ())), False)
-            cache.add(keys[name], total.count, expire=TOTAL_LIFETIME)
+            cache.add(keys[name], total.count, expire=simple.TOTAL_LIFETIME)
         counts = shards.get(name) if with_shards else None
         if name in views:
             if counts is None:
@@ -147,18 +131,10 @@ class CountersPage:
 
 def counters_page(after: str | None = None, shards_from_cache: bool = False) -> CountersPage:
     """What the counters page shows: public counters by name after `after`, each with every shard drawn, and the
-    simple counter's twenty shards, all the shards read in one Datastore batch.
-
-    Bounded in what it reads, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS of their
-    shards (a counter that would pass the budget starts the next page; a page always shows one), so a view reads at
-    most PAGE_COUNTERS + 1 configs and PAGE_SHARDS + simple.SHARDS shards however many counters exist and however
-    many shards admins gave them. With `shards_from_cache` (anyone but an admin) the counters' shards come from
-    their short-lived cached copies (see `cached_totals`), so a repeated view reads only the configs and the simple
-    counter's twenty shards.
-
-    ndb sends every key asked for before its event loop next runs as one Lookup: the simple shards are asked for (not
-    awaited) after the configs' query, so they travel with the counters' shards; nothing between runs the event loop
-    (the cache's round trip is not ndb's)."""
+    simple counter's twenty shards, all the shards read in one Datastore batch. Bounded, since anyone may load it:
+    at most PAGE_COUNTERS counters and PAGE_SHARDS of their shards (a counter that would pass that starts the next
+    page; a page always shows one). The simple shards are asked for (not awaited) after the configs' query, so ndb
+    sends them in the same Lookup as the counters' shards: nothing between runs its event loop."""
     if after is not None:
         validate_name(after)
     configs = _listed_configs(PAGE_COUNTERS + 1, after)

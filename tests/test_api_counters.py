@@ -8,7 +8,8 @@ from google.cloud import ndb
 
 from core import clock, runtime
 from counters import growth as counters_growth
-from counters import service as counters_service
+from counters import markers as counters_markers
+from counters import simple as counters_simple
 from counters import totals as counters_totals
 from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
 from main import MAX_BODY_BYTES
@@ -92,13 +93,13 @@ def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(clie
         for marker in fresh:
             assert started + MARKER_LIFETIME <= marker.expires <= started + 2 * MARKER_LIFETIME
         past = started - datetime.timedelta(minutes=1)
-        ndb.put_multi([AppliedIncrement(id=f"views|old-{i}", token="t", expires=past) for i in range(7)])
-    queued = [t for t in task_queue.queue.pending if t.handler == counters_service.SWEEP_HANDLER]
+        ndb.put_multi([AppliedIncrement(id=f"views|old-{i}", call="t", expires=past) for i in range(7)])
+    queued = [t for t in task_queue.queue.pending if t.handler == counters_markers.SWEEP_HANDLER]
     assert 1 <= len(queued) <= 2  # two markers, one request for this hour's sweep (two across an hour's end)
-    monkeypatch.setattr(counters_service, "SWEEP_BATCH", 2)
-    monkeypatch.setattr(counters_service, "SWEEP_BATCHES", 2)  # 4 a part: the sweep hands on twice
+    monkeypatch.setattr(counters_markers, "SWEEP_BATCH", 2)
+    monkeypatch.setattr(counters_markers, "SWEEP_BATCHES", 2)  # 4 a part: the sweep hands on twice
     task_queue.drain()
-    swept = [r for t, status, r in task_queue.responses if t.handler == counters_service.SWEEP_HANDLER]
+    swept = [r for t, status, r in task_queue.responses if t.handler == counters_markers.SWEEP_HANDLER]
     assert [status for t, status, _ in task_queue.responses] == [200] * len(task_queue.responses)
     assert len(swept) >= 2 and swept[0]["more"] is True
     with runtime.current().context():
@@ -231,7 +232,7 @@ def test_memcached_stopped_mid_test(client, auth, stack):
 def test_memcached_frozen_costs_bounded_time(client, auth, stack, monkeypatch):
     # Long enough to outlast the freeze below (a signed-in request's cache calls each wait out their timeout while it
     # lasts, its session generation's among them: core/identity.py), so the thawed server still holds the total.
-    monkeypatch.setattr(counters_totals, "TOTAL_LIFETIME", 4)
+    monkeypatch.setattr(counters_simple, "TOTAL_LIFETIME", 4)
     auth.sign_in()
     client.post("/api/counters/f/increment")
     assert client.get("/api/counters/f").get_json()["count"] == 1  # now cached
@@ -401,7 +402,7 @@ def test_a_new_adaptive_counter_burst_from_its_page_shows_the_lesson(client, aut
     assert r.status_code == 200 and said
     with runtime.current().context():
         config = counters_growth.get_config(said[1])
-        assert config.mode == "adaptive" and sum(counters_totals.shard_counts(config)) == 200
+        assert config.mode == "adaptive" and sum(counters_totals.shard_counts_of(config)) == 200
     if backend == "legacy":  # 16 writers on one shard collide, and it grows
         assert float(said[2]) > 1 and said[3] == f"grew from 1 shard to {config.num_shards}" and config.num_shards > 1
     else:  # blind increments never collide

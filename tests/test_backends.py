@@ -38,8 +38,8 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
                 increments.commit(key, "count", 1, insert=marker)
             assert key.get(use_cache=False).count == 86  # the refused commit wrote nothing
             stored = AppliedIncrement.key_for("blind", "k1").get(use_cache=False)
-            # stored as a put() of the model would store it: its token, and its expiry for the TTL policy and the sweep
-            assert stored.token == "mine" and stored.expires == marker.expires
+            # stored as a put() of the model would store it: its call, and its expiry for the TTL policy and the sweep
+            assert stored.call == "mine" and stored.expires == marker.expires
             assert isinstance(stored.expires, datetime.datetime)
 
 

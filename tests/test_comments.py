@@ -26,7 +26,7 @@ def _entry(blog="b", count=1):
 
 def _exact_count(blog, index):
     config = growth.get_config(service.COUNTERS.name(service.comments_counter(EntryRef(blog, index))))
-    return sum(totals.shard_counts(config)) if config else 0
+    return sum(totals.shard_counts_of(config)) if config else 0
 
 
 def _walk_forward(limit, **kw):

@@ -26,7 +26,7 @@ def test_concurrent_increments_are_exact(ndb_context, backend, mode):
     results = _hammer(lambda: service.increment("hot"))
     assert len(results) == THREADS * EACH and all(r.applied for r in results)
     config = growth.require_config("hot")
-    assert sum(totals.shard_counts(config)) == THREADS * EACH
+    assert sum(totals.shard_counts_of(config)) == THREADS * EACH
     if backend == "legacy":  # optimistic: the writers did collide (so the retry path ran), each retry landed once
         assert sum(r.attempts for r in results) > THREADS * EACH
     else:  # Firestore: blind server-side increments read nothing and lock nothing, so nothing collides
@@ -43,7 +43,7 @@ def test_uncontended_increments_reach_every_shard(ndb_context):
     results = [service.increment("spread") for _ in range(80)]
     assert all(r.applied and r.attempts == 1 for r in results)
     assert sorted({r.shard for r in results}) == [0, 1, 2]
-    counts = totals.shard_counts(growth.require_config("spread"))
+    counts = totals.shard_counts_of(growth.require_config("spread"))
     assert len(counts) == 3 and all(counts) and sum(counts) == 80, counts
 
 
@@ -86,7 +86,7 @@ def test_first_increment_creates_a_general_counter(ndb_context):
 def test_racing_first_increments_create_one_counter(ndb_context):
     in_threads(16, lambda i: service.increment("born-busy"))
     assert CounterConfig.query().fetch(keys_only=True) == [ndb.Key(CounterConfig, "born-busy")]
-    assert sum(totals.shard_counts(growth.require_config("born-busy"))) == 16
+    assert sum(totals.shard_counts_of(growth.require_config("born-busy"))) == 16
 
 
 def test_cached_total_follows_increments(ndb_context):
@@ -99,7 +99,7 @@ def test_cached_total_follows_increments(ndb_context):
 
 
 def test_cached_total_is_rebuilt_after_expiry(ndb_context, monkeypatch):
-    monkeypatch.setattr(totals, "TOTAL_LIFETIME", 1)
+    monkeypatch.setattr(simple, "TOTAL_LIFETIME", 1)
     for _ in range(3):
         service.increment("short")
     assert totals.get_total("short") == totals.Total(3, False)
@@ -144,7 +144,7 @@ def test_adaptive_counter_grows_under_contention(ndb_context, backend):
         # The Firestore emulator never refuses a blind increment, so there is no contention to grow on (production
         # answers a document written past its sustained rate with ABORTED, which the same loop counts as a collision).
         assert grown == 1 and all(r.attempts == 1 for r in results)
-    assert sum(totals.shard_counts(growth.get_config("busy"))) == len(results) == 24 * 30
+    assert sum(totals.shard_counts_of(growth.get_config("busy"))) == len(results) == 24 * 30
 
 
 def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_context):
@@ -171,16 +171,16 @@ def test_mode_is_fixed_at_creation(ndb_context):
 def test_idempotency_key_applies_once_however_often_retried(ndb_context):
     results = [service.increment("idem", "order-42") for _ in range(5)]
     assert [r.applied for r in results] == [True, False, False, False, False]
-    assert sum(totals.shard_counts(growth.get_config("idem"))) == 1
+    assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 1
     assert service.increment("idem", "order-43").applied  # another key is another increment
-    assert sum(totals.shard_counts(growth.get_config("idem"))) == 2
+    assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 2
 
 
 def test_concurrent_retries_of_one_key_apply_once(ndb_context):
     growth.configure("idem2", "general")
     results = in_threads(8, lambda i: service.increment("idem2", "same-key"))
     assert sum(r.applied for r in results) == 1
-    assert sum(totals.shard_counts(growth.get_config("idem2"))) == 1
+    assert sum(totals.shard_counts_of(growth.get_config("idem2"))) == 1
 
 
 def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_apply_once(legacy_app, monkeypatch):
@@ -194,7 +194,7 @@ def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_appl
     results = in_threads(2, lambda i: service.increment("idem3", "sent-twice"))
     assert sorted(r.applied for r in results) == [False, True]
     with runtime.current().context():
-        assert totals.shard_counts(growth.get_config("idem3")) == [1]
+        assert totals.shard_counts_of(growth.get_config("idem3")) == [1]
 
 
 def test_idempotency_keys_are_per_counter(ndb_context):
@@ -266,6 +266,18 @@ def test_an_adaptive_counter_whose_growth_did_not_apply_is_judged_again(legacy_a
         assert failed and growth.get_config("regrow").num_shards > 1
 
 
+def test_a_growth_whose_transaction_collides_is_skipped_not_raised(ndb_context, monkeypatch):
+    """Growing is best effort, one attempt: a collision leaves the counter as it was for a later window to grow."""
+    growth.configure("collides", "adaptive")
+
+    def collided(*args, **kwargs):
+        raise core_exceptions.Aborted("another writer of the config")
+    monkeypatch.setattr(ndb, "transaction", collided)
+    assert growth.grow("collides", 1, 4) == 1
+    monkeypatch.undo()
+    assert growth.get_config("collides").num_shards == 1
+
+
 def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     growth.configure("steps", "adaptive")
     assert growth.grow("steps", 1, 4) == 4
@@ -291,8 +303,48 @@ def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_
     monkeypatch.setattr(writes.ShardWriter, "_counted", answer_lost)
     result = service.increment("unknown", "k1")
     assert lost and result.applied is True and result.attempts == 2
-    assert totals.shard_counts(growth.get_config("unknown")) == [2]
+    assert totals.shard_counts_of(growth.get_config("unknown")) == [2]
     assert totals.get_total("unknown") == totals.Total(2, True)  # the cached total, moved on by the retry
+
+
+def _colliding_once(monkeypatch):
+    """Each increment's first attempt collides (ABORTED, before it writes); the shards the attempts chose."""
+    real, tried = writes.shard_writer, []
+
+    def writer(name, marker_key):
+        write = real(name, marker_key)
+
+        def attempt(index):
+            tried.append(index)
+            if len(tried) == 1:
+                raise core_exceptions.Aborted("collided")
+            return write(index)
+        return attempt
+    monkeypatch.setattr(service, "shard_writer", writer)
+    return tried
+
+
+@pytest.mark.parametrize("mode", ["general", "adaptive"])
+def test_a_collision_moves_the_increment_to_another_shard_at_once(ndb_context, monkeypatch, mode):
+    """The shard re-pick is the retry loop's collision policy: the collided +1 goes at once (no backoff) to another
+    shard, and an adaptive counter's window hears the collision, then the success."""
+    growth.configure("moves", mode, 4)
+    tried, slept, heard = _colliding_once(monkeypatch), [], []
+    monkeypatch.setattr(writes, "backoff", lambda *args: slept.append(args))
+    monkeypatch.setattr(growth.contention, "observe", lambda name, shards, collided: heard.append(collided) or 0)
+    result = service.increment("moves")
+    assert result.applied and result.attempts == 2 and tried[0] != tried[1] == result.shard and not slept
+    assert heard == ([True, False] if mode == "adaptive" else [])
+    assert sum(totals.shard_counts_of(growth.require_config("moves"))) == 1
+
+
+def test_a_collision_on_a_single_shard_waits_a_jittered_while(ndb_context, monkeypatch):
+    """One shard: nowhere else to go, so the retry waits its backoff (up to 0.5 s first) on the same shard."""
+    growth.configure("alone", "general", 1)
+    tried, slept = _colliding_once(monkeypatch), []
+    monkeypatch.setattr(writes, "backoff", lambda *args: slept.append(args))
+    assert service.increment("alone").attempts == 2
+    assert tried == [0, 0] and slept == [(1, writes.SINGLE_SHARD_BACKOFF, writes.SINGLE_SHARD_BACKOFF_CAP)]
 
 
 def test_a_count_riding_on_a_request_never_fails_it(ndb_context, monkeypatch):
@@ -315,7 +367,7 @@ def test_seed_command_seeds_once(app):
         assert names == ["downloads", "likes", "page-views"]
         likes = growth.get_config("likes")
         # (whether the burst grew it depends on how its writers collided; growth itself is tested on its own above)
-        assert likes.mode == "adaptive" and sum(totals.shard_counts(likes)) == 320
+        assert likes.mode == "adaptive" and sum(totals.shard_counts_of(likes)) == 320
         assert sum(simple.shard_counts()) == 30
 
 
