@@ -19,7 +19,7 @@ from core.costs import Cost
 from devstack.apps import app_on
 from devstack.serving import app_env, instances, signed_in
 from devstack.taskqueue import DrainedQueue
-from tests.support import ON_APP_ENGINE, csrf_token, make_app, running, settings_for, timing
+from tests.support import ON_APP_ENGINE, csrf_token, running, settings_for, timing
 
 ADMIN = "boss@example.com"
 SECRET = "appstats-test-secret"
@@ -352,7 +352,7 @@ def test_the_request_lines_go_to_stderr_locally_and_stdout_on_app_engine():
 def test_the_critical_path_is_the_longest_chain_of_calls_one_after_another():
     """A staircase is all on it; of calls in flight together, one; the chain with the most time wins."""
     def calls(*spans):
-        return [costs.Call("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
+        return [costs.TimedCall("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
     assert costs.critical_path(calls((0, 1), (1, 2), (2, 5))) == {0, 1, 2}
     assert costs.critical_path(calls((0, 4), (0, 1), (1, 2), (4, 5))) == {0, 3}  # 4 ms + 1 ms beats 1 + 1 + 1
     assert len(costs.critical_path(calls((0, 3), (0, 3), (0, 3)))) == 1
