@@ -63,9 +63,9 @@ class HotEntities:
         deadline = time.monotonic() + LEASE_SECONDS
         pause = POLL_FIRST
         while True:
-            taken = self.cache.add(name, token, LEASE_SECONDS)
+            taken = self.cache.add(name, token, LEASE_SECONDS)  # False: another writer holds it
             if taken is not False:
-                return bool(taken)
+                return taken is True  # None: no cache to ask
             if time.monotonic() >= deadline:
                 return False
             time.sleep(random.uniform(pause / 2, pause))
