@@ -7,7 +7,7 @@ import time
 from google.cloud import ndb
 
 from bench import posts
-from core import hotspots, runtime
+from core import costs, hotspots, runtime
 from core.cache import IO_TIMEOUT
 from devstack.serving import app_env
 
@@ -86,3 +86,15 @@ def test_the_benchmarks_app_before_the_lease_queues_only_within_its_process(stac
         assert runtime.of(app).hot_entities.leases is False
     finally:
         runtime.of(app).close()
+
+
+def test_with_the_cache_away_a_writer_asks_once_and_gives_back_nothing(app, stack, ndb_context):
+    """`add` answers None when no cache answers: the writer goes on at once, holding no lease, and sends no release."""
+    rt = runtime.of(app)
+    stack.cache.stop()
+    try:
+        with costs.measured() as cost, rt.hot_entities.turn(_key()):
+            pass
+    finally:
+        stack.cache.start()
+    assert dict(cost.cache) == {"add": 1}
