@@ -37,7 +37,7 @@ CLOUD_LINES = _lines("appstats.cloud", sys.stdout)
 
 
 def init_app(app: Flask) -> None:
-    """Off with APPSTATS=off: then no request has a cost, and nothing here runs."""
+    """Nothing here runs for a request without a cost (Runtime.counting_costs off: bench/overhead.py)."""
     rt = runtime.of(app)
     backend, project = rt.cache.backend, rt.settings.project if rt.settings.on_app_engine else None
     cache_name = backend if backend != "none" else "cache"

@@ -1,24 +1,9 @@
 """Appstats' records, kept where the original Appstats kept them: in the cache every process shares (memcached or
-Redis), so /appstats lists the last requests of every gunicorn worker and App Engine instance, and each record opens
-from whichever process answers.
+Redis), so /appstats lists the last requests of every process and opens each from whichever answers.
 
-Each record is numbered by one counter in the cache (`Cache.next_number`: an `incr`, atomic on the server), so no two
-requests anywhere get the same id. It is written with one `set` into slot `id % RING` of a ring of keys: writers from
-many processes never read, change and write back a shared list (which would lose the entries of writers in between),
-each writes its own slot, and the ring bounds what Appstats takes of the cache (RING keys) however busy the app is.
-The listing reads the counter, then the last LISTED slots in one `get_many`; a request's page reads its slot and the
-counter in one. A slot holding another id than the one asked for was written over by a newer request (the ring went
-round), or the record expired or was evicted: the app says so. A cache that does not answer is said as such, never
-taken for a record that is gone.
-
-When the counter is missing (a cache flushed, restarted or that evicted it) it starts again from the time in
-microseconds, so a new id is never one an older record still in the ring (or a link in someone's history) has, unless
-the app served more than a million requests a second. With the cache away no record is kept and the request is served
-all the same (every call in core/cache.py is a miss or a no-op when the server does not answer).
-
-Cost per request: two cache calls after the response is computed (the counter's `incr`, the record's `set`; four the
-one time the counter is started again: a missed `incr`, its `add`, the `incr` again), made outside the request's own
-figures (the response has them already); no Datastore RPC.
+Each record is numbered by one counter in the cache (`Cache.next_number`) and written with one `set` into slot
+`id % RING` of a ring of keys: no shared list to read, change and write back, and a bounded share of the cache however
+busy the app is. Why, and what each case answers: docs/lessons/costs.md, "The records, shared by every process".
 """
 import json
 import time
@@ -50,7 +35,7 @@ class Gone(Exception):
         self.recorded = recorded
 
 
-def keep(cache: Cache, record: dict[str, Any], calls: list[costs.Call]) -> int | None:
+def keep(cache: Cache, record: dict[str, Any], calls: list[costs.TimedCall]) -> int | None:
     """Number `record` and write it with its calls into its slot; its id, or None when the cache is away. The calls
     made here are Appstats' own, not the request's: they are not counted in its figures (already given)."""
     with costs.measuring(None):
@@ -86,7 +71,7 @@ def recent(cache: Cache) -> list[dict[str, Any]]:
     return listed
 
 
-def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.Call]]:
+def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.TimedCall]]:
     """Request `request_id`'s record and its calls (one cache call); Gone when it is not kept, Away when the cache
     does not answer."""
     found = _read(cache, [_slot(request_id), NEXT])
@@ -94,6 +79,6 @@ def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.Call
     if stored is not None:
         record = json.loads(stored)
         if record["request"]["id"] == request_id:
-            return record["request"], [costs.Call(*call) for call in record["calls"]]
+            return record["request"], [costs.TimedCall(*call) for call in record["calls"]]
     latest = found.get(NEXT)  # none: flushed or evicted, with the records
     raise Gone(recorded=latest is None or 0 < request_id <= int(latest))

@@ -236,7 +236,7 @@ def bill_cell(bill):
 
 def bill_cell_of(server_timing):
     """The table cell for a response's own bill (its Server-Timing header), or "not counted" when it has none (an
-    app with APPSTATS=off, a view outside the app)."""
+    app counting no costs, a view outside the app)."""
     return bill_cell(billed_from_header(server_timing)) if server_timing else "not counted"
 
 

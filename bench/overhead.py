@@ -3,9 +3,10 @@
 A bare Flask view (a 4.4 KB page, nothing else), the floor (a bare Flask view returning the front page's bytes read
 from the same cache server in one `get`: the least a cached page can cost) and the app's cheapest pages, with the
 accounting on and off, all served by one gunicorn (App Engine's entrypoint, 2 workers x 8 threads) in the same
-processes. The app with APPSTATS=off is a second app in the same workers, reached by its own Host name, so that the
-two share the workers, their threads and the machine's every spell. Load from wrk, 8 keep-alive connections; in each
-round every variant gets its seconds one at a time, the variants in turn; medians over rounds of the rounds' ratios.
+processes. The app that counts no costs (Runtime.counting_costs off) is a second app in the same workers, reached
+by its own Host name, so that the two share the workers, their threads and the machine's every spell. Load from wrk,
+8 keep-alive connections; in each round every variant gets its seconds one at a time, the variants in turn; medians
+over rounds of the rounds' ratios.
 
 Then the same front page under the production latency model (LATENCY=production), one request at a time, against
 the floor under the model: what serving a kept copy ahead of Flask could save a visitor at most.
@@ -38,21 +39,22 @@ FLOOR_PATH, FLOOR_KEY = "/__floor", "bench-overhead-floor-page"
 
 
 FRONT, BARE, FLOOR, OFF = ("/blog/demo (front page, its entries cached)", "bare Flask view", "floor: one cache get",
-                            "/blog/demo, APPSTATS=off")
+                            "/blog/demo, costs not counted")
 
 
-OFF_HOST = "appstats-off.localhost"  # the Host name the app with APPSTATS=off answers to
+OFF_HOST = "appstats-off.localhost"  # the Host name the app that counts no costs answers to
 
 
 def on_and_off(settings):
     """The app on `settings`, and the same app with the accounting off."""
     from main import create_app
-    return create_app(settings), create_app(dataclasses.replace(
-        settings, appstats=False, trusted_hosts=(*settings.trusted_hosts, OFF_HOST)))  # its own Host name: trusted
+    off = create_app(dataclasses.replace(settings, trusted_hosts=(*settings.trusted_hosts, OFF_HOST)))  # its Host
+    runtime.of(off).counting_costs = False
+    return create_app(settings), off
 
 
 def served():
-    """gunicorn's app (`bench.overhead:served()`): the real app, the same app with APPSTATS=off (for requests to
+    """gunicorn's app (`bench.overhead:served()`): the real app, the same app counting no costs (for requests to
     OFF_HOST), and beside them in the same process two bare Flask views (so all share the workers, the threads and the
     machine): BARE_PATH answers a fixed string, FLOOR_PATH the front page's bytes read from the app's own cache server
     in one `get` (the least a cached page can cost here: one round trip, no Datastore, no template). The floor's copy
@@ -152,7 +154,7 @@ def under_the_model(env, n=100):
 
 def accounting_in_process(env, pairs=200, block=20, on_app_engine=False):
     """The accounting's own cost, steady: the front page served in this process, by the app and by the same app with
-    APPSTATS=off, in alternating blocks of `block` requests, timed by the serving thread's own CPU time
+    costs not counted, in alternating blocks of `block` requests, timed by the serving thread's own CPU time
     (time.thread_time: neither what the machine gives to others nor the wait for memcached counts). Each request is
     served as a gunicorn worker serves it, by gunicorn's own code: its parser reads the request, `wsgi.create` makes
     the environ and the response, the app runs, and gunicorn's Response checks and writes the headers and the body,
@@ -224,7 +226,7 @@ def main(argv=None):
                     OFF: ("/blog/demo", OFF_HOST), "/healthz": ("/healthz", None)}
         for path, host in variants.values():  # warm: templates compiled, caches filled, connections pooled
             wrk(server.url + path, 1, host)
-        # what production would bill one warm request of each (the bare view and APPSTATS=off say nothing)
+        # what production would bill one warm request of each (the bare view and the app counting no costs say nothing)
         bills = {name: requests.get(server.url + path, headers={"Host": host} if host else {},
                                     timeout=10).headers.get("Server-Timing") for name, (path, host) in variants.items()}
         rates, cpu = {name: [] for name in variants}, {name: [] for name in variants}
@@ -280,7 +282,7 @@ def report(args, rates, cpu, backend, bills, in_process, pairs, modelled):
     text = f"""# Per-request overhead: the app's cheapest pages against a bare Flask view
 
 {harness.machine_line([backend])}. gunicorn 2 workers x 8 threads serving the app and a bare Flask view (a 4.4 KB
-string) in the same processes, and the same app with APPSTATS=off beside it, reached by its own Host name. wrk,
+string) in the same processes, and the same app counting no costs beside it, reached by its own Host name. wrk,
 {CONNECTIONS} keep-alive connections, {args.seconds:g} s per variant in each of {args.rounds} rounds, taken a second
 at a time, the variants in turn (every other second in the reverse order); medians.
 A visitor (no session cookie), the demo content of `flask seed`, every cache warm.

@@ -9,8 +9,8 @@ entity all posts to a blog share; each comment one on its author's sequence enti
 - comments:  one user comments from 6 clients (tabs, devices) at once over 2 processes, 3 comments each: the user's
              sequence must come out exactly 1..18.
 Writers of one hot entity queue across processes on a lease in the cache (core/transactions.py). The variant
-`local lock` turns the lease off (HOT_LEASES=off): writers then queue only within their own process, as before, and
-the other processes' transactions meet theirs in the datastore.
+`local lock` serves an app without the lease (`local_lock()`): writers then queue only within their own process, as
+before, and the other processes' transactions meet theirs in the datastore.
 
 Under the production latency model (LATENCY=production or multi-region, core/production_latency.py: every RPC waits a
 modelled round trip, so a post holds the blog's index for tens of milliseconds, as in production) the lease variant
@@ -27,7 +27,8 @@ import time
 import uuid
 
 from bench import harness
-from core import billing, runtime
+from core import billing, hotspots, runtime
+from core.settings import Settings
 from devstack.serving import app_env, instances, signed_in
 
 BURST = 20
@@ -37,9 +38,19 @@ TABS, COMMENTS_PER_TAB = 6, 3
 PROCESSES = (1, 2, 4)
 ADMIN = "bench-admin@example.com"
 TIMEOUT = 120  # seconds, per request: a post that waits on emulator lock timeouts can take tens of seconds
-# Variants: (name, processes, the app's extra environment). `local lock` is the design before the lease, measured
+# Variants: (name, processes, the app gunicorn serves). `local lock` is the design before the lease, measured
 # at 2 processes only (on the Firestore emulator one round of it takes about a minute).
-VARIANTS = [("lease", n, {}) for n in PROCESSES] + [("local lock", 2, {"HOT_LEASES": "off"})]
+VARIANTS = [("lease", n, "main:app") for n in PROCESSES] + [("local lock", 2, "bench.posts:local_lock()")]
+
+
+def local_lock():
+    """gunicorn's app for `local lock`: the app with its writers of a hot entity queued only within their own process
+    (core.hotspots.HotEntities without leases), the design before the lease."""
+    from main import create_app
+    app = create_app(Settings.from_env())
+    rt = runtime.of(app)
+    rt.hot_entities = hotspots.HotEntities(rt.cache, leases=False)
+    return app
 
 
 def _sessions(urls, count, email, admin=False):
@@ -161,15 +172,14 @@ def _comments(urls):
 def measure(args, stack, app):
     results = {}
     latency = runtime.of(app).settings.latency
-    for name, processes, extra in VARIANTS:
+    for name, processes, served in VARIANTS:
         if args.variants and name not in args.variants.split(","):
             continue
         if latency != "none" and (name, processes) != ("lease", 2):
             continue
         # Its writers post far more than one person's write budget allows (core/budget.py): raised for this app.
-        env = dict(app_env(stack, "bench-secret", admins=""), LATENCY=latency, WRITE_BUDGET=BENCH_WRITE_BUDGET,
-                   **extra)
-        with instances(env, processes) as servers:
+        env = dict(app_env(stack, "bench-secret", admins=""), LATENCY=latency, WRITE_BUDGET=BENCH_WRITE_BUDGET)
+        with instances(env, processes, app=served) as servers:
             urls = [s.url for s in servers]
             rounds = args.rounds if name == "lease" else 1
             runs = []
@@ -267,7 +277,8 @@ def report(args, measured):
 {harness.machine_line(backends)}. The app served by gunicorn, one worker of 8 threads per server, 1, 2 or 4
 servers side by side on one emulator and one cache, the clients spread over them, everything over HTTP
 (`devstack.serving.instances`). `lease`: writers of one entity queue across processes on a lease in the cache (the
-app as it is); `local lock`: only within their own process (`HOT_LEASES=off`, the design before the lease), one round.
+app as it is); `local lock`: only within their own process (`bench.posts:local_lock()`, the design before the lease),
+one round.
 In each round: a burst of {BURST} posts at once to a fresh blog; {WRITERS} clients posting to one blog for
 {args.seconds:g} s; at 2 processes, one user commenting from {TABS} clients at once ({COMMENTS_PER_TAB} comments each).
 One untimed burst first, to warm every process's posting path. Medians over {args.rounds} rounds; `worst` is the

@@ -1,36 +1,9 @@
 """What each Datastore RPC is billed in production, read from the RPC itself: its request and its answer.
 
-Emulator time does not carry over to production; the bill does. A query reads the same entities and skips the same
-offset rows on an emulator as in production, a commit writes and deletes the same entities, and a COUNT reads the
-same index entries, so these counts, priced by Firestore in Datastore mode's rules, are what the same request costs
-on App Engine. core/costs.py calls `of()` for every RPC a request makes.
-
-The rules, as Google's pages state them (read 2026-11-23):
-- Read operations: "one read operation for each entity read and one read operation for each batch of up to 1000 index
-  entries read" (https://cloud.google.com/datastore/pricing, "Read operations").
-  - Lookup: a read for each key. Keys answered `missing` are counted as reads too: the page does not exempt them, and
-    the lookup is made either way. (Our reading, not a quoted rule: a missing key may cost less in production.)
-  - RunQuery: a read for each entity returned, and for each entity skipped by an offset, which "are still retrieved
-    internally ... and your application is billed for the read operations required to retrieve them"
-    (https://cloud.google.com/appengine/docs/legacy/standard/python/datastore/query-cursors, "Offsets versus
-    cursors").
-  - Keys-only and projection queries (without DISTINCT ON): "a single entity read for the query itself", their
-    results "small operations" (https://cloud.google.com/datastore/pricing, "Small operations"), which are free.
-  - RunAggregationQuery: one read per batch of up to 1,000 index entries, at least one; a COUNT reads as many entries
-    as it counts (https://cloud.google.com/datastore/docs/aggregation-queries, and for SUM beside COUNT
-    https://cloud.google.com/blog/products/databases/aggregate-with-sum-and-avg-in-firestore, "Pricing").
-  - Index entries read by a RunQuery are charged only for queries with more than one range property (the pricing
-    page's "Index entries"); none of this app's queries has more than one, so none is counted.
-- Writes and deletes: one per entity written (insert, update, upsert) or deleted, whatever its index entries
-  (https://cloud.google.com/datastore/pricing).
-- AllocateIds and ReserveIds: small operations, free.
-- Query Explain (`explain_options` with analyze) is production's own answer. Neither emulator implements it: both
-  accept the option and return no explain_metrics (tried on Cloud SDK 528's emulators), so the rules above cannot be
-  checked against it locally.
-
-Prices: Firestore Standard edition, us-central1 (Iowa), USD per 100,000 operations, after the daily free usage
-(https://cloud.google.com/firestore/pricing#pricing_by_location, read 2026-11-23). Other locations cost more
-(multi-region nam5 twice as much); the operation counts are the same everywhere.
+Emulator time does not carry over to production; the bill does: an emulator reads, skips, writes and counts the same
+entities as production, so these counts, priced by Firestore in Datastore mode's rules, are what the same request
+costs on App Engine. core/costs.py calls `of()` for every RPC a request makes. The rules as Google's pages state
+them, their sources and the prices: docs/lessons/costs.md, "The billing rules".
 """
 import math
 from dataclasses import dataclass

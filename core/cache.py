@@ -26,9 +26,17 @@ from core.production_latency import Model
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
-# What a cache call raises when the server is down, frozen or refuses: OSError covers memcached's refused connections
-# and timeouts, MemcacheError its protocol's failures, RedisError every redis-py failure (connection, timeout, reply).
-CACHE_DOWN = (OSError, pymemcache.exceptions.MemcacheError, redis.RedisError)
+
+
+class CacheUnreachable(ConnectionError):
+    """An OSError (refused, reset, timed out) from a call to the cache server, raised as itself so that it is told from
+    any other OSError (a missing file) where it reaches a view: core/web.py's 503. A ConnectionError, which ndb's
+    global caches count as transient (a miss on a read)."""
+
+
+# What a cache call raises when the server is down, frozen or refuses: CacheUnreachable for memcached's refused
+# connections and timeouts (CountedClient), MemcacheError its protocol's failures, RedisError every redis-py failure.
+CACHE_DOWN = (CacheUnreachable, pymemcache.exceptions.MemcacheError, redis.RedisError)
 
 CONNECT_TIMEOUT = 0.25  # seconds; loopback or same-zone Memorystore answers in well under a millisecond
 IO_TIMEOUT = 0.25
@@ -68,8 +76,9 @@ def make_client(settings: Settings) -> CacheClient:
 
 class CountedClient:
     """A cache client with every call counted for the current request (core/costs.py), whatever the client
-    (pymemcache, redis-py, the app's Redis adapter). redis-py pipelines (ndb's RedisCache compare-and-swap) are counted
-    by their round trips, and each round trip first waits its modelled time under a production latency model."""
+    (pymemcache, redis-py, the app's Redis adapter), its OSErrors raised as CacheUnreachable. redis-py pipelines
+    (ndb's RedisCache compare-and-swap) are counted by their round trips, and each round trip first waits its modelled
+    time under a production latency model."""
 
     PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
 
@@ -94,6 +103,10 @@ class CountedClient:
             self._model.before_cache_call(cost)
             try:
                 return attribute(*args, **kwargs)
+            except CacheUnreachable:
+                raise
+            except OSError as e:
+                raise CacheUnreachable(f"{type(e).__name__}: {e}") from e
             finally:
                 if cost is not None:
                     cost.add_cache(self._prefix + name, started)
@@ -144,8 +157,8 @@ class MemcachedCacheClient:
 
     def delete_if(self, key: str, value: CacheValue) -> bool:
         """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours.
-        Between the two another caller can only have stored the key if it had expired first (see core/hotspots.py
-        for why that is harmless there). Two round trips, counted as one call."""
+        Between the two another caller can only have stored the key if it had expired first (harmless for a lease:
+        docs/lessons/blog.md, "Turns at a hot entity"). Two round trips, counted as one call."""
         return self.memcached.get(key) == value and self.memcached.delete(key, noreply=False)
 
     def flush(self) -> None:
@@ -292,9 +305,12 @@ class Cache:
         tell a miss from an outage."""
         return self._safely(None, lambda c: c.get_many(keys))
 
-    def add(self, key: str, value: CacheValue, expire: int) -> bool:
-        """Store only if absent; False when not stored or the cache is away."""
-        return bool(self._safely(False, lambda c: c.add(key, value, expire)))
+    def add(self, key: str, value: CacheValue, expire: int) -> bool | None:
+        """Store `value` only if `key` is absent (memcached `add`, Redis `SET NX`), kept `expire` seconds (0: until
+        evicted). True: this call stored it; False: the key was there (another caller added it first: a lease held, a
+        lock taken); None: no cache answered (away, frozen, bypassed or none). A caller that must not be stopped by a
+        cache it cannot ask tests `is False`."""
+        return self._safely(None, lambda c: c.add(key, value, expire))
 
     def set(self, key: str, value: CacheValue, expire: int) -> bool:
         """Store whatever is there (a value that must replace an older one: core/identity.py's sign-out, appstats'
@@ -330,13 +346,9 @@ class Cache:
     def delete(self, key: str) -> bool:
         return bool(self._safely(False, lambda c: c.delete(key)))
 
-    def lease(self, key: str, token: CacheValue, seconds: int) -> bool | None:
-        """Take the lease `key` for `seconds` (it expires by itself if never released): True when this call took it,
-        False when another holder has it, None when there is no cache to ask (away, frozen, bypassed or none)."""
-        return self._safely(None, lambda c: c.add(key, token, seconds))
-
     def release(self, key: str, token: CacheValue) -> bool:
-        """Give back a lease this caller took with `token`; a lease that expired and was taken by another stays."""
+        """Delete `key` while it still holds `token` (a lease this caller `add`ed): one that expired and was added
+        again by another caller stays."""
         return bool(self._safely(False, lambda c: c.delete_if(key, token)))
 
     def ping(self) -> str:

@@ -25,7 +25,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no header v
 
 
 @dataclass(frozen=True)
-class Call:
+class TimedCall:
     """One RPC or cache call, in milliseconds from its request's start: when it was made and when it was answered."""
     kind: str  # "datastore" or "cache"
     name: str  # the RPC's method ("Lookup") or the cache call ("get_many")
@@ -45,7 +45,7 @@ class Cost:
     retried: int = 0  # transactions tried again after a collision (core.transactions.transact)
     billed: billing.Billed = field(default_factory=billing.Billed)
     billed_from: Counter[str] = field(default_factory=Counter)  # what the bill is made of: found, skipped, ...
-    calls: list[Call] = field(default_factory=list)  # the first MOST_CALLS calls, in the order they were answered
+    calls: list[TimedCall] = field(default_factory=list)  # the first MOST_CALLS calls, in the order they were answered
     ended: float | None = None  # when the response was ready (`end`): the request's time stops there
     # An RPC's answer may arrive on a gRPC thread while the request reads its figures: every change and read locks.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -68,7 +68,7 @@ class Cost:
     def _keep(self, kind: str, name: str, started: float) -> float:
         ended = time.perf_counter()
         if len(self.calls) < MOST_CALLS and self.ended is None:  # the response's figures are those until it ended
-            self.calls.append(Call(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000))
+            self.calls.append(TimedCall(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000))
         return ended - started
 
     def add_wait(self, seconds: float) -> None:
@@ -111,7 +111,7 @@ class Cost:
                 text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits, {production_latency.label()}"
         return text
 
-    def kept_calls(self) -> list[Call]:
+    def kept_calls(self) -> list[TimedCall]:
         """The calls kept until the request ended, in the order they were made."""
         with self.lock:
             return sorted(self.calls, key=lambda call: call.start_ms)
@@ -131,7 +131,7 @@ class Cost:
                     "app_ms": round(self.app_ms(), 1)}
 
 
-def timeline(calls: list[Call], counted: int) -> dict[str, Any]:
+def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
     """`calls` (in the order they were made) with the critical path among them marked, and how many of the `counted`
     were not kept (`cut`)."""
     critical = critical_path(calls)
@@ -139,7 +139,7 @@ def timeline(calls: list[Call], counted: int) -> dict[str, Any]:
             "cut": max(counted - len(calls), 0)}
 
 
-def critical_path(calls: list[Call]) -> set[int]:
+def critical_path(calls: list[TimedCall]) -> set[int]:
     """The indexes (in `calls`, sorted by start) of the longest chain, in summed time, of calls each made after the one
     before it was answered: the calls the request waited for one after another (its own work between them is not in
     it). Of calls in flight together (ndb's batches, a parallel fetch), one is on it."""

@@ -1,6 +1,5 @@
 """The ndb client (one per process) and the ndb context each request and worker thread runs in."""
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,27 +55,24 @@ def make_client(settings: Settings, model: Model) -> ndb.Client:
     """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
     the request that made it (core/costs.py), and waiting under the production latency `model`."""
     if not settings.emulator_host:
-        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace), model)
-    # ndb.Client takes the emulator's address only from the environment, at construction; the settings may name
-    # another emulator than the process environment (tests run two), so set it for exactly this call.
-    saved = os.environ.get("DATASTORE_EMULATOR_HOST")
-    os.environ["DATASTORE_EMULATOR_HOST"] = settings.emulator_host
-    try:
-        # The emulator needs no credentials; looking for them would fail on a machine without gcloud auth.
-        return _counted(ndb.Client(project=settings.project, namespace=settings.namespace,
-                                   credentials=AnonymousCredentials()), model)
-    finally:
-        if saved is None:
-            del os.environ["DATASTORE_EMULATOR_HOST"]
-        else:
-            os.environ["DATASTORE_EMULATOR_HOST"] = saved
+        client = ndb.Client(project=settings.project, namespace=settings.namespace)
+        return _counted(client, client.stub.grpc_channel, model)
+    # ndb.Client reads the emulator's address only from the process environment, which the settings need not match
+    # (tests run two emulators, and build apps on threads). So the client is built with no need of credentials (the
+    # emulator asks for none), and then given a channel of its own to the settings' emulator; os.environ is not touched.
+    client = ndb.Client(project=settings.project, namespace=settings.namespace, credentials=AnonymousCredentials(),
+                        client_options={"api_endpoint": settings.emulator_host})
+    client.host, client.secure = settings.emulator_host, False
+    channel = grpc.insecure_channel(settings.emulator_host, options=[  # ndb's own options for an emulator's channel
+        ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+    return _counted(client, channel, model)
 
 
-def _counted(client: ndb.Client, model: Model) -> ndb.Client:
-    """The client, its RPCs sent through an intercepted copy of its own channel. ndb makes every call through
-    `client.stub`, the Datastore transport it built on that channel; the replacement is the same transport class on
-    the same channel, intercepted (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
-    client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(client.stub.grpc_channel, model))
+def _counted(client: ndb.Client, channel: grpc.Channel, model: Model) -> ndb.Client:
+    """The client, its RPCs sent through `channel`, intercepted. ndb makes every call through `client.stub`, the
+    Datastore transport it built; the replacement is the same transport class, on the intercepted channel
+    (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(channel, model))
     return client
 
 

@@ -1,32 +1,8 @@
-"""Writers of one hot entity queued: within a process on a lock, across processes on a lease in the cache.
+"""Writers of one hot entity take turns: within a process on a lock, across processes on a lease in the cache.
 
-Why: a transaction that reads an entity and then writes it (a blog's index, a user's comment sequence, a counter's
-config, a job) collides with every other such transaction on that entity. How the collision ends depends on the
-datastore:
-- Firestore in Datastore mode locks pessimistically (PESSIMISTIC is the default concurrency mode of a Firestore
-  database; OPTIMISTIC can be chosen per database, and OPTIMISTIC_WITH_ENTITY_GROUPS exists for databases upgraded from
-  Datastore and "is not recommended": the Admin API's Database.ConcurrencyMode,
-  https://cloud.google.com/datastore/docs/reference/admin/rest/Shared.Types/ConcurrencyMode). A transaction's read
-  takes a lock that can delay another transaction's write until it ends
-  (https://cloud.google.com/datastore/docs/concepts/transactions#transaction_locks). On the Firestore emulator two
-  transactions that both read an entity and then write it both wait until a lock timeout (about 2.3 s; its bugs
-  firebase-tools #8300 and #6758), after which one is aborted and tries again. That timeout is the emulator's own;
-  in production a collision also costs at least a retry of the whole transaction.
-- The legacy Datastore emulator (like Datastore before Firestore, and OPTIMISTIC databases) commits the first and
-  aborts the rest at once: they retry, and their work so far is thrown away.
-Either way, writers that take turns do better than writers that collide. A lock in the process only orders the
-writers of that process; the app runs as many processes (gunicorn workers, App Engine instances), so the turns are
-handed out by the cache, which every process shares: a lease per entity (memcached `add`, Redis `SET NX EX`), held
-while the transaction runs and given back after.
-
-The lease only orders writers; it guards nothing. The transaction is still the only source of truth: a writer that
-runs without the lease (the cache away, frozen or bypassed, or the lease given up on after LEASE_SECONDS) or beside a
-holder whose lease expired commits or aborts exactly as before. So a process that dies holding a lease costs the
-others one expiry, and nothing is lost or written twice.
-
-Checked and not chosen: a transaction that takes no read lock (read outside it, then commit with a precondition on the
-version read: `Mutation.base_version`). The legacy emulator honours it; the Firestore emulator ignores it and applies
-a stale write (tried here, Cloud SDK 528), so it cannot be tested where it matters.
+A transaction that reads an entity and then writes it collides with every other one on that entity; writers that take
+turns do better than writers that collide. The lease only orders writers and guards nothing: the transaction stays
+the only source of truth (docs/lessons/blog.md, "Turns at a hot entity").
 """
 import contextlib
 import hashlib
@@ -54,7 +30,7 @@ POLL_FIRST, POLL_MAX = 0.002, 0.025
 
 class HotEntities:
     """The queue of writers per hot entity, for one process. `cache`: the app's Cache; `leases` False keeps the
-    queue within the process (HOT_LEASES=off: the design before the lease, kept for bench/posts.py to compare)."""
+    queue within the process (the design before the lease, which bench/posts.py compares)."""
 
     def __init__(self, cache: "Cache", leases: bool = True) -> None:
         self.cache = cache
@@ -87,9 +63,9 @@ class HotEntities:
         deadline = time.monotonic() + LEASE_SECONDS
         pause = POLL_FIRST
         while True:
-            taken = self.cache.lease(name, token, LEASE_SECONDS)
+            taken = self.cache.add(name, token, LEASE_SECONDS)  # False: another writer holds it
             if taken is not False:
-                return bool(taken)
+                return taken is True  # None: no cache to ask
             if time.monotonic() >= deadline:
                 return False
             time.sleep(random.uniform(pause / 2, pause))

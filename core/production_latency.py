@@ -1,35 +1,10 @@
 """LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits.
 
-Both emulators and the cache run on this machine and answer in well under a millisecond, so the lessons that are
-about waiting (a transaction holds its entity group for several round trips; work spread over many tasks overlaps
-its waits) do not show here. With a profile on, every Datastore RPC, every cache call, every Cloud Tasks create and
-every task's delivery waits, before it is sent, a round trip drawn from the distributions below, on the thread that
-makes it. Waiting before sending (not after the answer) keeps a transaction's window on the server as long as
-production's: BeginTransaction, then each Lookup, then Commit reach the emulator one modelled round trip apart.
-
-Whose figures. Google publishes no per-method latency for Firestore in Datastore mode, Memorystore, the Serverless
-VPC Access connector or Cloud Tasks ("We don't have a page with latency numbers since it's a moving target",
-the Datastore team, googleapis/google-cloud-datastore#5, 2016-04-04). Each figure below is the best published
-third-party measurement, cited beside it with its date and conditions; where none exists the comment says so (INF:
-an inference, a hypothesis to measure in production). The collected sources: /work/shared/latency-reference.md's
-table, reproduced in docs/lessons/numbers.md.
-
-The shape of the tail. The only published histogram of a Firestore read is googleapis/nodejs-firestore#1994
-(2024-02-04: 10,000 sequential GetDocument calls from Cloud Shell, Node client, Firestore Native, the database's
-location unstated): p50 16-17 ms, p75 18, p87.5 19-20, p96.9 23, p99.2 32-35, p99.6 45-48, p99.9 86-101, p99.99
-125-565. Every Datastore call here is drawn from that histogram's shape (its quantiles divided by its median, SHAPE)
-scaled to the call's own median: that Datastore mode (the same backend) and writes have the same shape is INF. The
-draw follows the published quantiles (interpolated between them on a log scale, in normal-quantile steps), so the tail
-is the published one: one Lookup in a thousand waits about 80 ms, one Commit in a thousand about 265 ms. Below the
-median no source gives a figure: the shape mirrors its first step above (INF). Nothing is drawn beyond the p99.99
-point (the lower of the two published, 125 ms for 16.5): that is the cap, above the published p99.9 (86-101 ms).
-
-Two profiles, `LATENCY=production` (the default profile when the model is on: a regional database, as
-`gcloud app create --region` and the deploy guide make) and `LATENCY=multi-region` (nam5- or eur3-like: its Commits
-slower, its reads the same). "A regional location gives lower write latency" than a multi-region one
-(https://cloud.google.com/datastore/docs/locations), so a multi-region Commit waits for replicas in other regions.
-Change the figures here: this is the one place the model is defined; the footer, Server-Timing, /numbers and the
-benchmarks' reports show its waits and its figures.
+Both emulators and the cache answer here in well under a millisecond, so the lessons about waiting would not show.
+With a profile on, every Datastore RPC, cache call, Cloud Tasks create and task delivery first waits, on the thread
+that makes it, a round trip drawn from published figures (each cited beside it; INF: an inference, to measure in
+production). Waiting before sending keeps a transaction's window on the server as long as production's. This is the
+one place the model is defined; its figures, sources and tail: docs/lessons/numbers.md, "Where production waits".
 """
 import contextvars
 import math
@@ -112,12 +87,14 @@ BEGIN_TRANSACTION = LOOKUP
 # (2020), a client-side count of ~200 entities in 0.1 s, paid for sending every key back, which an aggregation does not.
 RUN_AGGREGATION_QUERY = RUN_QUERY
 SCAN_MS_PER_1000_ENTRIES = 5.0
-# The multi-region profile's Commit. No source measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of
-# Megastore's cross-datacenter writes, "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on
-# the distance"). Reads: the nearest replica answers, as in a regional database (INF). The one published figure for a
-# multi-region database is a READ, and it does not fit that inference: 100-120 ms for a get by key from us-central
-# to a us-central multi-region database (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts
-# such as a client made per call). It is not used here.
+# The multi-region profile's Commit: "a regional location gives lower write latency" than a multi-region one
+# (https://cloud.google.com/datastore/docs/locations), whose Commit waits for replicas in other regions. No source
+# measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of Megastore's cross-datacenter writes,
+# "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on the distance"). Reads: the nearest
+# replica answers, as in a regional database (INF). The one published figure for a multi-region database is a READ,
+# and it does not fit that inference: 100-120 ms for a get by key from us-central to a us-central multi-region
+# database (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts such as a client made per
+# call). It is not used here.
 MULTI_REGION_COMMIT = RoundTrip(100)
 
 DATASTORE = {

@@ -40,7 +40,10 @@ class Runtime:
             datastore_module.Aggregations(self.settings, api),
             self.cache_client.global_cache(self.latency),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None)
-        self.hot_entities = hotspots.HotEntities(self.cache, leases=self.settings.hot_leases)
+        self.hot_entities = hotspots.HotEntities(self.cache)
+        # Each request's RPCs and cache calls counted (core/costs.py, Appstats). Always, but for bench/overhead.py's
+        # app that measures what the counting itself costs.
+        self.counting_costs = True
         self.tasks = tasks_module.TaskRouter(task_queue or tasks_module.make_queue(self.settings), self.latency)
         self._registries: dict[str, dict] = {}
 
@@ -123,7 +126,7 @@ def tasks() -> tasks_module.TaskRouter:
 
 class RequestMiddleware:
     """WSGI middleware: every request runs with its app's runtime current, inside its own ndb context (one per
-    request, as The Blue Alliance does), and with its cost counted (core/costs.py) unless APPSTATS is off.
+    request, as The Blue Alliance does), and with its cost counted (core/costs.py).
 
     The view runs inside all three; the body is handed back as it comes (a streamed body is not buffered), each chunk
     produced, and `close()` run, in the request's own context again: the contextvars (the runtime, the cost, the ndb
@@ -137,7 +140,7 @@ class RequestMiddleware:
         self.runtime = rt
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        cost = costs.Cost() if self.runtime.settings.appstats else None
+        cost = costs.Cost() if self.runtime.counting_costs else None
         with costs.measuring(cost), self.runtime.context():
             body = self.wsgi_app(environ, start_response)
             request_context = contextvars.copy_context()

@@ -84,18 +84,12 @@ class Settings:
     tasks_emulator_host: str | None = None
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
-    # Appstats (core/costs.py): every request's RPCs and cache calls counted, in its Server-Timing header, footer
-    # and log line. APPSTATS=off turns the counting off (the benchmark of its own cost).
-    appstats: bool = True
     # The host names the app answers to (Flask's TRUSTED_HOSTS: a request with another Host is a 400), a leading "."
     # taking a name's subdomains; empty: any (App Engine's front end routes only this app's names here, but any
     # number of them: every `<anything>-dot-PROJECT.appspot.com`). The canonical name is the app's own: Atom ids and
     # the keys of the pages kept whole in the cache are built from it, never from a request's Host.
     trusted_hosts: tuple = LOCAL_HOSTS
     canonical_host: str = LOCAL_HOSTS[0]
-    # Writers of one hot entity queue across processes on a lease in the cache (core/hotspots.py). HOT_LEASES=off
-    # queues them within their own process only (bench/posts.py's comparison with the design before the lease).
-    hot_leases: bool = True
     # LATENCY=production (a regional database) or multi-region (nam5-like Commits): every Datastore RPC, cache call,
     # task creation and delivery waits a modelled production round trip first (core/production_latency.py). Only
     # against a local emulator: production waits by itself.
@@ -175,8 +169,6 @@ class Settings:
             tasks_emulator_host=tasks_emulator,
             tasks_location=tasks_location,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
-            appstats=env.get("APPSTATS", "on") != "off",
-            hot_leases=env.get("HOT_LEASES", "on") != "off",
             latency=latency,
             write_budget=WriteBudget.parse(env.get("WRITE_BUDGET", "")),
             mapper_lease_seconds=seconds_setting(env, "MAPPER_LEASE_SECONDS", MAPPER_LEASE_SECONDS),

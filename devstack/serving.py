@@ -115,13 +115,13 @@ class Gunicorn:
 
 
 @contextmanager
-def instances(env, count, workers=1, threads=8):
-    """`count` gunicorn servers side by side on one stack, standing in for App Engine instances (each `workers`
-    processes of `threads` threads): a list of them, started together, warmed up, and stopped at the end."""
+def instances(env, count, workers=1, threads=8, app="main:app"):
+    """`count` gunicorn servers of `app` side by side on one stack, standing in for App Engine instances (each
+    `workers` processes of `threads` threads): a list of them, started together, warmed up, and stopped at the end."""
     with ExitStack() as stack:
         servers = []
         for _ in range(count):
-            server = Gunicorn(env, wait=False, workers=workers, threads=threads, output=subprocess.DEVNULL)
+            server = Gunicorn(env, wait=False, app=app, workers=workers, threads=threads, output=subprocess.DEVNULL)
             stack.callback(server.stop)
             servers.append(server)
         for server in servers:

@@ -108,10 +108,10 @@ def measure(by: str) -> dict[str, Any]:
     measurement and return it. 409 while another measurement runs (memcached holds the claim; when memcached is
     away, measurements are not kept apart)."""
     cache = runtime.cache()
-    if not cache.claim(LOCK_KEY, LOCK_SECONDS):
+    if cache.add(LOCK_KEY, 1, LOCK_SECONDS) is False:  # None (the cache away) cannot keep measurements apart
         raise Conflict("A measurement is running already; its figures will be here in a few seconds.", "measuring")
     try:
-        cache.add(LOCK_KEY + ":probe", CACHE_VALUE, expire=LOCK_SECONDS)  # absent only while memcached is away
+        cache.add(LOCK_KEY + ":probe", CACHE_VALUE, expire=LOCK_SECONDS)  # what memcache_get reads: 1 KB
         memcache_up = cache.get(LOCK_KEY + ":probe") is not None
         calls = _calls()
         calls["batch_put"]()  # the entities the reads below read

@@ -5,6 +5,7 @@ import logging
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from appstats import accounting, records
+from bench import overhead
 from core import costs, runtime
 from core.costs import Cost
 from devstack.apps import app_on
 from devstack.serving import app_env, instances, signed_in
 from devstack.taskqueue import DrainedQueue
-from tests.support import ON_APP_ENGINE, csrf_token, make_app, running, timing
+from tests.support import ON_APP_ENGINE, csrf_token, running, settings_for, timing
 
 ADMIN = "boss@example.com"
 SECRET = "appstats-test-secret"
@@ -237,11 +239,28 @@ def test_a_cost_keeps_each_calls_times_up_to_its_bound():
     assert {call.kind for call in cost.calls} == {"datastore", "cache"}
 
 
+def test_a_cost_ends_under_its_lock():
+    """`end` changes the Cost under its lock, as every change does: an RPC answered on a gRPC thread reads `ended`
+    (whether to keep the call for the timeline) under that lock, while the response is being made."""
+    cost, ended = Cost(), threading.Event()
+    with cost.lock:  # as an RPC's answer being counted holds it
+        ender = threading.Thread(target=lambda: (cost.end(), ended.set()))
+        ender.start()
+        assert not ended.wait(0.3) and cost.ended is None  # it waits for the lock
+    assert ended.wait(5) and cost.ended is not None
+    ender.join()
+
+
 def test_accounting_off_counts_nothing(stack):
-    with running(make_app(stack, APPSTATS="off"), flush=True) as app:
-        r = app.test_client().get("/api/counters")
+    """bench/overhead.py's second app, which measures what the counting itself costs, counts and records nothing; the
+    first counts as every app does."""
+    counted, off = overhead.on_and_off(settings_for(stack, **stack.fresh()))
+    runtime.of(counted).close()
+    with running(off, flush=True) as app:
+        r = app.test_client().get("/api/counters", headers={"Host": overhead.OFF_HOST})
         assert r.status_code == 200 and "Server-Timing" not in r.headers
         assert runtime.of(app).cache.get(records.NEXT) is None  # nothing recorded
+    assert runtime.of(counted).counting_costs is True
 
 
 # --- a request's timeline (/appstats/<id>) ---------------------------------------------------------------------------
@@ -333,7 +352,7 @@ def test_the_request_lines_go_to_stderr_locally_and_stdout_on_app_engine():
 def test_the_critical_path_is_the_longest_chain_of_calls_one_after_another():
     """A staircase is all on it; of calls in flight together, one; the chain with the most time wins."""
     def calls(*spans):
-        return [costs.Call("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
+        return [costs.TimedCall("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
     assert costs.critical_path(calls((0, 1), (1, 2), (2, 5))) == {0, 1, 2}
     assert costs.critical_path(calls((0, 4), (0, 1), (1, 2), (4, 5))) == {0, 3}  # 4 ms + 1 ms beats 1 + 1 + 1
     assert len(costs.critical_path(calls((0, 3), (0, 3), (0, 3)))) == 1

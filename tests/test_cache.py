@@ -37,13 +37,13 @@ def cache(server):
 
 
 def test_settings_choose_the_cache():
-    # No cache server: one object whose every answer is a miss (a claim that cannot be checked does not stop its
-    # caller; a lease cannot be taken or refused), and no global cache for ndb.
+    # No cache server: one object whose every answer is a miss (an add is neither stored nor refused: None), and no
+    # global cache for ndb.
     none = cache_module.Cache(cache_module.make_client(Settings.from_env(LOCAL)), OFF)
     assert none.backend == "none" and none.client.global_cache(OFF) is None
     assert (none.get("k"), none.get_many(["k"]), none.add("k", 1, 60), none.incr("k"), none.delete("k")) == \
-        (None, {}, False, None, False)
-    assert none.claim("k", 60) is True and none.lease("k", "t", 5) is None and none.release("k", "t") is False
+        (None, {}, None, None, False)
+    assert none.release("k", "t") is False
     assert none.ping() == "off"
     assert Settings.from_env({**LOCAL, "REDIS_URL": "redis://10.0.0.3:6379/0"}).redis_url == "redis://10.0.0.3:6379/0"
     with pytest.raises(RuntimeError, match="not both"):
@@ -61,8 +61,6 @@ def test_the_talks_calls_answer_alike(cache, server):
     assert cache.incr("absent") is None and cache.get("absent") is None  # incr never creates a key
     assert cache.get_many(["n", "absent"]) == {"n": b"7"} and cache.get_many([]) == {}
     assert cache.add("blob", b"\x00\xffbytes", expire=60) and cache.get("blob") == b"\x00\xffbytes"
-    assert cache.claim("task-name:t1", expire=60) is True
-    assert cache.claim("task-name:t1", expire=60) is False
     assert cache.delete("n") is True and cache.delete("n") is False and cache.get("n") is None
     assert cache.ping() == "ok"
 
@@ -81,8 +79,8 @@ def test_a_stopped_cache_is_a_miss_and_a_restarted_one_is_used_again(cache, serv
     server.stop()
     started = time.monotonic()
     assert cache.get("k") is None and cache.get_many(["k"]) == {} and cache.incr("k") is None
-    assert cache.add("k", 2, expire=60) is False and cache.delete("k") is False and cache.ping() == "down"
-    assert cache.claim("c", expire=60) is True  # a claim that cannot be checked does not stop its caller
+    # an add that no cache answered is None: neither stored nor refused (a lease or a lock cannot be refused by it)
+    assert cache.add("k", 2, expire=60) is None and cache.delete("k") is False and cache.ping() == "down"
     assert time.monotonic() - started < 2
     server.start()  # same port, empty, as after a crash: the pooled connections are replaced
     assert cache.get("k") is None and cache.add("k", 3, expire=60) is True and cache.get("k") == b"3"
@@ -93,7 +91,7 @@ def test_a_frozen_cache_costs_its_timeout_and_no_more(cache, server):
     server.pause()
     try:
         started = time.monotonic()
-        assert cache.get("k") is None and cache.incr("k") is None and cache.add("j", 1, expire=60) is False
+        assert cache.get("k") is None and cache.incr("k") is None and cache.add("j", 1, expire=60) is None
         elapsed = time.monotonic() - started
     finally:
         server.resume()

@@ -15,13 +15,14 @@ from google.api_core import exceptions as core_exceptions
 from google.auth import crypt, jwt
 from google.cloud import ndb
 
-from core import identity, runtime, tasks
+from core import datastore, identity, runtime, tasks
 from core.errors import Unavailable
+from core.production_latency import OFF
 from core.settings import Settings
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
-from tests.support import ON_APP_ENGINE, at_once, csrf_token, make_app, running
+from tests.support import ON_APP_ENGINE, at_once, csrf_token, make_app, running, settings_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -174,6 +175,67 @@ def test_a_query_whose_index_is_not_ready_answers_503_with_retry_after(legacy_st
     # Any other failed precondition is the app's error: a 500, with no invitation to retry.
     assert other.status_code == 500 and "Retry-After" not in other.headers
     assert other.get_json()["error"]["code"] == "internal"
+
+
+def test_only_the_caches_own_errors_are_the_cache_down_503(stack):
+    """A write of a cached kind while the cache is away is a 503 cache_unavailable; any other OSError (a missing file)
+    is the app's error, a 500, not "cache unreachable during a write"."""
+    class Cached(ndb.Model):  # a globally cached kind: ndb must lock its cache entry before writing it
+        text = ndb.StringProperty()
+
+    app = make_app(stack, checked=False, **stack.fresh())
+
+    def read_a_missing_file():
+        return (REPO / "no-such-file.txt").read_text()
+
+    def write_a_cached_kind():
+        Cached(id="c", text="t").put()
+        return "written"
+    app.add_url_rule("/api/missing-file", view_func=read_a_missing_file)
+    app.add_url_rule("/api/cached-write", view_func=write_a_cached_kind)
+    with running(app):
+        client = app.test_client()
+        missing = client.get("/api/missing-file")
+        stack.cache.stop()
+        try:
+            away = client.get("/api/cached-write")
+        finally:
+            stack.cache.start()
+    assert missing.status_code == 500 and missing.get_json()["error"]["code"] == "internal"
+    assert away.status_code == 503 and away.get_json()["error"]["code"] == "cache_unavailable"
+
+
+class _WatchedEnvironment(dict):
+    """os.environ's copy that remembers every change made to it."""
+    changes: list
+
+    def __setitem__(self, name, value):
+        self.changes.append(name)
+        super().__setitem__(name, value)
+
+    def __delitem__(self, name):
+        self.changes.append(name)
+        super().__delitem__(name)
+
+
+@pytest.mark.parametrize("named", ["127.0.0.1:1", None])
+def test_the_datastore_client_is_built_without_touching_the_environment(stack, monkeypatch, named):
+    """Several apps are built in one process (tests, benchmarks), on threads too: the ndb client reaches the settings'
+    emulator without changing os.environ, whatever emulator the environment names (a dead address, or none)."""
+    class Plain(ndb.Model):
+        text = ndb.StringProperty()
+
+    environment = _WatchedEnvironment({k: v for k, v in os.environ.items() if k != "DATASTORE_EMULATOR_HOST"},
+                                      **({"DATASTORE_EMULATOR_HOST": named} if named else {}))
+    environment.changes = []
+    monkeypatch.setattr(os, "environ", environment)
+    settings = settings_for(stack, **stack.fresh())
+    client = datastore.make_client(settings, OFF)
+    assert environment.changes == []
+    assert client.host == settings.emulator_host != "127.0.0.1:1"
+    with client.context():
+        key = Plain(id="p", text="written").put()
+        assert key.get(use_cache=False, use_global_cache=False).text == "written"
 
 
 def test_the_warmup_request_answers(client):

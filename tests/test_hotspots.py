@@ -6,8 +6,10 @@ import time
 
 from google.cloud import ndb
 
-from core import hotspots, runtime
+from bench import posts
+from core import costs, hotspots, runtime
 from core.cache import IO_TIMEOUT
+from devstack.serving import app_env
 
 
 def _key(name="hot"):
@@ -36,17 +38,17 @@ def test_one_writer_holds_the_turn_and_the_next_gets_it_when_it_is_given_back(ap
 
 def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
     cache = runtime.of(app).cache
-    assert cache.lease("lease:test", b"mine", 5) is True
-    assert cache.lease("lease:test", b"theirs", 5) is False
+    assert cache.add("lease:test", b"mine", 5) is True
+    assert cache.add("lease:test", b"theirs", 5) is False
     assert cache.release("lease:test", b"theirs") is False  # not the holder: the lease stays
-    assert cache.lease("lease:test", b"theirs", 5) is False
+    assert cache.add("lease:test", b"theirs", 5) is False
     assert cache.release("lease:test", b"mine") is True
-    assert cache.lease("lease:test", b"theirs", 5) is True
+    assert cache.add("lease:test", b"theirs", 5) is True
 
 
 def test_a_lease_nobody_gives_back_expires(app, ndb_context):
     rt = runtime.of(app)
-    assert rt.cache.lease(hotspots._lease_name(_key()), b"a dead holder's", hotspots.LEASE_SECONDS) is True
+    assert rt.cache.add(hotspots._lease_name(_key()), b"a dead holder's", hotspots.LEASE_SECONDS) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache).turn(_key()):
         waited = time.monotonic() - started
@@ -68,7 +70,31 @@ def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease
 
 def test_without_leases_the_turns_stay_within_the_process(app, ndb_context):
     rt = runtime.of(app)
-    assert rt.cache.lease(hotspots._lease_name(_key()), b"another process's", 30) is True
+    assert rt.cache.add(hotspots._lease_name(_key()), b"another process's", 30) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache, leases=False).turn(_key()):
         assert time.monotonic() - started < 0.5
+
+
+def test_the_benchmarks_app_before_the_lease_queues_only_within_its_process(stack, monkeypatch):
+    """bench/posts.py's `local lock` variant: the app gunicorn serves there builds its own HotEntities without leases
+    (no setting of the production app turns the lease off)."""
+    for name, value in app_env(stack, "bench-secret", admins="").items():
+        monkeypatch.setenv(name, value)
+    app = posts.local_lock()
+    try:
+        assert runtime.of(app).hot_entities.leases is False
+    finally:
+        runtime.of(app).close()
+
+
+def test_with_the_cache_away_a_writer_asks_once_and_gives_back_nothing(app, stack, ndb_context):
+    """`add` answers None when no cache answers: the writer goes on at once, holding no lease, and sends no release."""
+    rt = runtime.of(app)
+    stack.cache.stop()
+    try:
+        with costs.measured() as cost, rt.hot_entities.turn(_key()):
+            pass
+    finally:
+        stack.cache.start()
+    assert dict(cost.cache) == {"add": 1}
