@@ -50,7 +50,8 @@ from devstack.serving import queued, signed_in, wait_until
 from mapper import completion, key_arithmetic
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
-from mapper.models import MapperJob, TaskRecord
+from mapper.models import MapperJob
+from mapper.task import TaskRecord
 
 ACCOUNTS = 10_000
 WORKERS = 8
