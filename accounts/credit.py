@@ -1,8 +1,7 @@
 """The add_credit job: every account credited once, by the mapper's tasks (mapper/tree.py runs it).
 
-A chunk's accounts are credited in the chunk's transaction, with the task's record and its tally: so each account gets
-the credit once however often its task is delivered or dies half way. The job's whole credit lands on the kept balance
-once, when the job ends (`settle`): concurrent chunks share no entity (docs/lessons/mapper.md).
+A chunk's accounts are credited in its transaction, with the task's record and tally: once each however often a task
+is delivered or dies. The job's credit lands on the kept balance once, when it ends (`settle`): no shared entity.
 """
 from typing import Any
 

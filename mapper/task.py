@@ -119,8 +119,8 @@ class TaskRecord(ndb.Model):
 
     def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
                 final: bool) -> None:
-        """Move the record past `chunk`, in that chunk's transaction: the first chunk fixes the page and `children`;
-        `processed` entities more and their `tally` added. `final`: the page's last chunk: done, its credit returned."""
+        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`). `final`: the
+        page's last chunk: done, its credit returned."""
         if self.page_end is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
@@ -134,8 +134,7 @@ class TaskRecord(ndb.Model):
             self.state, self.returned = "done", self.kept_credit
 
     def renew(self, seconds: int) -> None:
-        """The lease after a commit: `seconds` from now while running, or once ended while it has children (the sweep
-        checks once that each has a record); else none."""
+        """The lease after a commit: `seconds` on while running, or ended with children the sweep checks; else none."""
         self.lease = (clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" or self.children
                       else None)
 
