@@ -1,8 +1,8 @@
-"""Accounts, the mapper's demo kind: seeding many (in tasks), their summary, and the add_credit job.
-service.py, models.py, views.py (/accounts and /api/accounts)."""
+"""Accounts, the mapper's demo kind: seeding many (in tasks), their summary and audit (service.py), the add_credit
+job (credit.py), models.py, views.py (/accounts and /api/accounts)."""
 from flask import Flask
 
-from accounts import demo, service, views
+from accounts import credit, demo, service, views
 from core import features, runtime
 from mapper import jobs as mapper_jobs
 
@@ -10,6 +10,6 @@ from mapper import jobs as mapper_jobs
 def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     runtime.of(app).tasks.register(service.SEED_HANDLER, service.seed_batch)
-    mapper_jobs.register(app, service.ADD_CREDIT)
+    mapper_jobs.register(app, credit.ADD_CREDIT)
     mapper_jobs.register(app, service.AUDIT)
     features.add(app, features.Feature(name="accounts", nav=("accounts.index", "Accounts"), seed=demo.seed))

@@ -1,14 +1,11 @@
-"""Accounts: seeding many of them, their summary, the mapper job that credits every one exactly once, and the job
-that audits the summary against the accounts.
+"""Accounts: seeding many of them, their summary, and the job that audits the summary against the accounts (the job
+that credits every one exactly once is credit.py).
 
 The summary is never counted from the accounts on a page view: a count or sum over a kind reads every entity (the
 talk: `Model.count()` is O(N)). Instead the app keeps the two figures itself, as sharded counters, each moved
 exactly once, whatever a retried or duplicated task does:
 - `count`: a seed chunk adds its new accounts to it in the transaction that creates them;
-- `balance`: a credit job's chunks add their credit to their own task's record (the mapper's tally), and the job's
-  total lands on `balance` once, in the transaction that marks the job finished (`settle`). So concurrent chunks share
-  no entity (a chunk that collided on a shared shard would redo all its accounts), and the summary shows a job's
-  credit when the job has finished: a running job's progress is on its own page.
+- `balance`: a credit job's total lands on it once, in the transaction that marks the job ended (credit.py).
 Reading them is a get of the counters' shards: the same cost at a hundred accounts as at a hundred thousand. The audit
 job recounts the accounts (a mapper job: in parallel, no offset) and says whether the kept figures hold.
 """
@@ -17,7 +14,6 @@ import hashlib
 import math
 import secrets
 import time
-import uuid
 from typing import Any
 
 from google.api_core import exceptions as core_exceptions
@@ -25,17 +21,16 @@ from google.cloud import ndb
 
 from accounts.models import Account, AccountsAudit
 from core import clock, runtime, validate
-from core.errors import Unprocessable
-from core.transactions import transact
+from core.transactions import Call, transact
 from core.validate import text, whole_number
 from counters import service as counters
 from mapper import jobs as mapper_jobs
+from mapper.key_arithmetic import ID_CEILING
 from mapper.models import MapperJob
 
 MAX_SEED = 100_000
 SEED_BATCH = 500  # accounts per seed task
 SEED_HANDLER = "accounts.seed"
-MAX_AMOUNT = 1_000_000
 # The kept figures. Many seed and credit transactions add to them at once, each on a random one of their shards, so
 # they rarely meet; created up front with all their shards (creating a counter inside many transactions at once would
 # make them collide on its config).
@@ -45,16 +40,15 @@ KEPT_SHARDS = 16
 # A transaction may touch 25 entity groups on the legacy emulator (Datastore before Firestore); every Account is one.
 # A counter added to in a transaction takes two more (its config and a shard), a mapper chunk one more (its record).
 SEED_CHUNK = mapper_jobs.MAX_GROUPS - 2
-CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1
 ACCOUNTS_CHUNK_FIRESTORE = 100  # accounts of about 100 bytes: far below 10 MiB a transaction; a default page
 
 
 def account_key(seed_id: str, number: int) -> ndb.Key:
     """A scattered id computed from the seed and the account's number, so that a seed task delivered twice writes the
-    same accounts, not twice as many. Ids below 2**52, like Datastore's own scattered ids; no Account key is ever
-    allocated by Datastore, so no auto id can collide with these."""
+    same accounts, not twice as many. Ids below ID_CEILING, as Datastore's own auto ids, where the mapper's key
+    arithmetic aims; no Account key is ever allocated by Datastore, so no auto id can collide with these."""
     digest = hashlib.sha256(f"{seed_id}:{number}".encode()).digest()
-    return ndb.Key(Account, int.from_bytes(digest[:8], "big") % (2 ** 52 - 1) + 1)
+    return ndb.Key(Account, int.from_bytes(digest[:8], "big") % (ID_CEILING - 1) + 1)
 
 
 def keep_figures() -> None:
@@ -89,23 +83,23 @@ def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
     start = whole_number(payload.get("start"), "start", 0, MAX_SEED - 1, from_json=True)
     stop = whole_number(payload.get("stop"), "stop", start + 1, min(start + SEED_BATCH, MAX_SEED), from_json=True)
     keys = [account_key(seed_id, n) for n in range(start, stop)]
-    created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK], uuid.uuid4().hex))
+    created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK], Call()))
                   for i in range(0, len(keys), SEED_CHUNK))
     return {"created": created}
 
 
-def _create_missing(keys: list[ndb.Key], call: str) -> int:
+def _create_missing(keys: list[ndb.Key], call: Call) -> int:
     """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count; how many
     this call created. A retried task finds the accounts its earlier delivery created, and neither zeroes them (they
     may be credited since) nor counts them again. This call's own retry, after its commit answered UNKNOWN and yet
     applied, finds the accounts it created marked with `call`: it writes nothing and reports them as its own."""
     found = ndb.get_multi(keys, retries=0)
-    mine = sum(1 for a in found if a is not None and a.created_by == call)
+    mine = sum(1 for a in found if a is not None and call.applied(a.created_by))
     if mine:
         return mine
     missing = [k for k, a in zip(keys, found, strict=True) if a is None]
     if missing:
-        ndb.put_multi([Account(key=k, balance=0, created_by=call) for k in missing]
+        ndb.put_multi([Account(key=k, balance=0, created_by=call.id) for k in missing]
                       + COUNTERS.add_in_transaction(COUNT, len(missing)))
     return len(missing)
 
@@ -115,41 +109,6 @@ def summary() -> dict[str, int]:
     by key, strongly consistent, exact once every seed and credit has committed), never from the accounts."""
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     return {"count": kept[COUNT], "total_balance": kept[BALANCE]}
-
-
-def _credit_params(params: dict[str, Any]) -> dict[str, int]:
-    """The job's checked params; once they are valid, the counters it settles into are created (keep_figures)."""
-    unknown = set(params) - {"amount"}
-    if unknown:
-        raise Unprocessable(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
-    checked = {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT, from_json=True)}
-    keep_figures()
-    return checked
-
-
-def _credit(accounts: list[Account], params: dict[str, Any], prepared: object) -> list[Account]:
-    # Inside the chunk's transaction, with the task's record and its tally (`_credited`): committed together, so each
-    # account gets the credit exactly once however often the task is delivered or dies half way, and the record
-    # counts exactly what the accounts got.
-    for account in accounts:
-        account.balance += params["amount"]
-    return accounts
-
-
-def _credited(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
-    return {BALANCE: params["amount"] * len(accounts)}
-
-
-def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
-    """The job's whole credit onto the kept balance, in the transaction that ends the job (once)."""
-    return COUNTERS.add_in_transaction(BALANCE, tally[BALANCE]) if tally.get(BALANCE) else []
-
-
-ADD_CREDIT = mapper_jobs.JobDefinition(
-    name="add_credit", kind="Account", title="Give every account credit",
-    description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    apply=_credit, tally=_credited, settle=_settle_credit, parse_params=_credit_params,
-    fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)
 
 
 # --- the audit: recount the accounts, compare with the kept figures --------------------------------------------------

@@ -4,7 +4,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from accounts import service
+from accounts import credit, service
 from core import identity, runtime, validate
 from core.errors import AppError
 from core.web import form_refused, json_body
@@ -22,7 +22,7 @@ def index() -> ResponseReturnValue:
 
 def _page(status: int = 200, comparison: dict[str, Any] | None = None) -> tuple[str, int]:
     return render_template("accounts/index.html", summary=service.summary(), audit=service.latest_audit(),
-                           comparison=comparison, max_seed=service.MAX_SEED, max_amount=service.MAX_AMOUNT,
+                           comparison=comparison, max_seed=service.MAX_SEED, max_amount=credit.MAX_AMOUNT,
                            # only Firestore in Datastore mode has aggregation queries
                            aggregations=runtime.current().settings.backend == "firestore"), status
 
@@ -47,7 +47,7 @@ def credit_form() -> ResponseReturnValue:
     """Start the add_credit job over every account; the form's token makes a resend of it answer the first job."""
     user = identity.require_admin()
     try:
-        job = mapper.start_job(service.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))},
+        job = mapper.start_job(credit.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))},
                                idempotency_key=request.form.get("start_token") or None, user=user["id"])
     except AppError as e:
         return form_refused(e, _page)

@@ -40,17 +40,18 @@ import time
 
 from google.cloud import ndb
 
+from accounts.credit import ADD_CREDIT
 from accounts.models import Account
-from accounts.service import ADD_CREDIT
 from bench import harness
 from core import billing, costs, runtime, tasks
 from core.transactions import transact
 from devstack import taskqueue
 from devstack.serving import queued, signed_in, wait_until
-from mapper import completion, keyrange
+from mapper import completion, key_arithmetic
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
-from mapper.models import MapperJob, TaskRecord
+from mapper.models import MapperJob
+from mapper.task import TaskRecord
 
 ACCOUNTS = 10_000
 WORKERS = 8
@@ -103,7 +104,7 @@ def batch_pipeline(rt, fail_after=None):
     batches of BATCH, outside any transaction, by WORKERS workers. `fail_after`: the run fails once that many accounts
     are written. Its bill: the sum of its workers' own."""
     samples = sorted(Account.query().order(ndb.GenericProperty("__scatter__")).fetch(SPLITS * 32, keys_only=True),
-                     key=keyrange.order)
+                     key=key_arithmetic.order)
     bounds = [None, *(samples[i * len(samples) // SPLITS] for i in range(1, SPLITS) if samples), None]
     written, lock, bills, rows = [0], threading.Lock(), [], [0]
 
@@ -221,7 +222,7 @@ def queued_fan_out(server, fanout):
 
 def _job_figures(job_id):
     # Past the context cache: this context may have written the job when it started it; its tasks finished it since.
-    status = completion.status(MapperJob.get_by_id(job_id, use_cache=False))
+    status = completion.figures_of(MapperJob.get_by_id(job_id, use_cache=False))
     records = TaskRecord.query(TaskRecord.job == job_id).fetch()
     # each task's page query reads its page plus one key to learn whether more remain
     rows = sum(r.processed for r in records) + sum(1 for r in records if r.more)

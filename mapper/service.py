@@ -1,5 +1,5 @@
 """The adaptive-sharding mapper's jobs: started (the kind's range and samples noted, the root task enqueued), listed,
-cancelled, finished by an admin. A job's tasks are tree.py; its progress and end, completion.py.
+cancelled, ended by an admin. A job's tasks are tree.py; its progress and end, completion.py.
 """
 import re
 import secrets
@@ -9,10 +9,11 @@ from google.cloud import ndb
 
 from core import clock, runtime, validate
 from core.errors import BadInput, Conflict, Unprocessable, found
-from core.transactions import transact
+from core.transactions import Call, transact
 from core.validate import whole_number
-from mapper import completion, jobs, keyrange, tree
-from mapper.models import TOTAL_CREDIT, MapperJob, TaskPayload, TaskRecord
+from mapper import completion, handoff, jobs, key_arithmetic, tree
+from mapper.models import MapperJob
+from mapper.task import TaskRecord
 
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
@@ -48,19 +49,21 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     last = query.order(-tree.KEY).fetch(1, keys_only=True)
     samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
     job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
-                    fanout=fanout, last_key=last[0] if last else None, samples=sorted(samples, key=keyrange.order))
+                    fanout=fanout, kind_end=last[0] if last else None,
+                    samples=sorted(samples, key=key_arithmetic.order))
     root = None
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
     else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
-        root = TaskRecord.new(ndb.Key(TaskRecord, _root(job).name), _root(job))
+        payload = handoff.root_payload(job)
+        root = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
         root.started = None  # its first delivery's begin, set by that delivery (tree.py)
         root.renew(runtime.current().settings.mapper_lease_seconds)
     inserted = _insert(job, root)
     if inserted is not job:  # the same key's other request, at the same moment, got there first
         return _resent(inserted, definition.name, params, page_size, fanout)
-    if job.finished:
-        completion.follow_up(job)
+    if job.ended:
+        completion.send_follow_up(job)
         return job
     completion.start_hints(job.id)
     _enqueue_root(job)
@@ -69,12 +72,13 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
 
 def _insert(job: MapperJob, root: TaskRecord | None) -> MapperJob:
     """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id."""
+    call = Call()
+    job.created_by = call.id
+
     def txn() -> MapperJob:
-        found = job.key.get(retries=0)
-        # Another request's job; or this call's own, put by an attempt whose commit answered UNKNOWN: that put set
-        # `job.created` (auto_now_add), which an unput job has not.
-        if found is not None and found.created != job.created:
-            return found
+        existing = job.key.get(retries=0)
+        if existing is not None:  # another request's job, or this call's own, whose commit answered UNKNOWN
+            return job if call.applied(existing.created_by) else existing
         ndb.put_multi([job, root] if root else [job])
         return job
     return transact(txn, hot_key=job.key)
@@ -88,22 +92,18 @@ def _resent(first: MapperJob, name: str, params: dict[str, Any], page_size: int,
     if (first.name, first.params, first.page_size, first.fanout) != (name, params, page_size, fanout):
         raise Conflict(f"This idempotency key started a {first.name} job with other settings already.",
                        "idempotency_key_reused")
-    if not first.finished:
+    if not first.ended:
         _enqueue_root(first)
     return first
 
 
-def _root(job: MapperJob) -> TaskPayload:
-    return TaskPayload(job.id, "0", None, job.last_key.urlsafe().decode(), TOTAL_CREDIT)
-
-
 def _enqueue_root(job: MapperJob) -> None:
-    tree.enqueue(_root(job))
+    handoff.enqueue(handoff.root_payload(job))
 
 
 def job_dict(job: MapperJob) -> dict[str, Any]:
-    s = completion.status(job)
-    end = job.finished or clock.now()
+    s = completion.figures_of(job)
+    end = job.ended or clock.now()
     return {"id": job.id, "name": job.name, "params": job.params, "state": s.state, "processed": s.processed,
             "progress": round(s.progress, 4), "tasks": s.tasks, "depth": s.depth, "fanout": job.fanout,
             "page_size": job.page_size, "created": clock.iso(job.created), "tally": s.tally,
@@ -124,22 +124,24 @@ def cancel_job(job_id: object) -> MapperJob:
     """Stop a running job: tasks not yet run skip it. Entities already processed stay processed."""
     key = get_job(job_id).key
 
+    # No stamp (core.transactions.Call): a cancel is idempotent by state. Its retry after an UNKNOWN commit that applied
+    # finds `cancelled` set and answers the job, as it answers a second admin's cancel; nothing follows the commit.
     def txn() -> MapperJob:
-        job = key.get(retries=0)
-        if job.finished:
+        job = found(key.get(retries=0), f"There is no job {job_id}.", "no_such_job")
+        if job.ended:
             if job.cancelled:  # by an earlier cancel, or by this one's own commit that answered UNKNOWN: done already
                 return job
             raise Conflict("The job has finished already.", "job_finished")
         job.cancelled = True
         job.put()
         return job
-    # In turn with the job's other writers: the task that finishes it (_finalize) and another admin's cancel.
+    # In turn with the job's other writers: the task that ends it (completion._end) and another admin's cancel.
     return transact(txn, hot_key=key)
 
 
 def finish_job(job_id: object) -> MapperJob:
-    """Admin: finish a running job whose tasks have all reported back but that was not marked finished."""
-    return completion.finish(get_job(job_id))
+    """Admin: end a running job whose tasks have all reported back but that was not marked ended."""
+    return completion.end_by_admin(get_job(job_id))
 
 
 def job_timeline(job_id: object) -> dict[str, Any]:

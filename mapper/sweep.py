@@ -1,36 +1,28 @@
 """The sweep: no job strands. Run every `mapper_sweep_seconds` by a schedule outside the app's processes (cron.yaml on
 App Engine; devstack's local task server off it), so a process that dies cannot take it with it.
 
-A queue delivers a task until it answers 2xx, a set number of times. A delivery killed outright (SIGKILL, an instance
-shut down: no except clause runs) on its last allowed attempt, or one that stepped back (409) for another delivery
-that then died, leaves its TaskRecord running and no delivery to come: the job could never finish. So each running
-record carries a lease, renewed by each of its chunks' commits (TaskRecord.renew). The sweep finds the records whose
-lease ran out while their job still runs and queues their task again, as a new task (a queue keeps a used name for
-days) that the task's code takes as one more redelivery: it reads the record and goes on from it. The revival is a
-transaction on the record, so of two sweeps at once one queues it; a delivery that was only slow finds, at its next
-chunk, the record as it left it and goes on (the lease is a hint of who is alive, never a lock: the record's
-last_key is what keeps two deliveries from both applying a chunk, tree.py).
-
-A job whose tasks have all ended but which is still running (its last task's delivery died between its final commit
-and adding its credit to the running sum) has its records summed by the sweep, which finishes it. The same sweep
-queues again a finished job's follow-up (on_done) until it has recorded that it ran (completion.py).
-
-Bounded: at most SWEEP_BATCH of each a run; the rest on the next run. The queries are eventually consistent on legacy
-Datastore (no ancestor): a record whose lease just ran out may show one run later.
+A delivery killed on its last allowed attempt leaves its TaskRecord running with no delivery to come. So a running
+record carries a lease, renewed by each chunk's commit; the sweep queues again, as one more redelivery, each task whose
+lease ran out while its job runs. It also sums the records of a running job with no task at work (its last delivery
+died before adding its credit to the running sum), and queues again an ended job's follow-up until it ran. The lease is
+a hint of who is alive, never a lock: the record's last_key keeps two deliveries from both applying a chunk (tree.py).
+Bounded: at most SWEEP_BATCH of each a run. Its queries have no ancestor, so on legacy Datastore they are eventually
+consistent: a lease just run out may show one run later. The whole story: docs/lessons/mapper.md ("No job strands").
 """
 import dataclasses
 import datetime
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from google.cloud import ndb
 
 from core import clock, runtime
-from core.transactions import transact
-from mapper import completion, tree
-from mapper.models import MapperJob, TaskPayload, TaskRecord
+from core.transactions import Call, transact
+from mapper import completion, handoff
+from mapper.handback import hand_back
+from mapper.models import MapperJob
+from mapper.task import TaskPayload, TaskRecord
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,7 +51,7 @@ def sweep() -> dict[str, Any]:
         if outcome:
             (revived if outcome == "revived" else failed).append(key.id())
     at_work = {name.split("-", 1)[0] for name in revived}  # a task just queued again: its lease is live
-    running = {key.id() for key in MapperJob.query(MapperJob.finished == None).fetch(  # noqa: E711 (ndb's null)
+    running = {key.id() for key in MapperJob.query(MapperJob.ended == None).fetch(  # noqa: E711 (ndb's null)
         SWEEP_BATCH, keys_only=True)}
     summed = [job_id for job_id in sorted(running - at_work) if _each(_finish_if_every_task_ended, job_id, now)]
     for job in MapperJob.query(MapperJob.follow_up == "pending").fetch(SWEEP_BATCH):
@@ -83,15 +75,15 @@ def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
     """A running job none of whose records holds a live lease has no task at work: a running record renews its lease
     with each chunk, one whose lease ran out was taken up again above (a new lease), and an ended parent's children
     without a record were given one. Its last task's delivery may have died between its final commit and adding its
-    credit to the cache's running sum, on its last allowed attempt, so no delivery comes back to call maybe_finish:
-    sum the records once here (maybe_finish with no credit of its own), and the job finishes or its checks go on.
+    credit to the cache's running sum, on its last allowed attempt, so no delivery comes back to end the job:
+    sum the records once here (end_if_all_back with no credit of its own), and the job finishes or its checks go on.
     One keys-only query per running job a run; the records are read only when none is live. True when summed."""
     job = MapperJob.get_by_id(job_id)
-    if job is None or job.finished is not None:
+    if job is None or job.ended is not None:
         return False
     if TaskRecord.query(TaskRecord.job == job_id, TaskRecord.lease > now).fetch(1, keys_only=True):
         return False
-    completion.maybe_finish(job, 0)
+    completion.end_if_all_back(job, 0)
     return True
 
 
@@ -100,15 +92,15 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     up MAX_REVIVALS times already), "revived" too when it had ended and its children without a record were queued
     again, or None (nothing to do: it moved on, or its job has ended)."""
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
-    ended = job is None or job.finished is not None
+    ended = job is None or job.ended is not None
     lease = runtime.current().settings.mapper_lease_seconds
-    call = uuid.uuid4().hex
+    call = Call()
 
     def txn() -> TaskRecord | None:
         record = key.get(retries=0)
         if record is None:
             return None
-        if record.revived_by == call:  # this call's own commit, which answered UNKNOWN
+        if call.applied(record.revived_by):  # this call's own commit, which answered UNKNOWN
             return record
         if record.lease is None or record.lease > now:  # renewed since the query: its delivery is alive
             return None
@@ -117,7 +109,8 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
                 return record  # its children first, below; it stays on the list until they all have records
             record.lease = None
         else:
-            record.revived, record.fruitless, record.revived_by = record.revived + 1, (record.fruitless or 0) + 1, call
+            record.revived, record.fruitless = record.revived + 1, (record.fruitless or 0) + 1
+            record.revived_by = call.id
             record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
         record.put()
         return None if ended or record.lease is None else record
@@ -126,13 +119,13 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         return None
     if record.state != "running":
         return _children_recorded(job, record)
-    payload = dataclasses.replace(tree.payload_of(job, record), revived=record.revived)
+    payload = dataclasses.replace(payload_of(job, record.key), revived=record.revived)
     if record.fruitless > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
-        _, returned = tree.hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
-        completion.maybe_finish(job, returned)
+        _, returned = hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
+        completion.end_if_all_back(job, returned)
         return "failed"
-    tree.enqueue(payload)
+    handoff.enqueue(payload)
     completion.hint_revived(job.id)
     return "revived"
 
@@ -145,20 +138,21 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
     payloads = [TaskPayload.from_json(child) for child in parent.children]
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
                                       strict=True) if record is None]
-    for listed in missing:
-        payload = dataclasses.replace(tree.payload_of(job, TaskRecord(key=ndb.Key(TaskRecord, listed.name))),
-                                      revived=1)
+    for child in missing:
+        payload, call = dataclasses.replace(payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1), Call()
 
-        def create(payload: TaskPayload = payload) -> bool:
-            if ndb.Key(TaskRecord, payload.name).get(retries=0) is not None:  # its delivery got there meanwhile
-                return False
+        def create(payload: TaskPayload = payload, call: Call = call) -> bool:
+            found = ndb.Key(TaskRecord, payload.name).get(retries=0)
+            if found is not None:  # its delivery got there meanwhile, or this call's commit answered UNKNOWN
+                return bool(call.applied(found.revived_by))
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-            record.revived, record.fruitless, record.started = 1, 1, None  # started: by its first delivery (tree.py)
+            record.revived, record.fruitless, record.revived_by = 1, 1, call.id
+            record.started = None  # set by its first delivery (tree.py)
             record.renew(lease)
             record.put()
             return True
         if transact(create):
-            tree.enqueue(payload)
+            handoff.enqueue(payload)
             completion.hint_revived(job.id)
 
     def clear() -> None:
@@ -171,22 +165,28 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
 
 
 def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:
-    """Queue a finished job's follow-up again (a new task) if it has not reported by its due time; the job, or None."""
+    """Queue an ended job's follow-up again (a new task) if it has not reported by its due time; the job, or None."""
     lease = datetime.timedelta(seconds=runtime.current().settings.mapper_lease_seconds)
-    call = uuid.uuid4().hex
+    call = Call()
 
     def txn() -> MapperJob | None:
         job = key.get(retries=0)
         if job is None or job.follow_up != "pending":
             return None
-        if job.follow_up_by == call:
+        if call.applied(job.follow_up_by):  # this call's own commit, which answered UNKNOWN
             return job
         if job.follow_up_due is not None and job.follow_up_due > now:
             return None
-        job.follow_up_sent, job.follow_up_due, job.follow_up_by = job.follow_up_sent + 1, now + lease, call
+        job.follow_up_sent, job.follow_up_due, job.follow_up_by = job.follow_up_sent + 1, now + lease, call.id
         job.put()
         return job
     job = transact(txn, hot_key=key)
     if job is not None:
-        completion.follow_up(job)
+        completion.send_follow_up(job)
     return job
+
+
+def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
+    """What the task of record `key` was given: the root's from the job, any other's from its parent's record."""
+    path = key.id().split("-", 1)[1]
+    return handoff.root_payload(job) if path == "0" else handoff.payload_of(job.id, path)

@@ -69,11 +69,11 @@ def _timeline(job_id: str) -> dict[str, Any]:
     if cached is not None:
         found: dict[str, Any] = json.loads(zlib.decompress(cached))
         return found
-    finished = service.get_job(job_id).finished is not None  # 400 for a malformed id, 404 for no such job
+    ended = service.get_job(job_id).ended is not None  # 400 for a malformed id, 404 for no such job
     found = service.job_timeline(job_id)  # the job read again from this request's context cache, no RPC
-    # `add`: a running copy cached meanwhile expires in seconds; a finished copy is the same whoever made it.
+    # `add`: a running copy cached meanwhile expires in seconds; an ended job's copy is the same whoever made it.
     cache.add(key, zlib.compress(json.dumps(found).encode()),
-              expire=TIMELINE_FINISHED_LIFETIME if finished else TIMELINE_RUNNING_LIFETIME)
+              expire=TIMELINE_FINISHED_LIFETIME if ended else TIMELINE_RUNNING_LIFETIME)
     return found
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from google.cloud import ndb
 
 import main
-from accounts.service import ADD_CREDIT
+from accounts.credit import ADD_CREDIT
 from mapper import completion
 from mapper import jobs as mapper_jobs
 
@@ -41,7 +41,7 @@ def _follow_up(job):
 
 SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5,
                                   chunk_firestore=None, on_done=_follow_up)
-_maybe_finish = completion.maybe_finish
+_end_if_all_back = completion.end_if_all_back
 
 
 def _late_finish(job, returned):
@@ -49,11 +49,11 @@ def _late_finish(job, returned):
         if SIGNALS:
             Path(SIGNALS, f"{job.id}.{os.getpid()}").touch()
         time.sleep(INCR_DELAY)
-    return _maybe_finish(job, returned)
+    return _end_if_all_back(job, returned)
 
 
-completion.maybe_finish = _late_finish
-_follow_up_after_commit = completion.follow_up
+completion.end_if_all_back = _late_finish
+_follow_up_after_commit = completion.send_follow_up
 
 
 def _late_follow_up(job):
@@ -64,7 +64,7 @@ def _late_follow_up(job):
     return _follow_up_after_commit(job)
 
 
-completion.follow_up = _late_follow_up
+completion.send_follow_up = _late_follow_up
 
 
 def app():

@@ -479,7 +479,7 @@ def test_a_timeline_of_no_such_job_is_an_error(client):
 def test_a_tasks_bar_starts_when_its_delivery_began(app, client, auth, task_queue):
     """A task's start is its delivery's, before its page query and its `prepare`, not its first commit's: a job
     whose prepare takes 0.3 s draws its one task at least that long."""
-    from accounts.service import ADD_CREDIT
+    from accounts.credit import ADD_CREDIT
     from mapper import jobs
 
     def slow_prepare(keys, params):

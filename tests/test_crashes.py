@@ -25,7 +25,8 @@ from counters import totals as counters
 from devstack.services import REPO
 from devstack.serving import queued, signed_in, wait_until
 from mapper import completion
-from mapper.models import TOTAL_CREDIT, MapperJob, TaskRecord
+from mapper.models import MapperJob
+from mapper.task import TOTAL_CREDIT, TaskRecord
 from tests.support import WRITE_BUDGET, at_once, make_app, running
 
 ADMIN = "boss@example.com"
@@ -154,7 +155,7 @@ def _run_job(fleet, name, amount, killing=None, **extra):
 
 def _wait_finished(fleet, job_id):
     wait_until(lambda: fleet.read(lambda: MapperJob.get_by_id(job_id, use_cache=False,
-                                                                use_global_cache=False).finished),
+                                                                use_global_cache=False).ended),
                f"job {job_id} to finish", timeout=180, interval=0.5)
 
 

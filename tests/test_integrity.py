@@ -235,7 +235,7 @@ def test_gets_leave_the_datastore_unchanged(client, auth, task_queue):
     # noticing): reading it used to finish it.
     with runtime.current().context():
         stuck = MapperJob.get_by_id(job["id"])
-        stuck.finished, stuck.outcome, stuck.summary = None, None, None
+        stuck.ended, stuck.outcome, stuck.summary = None, None, None
         stuck.put()
     reads = pages + ["/api/counters", "/api/counters/likes?shards=1", "/api/simple-counter?shards=1", "/api/blogs",
                      "/api/blogs/b/entries", "/api/blogs/b/entries/0", "/api/blogs/b/entries/0/comments?page=last",
@@ -266,7 +266,7 @@ def test_a_job_is_finished_by_its_last_task_or_by_an_admin_never_by_a_read(clien
         # not yet settled on the kept balance.
         def unfinish():
             stuck = MapperJob.get_by_id(job["id"])
-            stuck.finished = None
+            stuck.ended = None
             ndb.put_multi([stuck, *accounts_service.COUNTERS.add_in_transaction(accounts_service.BALANCE, -60)])
         ndb.transaction(unfinish)
     assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "running"

@@ -1,5 +1,6 @@
 """The mapper on the real stack: key order, split points, every entity visited exactly once, retries, completion."""
 import dataclasses
+import datetime
 import math
 import re
 import threading
@@ -8,11 +9,14 @@ import time
 import pytest
 from google.cloud import ndb
 
+from accounts import service as accounts_service
+from accounts.credit import ADD_CREDIT
 from accounts.models import Account
-from accounts.service import ADD_CREDIT
 from core import runtime
-from mapper import completion, jobs, keyrange, service, tree
-from mapper.models import MapperJob, TaskListing, TaskPayload, TaskRecord
+from mapper import completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
+from mapper.handoff import HandedPages
+from mapper.models import MapperJob
+from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
 from tests.support import billed, commit_answers_unknown
 
 
@@ -46,7 +50,7 @@ def test_order_matches_datastore_key_order(ndb_context):
             ndb.Key(Thing, "a", Thing, 9)]
     ndb.put_multi([Thing(key=k) for k in keys])
     stored = ndb.Query(kind="Thing").order(tree.KEY).fetch(keys_only=True)
-    assert stored == sorted(keys, key=keyrange.order)
+    assert stored == sorted(keys, key=key_arithmetic.order)
     with pytest.raises(TypeError):
         sorted(keys)  # why `order` exists
 
@@ -81,7 +85,7 @@ def test_arithmetic_points_lie_strictly_between(ndb_context, lo, hi):
     lo, hi = ndb.Key(*lo), ndb.Key(*hi)
     points = keyrange.split_points(lo, hi, 4)
     assert points, "a range with room between its ends must split"
-    orders = [keyrange.order(k) for k in [lo] + points + [hi]]
+    orders = [key_arithmetic.order(k) for k in [lo] + points + [hi]]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
 
 
@@ -120,11 +124,12 @@ def test_without_samples_a_range_ending_in_another_kind_gallops_from_its_page(nd
     # About 1, 5 and 21 pages on (the arithmetic's base is fitted to the characters, so not exactly decimal).
     assert [p.id() for p in points] == ["acct-00187", "acct-0054", "acct-01870"]
     assert "acct-00150" < points[0].id() < "acct-00250" < points[1].id() < "acct-00700" < points[2].id() < "acct-02500"
-    orders = [keyrange.order(k) for k in [page_end] + points + [hi]]
+    orders = [key_arithmetic.order(k) for k in [page_end] + points + [hi]]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
-    ids = keyrange.gallop(ndb.Key(Thing, 100), ndb.Key(Thing, 300), 4)
+    ids = key_arithmetic.gallop(ndb.Key(Thing, 100), ndb.Key(Thing, 300), 4)
     assert [p.id() for p in ids] == [500, 1300, 4500]
-    assert keyrange.gallop(ndb.Key(Thing, 1), ndb.Key(Thing, "a"), 4) == []  # an id and a name: no spacing to copy
+    # an id and a name: no spacing to copy
+    assert key_arithmetic.gallop(ndb.Key(Thing, 1), ndb.Key(Thing, "a"), 4) == []
 
 
 # --- running jobs -----------------------------------------------------------------------------------------------------
@@ -266,7 +271,7 @@ def extra_jobs(app):
 
 def seed_accounts(count):
     with runtime.current().context():
-        return sorted(put_in_batches([Account() for _ in range(count)]), key=keyrange.order)
+        return sorted(put_in_batches([Account() for _ in range(count)]), key=key_arithmetic.order)
 
 
 def balances(keys):
@@ -298,7 +303,7 @@ def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_
     seed_accounts(30)
     DONE.clear()
     job_id = start(client, auth, "test_flaky_credit")
-    answered = commit_answers_unknown(monkeypatch, "_finalize.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_end.<locals>.txn")
     task_queue.drain()
     monkeypatch.undo()
     assert answered and job_status(client, job_id)["state"] == "done"
@@ -317,6 +322,80 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
     root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
     assert answered and root == [200]  # not a 409 that took its own commit for another delivery's
     assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
+
+
+def test_a_start_whose_commit_answered_unknown_but_applied_starts_its_own_job(app, client, auth, task_queue,
+                                                                              monkeypatch):
+    """The start's retry finds the job its own commit put (the job's `created_by` stamp), not another request's: it
+    goes on to start the job's hints and its root task, once."""
+    keys = seed_accounts(30)
+    answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.txn")
+    job_id = start(client, auth)
+    monkeypatch.undo()
+    hinted = runtime.cache().get_many([completion._key(job_id, "processed")])
+    assert answered and hinted  # taken for another request's job, the start would have left its hints unstarted
+    task_queue.drain()
+    assert balances(keys) == [10] * 30 and job_status(client, job_id)["state"] == "done"
+
+
+def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_again(app, client, auth, task_queue,
+                                                                                  monkeypatch):
+    """The sweep's retry of a revival finds the record revived by its own commit (`revived_by`), not renewed by a
+    live delivery, and queues the task again: the job goes on now, not one lease later."""
+    keys = seed_accounts(30)
+    job_id = start(client, auth)
+    assert task_queue.queue.take().name == f"{job_id}-0"  # the root's every delivery lost: only its record is left
+    with runtime.current().context():
+        record = TaskRecord.get_by_id(f"{job_id}-0")
+        record.lease = record.lease - datetime.timedelta(days=1)
+        record.put()
+        answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.txn")
+        swept = sweep.sweep()
+        monkeypatch.undo()
+    assert answered and swept["revived"] == [f"{job_id}-0"]
+    task_queue.drain()
+    assert balances(keys) == [10] * 30 and job_status(client, job_id)["state"] == "done"
+
+
+def test_a_follow_up_whose_commit_answered_unknown_but_applied_says_it_ran(extra_jobs, client, auth, task_queue,
+                                                                          monkeypatch):
+    """The on_done's retry finds "ran" written by its own commit (`follow_up_by`): it ran, its writes landed once."""
+    seed_accounts(30)
+    job_id = start(client, auth, "test_flaky_credit")
+    answered = commit_answers_unknown(monkeypatch, "run_follow_up.<locals>.txn")
+    task_queue.drain()
+    monkeypatch.undo()
+    ran = [body for task, _, body in task_queue.responses if task.handler == completion.DONE_HANDLER]
+    assert answered and ran == [{"ran": True}] and follow_ups(job_id) == [job_id]
+
+
+def test_ending_a_job_deleted_meanwhile_ends_nothing(ndb_context):
+    """The job is read again in the transaction that ends it: gone since, nothing is ended (not an AttributeError)."""
+    job = MapperJob(id="gone", name="add_credit", kind="Account", page_size=10, fanout=2)  # never stored
+    assert completion._end(job, completion.Figures("running", returned=TOTAL_CREDIT)) is None
+
+
+def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
+    """A task is queued again from its parent's record (and the pages it handed out): when those are gone, the sweep
+    says which, rather than fail on None."""
+    job = MapperJob(id="j", name="add_credit", kind="Account", page_size=10, fanout=2, kind_end=ndb.Key(Account, 9))
+    assert sweep.payload_of(job, ndb.Key(TaskRecord, "j-0")) == handoff.root_payload(job)
+    with pytest.raises(RuntimeError, match="parent's record is gone"):
+        sweep.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+    parent = TaskRecord(id="j-0", job="j", depth=0, credit=4,
+                        children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "credit": 2, "keys": None,
+                                   "keys_apart": True}])
+    parent.put()
+    with pytest.raises(RuntimeError, match="pages its parent handed out are gone"):
+        sweep.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+
+
+def test_accounts_ids_lie_where_the_key_arithmetic_aims(ndb_context):
+    """Account ids and the mapper's key arithmetic share one ceiling (Datastore's auto ids lie below 2**53), so that
+    arithmetic toward "any id" cuts the accounts' range evenly, none of it empty."""
+    ids = [accounts_service.account_key("s", n).id() for n in range(200)]
+    assert all(0 < i < key_arithmetic.ID_CEILING for i in ids)
+    assert max(ids) > key_arithmetic.ID_CEILING // 2  # ids below 2**52 would leave the upper half of the aim empty
 
 
 def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
@@ -417,9 +496,9 @@ def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, au
     task_queue.drain()  # one worker: each response beside its own Server-Timing
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 1000
     queries = {task.name: re.search(r"(\d+) RunQuery", timing) for (task, _, _), timing in
-               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == tree.TASK_HANDLER}
+               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == handoff.TASK_HANDLER}
     listed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
-              if task.handler == tree.TASK_HANDLER and task.payload.get("keys")}
+              if task.handler == handoff.TASK_HANDLER and task.payload.get("keys")}
     assert listed and all(queries[name] is None for name in listed)  # a listed page runs no query
     ranges = [name for name in queries if name not in listed]
     assert all(queries[name] and queries[name][1] == "1" for name in ranges)  # a range task runs one
@@ -432,25 +511,26 @@ def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, au
 
 
 def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_queue, monkeypatch):
-    """A task hands out only as many listed pages as LISTED_BYTES of keys hold (a record keeps them, a task carries
+    """A task hands out only as many listed pages as HANDED_BYTES of keys hold (a record keeps them, a task carries
     them); the rest of its listing it splits as ranges, and still every account is credited once."""
     keys = seed_accounts(600)
     one_page = sum(len(k.urlsafe()) for k in keys[40:80])
-    monkeypatch.setattr(tree, "LISTED_BYTES", one_page + 40)  # about one page of keys, never two
+    monkeypatch.setattr(handoff, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
     job_id = start(client, auth, page_size=40, fanout=4)
     task_queue.drain()
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600
     with runtime.current().context():
         records = TaskRecord.query(TaskRecord.job == job_id).fetch()
-        listings = {r.key.id(): TaskListing.key_for(r.key).get() for r in records}
+        listings = {r.key.id(): HandedPages.key_for(r.key).get() for r in records}
     for record in records:
-        listed = [child for child in record.children if child["listed"]]
+        listed = [child for child in record.children if child["keys_apart"]]
         assert all(child["keys"] is None for child in record.children)  # the record keeps no keys
         pages = listings[record.key.id()].pages if listed else {}
         assert sorted(pages) == sorted(child["task"] for child in listed)
         assert len(listed) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
     # a task that listed more than it could hand out split the rest as ranges
-    assert any(any(c["listed"] for c in r.children) and any(not c["listed"] for c in r.children) for r in records)
+    assert any(any(c["keys_apart"] for c in r.children) and any(not c["keys_apart"] for c in r.children)
+               for r in records)
 
 
 def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, auth, task_queue):
@@ -465,7 +545,7 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
     with runtime.current().context():
         job = MapperJob.get_by_id(job_id)
-        assert service.finish_job(job_id).finished == job.finished  # finished already: nothing settles twice
+        assert service.finish_job(job_id).ended == job.ended  # finished already: nothing settles twice
         for _ in range(2):
             completion.run_check({"job": job_id, "check": 1})
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
@@ -484,7 +564,7 @@ def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(ext
     assert balances(keys) == [10] * 60 and follow_ups(job_id) == [job_id]
     with runtime.current().context():  # as if the job were still running: the repeats must not skip it for that
         job = MapperJob.get_by_id(job_id)
-        job.finished = None
+        job.ended = None
         job.put()
     assert not task_queue.deliver(root)  # attempt 0 again: its first chunk's transaction finds the record done
     assert task_queue.responses[-1][1] == 409

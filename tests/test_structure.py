@@ -54,7 +54,7 @@ def test_no_runtime_is_current_outside_a_request_or_a_block(stack):
 def test_nothing_registers_by_being_imported(stack):
     """Every feature is imported (this module imports them all): a runtime still gets task handlers and jobs only from
     the init_app of an app built on it."""
-    assert accounts.service.ADD_CREDIT and comments.recount.RECOUNT  # defined on import, registered nowhere
+    assert accounts.credit.ADD_CREDIT and comments.recount.RECOUNT  # defined on import, registered nowhere
     rt = Runtime(settings_for(stack))
     try:
         assert rt.tasks.handler("mapper.run") is None and rt.registry(mapper_jobs.JOBS) == {}

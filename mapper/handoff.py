@@ -1,0 +1,95 @@
+"""Handing a mapper task's children to the queue, and the pages it hands out.
+
+A task lists its page and the pages after it in one query; each page after its own goes whole to a child, whose task
+carries the page's keys and so runs no query. The keys must fit a task, and a retry or the sweep must be able to
+enqueue the same children again: so the task keeps them beside its record (HandedPages), not in it (the job's
+records are read whole when it ends, and stay small).
+"""
+from google.cloud import ndb
+
+from core import runtime
+from mapper.models import MapperJob
+from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
+
+TASK_HANDLER = "mapper.run"
+# At most this many bytes of urlsafe keys go into the pages one task hands out, all its pages together: so that each
+# child's task, which carries one page, is surely under the smallest task limit (100 KB for App Engine queues in the
+# older API; a Cloud Tasks task takes 1 MB, https://cloud.google.com/tasks/docs/quotas), and the task's HandedPages,
+# which keeps them all, far under an entity's 1 MiB. Accounts' keys take about 30 bytes; a kind with long key names
+# hands out fewer pages and splits the rest as ranges.
+HANDED_BYTES = 90_000
+
+
+class HandedPages(ndb.Model):
+    """The keys of the pages a task handed to its children ({child's path: urlsafe keys}). A child entity of the
+    record, so it is written in the record's first chunk's transaction without taking one more of the legacy
+    emulator's 25 entity groups; read only to enqueue the children again."""
+    _use_cache = False
+    _use_global_cache = False
+    pages = ndb.JsonProperty(default={})
+
+    @classmethod
+    def key_for(cls, record_key: ndb.Key) -> ndb.Key:
+        return ndb.Key(cls, "pages", parent=record_key)
+
+
+def root_payload(job: MapperJob) -> TaskPayload:
+    """The root task's: the kind's whole range, up to its largest key when the job started, and every credit."""
+    return TaskPayload(job.id, "0", None, job.kind_end.urlsafe().decode(), TOTAL_CREDIT)
+
+
+def enqueue(payload: TaskPayload) -> None:
+    runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.queue_name)
+
+
+def pages_to_hand_out(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
+    """`keys` cut into pages of `size`, as many of them as HANDED_BYTES of urlsafe keys hold."""
+    pages: list[list[ndb.Key]] = []
+    used = 0
+    for i in range(0, len(keys), size):
+        used += sum(len(key.urlsafe()) for key in keys[i:i + size])
+        if used > HANDED_BYTES:
+            break
+        pages.append(keys[i:i + size])
+    return pages
+
+
+def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
+    """{child's path: its page's keys} of the children given a page."""
+    return {child.task: child.keys for child in children if child.keys is not None}
+
+
+def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
+    """The entity to write with the record's first chunk, keeping `pages` (none when no page was handed out)."""
+    return [HandedPages(key=HandedPages.key_for(record_key), pages=pages)] if pages else []
+
+
+def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
+    """Enqueue the tasks `record` split into, a handed page's keys from `pages` (else from the task's HandedPages); a
+    repeat (a retry's) is dropped by the queue, which knows their names."""
+    if pages is None:
+        apart = any(child.get("keys_apart") for child in record.children)
+        kept_pages = HandedPages.key_for(record.key).get() if apart else None
+        if apart and kept_pages is None:
+            raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
+        pages = kept_pages.pages if kept_pages else {}
+    for child in record.children:
+        if child.get("keys_apart"):
+            child = {**child, "keys": pages[child["task"]]}
+        enqueue(TaskPayload.from_json(child))
+
+
+def payload_of(job_id: str, path: str) -> TaskPayload:
+    """What the task at `path` ("0-2", not the root) was given, from its parent's record (and HandedPages), where the
+    parent fixed it before enqueueing it: for the sweep, which queues a task again knowing only its record."""
+    parent_key = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}")
+    parent = parent_key.get()
+    child = next((c for c in parent.children if c["task"] == path), None) if parent else None
+    if child is None:
+        raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
+    if child.get("keys_apart"):
+        kept_pages = HandedPages.key_for(parent_key).get()
+        if kept_pages is None:
+            raise RuntimeError(f"task {job_id}-{path}: the pages its parent handed out are gone")
+        child = {**child, "keys": kept_pages.pages[path]}
+    return TaskPayload.from_json(child)

@@ -1,0 +1,144 @@
+"""One task of a mapper job's tree: what it is given (TaskPayload) and what it did (TaskRecord, an entity).
+
+Credit: the root holds TOTAL_CREDIT; a task that splits hands an equal share to each child and keeps one share (and
+the remainder) for its own page, returned when the page is done. The returned credits sum to TOTAL_CREDIT (exactly:
+integers) when every task has ended."""
+import dataclasses
+import datetime
+
+from google.cloud import ndb
+
+from core import clock
+
+TOTAL_CREDIT = 2 ** 62
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPayload:
+    """A task's body in the queue (JSON): its job, its path in the tree ("0" the root, "0-2" its third child), its
+    credit, and what it visits: the key range (lo, hi] as urlsafe keys (lo None: the kind's start), or `keys`, a page
+    its parent listed and handed out."""
+    job: str
+    task: str
+    lo: str | None
+    hi: str | None
+    credit: int
+    keys: list[str] | None = None
+    revived: int = 0  # queued again by the sweep (n-th time): a redelivery, under a new name (`queue_name`)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TaskPayload":
+        return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"), credit=data["credit"],
+                   keys=data.get("keys"), revived=data.get("revived") or 0)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def name(self) -> str:
+        """The task's name in the queue, and its record's key name."""
+        return f"{self.job}-{self.task}"
+
+    @property
+    def queue_name(self) -> str:
+        """A queue keeps a used name for days (core/tasks.py): the sweep's n-th delivery is "<name>-r<n>"."""
+        return f"{self.name}-r{self.revived}" if self.revived else self.name
+
+    @property
+    def lo_key(self) -> ndb.Key | None:
+        return ndb.Key(urlsafe=self.lo.encode()) if self.lo else None
+
+    @property
+    def hi_key(self) -> ndb.Key | None:
+        return ndb.Key(urlsafe=self.hi.encode()) if self.hi else None
+
+    @property
+    def handed_keys(self) -> list[ndb.Key] | None:
+        """The keys of the page its parent handed it, or None for a range task."""
+        return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
+
+    def range_child(self, index: int, lo: ndb.Key, hi: ndb.Key, credit: int) -> "TaskPayload":
+        return TaskPayload(self.job, f"{self.task}-{index}", lo.urlsafe().decode(), hi.urlsafe().decode(), credit)
+
+    def page_child(self, index: int, keys: list[ndb.Key], credit: int) -> "TaskPayload":
+        return TaskPayload(self.job, f"{self.task}-{index}", None, None, credit, [k.urlsafe().decode() for k in keys])
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPage:
+    """The page a task fixed on its first delivery: its first and last keys, and whether keys remained after it."""
+    start: ndb.Key | None
+    end: ndb.Key | None
+    more: bool
+
+
+class TaskRecord(ndb.Model):
+    """What one task did; key name "<job>-<path>". Written only by its task, in each chunk's transaction, so it says
+    exactly which keys of the page were processed. A root entity: tasks share no entity group. Neither cache: written
+    by every chunk and read in its transaction, which skips the global cache."""
+    _use_cache = False
+    _use_global_cache = False
+    job = ndb.StringProperty(required=True)
+    depth = ndb.IntegerProperty(required=True, indexed=False)
+    credit = ndb.IntegerProperty(required=True, indexed=False)
+    state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
+    page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,
+    page_end = ndb.KeyProperty(indexed=False)  # its last,
+    more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
+    last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
+    last_chunk_by = ndb.TextProperty()  # the stamp (core.transactions.Call) of the chunk that committed last
+    processed = ndb.IntegerProperty(default=0, indexed=False)
+    tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
+    # The payloads of the tasks it split into; a handed page's keys are kept apart (mapper/handoff.py).
+    children = ndb.JsonProperty(default=[])
+    returned = ndb.IntegerProperty(default=0, indexed=False)  # credit returned when ended: what children did not take
+    error = ndb.TextProperty()
+    # Until when its delivery is trusted to be alive (each chunk renews it; mapper/sweep.py). Indexed: the sweep
+    # queries for leases run out.
+    lease = ndb.DateTimeProperty()
+    revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
+    fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
+    revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
+    started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began
+    updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
+
+    @classmethod
+    def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
+        now = clock.now()
+        return cls(key=key, job=payload.job, depth=payload.task.count("-"), credit=payload.credit, started=now,
+                   updated=now)
+
+    @property
+    def page(self) -> TaskPage | None:
+        return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
+
+    @property
+    def kept_credit(self) -> int:
+        """The credit this task kept for its own page: what it did not hand to its children."""
+        return self.credit - sum(child["credit"] for child in self.children or [])
+
+    def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
+                final: bool) -> None:
+        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`). `final`: the
+        page's last chunk: done, its credit returned."""
+        if self.page_end is None:
+            self.page_start, self.page_end, self.more = page.start, page.end, page.more
+            self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
+        if chunk:
+            self.last_key = chunk[-1]
+        self.updated, self.fruitless = clock.now(), 0
+        self.processed += processed
+        if tally:
+            self.tally = summed(self.tally or {}, tally)
+        if final:
+            self.state, self.returned = "done", self.kept_credit
+
+    def renew(self, seconds: int) -> None:
+        """The lease after a commit: `seconds` on while running, or ended with children the sweep checks; else none."""
+        self.lease = (clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" or self.children
+                      else None)
+
+
+def summed(tally: dict, more: dict) -> dict:
+    """Two tallies ({name: whole number}) added name by name."""
+    return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
