@@ -50,7 +50,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
         # retries=0: `transact` retries the whole transaction on a collision at the BlogIndex, not ndb this lookup.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
         if marker is not None:  # posted already: by this call, whose commit answered UNKNOWN (created), or a resend
-            return Posted(_posted_entry(blog, marker.index), call.applied(marker.call) is True)
+            return Posted(_posted_entry(blog, marker.index), call.applied(marker.call))
         if blog_index is None:
             blog_index = BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1

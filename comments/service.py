@@ -55,13 +55,13 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
     # users never contend; one user's tabs take turns at it (`hot_key`).
     def txn() -> tuple[bool, dict[str, Any]]:
         sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
-        comment_id, written_by = sequence.post_of(request, call.id) or (None, None)
-        mine = call.applied(written_by)
-        if mine is not None:  # written already: by this call (its commit answered UNKNOWN) or by an earlier send
+        sent = sequence.post_of(request, call.id)
+        if sent is not None:  # written already: by this call (its commit answered UNKNOWN) or by an earlier send
+            comment_id, written_by = sent
             written = ndb.Key(UserSequence, pseudonym, Comment, comment_id).get(retries=0)
             if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
                 raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
-            return mine, comment_dict(written)
+            return call.applied(written_by), comment_dict(written)
         sequence.seq += 1
         now = clock.now()
         key_name = sort_key(now, pseudonym, sequence.seq)

@@ -6,7 +6,7 @@ exactly once although a commit may answer UNKNOWN after it applied (docs/lessons
   to another shard instead (counters/writes.py).
 - `transact(fn)`: `fn` in a transaction through that loop, taking its turn at a hot entity first (core/hotspots.py).
 - `Call`: the id of one call, written in the same commit as its effect (its *stamp*), so that the call's retry after
-  an UNKNOWN commit can ask `call.applied(stamp)`: was the write already made, and by me or by someone else?
+  an UNKNOWN commit, finding the effect written, can ask `call.applied(stamp)`: was it mine?
 """
 import contextlib
 import random
@@ -84,20 +84,19 @@ def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:
 
 class Call:
     """One call that must take effect once. Its `id` is written in the same commit as the effect (the stamp: a marker
-    entity's field, the written entity's own field, an entry in a list); a retry of the commit reads the stamp first.
+    entity's field, the written entity's own field, an entry in a list); a retry of the commit reads it first.
 
-    `applied(stamp)` answers the retry:
-    - None: nothing written yet: apply (and write `id` with it);
-    - True: written by this very call, whose commit answered UNKNOWN but applied: write nothing again, but still do
-      what was to follow the commit (a cached total's incr, a task to enqueue), which never ran;
-    - False: written by another call (a resend of the same request, another delivery of the same task): write
-      nothing, and answer with what that call wrote.
+    Inside the transaction, the retry finds the effect written or not (the marker, the record moved on):
+    - not written: apply it, writing `id` with it;
+    - written and `applied(stamp)`: by this very call, whose commit answered UNKNOWN but applied: write nothing again,
+      but still do what was to follow the commit (a cached total's incr, a task to enqueue), which never ran;
+    - written and not `applied(stamp)`: by another call (a resend of the same request, another delivery of the same
+      task), or before stamps were written: write nothing, and answer with what was written.
     """
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
 
-    def applied(self, stamp: str | None) -> bool | None:
-        if stamp is None:
-            return None
+    def applied(self, stamp: str | None) -> bool:
+        """Whether `stamp`, read beside an effect already written, is this call's own."""
         return stamp == self.id

@@ -89,7 +89,7 @@ class BlindShardWriter(ShardWriter):
                                    insert=AppliedIncrement.new(self.marker_key, self.call.id, clock.now()))
         except core_exceptions.AlreadyExists:  # the marker: this call's own UNKNOWN commit, or another call's
             marker = self.marker_key.get(use_cache=False, use_global_cache=False)
-            if not self.call.applied(marker.call if marker else None):
+            if marker is None or not self.call.applied(marker.call):
                 return False  # another call applied this key (or its marker has just been swept)
         return self._counted()
 
@@ -100,10 +100,9 @@ class TransactionalShardWriter(ShardWriter):
     def __call__(self, index: int) -> bool:
         def txn() -> bool:
             marker = self.marker_key.get(retries=0) if self.marker_key else None
-            applied = self.call.applied(marker.call if marker else None)
-            if applied is False:
+            if marker is not None and not self.call.applied(marker.call):
                 return False  # another call applied this key
-            if applied is None:  # (True: this call's own commit answered UNKNOWN yet applied: write nothing again)
+            if marker is None:  # (else this call's own commit answered UNKNOWN yet applied: write nothing again)
                 if self.marker_key:
                     AppliedIncrement.new(self.marker_key, self.call.id, clock.now()).put()
                 key = CounterShard.key_for(self.name, index)

@@ -262,7 +262,7 @@ def run_follow_up(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
         if current is None:  # deleted since: nothing to mark
             return False
         if current.follow_up == "ran":  # by another call, or by this one, whose commit answered UNKNOWN
-            return bool(call.applied(current.follow_up_by))
+            return call.applied(current.follow_up_by)
         current.follow_up, current.follow_up_by = "ran", call.id
         ndb.put_multi([current, *writes])
         return True

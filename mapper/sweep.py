@@ -144,7 +144,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
         def create(payload: TaskPayload = payload, call: Call = call) -> bool:
             found = ndb.Key(TaskRecord, payload.name).get(retries=0)
             if found is not None:  # its delivery got there meanwhile, or this call's commit answered UNKNOWN
-                return bool(call.applied(found.revived_by))
+                return call.applied(found.revived_by)
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
             record.revived, record.fruitless, record.revived_by = 1, 1, call.id
             record.started = None  # set by its first delivery (tree.py)

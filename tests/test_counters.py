@@ -1,11 +1,12 @@
 """Counters at the service level, on the real emulator and memcached: exactness under concurrency, caching, growth."""
+import datetime
 import time
 
 import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import costs, runtime
+from core import clock, costs, runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import growth, service, simple, totals, writes
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
@@ -174,6 +175,17 @@ def test_idempotency_key_applies_once_however_often_retried(ndb_context):
     assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 1
     assert service.increment("idem", "order-43").applied  # another key is another increment
     assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 2
+
+
+def test_a_marker_without_a_stamp_is_another_calls_never_nothing_written(ndb_context):
+    """A marker written before markers carried their call's stamp (or by any writer that left it out) still says the
+    key was applied: the increment answers "not applied" and counts nothing, on either backend's writer."""
+    service.increment("unstamped", "first")
+    before = sum(totals.shard_counts_of(growth.get_config("unstamped")))
+    marker = AppliedIncrement.key_for("unstamped", "old-key")
+    AppliedIncrement(key=marker, expires=clock.now() + datetime.timedelta(days=1)).put()  # no `call`
+    assert not service.increment("unstamped", "old-key").applied
+    assert sum(totals.shard_counts_of(growth.get_config("unstamped"))) == before
 
 
 def test_concurrent_retries_of_one_key_apply_once(ndb_context):
