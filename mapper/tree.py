@@ -55,9 +55,8 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = listed[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(listed) > len(keys)) if keys else TaskPage(None, None, False)
         children = _split(job, payload, listed, record.credit) if page.more else []
-    else:  # a retry: the rest of the page its first delivery fixed
-        keys = _page_query(job.kind, record.last_key or payload.lo_key, page.end).fetch(job.page_size,
-                                                                                       keys_only=True)
+    else:  # a retry: the rest of the page its first delivery fixed, to its last key however many were added since
+        keys = _page_query(job.kind, record.last_key or payload.lo_key, page.end).fetch(keys_only=True)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record

@@ -231,6 +231,12 @@ def _flaky_credit(accounts, params, prepared):
     if FAULTS["fail_at"] is not None and any(a.key == FAULTS["fail_at"] for a in accounts):
         FAULTS["fail_at"] = None
         FAULTS["failures"] += 1
+        meanwhile = FAULTS.pop("meanwhile", None)  # what another process writes while the task is down
+        if meanwhile is not None:
+            rt = runtime.current()
+            writer = threading.Thread(target=meanwhile, args=(rt,))  # outside this chunk's transaction
+            writer.start()
+            writer.join(timeout=60)
         raise RuntimeError("the task dies half way through its page")
     return ADD_CREDIT.apply(accounts, params, prepared)
 
@@ -294,6 +300,22 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs
     # the chunk that died rolled back its accounts and its record's tally: the job settled each account's credit once
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 3000
     assert job_status(client, job_id)["processed"] == 300
+
+
+def test_a_retry_visits_its_whole_page_though_more_entities_were_put_in_it_since(extra_jobs, client, auth, task_queue):
+    """A retry lists the rest of the page its first delivery fixed, up to the page's last key: 60 accounts put inside
+    the page while its task was down (more than the 50 its first delivery had done) push none of the page's own out."""
+    keys = seed_accounts(300)
+    assert keys[50].id() - keys[49].id() > 61  # room for 60 ids between the 50th and 51st accounts
+
+    def put_sixty_inside_the_page(rt):
+        with rt.context():
+            ndb.put_multi([Account(id=keys[49].id() + i) for i in range(1, 61)])
+    FAULTS.update(fail_at=keys[50], failures=0, meanwhile=put_sixty_inside_the_page)
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    task_queue.drain()
+    assert FAULTS["failures"] == 1 and job_status(client, job_id)["state"] == "done"
+    assert balances(keys) == [10] * 300  # every account that was there when the job started, credited once
 
 
 def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_follow_up(extra_jobs, client, auth,
