@@ -334,11 +334,6 @@ class Cache:
             return number or None
         return self._safely(None, numbered)
 
-    def claim(self, key: str, expire: int) -> bool:
-        """False only when the cache says another caller claimed `key` first; True when this call claimed it or
-        the cache is away (a claim that cannot be checked must not stop the caller)."""
-        return self._safely(None, lambda c: c.add(key, 1, expire)) is not False
-
     def incr(self, key: str, delta: int = 1) -> int | None:
         """Add to a cached number; None when the key is absent (never create it here) or the cache is away."""
         return self._safely(None, lambda c: c.incr(key, delta))

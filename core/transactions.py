@@ -54,6 +54,8 @@ def retried(attempt: Callable[[], T], on_collision: Callable[[int], None], max_a
         except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
             if not is_contention(e):
                 raise
+        if collisions + 1 == max_attempts:
+            break  # no wait before the 503
         cost = costs.current()
         if cost is not None:  # a collision, shown in the request's Server-Timing (appstats.accounting)
             cost.add_retry()
@@ -67,7 +69,8 @@ def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, ca
     poor tail for a short transaction on a busy group. `hot_key`: the entity many requests write at once (a blog's
     index, a user's sequence, a counter's config, a job): each attempt first waits for its turn at it (`in_turn`).
     A commit can answer UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: it
-    writes a `Call`'s stamp with its effect and looks for it first."""
+    writes a `Call`'s stamp with its effect and looks for it first, or is idempotent by state
+    (docs/lessons/exactly-once.md)."""
     def attempt() -> T:
         with in_turn(hot_key):
             return ndb.transaction(fn, retries=0)

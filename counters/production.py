@@ -28,6 +28,6 @@ CAVEATS = (
         source="https://cloud.google.com/datastore/docs/ttl",
         app="An increment's Idempotency-Key marker carries `expires` (midnight UTC, 24 to 48 hours ahead). Deploy "
             "with `gcloud firestore fields ttls update expires --collection-group=AppliedIncrement --enable-ttl`; "
-            "the hourly sweep task (counters.service.sweep_markers) deletes expired markers everywhere, and is what "
+            "the hourly sweep task (counters.markers.sweep_markers) deletes expired markers everywhere, and is what "
             "deletes them on the emulators. An expired marker that is still there still counts as applied."),
 )

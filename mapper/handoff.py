@@ -29,6 +29,10 @@ class HandedPages(ndb.Model):
     pages = ndb.JsonProperty(default={})
 
     @classmethod
+    def _get_kind(cls) -> str:
+        return "TaskListing"  # its stored kind, from before it was renamed: pages already handed out stay found
+
+    @classmethod
     def key_for(cls, record_key: ndb.Key) -> ndb.Key:
         return ndb.Key(cls, "pages", parent=record_key)
 
@@ -59,6 +63,12 @@ def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
     return {child.task: child.keys for child in children if child.keys is not None}
 
 
+def keys_apart(child: dict) -> bool:
+    """Whether a recorded child's page keys are kept in its parent's HandedPages ("listed" in records stored before
+    the flag was renamed)."""
+    return bool(child.get("keys_apart", child.get("listed")))
+
+
 def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
     """The entity to write with the record's first chunk, keeping `pages` (none when no page was handed out)."""
     return [HandedPages(key=HandedPages.key_for(record_key), pages=pages)] if pages else []
@@ -68,13 +78,13 @@ def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = No
     """Enqueue the tasks `record` split into, a handed page's keys from `pages` (else from the task's HandedPages); a
     repeat (a retry's) is dropped by the queue, which knows their names."""
     if pages is None:
-        apart = any(child.get("keys_apart") for child in record.children)
+        apart = any(map(keys_apart, record.children))
         kept_pages = HandedPages.key_for(record.key).get() if apart else None
         if apart and kept_pages is None:
             raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
         pages = kept_pages.pages if kept_pages else {}
     for child in record.children:
-        if child.get("keys_apart"):
+        if keys_apart(child):
             child = {**child, "keys": pages[child["task"]]}
         enqueue(TaskPayload.from_json(child))
 
@@ -87,7 +97,7 @@ def payload_of(job_id: str, path: str) -> TaskPayload:
     child = next((c for c in parent.children if c["task"] == path), None) if parent else None
     if child is None:
         raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
-    if child.get("keys_apart"):
+    if keys_apart(child):
         kept_pages = HandedPages.key_for(parent_key).get()
         if kept_pages is None:
             raise RuntimeError(f"task {job_id}-{path}: the pages its parent handed out are gone")

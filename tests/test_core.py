@@ -590,6 +590,30 @@ def test_contention_is_told_from_an_outage():
     assert not is_contention(core_exceptions.ServiceUnavailable("down")) and not is_contention(ValueError())
 
 
+def test_the_retry_loop_waits_between_attempts_only_and_raises_anything_but_contention_at_once():
+    from core.transactions import retried
+    waits, tries = [], []
+
+    def collides():
+        tries.append(1)
+        raise core_exceptions.Aborted("contention")
+    with pytest.raises(Unavailable, match="busy"):
+        retried(collides, waits.append, max_attempts=3, busy_message="busy")
+    assert len(tries) == 3 and waits == [0, 1]  # no wait after the last attempt: the 503 comes at once
+    waits.clear()
+    with pytest.raises(ValueError):
+        retried(lambda: int("x"), waits.append)
+    assert waits == []
+    answers = iter([core_exceptions.Unknown("?"), "done"])
+
+    def then_commits():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    assert retried(then_commits, waits.append) == "done" and waits == [0]
+
+
 def test_a_port_taken_before_the_bind_is_chosen_again(monkeypatch):
     import socket
 
