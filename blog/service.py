@@ -101,18 +101,18 @@ def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> Blog
     first = top if start is None else min(validate_index(start, "start"), top)
     newer = None if first == top else min(first + size, top)
     cache = runtime.cache()
-    key = _page_cache_key(blog, top, size) if first == top else None  # only the front page is cached
-    if key is not None:
-        cached = cache.get(key)
+    cache_key = _page_cache_key(blog, top, size) if first == top else None  # only the front page is cached
+    if cache_key is not None:
+        cached = cache.get(cache_key)
         if cached is not None:
             entries, next_start = json.loads(zlib.decompress(cached))
             return BlogPage(entries, next=next_start, prev=newer, max_index=top, cached=True)
     rows, next_start = query_page(blog_index.key, first, size)
     entries = [entry_dict(e) for e in rows]
-    if key is not None:
+    if cache_key is not None:
         # Compressed: a page of ten long entries can pass memcached's 1 MB item limit as JSON (and if it still does,
         # the add fails quietly and the page is simply not cached).
-        cache.add(key, zlib.compress(json.dumps([entries, next_start]).encode()), expire=PAGE_LIFETIME)
+        cache.add(cache_key, zlib.compress(json.dumps([entries, next_start]).encode()), expire=PAGE_LIFETIME)
     return BlogPage(entries, next=next_start, prev=newer, max_index=top, cached=False)
 
 

@@ -3,7 +3,8 @@ come in posting order (docs/lessons/comments.md).
 
 A comment's id, and its place in the order, is `<UTC time>|<user's pseudonym>|<user's sequence>`. Time alone is not
 unique, time|user is not either (one user, two tabs); all three are. The sequence is the user's own, in the user's
-own entity group, so no two users' comments ever touch one entity. Pages move both ways by that key, never an offset.
+own entity group, so no two users' comments ever touch one entity. Pages move both ways by that sort key (an indexed
+copy of the key name), never an offset.
 """
 import datetime
 from collections.abc import Iterable
@@ -28,15 +29,15 @@ PAGE_MAX = 100
 COUNTERS = counters.owned("comments")  # the comments' own counters (an entry's comment count): only they write them
 
 
-def sort_key(when: datetime.datetime, user_id: str, seq: int) -> str:
+def sort_key(when: datetime.datetime, pseudonym: str, seq: int) -> str:
     """A comment's id, unique and in posting order: `<time>|<user>|<user's sequence>`."""
-    if SEPARATOR in user_id:
-        raise ValueError("a user id in a sort key cannot contain the separator")
+    if SEPARATOR in pseudonym:
+        raise ValueError("a pseudonym in a sort key cannot contain the separator")
     # Fixed width, spelled out, so that string order is time order: strftime's %Y does not zero-pad years before
     # 1000 on every platform.
     time = (f"{when.year:04d}{when.month:02d}{when.day:02d}T{when.hour:02d}{when.minute:02d}{when.second:02d}"
             f".{when.microsecond:06d}Z")
-    return f"{time}{SEPARATOR}{user_id}{SEPARATOR}{seq:010d}"
+    return f"{time}{SEPARATOR}{pseudonym}{SEPARATOR}{seq:010d}"
 
 
 def post_comment(ref: EntryRef, user: identity.User | None, text: object,

@@ -84,7 +84,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         ndb.put_multi([*writes, current, *handed_out])
         return current
 
-    for number, chunk in enumerate(chunks):
+    for number, chunk in enumerate(chunks):  # each chunk a Call of its own, shared by its transaction's retries
         record = transact(functools.partial(txn, Call(), chunk, record.last_key, number == len(chunks) - 1))
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
             handoff.enqueue_children(record, handed_pages if children else None)
