@@ -8,6 +8,8 @@ post ever touches. The order among all comments comes from the sort key `time|us
 """
 from google.cloud import ndb
 
+from core.transactions import Call
+
 
 class UserSequence(ndb.Model):
     """A user's comment sequence; key name is the user's pseudonym (core.identity.pseudonym: the key is in every
@@ -24,11 +26,11 @@ class UserSequence(ndb.Model):
     seq = ndb.IntegerProperty(default=0, indexed=False)
     recent = ndb.JsonProperty(default=[])
 
-    def post_of(self, request: str | None, call_id: str) -> tuple[str, str] | None:
-        """(comment, written_by) of a recent post written by the call `call_id` itself, or sent with the idempotency
-        key `request`; None when neither is recent."""
+    def post_of(self, request: str | None, call: Call) -> tuple[str, str] | None:
+        """(comment, written_by) of a recent post written by `call` itself, or sent with the idempotency key
+        `request`; None when neither is recent."""
         for sent_with, comment_id, written_by in self.recent:
-            if written_by == call_id or (request is not None and sent_with == request):
+            if call.applied(written_by) or (request is not None and sent_with == request):
                 return comment_id, written_by
         return None
 

@@ -56,7 +56,7 @@ def post_comment(ref: EntryRef, user: identity.User | None, text: object,
     # users never contend; one user's tabs take turns at it (`hot_key`).
     def txn() -> tuple[bool, dict[str, Any]]:
         sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
-        sent = sequence.post_of(request, call.id)
+        sent = sequence.post_of(request, call)
         if sent is not None:  # written already: by this call (its commit answered UNKNOWN) or by an earlier send
             comment_id, written_by = sent
             written = ndb.Key(UserSequence, pseudonym, Comment, comment_id).get(retries=0)

@@ -50,7 +50,7 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], bool],
             backoff(collisions + 1, SINGLE_SHARD_BACKOFF, SINGLE_SHARD_BACKOFF_CAP)
 
     result = retried(once, another_shard, MAX_ATTEMPTS, "The counter is too contended right now; try again.")
-    if on_attempt:  # after the loop: what it does must never run the committed +1 again
+    if on_attempt:  # outside `retried`: if growing fails, the +1 that already committed is not tried again
         on_attempt(num_shards, False)
     return result, attempts, shard
 
