@@ -57,9 +57,9 @@ class Outcome:
     detail: str
 
 
-def load(only: str | None = None) -> list[Mutation]:
+def load(only: str | None = None, entries: str = "*") -> list[Mutation]:
     found = []
-    for path in sorted(ENTRIES.glob("*.toml")):
+    for path in sorted(ENTRIES.glob(f"{entries}.toml")):
         for entry in tomllib.loads(path.read_text()).get("mutation", []):
             mutation = Mutation(source=path.name, backends=entry.pop("backends", ["legacy"]), **entry)
             if only is None or only in mutation.row or only in mutation.file:
@@ -152,10 +152,11 @@ def _brief(detail: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="only entries whose row or file contains this text")
+    parser.add_argument("--entries", default="*", help="only the entries of tests/mutations/NAME.toml (a glob)")
     parser.add_argument("--backend", choices=("legacy", "firestore"), help="only this backend's runs")
     parser.add_argument("--write", action="store_true", help="write the outcomes into docs/guarantees.md")
     args = parser.parse_args()
-    mutations = load(args.only)
+    mutations = load(args.only, args.entries)
     if args.backend:
         mutations = [dataclasses.replace(m, backends=[b for b in m.backends if b == args.backend]) for m in mutations]
     if not mutations:
