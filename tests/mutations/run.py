@@ -67,6 +67,18 @@ def load(only: str | None = None, entries: str = "*") -> list[Mutation]:
     return found
 
 
+def changed_since(mutations: list[Mutation], commit: str) -> list[Mutation]:
+    """The entries whose broken file or test files differ between `commit` and the working tree: the ones whose
+    outcome in docs/guarantees.md may no longer hold."""
+    changed = set(subprocess.run(["git", "diff", "--name-only", commit, "--"], cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout.split())
+    changed |= set(subprocess.run(["git", "ls-files", "-o", "--exclude-standard"], cwd=ROOT, check=True,
+                                  capture_output=True, text=True).stdout.split())
+    return [m for m in mutations
+            if m.file in changed or m.source in {Path(name).name for name in changed}
+            or any(test.partition("::")[0] in changed for test in m.tests)]
+
+
 def scratch_copy() -> Path:
     """The files git knows (tracked, and untracked but not ignored), as the working tree has them, in a new directory;
     the virtualenv linked, not copied."""
@@ -154,11 +166,18 @@ def main() -> int:
     parser.add_argument("--only", help="only entries whose row or file contains this text")
     parser.add_argument("--entries", default="*", help="only the entries of tests/mutations/NAME.toml (a glob)")
     parser.add_argument("--backend", choices=("legacy", "firestore"), help="only this backend's runs")
+    parser.add_argument("--changed-since", metavar="COMMIT",
+                        help="only entries whose file, tests or entry changed since COMMIT (CI: since the table was written)")
     parser.add_argument("--write", action="store_true", help="write the outcomes into docs/guarantees.md")
     args = parser.parse_args()
     mutations = load(args.only, args.entries)
     if args.backend:
         mutations = [dataclasses.replace(m, backends=[b for b in m.backends if b == args.backend]) for m in mutations]
+    if args.changed_since:
+        mutations = changed_since(mutations, args.changed_since)
+        print(f"{len(mutations)} entries whose code, tests or entry changed since {args.changed_since[:12]}")
+        if not mutations:
+            return 0
     if not mutations:
         print("no mutation entries match", file=sys.stderr)
         return 2
