@@ -2,6 +2,7 @@
 so that a break that no longer applies is caught here, on every run, and not only when someone runs the mutations."""
 import ast
 import dataclasses
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,24 @@ def test_the_outcome_is_written_into_the_rows_checked_cell_only(tmp_path, monkey
     assert lines[3] == "| Another | y.md | `u` | read |"
     elsewhere = dataclasses.replace(mutation, row="Nowhere")
     assert run.write_doc([run.Outcome(elsewhere, "legacy", "killed", "x")]) == ["Nowhere"]
+
+
+def test_changed_since_picks_the_entries_whose_file_tests_or_entry_changed(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    for name in ("a.py", "b.py", "tests/test_a.py", "tests/test_b.py", "m.toml", "n.toml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "table written")
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    entry = run.Mutation("r", "a.py", "x", "y", "s", ["tests/test_a.py::test_x"], ["legacy"], "m.toml")
+    others = [dataclasses.replace(entry, file="b.py", tests=["tests/test_b.py"], source="n.toml")]
+    assert run.changed_since([entry, *others], "HEAD") == []
+    for changed in ("a.py", "tests/test_a.py", "m.toml"):
+        (tmp_path / changed).write_text("changed\n")
+        assert run.changed_since([entry, *others], "HEAD") == [entry], changed
+        git("checkout", "-q", "--", changed)
+    (tmp_path / "tests/test_new.py").write_text("")  # a new file that no entry names changes none of them
+    assert run.changed_since([entry, *others], "HEAD") == []

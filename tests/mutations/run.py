@@ -167,7 +167,7 @@ def main() -> int:
     parser.add_argument("--entries", default="*", help="only the entries of tests/mutations/NAME.toml (a glob)")
     parser.add_argument("--backend", choices=("legacy", "firestore"), help="only this backend's runs")
     parser.add_argument("--changed-since", metavar="COMMIT",
-                        help="only entries whose file, tests or entry changed since COMMIT (CI: since the table was written)")
+                        help="only entries whose file, tests or entry changed since COMMIT")
     parser.add_argument("--write", action="store_true", help="write the outcomes into docs/guarantees.md")
     args = parser.parse_args()
     mutations = load(args.only, args.entries)
