@@ -85,8 +85,9 @@ def test_measuring_again_replaces_the_figures_and_writes_no_more_probes(client, 
 
 
 def test_one_measurement_at_a_time(app, auth, client, monkeypatch):
-    """Two admins ask at once, and their first calls on the claim are made together (claimants_meet_at_the_claim): one
-    measures, the other is a 409; a claim read, then written, would let both measure."""
+    """Two admins ask at once, and neither goes on from its first call on the claim before both have been answered
+    (claimants_meet_at_the_claim): one measures, the other is a 409; a claim read, then written, would let both
+    measure."""
     auth.admin()
     claimants_meet_at_the_claim(monkeypatch, runtime.of(app).cache, service.LOCK_KEY)
     results = []
