@@ -7,9 +7,16 @@ on the file, instead of guessing the moment from the records it polls through th
 
 The same job has an on_done that writes one CrashFollowUp under the job (so a test counts the runs that committed),
 and the moment between its finishing commit and the enqueue of that follow-up (the finisher's, not the sweep's
-resends) is widened to FOLLOW_UP_DELAY, announced by a file `follow-<job id>.<pid>`."""
+resends) is widened to FOLLOW_UP_DELAY, announced by a file `follow-<job id>.<pid>`.
+
+And a worker that dies between a write's commit and its answer, every time: the first increment of a counter, and
+the first post to a blog, whose name starts with DIE_AFTER_COMMIT SIGKILLs its own worker once the write committed,
+before it answers (the first only: a file `<name>.died` in `$CRASH_SIGNALS` says it happened). The client sees its
+connection cut and sends the write again with its key."""
 import dataclasses
+import functools
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,6 +24,8 @@ from google.cloud import ndb
 
 import main
 from accounts.credit import ADD_CREDIT
+from blog import service as blog_service
+from counters import service as counters_service
 from mapper import completion
 from mapper import jobs as mapper_jobs
 
@@ -65,6 +74,29 @@ def _late_follow_up(job):
 
 
 completion.send_follow_up = _late_follow_up
+
+
+DIE_AFTER_COMMIT = "die-after-commit-"
+
+
+def _dies_after_its_first_commit(write):
+    """`write(name, ...)`, and for a name starting with DIE_AFTER_COMMIT, the first time, this worker killed after it
+    returned (its commit done) and before the request is answered."""
+    @functools.wraps(write)
+    def written(name, *args, **kwargs):
+        result = write(name, *args, **kwargs)
+        if SIGNALS and name.startswith(DIE_AFTER_COMMIT):
+            try:
+                Path(SIGNALS, f"{name}.died").touch(exist_ok=False)  # atomic: the first write of the name only
+            except FileExistsError:
+                return result
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    return written
+
+
+counters_service.increment = _dies_after_its_first_commit(counters_service.increment)
+blog_service.post_entry = _dies_after_its_first_commit(blog_service.post_entry)
 
 
 def app():

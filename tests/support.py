@@ -191,6 +191,29 @@ def writers_meet_before_writing(monkeypatch, at=(ndb, "put_multi"), parties=2, t
     monkeypatch.setattr(owner, name, meeting)
 
 
+def claimants_meet_at_the_claim(monkeypatch, cache, key, parties=2, timeout=10.0):
+    """The interleaving a claim read and then written would need, forced: the first cache call on `key` (a get, an add
+    or a set of `cache`, a core.cache.Cache) of each of the first `parties` threads, once answered, waits until every
+    one of them has had its first answered, so a claim made of a read and then a write lets both through. Later calls,
+    and other threads', pass freely. A claimant that never reaches the claim breaks the barrier after `timeout` s
+    (BrokenBarrierError)."""
+    barrier, lock, met = threading.Barrier(parties), threading.Lock(), set()
+
+    def meeting(call):
+        def called(called_key, *args, **kwargs):
+            with lock:
+                first = called_key == key and threading.get_ident() not in met and len(met) < parties
+                if first:
+                    met.add(threading.get_ident())
+            answer = call(called_key, *args, **kwargs)
+            if first:
+                barrier.wait(timeout)
+            return answer
+        return called
+    for name in ("get", "add", "set"):
+        monkeypatch.setattr(cache, name, meeting(getattr(cache, name)))
+
+
 def commit_answers_unknown(monkeypatch, transaction):
     """The first transaction of the function named `transaction` (its `__qualname__`, a partial's too) commits, and
     then its caller sees UNKNOWN, as when a commit applied but its answer was lost. Returns the list its committed

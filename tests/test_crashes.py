@@ -32,6 +32,7 @@ from tests.support import WRITE_BUDGET, at_once, make_app, running
 ADMIN = "boss@example.com"
 SECRET = "crashes-test-secret"
 ACCOUNTS = 150
+DIE_AFTER_COMMIT = "die-after-commit-"  # tests/crashapp.py kills the worker of the first write of such a name
 
 
 class Fleet:
@@ -200,6 +201,36 @@ def test_posts_with_keys_stay_dense_and_single_when_a_worker_is_killed(fleet):
     assert sorted(e.index for e in entries) == list(range(24))  # dense: no gap, no index twice
     assert sorted(e.title for e in entries) == sorted(f"post {i}" for i in range(24))  # each post once
     assert sorted(r.json()["index"] for _, r in results) == list(range(24))  # each answer names its own entry
+
+
+def _sent_again_after_its_worker_died(fleet, path, key, **kwargs):
+    """POST `path` with Idempotency-Key `key` until acknowledged, its first send's worker killed between the write's
+    commit and its answer (tests/crashapp.py, DIE_AFTER_COMMIT): the answer, once the worker is seen to have died."""
+    seen, answer = _until_acknowledged(fleet.admin(), "POST", f"{fleet.url}{path}", key, **kwargs)
+    assert seen[0] == "ConnectionError" and len(seen) > 1, seen  # the first answer lost with its worker
+    return answer
+
+
+def test_an_increment_whose_worker_dies_after_its_commit_counts_once_when_sent_again_with_its_key(fleet):
+    """Every time, not by luck: the first send commits, its worker dies before answering, the client sends it again
+    with its key, and the marker written in that commit makes the second send count nothing."""
+    name = f"{DIE_AFTER_COMMIT}{uuid.uuid4().hex[:8]}"
+    assert fleet.admin().put(f"{fleet.url}/api/counters/{name}", json={"mode": "general"}, timeout=30).status_code \
+        in (200, 201)
+    _sent_again_after_its_worker_died(fleet, f"/api/counters/{name}/increment", "once")
+    assert (fleet.signals / f"{name}.died").exists()
+    assert fleet.read(lambda: counters.exact_totals([name])[name]) == 1
+
+
+def test_a_post_whose_worker_dies_after_its_commit_is_posted_once_when_sent_again_with_its_key(fleet):
+    """As the increment above: the post's first send commits and its worker dies before answering; the send again
+    with its key answers with that entry, and the blog holds one."""
+    blog = f"{DIE_AFTER_COMMIT}{uuid.uuid4().hex[:8]}"
+    answer = _sent_again_after_its_worker_died(fleet, f"/api/blogs/{blog}/entries", "once",
+                                               json={"title": "once", "body": "b"})
+    assert (fleet.signals / f"{blog}.died").exists()
+    entries = fleet.read(lambda: BlogEntry.query(ancestor=ndb.Key(BlogIndex, blog)).fetch())
+    assert [(e.index, e.title) for e in entries] == [(0, "once")] and answer.json()["index"] == 0
 
 
 def test_a_job_finishes_and_credits_each_account_once_when_a_worker_is_killed(fleet):

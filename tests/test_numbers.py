@@ -6,7 +6,7 @@ from google.cloud import ndb
 from core import runtime
 from latency import demo, service
 from latency.models import Measurement, Probe
-from tests.support import csrf_token
+from tests.support import claimants_meet_at_the_claim, csrf_token
 
 
 def _stored(kind):
@@ -84,8 +84,12 @@ def test_measuring_again_replaces_the_figures_and_writes_no_more_probes(client, 
     assert len(_stored(Probe)) == probes and len(_stored(Measurement)) == 1
 
 
-def test_one_measurement_at_a_time(app, auth, client):
+def test_one_measurement_at_a_time(app, auth, client, monkeypatch):
+    """Two admins ask at once, and neither goes on from its first call on the claim before both have been answered
+    (claimants_meet_at_the_claim): one measures, the other is a 409; a claim read, then written, would let both
+    measure."""
     auth.admin()
+    claimants_meet_at_the_claim(monkeypatch, runtime.of(app).cache, service.LOCK_KEY)
     results = []
     barrier = threading.Barrier(2)
 
