@@ -7,6 +7,8 @@ import pytest
 from google.cloud import ndb
 
 from accounts import demo as accounts_demo
+from accounts import service as accounts_service
+from accounts.credit import ADD_CREDIT, CREDIT_CHUNK
 from accounts.models import Account
 from blog import service as blog_service
 from blog.models import EntryRef
@@ -17,6 +19,7 @@ from counters.models import CounterConfig
 from devstack import serving, taskqueue
 from devstack.apps import app_on
 from devstack.services import REPO
+from mapper import jobs as mapper_jobs
 from mapper.models import MapperJob
 from tests.support import TEST_ENV, billed, commit_answers_unknown, csrf_token
 
@@ -169,6 +172,9 @@ def test_the_cron_schedule_is_the_sweep_setting(tmp_path):
     """cron.yaml says what core/settings.py's default says; the local task server takes the setting when it is set."""
     from core.settings import MAPPER_SWEEP_SECONDS
     from devstack import cloudtasks
+    with pytest.MonkeyPatch.context() as patch:  # the schedule as cron.yaml writes it, no setting put in its place
+        patch.setattr(cloudtasks, "SCHEDULE_SETTINGS", {})
+        assert cloudtasks.load_cron(REPO / "cron.yaml", env={}) == [("/api/jobs/sweep", MAPPER_SWEEP_SECONDS)]
     assert cloudtasks.load_cron(REPO / "cron.yaml", env={}) == [("/api/jobs/sweep", MAPPER_SWEEP_SECONDS)]
     assert cloudtasks.load_cron(REPO / "cron.yaml", env={"MAPPER_SWEEP_SECONDS": "2"}) == [("/api/jobs/sweep", 2)]
     (tmp_path / "cron.yaml").write_text("cron:\n- url: /x\n  schedule: every monday 09:00\n")
@@ -187,6 +193,43 @@ def test_seed_accounts_in_the_background_exactly(client, auth, task_queue):
     task_queue.drain(workers=2)
     assert task_queue.deliver(first)  # delivered again (a queue may): no account twice
     assert client.get("/api/accounts/summary").get_json() == {"count": 1234, "total_balance": 0}
+
+
+def test_a_seed_task_delivered_again_after_a_credit_leaves_the_credited_balances_alone(client, auth, task_queue):
+    """A queue may deliver a seed task again long after it ran, when its accounts have been credited since: the
+    redelivery finds them and writes none of them again (a fresh Account would zero its balance), and the kept figures
+    and the audit still agree with the accounts."""
+    auth.admin()
+    assert client.post("/api/accounts/seed", json={"count": 30}).status_code == 202
+    seed_task = task_queue.queue.pending[0]
+    task_queue.drain()
+    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 7}}).get_json()
+    task_queue.drain()
+    assert client.get(f"/api/jobs/{job['id']}").get_json()["state"] == "done"
+    assert task_queue.deliver(seed_task) and task_queue.responses[-1][2] == {"created": 0}
+    with runtime.current().context():
+        assert sorted(a.balance for a in Account.query()) == [7] * 30
+    assert client.get("/api/accounts/summary").get_json() == {"count": 30, "total_balance": 210}
+    assert _audit(client, task_queue)["ok"] is True
+
+
+def test_every_chunk_fits_legacys_25_entity_groups(app, client, auth, task_queue):
+    """A transaction on the legacy emulator (Datastore before Firestore) may touch 25 entity groups: a job whose chunk
+    would not leave room for its task's record is refused when it is registered, and a full seed chunk (its accounts,
+    the kept count's config and shard) and a full credit chunk (its accounts and the task's record) each commit in one
+    delivery."""
+    with pytest.raises(ValueError, match="does not fit"):
+        mapper_jobs.register(app, dataclasses.replace(ADD_CREDIT, name="too_wide", chunk=mapper_jobs.MAX_GROUPS))
+    auth.admin()
+    count = max(accounts_service.SEED_CHUNK, CREDIT_CHUNK) + 1  # a full chunk of each, and one more
+    assert client.post("/api/accounts/seed", json={"count": count}).status_code == 202
+    assert task_queue.deliver(task_queue.queue.take())  # the first delivery: no retry to hide a refused commit
+    assert task_queue.responses[-1][2] == {"created": count}
+    job = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 2}}).get_json()
+    assert task_queue.deliver(task_queue.queue.take())  # the root: its page is every account, a full chunk first
+    with runtime.current().context():
+        assert sorted(a.balance for a in Account.query()) == [2] * count
+    assert client.get(f"/api/jobs/{job['id']}").get_json()["processed"] == count
 
 
 def test_a_seed_chunk_whose_commit_answered_unknown_reports_what_it_created(client, auth, task_queue, monkeypatch):

@@ -12,12 +12,12 @@ from google.cloud import ndb
 from accounts import service as accounts_service
 from accounts.credit import ADD_CREDIT
 from accounts.models import Account
-from core import runtime
+from core import runtime, tasks
 from mapper import completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
 from mapper.handoff import HandedPages
 from mapper.models import MapperJob
 from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
-from tests.support import billed, commit_answers_unknown
+from tests.support import billed, commit_answers_unknown, writers_meet_before_writing
 
 
 class Thing(ndb.Model):
@@ -218,6 +218,9 @@ def test_a_running_jobs_view_reads_the_same_however_many_tasks_it_has(client, au
     final = job_status(client, job_id)
     assert (final["state"], final["processed"], final["estimated"]) == ("done", 600, False)
     assert final["tasks"] >= late["tasks"] and final["depth"] >= late["depth"] > 0
+    with runtime.current().context():  # the hints as the job left them: short of its records' sums, never ahead
+        hinted = completion._hinted(MapperJob.get_by_id(job_id))
+    assert hinted.processed <= 600 and hinted.tasks <= final["tasks"] and 0 < hinted.depth <= final["depth"], hinted
 
 
 # --- retries, duplicate deliveries, completion --------------------------------------------------------------------
@@ -250,8 +253,14 @@ class FollowUp(ndb.Model):
 
 
 def _follow_up(job):
-    """The job's on_done: may run more than once (a duplicated delivery); what it returns lands once."""
+    """The job's on_done: may run more than once (a duplicated delivery); what it returns lands once. FAULTS'
+    "follow_up_meanwhile", if set, runs once (given the job's id) on a thread of its own before it returns."""
     DONE.append(job)
+    meanwhile = FAULTS.pop("follow_up_meanwhile", None)
+    if meanwhile is not None:
+        other = threading.Thread(target=meanwhile, args=(job.id,))
+        other.start()
+        other.join(timeout=60)
     return [FollowUp(parent=ndb.Key("Job", job.id))]
 
 
@@ -283,6 +292,20 @@ def seed_accounts(count):
 def balances(keys):
     with runtime.current().context():
         return [a.balance for a in ndb.get_multi(keys)]
+
+
+def run_out_lease(record_name):
+    """As if the record's lease had run out a day ago (its delivery dead): the sweep's next run takes it up."""
+    with runtime.current().context():
+        record = TaskRecord.get_by_id(record_name)
+        record.lease = record.lease - datetime.timedelta(days=1)
+        record.put()
+
+
+def swept():
+    """One run of the sweep, as the scheduler makes it; what it did."""
+    with runtime.current().context():
+        return sweep.sweep()
 
 
 def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs, client, auth, task_queue):
@@ -367,14 +390,11 @@ def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_aga
     keys = seed_accounts(30)
     job_id = start(client, auth)
     assert task_queue.queue.take().name == f"{job_id}-0"  # the root's every delivery lost: only its record is left
-    with runtime.current().context():
-        record = TaskRecord.get_by_id(f"{job_id}-0")
-        record.lease = record.lease - datetime.timedelta(days=1)
-        record.put()
-        answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.txn")
-        swept = sweep.sweep()
-        monkeypatch.undo()
-    assert answered and swept["revived"] == [f"{job_id}-0"]
+    run_out_lease(f"{job_id}-0")
+    answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.txn")
+    revived = swept()["revived"]
+    monkeypatch.undo()
+    assert answered and revived == [f"{job_id}-0"]
     task_queue.drain()
     assert balances(keys) == [10] * 30 and job_status(client, job_id)["state"] == "done"
 
@@ -508,6 +528,21 @@ def test_concurrent_tasks_of_a_job_never_collide(app, client, auth, task_queue):
     assert [t for t in task_queue.timings if "retried;" in t] == []
 
 
+def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, client, auth, task_queue, monkeypatch):
+    """The same, forced: two of the root's children each read their chunk, wait for the other to have read its own,
+    and only then write and commit. Sharing no entity, neither commit collides: no transaction is retried. (Chunks
+    of 10: room in legacy's 25 entity groups for whatever else a chunk might write.)"""
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_narrow_credit", chunk=10, chunk_firestore=10))
+    keys = seed_accounts(400)
+    job_id = start(client, auth, "test_narrow_credit", page_size=40, fanout=4)
+    task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued
+    assert len(task_queue.queue.pending) >= 2
+    writers_meet_before_writing(monkeypatch)  # the first two chunks' ndb.put_multi: both read before either writes
+    task_queue.drain(workers=2)
+    assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 400
+    assert [t for t in task_queue.timings if "retried;" in t] == []
+
+
 def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, auth, task_queue):
     """A range task lists fanout + 1 pages in one query and hands the pages after its own to children that carry
     their keys: those run no query, and each visits exactly its keys. 1,000 accounts in pages of 40 with fanout 4: a
@@ -570,6 +605,11 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
         assert service.finish_job(job_id).ended == job.ended  # finished already: nothing settles twice
         for _ in range(2):
             completion.run_check({"job": job_id, "check": 1})
+        # A finisher that read the job before it was marked ended (two last deliveries at once, each seeing every
+        # credit back): the end's transaction reads the job again, finds it ended, and settles nothing.
+        stale = MapperJob.get_by_id(job_id)
+        stale.ended = None
+        assert completion._end(stale, completion._summed(stale)) is None
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
 
 
@@ -594,6 +634,96 @@ def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(ext
     assert balances(keys) == [10] * 60
     with runtime.current().context():
         assert TaskRecord.get_by_id(f"{job_id}-0").processed == 60
+
+
+def test_a_first_delivery_repeated_while_the_first_is_down_half_way_credits_nothing_again(extra_jobs, client, auth,
+                                                                                          task_queue):
+    """A repeat of a task's first delivery (attempt 0: it does not read its record first) may come while the first
+    is down half way through its page: its first chunk's transaction finds the record moved past where it starts,
+    steps back (409) and credits nothing; the retry goes on from the record. The order forced, not left to threads."""
+    keys = seed_accounts(60)  # the root's page holds all 60: chunks of 24, the third dies
+    FAULTS.update(fail_at=keys[50], failures=0)
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    root = task_queue.queue.take()
+    assert not task_queue.deliver(root) and FAULTS["failures"] == 1
+    assert balances(keys) == [10] * 48 + [0] * 12
+    assert not task_queue.deliver(root)  # attempt 0 again: a duplicate of the first delivery
+    assert task_queue.responses[-1][1] == 409 and balances(keys) == [10] * 48 + [0] * 12
+    assert task_queue.deliver(root._replace(attempt=1))
+    task_queue.drain()
+    assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
+
+
+def test_a_follow_up_delivered_again_while_it_runs_lands_once(extra_jobs, client, auth, task_queue):
+    """Two deliveries of a job's follow-up may both find it pending and both run on_done: the one that commits
+    second finds "ran" in its transaction and writes nothing. Forced: the second delivery runs whole, from start to
+    commit, inside the first's on_done."""
+    seed_accounts(30)
+    DONE.clear()
+    job_id = start(client, auth, "test_flaky_credit")
+    again = tasks.Task(completion.DONE_HANDLER, {"job": job_id}, f"{job_id}-done-0", 1)
+    FAULTS["follow_up_meanwhile"] = lambda _: task_queue.deliver(again)
+    task_queue.drain()
+    ran = [body for task, _, body in task_queue.responses if task.handler == completion.DONE_HANDLER]
+    assert ran == [{"ran": True}, {"ran": False}] and len(DONE) == 2  # the inner delivery committed first
+    assert follow_ups(job_id) == [job_id]
+
+
+def test_a_task_whose_deliveries_stopped_half_way_is_taken_up_by_the_sweep_and_goes_on_from_its_record(
+        extra_jobs, client, auth, task_queue):
+    """What the sweep does for a task whose last allowed delivery was killed mid-page (tests/test_crashes.py kills
+    one): no delivery of it is coming and its lease runs out; the sweep queues it again, and that delivery goes on
+    from the record: every account credited once, the job done, its on_done once."""
+    keys = seed_accounts(60)
+    DONE.clear()
+    FAULTS.update(fail_at=keys[50], failures=0)
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    assert not task_queue.deliver(task_queue.queue.take())  # down half way, and no delivery of it comes again
+    assert balances(keys) == [10] * 48 + [0] * 12
+    run_out_lease(f"{job_id}-0")
+    assert swept()["revived"] == [f"{job_id}-0"]
+    task_queue.drain()
+    assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
+    assert follow_ups(job_id) == [job_id]
+
+
+def test_a_job_whose_last_task_died_before_adding_its_credit_is_ended_by_the_sweep(extra_jobs, client, auth,
+                                                                                  task_queue, monkeypatch):
+    """A last task's delivery that died between its final commit and adding its credit to the running sum leaves a
+    job no task will end: the sweep finds none of its records leased, sums them, and the job ends (its credit
+    settled, its on_done run once)."""
+    keys = seed_accounts(30)
+    DONE.clear()
+    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    monkeypatch.setattr(completion, "end_if_all_back", lambda job, returned: None)  # dead before its incr
+    assert task_queue.deliver(task_queue.queue.take())
+    monkeypatch.undo()
+    assert job_status(client, job_id)["state"] == "running" and not task_queue.queue.pending
+    assert swept()["summed"] == [job_id]
+    task_queue.drain()  # its on_done
+    assert job_status(client, job_id)["state"] == "done" and follow_ups(job_id) == [job_id]
+    assert balances(keys) == [10] * 30 and client.get("/api/accounts/summary").get_json()["total_balance"] == 300
+
+
+def test_a_follow_up_never_queued_is_queued_again_by_the_sweep_and_runs_once(extra_jobs, client, auth, task_queue,
+                                                                             monkeypatch):
+    """A process that died between the commit that ended a job and its follow-up's enqueue leaves on_done pending
+    with no task: once it is due, the sweep queues it again, and it runs once; a later sweep sends nothing more."""
+    seed_accounts(30)
+    DONE.clear()
+    job_id = start(client, auth, "test_flaky_credit")
+    monkeypatch.setattr(completion, "send_follow_up", lambda job: None)  # dead before its enqueue
+    task_queue.drain()
+    monkeypatch.undo()
+    assert job_status(client, job_id)["state"] == "done" and follow_ups(job_id) == [] and not DONE
+    with runtime.current().context():
+        job = MapperJob.get_by_id(job_id)
+        job.follow_up_due = job.follow_up_due - datetime.timedelta(days=1)  # its due time has passed
+        job.put()
+    assert swept()["follow_ups"] == [job_id]
+    task_queue.drain()
+    assert follow_ups(job_id) == [job_id] and len(DONE) == 1
+    assert swept()["follow_ups"] == []
 
 
 def test_a_task_that_keeps_failing_fails_the_job(extra_jobs, client, auth, task_queue):
