@@ -230,6 +230,22 @@ def commit_answers_unknown(monkeypatch, transaction):
     return answered
 
 
+def another_commits_first(monkeypatch, commit):
+    """While the next writer that takes turns at a hot entity (`core.transactions.in_turn`) waits for its turn,
+    `commit()` runs and commits: another request's write lands between this call's start and its transaction, so
+    whatever the call read before its turn is stale by then, and no collision tells it so (the other write committed
+    before this transaction read anything). Returns the list `commit()`'s result is appended to."""
+    real, started, done = transactions.in_turn, [], []
+
+    def after_another(hot_key):
+        if not started:
+            started.append(True)  # commit()'s own turn is taken as usual
+            done.append(commit())
+        return real(hot_key)
+    monkeypatch.setattr(transactions, "in_turn", after_another)
+    return done
+
+
 def in_threads(count, fn):
     """Run fn(i) for i in range(count) on `count` threads at once, each in its own ndb context; their results."""
     return runtime.current().map_in_threads(fn, range(count))

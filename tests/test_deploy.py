@@ -444,6 +444,9 @@ def test_cron_yaml_is_checked_and_deployed_when_there_is_one(tmp_path, app):
         deployfiles.parse(tmp_path)
     (tmp_path / "none").mkdir()
     assert deployfiles.parse(_deploy_folder(tmp_path / "none"))[0]["cron"] is None
+    # make deploy uploads it with the app when there is one (gcloud app deploy app.yaml cron.yaml), and only then
+    uploads = [step.split()[3:] for step in _make_deploy_steps() if step.startswith("gcloud app deploy app.yaml")]
+    assert uploads == [["app.yaml", "$(wildcard", "cron.yaml)"]], uploads
 
 
 def test_the_upload_must_carry_gunicorn_conf_and_the_ca_file(tmp_path):

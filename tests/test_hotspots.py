@@ -56,6 +56,31 @@ def test_a_lease_nobody_gives_back_expires(app, ndb_context):
     assert hotspots.LEASE_SECONDS - 1.5 <= waited <= hotspots.LEASE_SECONDS + 1.0
 
 
+def test_the_lease_a_turn_takes_expires_by_itself(app, ndb_context):
+    """A holder that dies in its turn never gives its lease back: the lease goes on its own expiry, LEASE_SECONDS,
+    and no later than that the cache takes another (the waiters' own limit, below, is a second guard, not this one)."""
+    rt = runtime.of(app)
+    name = hotspots._lease_name(_key())
+    turn = hotspots.HotEntities(rt.cache).turn(_key())
+    turn.__enter__()  # taken, and never given back: the holder died in its turn
+    started = time.monotonic()
+    while rt.cache.add(name, b"the next holder's", 1) is False and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    # memcached's whole-second clock makes a lease of N seconds live N-1 to N.
+    assert time.monotonic() - started <= hotspots.LEASE_SECONDS + 1.0
+
+
+def test_a_waiter_goes_on_without_the_lease_once_a_living_holder_would_have_given_it_back(app, ndb_context):
+    """A lease kept longer than any living holder keeps it (one stored with a longer expiry: by an older version of
+    the app, or by hand) stalls a waiter LEASE_SECONDS at most: it goes on without, the transaction guarding all."""
+    rt = runtime.of(app)
+    assert rt.cache.add(hotspots._lease_name(_key()), b"a stuck holder's", 8) is True
+    started = time.monotonic()
+    with hotspots.HotEntities(rt.cache).turn(_key()):
+        waited = time.monotonic() - started
+    assert hotspots.LEASE_SECONDS - 0.5 <= waited <= hotspots.LEASE_SECONDS + 1.0
+
+
 def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease(app, stack, ndb_context):
     rt = runtime.of(app)
     stack.cache.pause()
