@@ -160,7 +160,8 @@ def test_own_comment_is_seen_at_once_at_consistency_0_9(weak_app):
             assert page.items[-1]["id"] == comment["id"]
 
 
-@pytest.mark.parametrize("bookmark", ["garbage", "", "20260101T000000.000000Z|u|1",  # well formed, no such comment
+@pytest.mark.parametrize("bookmark", ["garbage", "", "20260101T000000.000000Z|u|1",
+                                      "20260101T000000.000000Z|u|0000000001",  # well formed, no such comment
                                       "20260101T000000.000000Z|u|0000000001x", "2026|u|0000000001",
                                       "20260101T000000.000000Z|a|b|0000000001"])
 def test_forged_bookmarks_are_400(ndb_context, bookmark):
