@@ -99,6 +99,61 @@ def test_cached_total_follows_increments(ndb_context):
         assert totals.get_total("c") == totals.Total(n, True)  # incr'd after each commit
 
 
+def _first_commit_fails(monkeypatch, backend, error):
+    """The next increment's first commit fails with `error` and applies nothing: on legacy its transaction's body has
+    run (the shard read and +1 written, what follows the commit queued) before the commit raises; on Firestore the
+    blind commit raises. The list the failure is appended to."""
+    failed = []
+    if backend == "legacy":
+        real = ndb.transaction
+
+        def transaction(fn, **options):
+            if fn.__qualname__ != "TransactionalShardWriter.__call__.<locals>.txn" or failed:
+                return real(fn, **options)
+
+            def body_then_refused():
+                fn()
+                failed.append(error)
+                raise error
+            return real(body_then_refused, **options)
+        monkeypatch.setattr(ndb, "transaction", transaction)
+    else:
+        increments = runtime.current().datastore.increments
+        real = increments.commit
+
+        def commit(*args, **kwargs):
+            if failed:
+                return real(*args, **kwargs)
+            failed.append(error)
+            raise error
+        monkeypatch.setattr(increments, "commit", commit)
+    return failed
+
+
+@pytest.mark.parametrize("error", [core_exceptions.Aborted("collided"),
+                                   core_exceptions.ServiceUnavailable("Datastore is not answering")])
+def test_the_cached_total_moves_once_per_applied_commit_never_for_a_failed_one(ndb_context, backend, monkeypatch,
+                                                                              error):
+    """The cached total is `incr`ed after the commit, never before it nor inside the transaction: an increment whose
+    first commit collided (and was tried again on another shard) moves it exactly once; one whose commit failed
+    (and was raised) not at all. No threads: the failure is made at the commit."""
+    growth.configure("once", "general", 4)
+    service.increment("once")
+    assert totals.get_total("once") == totals.Total(1, False)  # summed, then kept in the cache
+    failed = _first_commit_fails(monkeypatch, backend, error)
+    if isinstance(error, core_exceptions.Aborted):
+        assert service.increment("once").attempts == 2
+        expected = 2
+    else:
+        with pytest.raises(core_exceptions.ServiceUnavailable):
+            service.increment("once")
+        expected = 1
+    monkeypatch.undo()
+    assert failed == [error]
+    assert sum(totals.shard_counts_of(growth.require_config("once"))) == expected
+    assert totals.get_total("once") == totals.Total(expected, True)
+
+
 def test_cached_total_is_rebuilt_after_expiry(ndb_context, monkeypatch):
     monkeypatch.setattr(simple, "TOTAL_LIFETIME", 1)
     for _ in range(3):
@@ -157,6 +212,12 @@ def test_adaptive_counter_stays_at_one_shard_when_writes_are_sequential(ndb_cont
 
 
 def test_adaptive_growth_stops_at_the_cap(ndb_context):
+    """A verdict that would pass the cap stops at it, from below too (128 asked to grow 4x: 256, not 512); at the cap,
+    `grow` changes nothing."""
+    below = growth.ADAPTIVE_MAX_SHARDS // 2
+    growth.configure("near-cap", "adaptive", below)
+    assert growth.grow("near-cap", below, 4) == growth.ADAPTIVE_MAX_SHARDS
+    assert growth.get_config("near-cap").num_shards == growth.ADAPTIVE_MAX_SHARDS
     growth.configure("capped", "adaptive", growth.ADAPTIVE_MAX_SHARDS)
     assert growth.grow("capped", growth.ADAPTIVE_MAX_SHARDS, 4) == growth.ADAPTIVE_MAX_SHARDS
     assert growth.get_config("capped").num_shards == growth.ADAPTIVE_MAX_SHARDS
