@@ -47,6 +47,8 @@ def test_any_host_allowed_a_malformed_one_is_never_a_500(app, host, path):
     assert r.status_code == (400 if " " not in host else 404 if path == "/nope" or "news" in path else 200), \
         r.get_data(as_text=True)[:300]
     assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+    if r.status_code == 400 and path.startswith("/api/"):
+        assert r.get_json()["error"]["code"] == "bad_host"  # the name refused, said as for any refused name
 
 
 def test_the_loopback_names_are_answered(client):
