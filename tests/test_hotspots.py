@@ -64,6 +64,7 @@ def test_the_lease_a_turn_takes_expires_by_itself(app, ndb_context):
     turn = hotspots.HotEntities(rt.cache).turn(_key())
     turn.__enter__()  # taken, and never given back: the holder died in its turn
     started = time.monotonic()
+    assert rt.cache.add(name, b"another's", 1) is False, "the turn took no lease"
     while rt.cache.add(name, b"the next holder's", 1) is False and time.monotonic() - started < 10:
         time.sleep(0.05)
     # memcached's whole-second clock makes a lease of N seconds live N-1 to N.

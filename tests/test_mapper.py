@@ -228,6 +228,14 @@ def test_a_running_jobs_view_reads_the_same_however_many_tasks_it_has(client, au
 FAULTS = {"fail_at": None, "failures": 0}
 
 
+@pytest.fixture(autouse=True)
+def _faults_disarmed():
+    """A fault a test armed but that never fired (the test failed first) does not fire in a later test."""
+    yield
+    FAULTS.clear()
+    FAULTS.update(fail_at=None, failures=0)
+
+
 def _flaky_credit(accounts, params, prepared):
     """add_credit, except that it dies once when it reaches the account named in FAULTS (its task's earlier chunks
     have committed by then: the task dies half way through its page)."""
@@ -240,6 +248,7 @@ def _flaky_credit(accounts, params, prepared):
             writer = threading.Thread(target=meanwhile, args=(rt,))  # outside this chunk's transaction
             writer.start()
             writer.join(timeout=60)
+            assert not writer.is_alive(), "the writer run while the task was down did not end in 60 s"
         raise RuntimeError("the task dies half way through its page")
     return ADD_CREDIT.apply(accounts, params, prepared)
 
@@ -261,6 +270,7 @@ def _follow_up(job):
         other = threading.Thread(target=meanwhile, args=(job.id,))
         other.start()
         other.join(timeout=60)
+        assert not other.is_alive(), "the delivery run inside on_done did not end in 60 s"
     return [FollowUp(parent=ndb.Key("Job", job.id))]
 
 
