@@ -49,8 +49,10 @@ def _on_a_free_port(service, start_once, tries=3):
     raise DevstackError(f"{type(service).__name__}: no free loopback port could be bound in {tries} tries")
 
 
-def _exited_at_start(what, port, output):
-    error = PortTaken if "Address already in use" in output else DevstackError
+def _exited_at_start(what, port, output, whole=None):
+    """The error for a service that exited as it started; PortTaken when what it printed (`whole`, if only `output`'s
+    tail is shown: a Java emulator's BindException comes a stack trace before its log's end) says its port was taken."""
+    error = PortTaken if "Address already in use" in (output if whole is None else whole) else DevstackError
     return error(f"{what} exited at start on port {port}:\n{output}")
 
 
@@ -79,9 +81,10 @@ def _memcached_answers(port):
         return False
 
 
-def _log_tail(path, lines=20):
+def _log_tail(path, lines: int | None = 20):
+    """The last `lines` lines of the log at `path` (None: all of it); "" if it cannot be read."""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines if lines else 0:])
     except OSError:
         return ""
 
@@ -270,7 +273,8 @@ class _JavaEmulator:
             if self.proc.poll() is not None:
                 self.proc = None
                 raise _exited_at_start(self.name, self.port,
-                                       f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}")
+                                       f"its log {self.log_path} ends:\n{_log_tail(self.log_path)}",
+                                       whole=_log_tail(self.log_path, lines=None))
             if self.healthy():
                 return self
             time.sleep(0.2)
