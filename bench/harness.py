@@ -28,25 +28,6 @@ from devstack.taskqueue import DrainedQueue
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def main_per_backend(prog, argv, measure, report, seconds=8.0, extra=None):
-    """A benchmark measured on each backend in one run, side by side: `--backends` (default: DATASTORE's when it is
-    set, else both); measure(args, stack) on a fresh stack of each, then report(args, {backend: measured}) -> verdict.
-    `extra(parser)` adds the benchmark's own arguments."""
-    args = _arguments(prog, argv, seconds, extra)
-    measured = {}
-    for backend in _backends(args):
-        print(f"--- {prog} on {backend}", flush=True)
-        stack, app = start_stack(backend)
-        rt = runtime.of(app)
-        try:
-            with rt.activated():
-                measured[backend] = measure(args, stack, app)
-        finally:
-            rt.close()
-            stack.stop()
-    return report(args, measured)
-
-
 BACKEND_NAMES = {"legacy": "legacy Datastore emulator", "firestore": "Firestore emulator (Datastore mode)"}
 LATENCIES = production_latency.NAMES  # the columns: bare, and under each profile of the production latency model
 PROFILES = production_latency.PROFILES  # the columns `make bench` measures unless LATENCY names one
@@ -55,11 +36,11 @@ LATENCY_NAMES = {"none": "bare emulator", "production": "LATENCY=production",
 
 
 def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
-    """A benchmark measured in every column of one run, side by side: each backend (`--backends`, as
-    main_per_backend), under each profile of the production latency model (`--latency`: none, production,
-    multi-region, comma-separated, or all; default LATENCY's when it is set, else both profiles, production and
-    multi-region; core/production_latency.py). measure(args, stack, app) on a fresh stack per column, then
-    report(args, {(backend, latency): measured}) -> verdict."""
+    """A benchmark measured in every column of one run, side by side: each backend (`--backends`, default
+    DATASTORE's when it is set, else both), under each profile of the production latency model (`--latency`: none,
+    production, multi-region, comma-separated, or all; default LATENCY's when it is set, else both profiles,
+    production and multi-region; core/production_latency.py). measure(args, stack, app) on a fresh stack per column,
+    then report(args, {(backend, latency): measured}) -> verdict."""
     def with_latency(parser):
         parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(PROFILES),
                             help="none, production, multi-region (comma-separated), or all")
@@ -153,6 +134,13 @@ def modelled_path(server_timing, latency):
     seconds = (sum(n * model.datastore.get(m, production_latency.UNKNOWN_RPC).median_ms for m, n in rpcs.items())
                + calls * production_latency.CACHE.median_ms) / 1000
     return sum(rpcs.values()), calls, seconds
+
+
+def timed_path(server_timing):
+    """Seconds a request spent in its Datastore RPCs and cache calls, as timed where it ran (its Server-Timing
+    durations): under a profile, the model's waits plus the emulator's, the cache's and the client's own time."""
+    durations = re.findall(r'(?:datastore|cache);desc="[^"]*";dur=([\d.]+)', server_timing or "")
+    return sum(float(d) for d in durations) / 1000
 
 
 class TaskChains:
