@@ -24,6 +24,7 @@ import csv
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -191,12 +192,26 @@ def _billed(target, spec):
     return harness.bill_cell_of(r.headers.get("Server-Timing"))
 
 
-def report(target, args, measured, out):
+def _waits(target):
+    """Whose waits the server's times include, from its /healthz's Server-Timing: a latency profile names itself there
+    (core/costs.py), so a `make run LATENCY=...` is told from a bare one; a deployment waits production's own."""
+    r = target.http.get(target.url + "/healthz", timeout=60)
+    if r.status_code != 200:
+        raise LoadError(f"GET /healthz: HTTP {r.status_code}")
+    profile = re.search(r'model;desc="(LATENCY=[a-z-]+)', r.headers.get("Server-Timing", ""))
+    if profile:
+        return (f"The server waits the latency model's round trips ({profile[1]}, core/production_latency.py): its "
+                "times are the model's, waited on the server's machine.")
+    return ("The server waits no modelled round trips: on the emulators, its times are its machine's alone; on App "
+            "Engine, production's own.")
+
+
+def report(target, args, measured, out, waits):
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# make load: {target.url}", "",
              f"{when}; Locust, {args.users} users (spawn rate {args.spawn_rate}/s), {args.seconds} s per variant, "
              f"{args.rounds} rounds, variants side by side in each round; medians over rounds. "
-             "Served/s: requests answered 2xx/3xx per second (refusals are counted apart).", "",
+             "Served/s: requests answered 2xx/3xx per second (refusals are counted apart). " + waits, "",
              harness.BILL_NOTE + " The bill is one request's, made after the variant's rounds.", ""]
     with open(f"{out}.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -249,7 +264,7 @@ def main(argv=None):
         parser.error(f"unknown scenario {', '.join(unknown)}: choose from {', '.join(SCENARIOS)} or all")
     target = Target(args.url, args.token)
     try:
-        target.call("GET", "/healthz")
+        waits = _waits(target)
     except (requests.RequestException, LoadError) as e:
         sys.exit(f"{args.url} does not answer /healthz ({e}); start it with `make run` or give URL=...")
     run = uuid.uuid4().hex[:8]
@@ -257,7 +272,7 @@ def main(argv=None):
         measured = {scenario: measure(target, scenario, args, run) for scenario in chosen}
     except LoadError as e:
         sys.exit(str(e))
-    report(target, args, measured, args.out)
+    report(target, args, measured, args.out, waits)
 
 
 if __name__ == "__main__":

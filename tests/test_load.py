@@ -1,5 +1,7 @@
 """`make load` (bench/load.py) against the app served on loopback: the real Locust, briefly, each scenario's variants
 run and measured, and what the counters scenario acknowledged found again in the shards."""
+import os
+
 import pytest
 
 from bench import load
@@ -21,6 +23,9 @@ def test_the_load_kit_measures_every_scenario_and_loses_no_increment(site, tmp_p
     out = tmp_path / "load"
     load.main(["--url", site, "--users", "4", "--seconds", "3", "--rounds", "1", "--out", str(out)])
     report = (tmp_path / "load.md").read_text()
+    # whose waits its times are: the tests' app waits a profile's only when LATENCY names one
+    latency = os.environ.get("LATENCY", "none") or "none"
+    assert (f"(LATENCY={latency}, " if latency != "none" else "waits no modelled round trips") in report, report
     for ratio in ("sharded / one entity", "adaptive / one entity", "cached / uncached", "designed / shared"):
         assert f"- {ratio}: **" in report
     acknowledged = [line for line in report.splitlines() if "acknowledged" in line]
