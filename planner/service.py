@@ -360,7 +360,7 @@ class Planner:
     title: str
     question: str
     numbers: tuple[Number, ...]
-    choices: tuple[Choice, ...] = ()
+    choices: tuple[Choice, ...]
     example: dict[str, Any]  # what its form shows first: the lesson's worked example (docs/lessons/numbers.md)
     rpcs: bool = False  # takes {"rpcs": {method: count}}
 
