@@ -327,3 +327,15 @@ def test_the_form_refuses_bad_input_on_the_page(client):
     r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "nope"})
     assert r.status_code == 422 and "planner must be one of" in r.get_data(as_text=True)
     assert client.post("/numbers/plan", data={"planner": "counter"}).status_code == 400  # no CSRF token
+
+
+def test_the_lessons_worked_examples_are_the_planners_answers():
+    """docs/lessons/numbers.md quotes each planner's example answers in `code`: each must be what the planner says."""
+    lesson = (Path(__file__).resolve().parent.parent / "docs" / "lessons" / "numbers.md").read_text(encoding="utf-8")
+    section = lesson.split("## Plan before you build")[1].split("\n## ")[0]
+    said = " | ".join(a["text"] for name, spec in service.PLANNERS.items()
+                      for a in service.plan(name, spec.example)["answers"])
+    quoted = [" ".join(q.split()) for q in re.findall(r"`([^`]+)`", section) if re.search(r"\d", q)]
+    assert len(quoted) >= 10
+    for text in quoted:
+        assert text in said, text
