@@ -339,3 +339,63 @@ def test_the_lessons_worked_examples_are_the_planners_answers():
     assert len(quoted) >= 10
     for text in quoted:
         assert text in said, text
+
+
+def billed_as(text):
+    """'10101 reads, 10000 writes...' as a Billed."""
+    reads, writes = re.match(r"(\d+) reads, (\d+) writes", text).groups()
+    return billing.Billed(reads=int(reads), writes=int(writes))
+
+
+def test_the_mapper_tree_by_hand():
+    """10,000 entities, pages of 100, fan-out 4: the root lists 501 keys, keeps 100, hands out 4 pages and splits the
+    9,500 beyond into 4 ranges of 2,375; each of those hands out 4 pages and splits 1,875 into 4 of 468 or 469, which
+    keep 100 and hand out 3 pages and one of 68 or 69. Tasks 1 + 4 + 4 x (1 + 4) + 16 x (1 + 4) = 105, depth 4."""
+    tree = service.fan_out(10_000, 100, 4, 100)
+    assert (tree.tasks, tree.range_tasks, tree.handing, tree.depth) == (105, 21, 21, 4)
+    assert tree.transactions == 105 and tree.path_rpcs == 3 * (1 + 3) + 3  # 3 levels' listing and first transaction
+    assert service.fan_out(24, 100, 4, 24) == service.Tree(1, 1, 0, 1, 1, 1 + 3)  # one page: one task
+    huge = service.fan_out(10**10, 1, 2, 24)  # the bounds' largest tree, computed by range size, not by task
+    assert huge.tasks == 10**10 and huge.depth < 40
+    # The walk: 100 pages, 5 transactions a page of 100 at 24 a transaction (legacy), and the empty page legacy asks
+    assert service.walk_critical_path(10_000, 100, 24, "legacy") == (101 + 3 * 500, 101)
+    assert service.walk_critical_path(10_000, 100, 100, "firestore") == (100 + 3 * 100, 100)
+    assert service.walk_critical_path(150, 100, 100, "legacy") == (2 + 3 * 2, 2)
+
+
+def test_batch_jobs_against_the_mapper_benchmark():
+    """bench/results/mapper.md, 10,000 accounts, pages of 100, fan-out 4, add_credit's chunks. Exactly: the walk's
+    critical path and bill, the pipeline's bill. The fan-out: on Firestore (keys split by arithmetic over evenly
+    scattered ids) its tasks and depth exactly; on legacy the ranges are cut at __scatter__ samples, which are not
+    even: depth within 1, tasks within 5%. Its bill within 1% (the job's own reads and end are not modelled), and its
+    critical path at least the planner's (which counts each level's listing and first transaction, then a page: the
+    job's reads of itself and its end, about 20 RPCs here, are not counted). The pipeline, failing half way, credits at
+    least half twice; the workers in flight (8 batches of 500) add at most 4,000."""
+    from bench.mapper import ACCOUNTS, BATCH, FANOUT, PAGE, WORKERS
+
+    text = (RESULTS / "mapper.md").read_text(encoding="utf-8")
+    compared = 0
+    for heading, rows in tables("mapper.md").items():
+        if "variant" not in rows[0]:
+            continue
+        backend = backend_of(heading)
+        plan = answers(service.plan_batch(ACCOUNTS, PAGE, FANOUT, WORKERS, backend))
+        by_variant = {row["variant"]: row for row in rows}
+        walk, fan = by_variant["one cursor walk"], by_variant[f"adaptive fan-out, {WORKERS} workers"]
+        pipeline = next(row for row in rows if row["variant"].startswith("batch pipeline"))
+        assert int(walk["critical path, RPCs"]) == plan["walk_rpcs"].value, heading
+        assert walk["billed per job"] == bill_cell(billed_as(plan["walk_bill"].text)), heading
+        assert pipeline["billed per job"] == bill_cell(billed_as(plan["pipeline_bill"].text)), heading
+        tree = service.fan_out(ACCOUNTS, PAGE, FANOUT, service.CHUNKS[backend])
+        if backend == "firestore":
+            assert (int(fan["tasks"]), int(fan["tree depth"])) == (tree.tasks, tree.depth), heading
+        else:
+            assert abs(int(fan["tree depth"]) - tree.depth) <= 1 and abs(int(fan["tasks"]) / tree.tasks - 1) <= 0.05
+        measured, predicted = billed_as(fan["billed per job"]), billed_as(plan["fan_out_bill"].text)
+        for m, p in ((measured.reads, predicted.reads), (measured.writes, predicted.writes)):
+            assert abs(m / p - 1) <= 0.01, (heading, fan["billed per job"], plan["fan_out_bill"].text)
+        assert tree.path_rpcs <= int(fan["critical path, RPCs"]) <= tree.path_rpcs + 30, heading
+        compared += 1
+    assert compared == 4
+    for twice in re.findall(r"the pipeline credited ([\d,]+) of", text):
+        assert ACCOUNTS // 2 <= int(twice.replace(",", "")) <= ACCOUNTS // 2 + WORKERS * BATCH

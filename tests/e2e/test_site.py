@@ -119,7 +119,7 @@ def test_each_planner_answers_on_the_numbers_page_and_passes_axe(page, width):
     page.set_viewport_size({"width": width, "height": 800})
     page.goto("/numbers")
     violations = []
-    for name in ("counter", "blog", "comments", "request"):
+    for name in ("counter", "blog", "comments", "batch", "request"):
         form = page.locator(f'form[data-planner="{name}"]')
         if name == "blog":
             form.get_by_label("Depth of the page read, entries").fill("9990")
