@@ -76,7 +76,10 @@ class Plan:
     arithmetic: list[str] = field(default_factory=list)
 
     def figure(self, name: str, value: float, unit: str, whose: str, source: str) -> float:
-        self.figures.append(Figure(name, value, unit, whose, source))
+        """`value`, listed among the plan's figures once however often the arithmetic uses it."""
+        figure = Figure(name, value, unit, whose, source)
+        if figure not in self.figures:
+            self.figures.append(figure)
         return value
 
     def answer(self, name: str, label: str, value: float, text: str) -> float:
