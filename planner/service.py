@@ -6,13 +6,15 @@ features' own constants, Google's guidance as the features' caveats cite it).
 """
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from accounts.credit import ADD_CREDIT
+from appstats import records
 from blog.service import PAGE_SIZE as BLOG_PAGE
-from core import billing, production_latency
+from core import billing, costs, production_latency, runtime
 from core.costs import plural
 from core.errors import Unprocessable
 from core.validate import whole_number
@@ -343,7 +345,23 @@ def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, wri
     return plan
 
 
+def plan_recorded(request_id: int, profile: str = "production") -> Plan:
+    """A request /appstats recorded (read from the shared cache, never from Datastore), as if served in production:
+    the calls on its critical path as the request planner's input, and its bill as counted."""
+    record, calls = records.kept_request(runtime.current().cache, request_id)
+    critical = [calls[i] for i in sorted(costs.critical_path(calls))]
+    rpcs = Counter(call.name for call in critical if call.kind == "datastore")
+    billed = record["billed"]
+    plan = plan_request(dict(rpcs), sum(call.kind == "cache" for call in critical), billed["reads"],
+                        billed["writes"], billed["deletes"], profile)
+    plan.planner, plan.inputs = "request", {"appstats": request_id, "profile": profile}
+    plan.arithmetic.insert(0, f"request {request_id}, {record['method']} {record['path'][:200]}: "
+                              f"{plural(len(critical), 'call')} of its {len(calls)} kept on its critical path "
+                              "(each made after the one before it was answered), its bill as counted")
+    return plan
+
 # --- a batch job over a kind: the mapper's fan-out against one cursor walk and a non-transactional pipeline ---------
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -506,6 +524,7 @@ BACKEND = Choice("backend", "Backend", BACKENDS)
 PROFILE = Choice("profile", "Latency profile", PROFILES)
 RPC_METHODS = tuple(production_latency.DATASTORE)
 MOST_RPCS = 1000
+MOST_REQUEST_ID = 2**63 - 1  # Appstats numbers requests from the time in microseconds (appstats/records.py)
 PLANNERS = {p.name: p for p in (
     Planner("counter", "A counter", "How many shards, and what does each increment and total cost?",
             (Number("writes_per_second", "Writes a second at peak", 1, 1_000_000),
@@ -535,9 +554,11 @@ PLANNERS = {p.name: p for p in (
              Number("instances", "Tasks at once", 1, 100_000, default=8)), (BACKEND, PROFILE),
             {"entities": 10_000}),
 )}
+# The request planner's other input, {"appstats": id}: a request /appstats recorded (admins only, as /appstats is).
+RECORDED = Planner("recorded", "A recorded request", "", (), (PROFILE,), {})
 FUNCTIONS: dict[str, Callable[..., Plan]] = {
     "counter": plan_counter, "blog": plan_blog, "comments": plan_comments, "request": plan_request,
-    "batch": plan_batch}
+    "batch": plan_batch, "recorded": plan_recorded}
 
 
 def _rpcs(value: object) -> dict[str, int]:
@@ -558,6 +579,8 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
     if not isinstance(inputs, dict):
         raise Unprocessable("inputs must be an object.", "bad_inputs")
     known = {n.name for n in spec.numbers} | {c.name for c in spec.choices} | ({"rpcs"} if spec.rpcs else set())
+    if spec.rpcs and "appstats" in inputs:
+        known = {"appstats", *(c.name for c in spec.choices)}  # the record says the rest
     unknown = sorted(set(inputs) - known)
     if unknown:
         raise Unprocessable(f"The {planner} planner takes {', '.join(sorted(known))}; not {', '.join(unknown)[:200]}.",
@@ -574,6 +597,9 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
         if not isinstance(value, str) or value not in choice.options:
             raise Unprocessable(f"{choice.name} must be one of {', '.join(choice.options)}.", f"bad_{choice.name}")
         args[choice.name] = value
+    if spec.rpcs and "appstats" in inputs:  # a recorded request: its calls and bill come from its record
+        return RECORDED, {"request_id": whole_number(inputs["appstats"], "appstats", 1, MOST_REQUEST_ID,
+                                                                 from_json=True), "profile": args["profile"]}
     if spec.rpcs:
         args["rpcs"] = _rpcs(inputs.get("rpcs", {}))
     if planner == "blog" and args["depth"] >= args["entries"]:

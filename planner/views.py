@@ -4,7 +4,7 @@ from typing import Any
 from flask import Blueprint, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from core import validate
+from core import identity, validate
 from core.errors import AppError, Unprocessable
 from core.web import form_refused, json_body
 from latency import service as numbers
@@ -22,10 +22,21 @@ def _form_inputs(spec: service.Planner) -> dict[str, Any]:
     form = request.form
     inputs: dict[str, Any] = {n.name: validate.form_number(form[n.name]) for n in spec.numbers if form.get(n.name)}
     inputs |= {c.name: form[c.name] for c in spec.choices if c.name in form}
+    if spec.rpcs and form.get("appstats"):  # a recorded request: the record says the rest
+        return {"appstats": validate.form_number(form["appstats"]), **{c.name: form[c.name] for c in spec.choices
+                                                                       if c.name in form}}
     if spec.rpcs:
         inputs["rpcs"] = {m: validate.form_number(form[f"rpcs.{m}"]) for m in service.RPC_METHODS
                           if form.get(f"rpcs.{m}")}
     return inputs
+
+
+def _answer(planner: object, inputs: object) -> dict[str, Any]:
+    """The planner's answer; an /appstats record as input is for admins only, as /appstats is (it says who asked for
+    what)."""
+    if isinstance(inputs, dict) and "appstats" in inputs:
+        identity.require_admin()
+    return service.plan(planner, inputs)
 
 
 @bp.post("/numbers/plan")
@@ -35,7 +46,7 @@ def plan_form() -> ResponseReturnValue:
         spec = service.PLANNERS.get(request.form.get("planner", ""))
         if spec is None:
             raise Unprocessable(f"planner must be one of {', '.join(service.PLANNERS)}.", "bad_planner")
-        answer = service.plan(spec.name, _form_inputs(spec))
+        answer = _answer(spec.name, _form_inputs(spec))
     except AppError as e:
         return form_refused(e, _page)
     return _page(plan=answer)
@@ -49,4 +60,4 @@ def api_plan() -> ResponseReturnValue:
     unknown = sorted(set(body) - {"planner", "inputs"})
     if unknown:
         raise Unprocessable(f"The body takes planner and inputs; not {', '.join(unknown)[:200]}.", "bad_body")
-    return jsonify(service.plan(body.get("planner"), body.get("inputs")))
+    return jsonify(_answer(body.get("planner"), body.get("inputs")))

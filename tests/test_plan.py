@@ -117,6 +117,11 @@ def test_each_plan_shows_its_arithmetic_and_whose_each_figure_is():
     ("request", {"rpcs": {"Lookup": 1001}}, "bad_rpcs"),
     ("request", {"rpcs": ["Lookup"]}, "bad_rpcs"),
     ("request", {"profile": None}, "bad_profile"),
+    ("request", {"appstats": 0}, "bad_appstats"),
+    ("request", {"appstats": "12"}, "bad_appstats"),
+    ("request", {"appstats": 12, "rpcs": {"Lookup": 1}}, "bad_inputs"),
+    ("batch", {"entities": 10, "fanout": 1}, "bad_fanout"),
+    ("batch", {"entities": 10, "page_size": 501}, "bad_page_size"),
 ])
 def test_bad_input_is_refused_naming_what_is_wrong(planner, inputs, code):
     with pytest.raises(service.Unprocessable) as refused:
@@ -129,6 +134,11 @@ def test_the_openapi_document_states_the_planners_own_bounds():
     document = yaml.safe_load((Path(service.__file__).parent / "openapi.yaml").read_text())
     schemas = document["components"]["schemas"]
     variants = document["paths"]["/api/plan"]["post"]["requestBody"]["content"]["application/json"]["schema"]["oneOf"]
+    recorded = [v for v in variants if v["properties"]["inputs"]["$ref"].endswith("/RecordedInputs")]
+    assert [v["properties"]["planner"]["const"] for v in recorded] == ["request"]
+    assert set(schemas["RecordedInputs"]["properties"]) == {"appstats", "profile"}
+    assert schemas["RecordedInputs"]["properties"]["appstats"]["maximum"] == service.MOST_REQUEST_ID
+    variants = [v for v in variants if v not in recorded]
     assert [v["properties"]["planner"]["const"] for v in variants] == list(service.PLANNERS)
     assert schemas["Plan"]["properties"]["planner"]["enum"] == list(service.PLANNERS)
     assert set(schemas["Plan"]["properties"]["figures"]["items"]["properties"]["whose"]["enum"]) == set(service.WHOSE)
@@ -291,6 +301,26 @@ def test_api_refuses_bad_input_with_the_error_shape(client, body):
     r = client.post("/api/plan", json=body)
     assert r.status_code == 422 and set(r.get_json()["error"]) == {"code", "message"}
     assert "datastore;desc=\"0 RPCs\"" in r.headers["Server-Timing"]
+
+
+def test_a_recorded_request_is_planned_for_admins_only(client, auth):
+    """{"appstats": id}: the calls on the recorded request's critical path and its bill, read from the shared cache."""
+    auth.admin()
+    assert client.get("/api/numbers").status_code == 404  # one Lookup, recorded by Appstats
+    read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/api/numbers")
+    r = client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}})
+    assert r.status_code == 200, r.get_json()
+    plan = r.get_json()
+    assert plan["inputs"] == {"appstats": read["id"], "profile": "production"}
+    got = {a["name"]: a["value"] for a in plan["answers"]}
+    assert got["rpcs"] == 1 and got["median_ms"] >= production_latency.LOOKUP.median_ms
+    assert "datastore;desc=\"0 RPCs\"" in r.headers["Server-Timing"]  # read from the cache, not from Datastore
+    gone = client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": 1}})
+    assert gone.status_code == 404
+    auth.sign_in()
+    assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 403
+    auth.sign_out()
+    assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 401
 
 
 def test_api_needs_a_json_body(client):
