@@ -1,8 +1,9 @@
 """The planner: "Numbers Everyone Should Know" turned into answers before a design is built. Each planner is a plain
 function from a few whole numbers to a `Plan`: its answers, every figure it used with whose figure it is, and its
-arithmetic as lines a person can follow. Nothing here reads or writes Datastore: every figure is imported from where
-the app keeps it (core/production_latency.py for the model's round trips, core/billing.py for the prices, the
-features' own constants, Google's guidance as the features' caveats cite it).
+arithmetic as lines a person can follow. Nothing here reads or writes Datastore (a recorded request is read from the
+shared cache, as /appstats reads it). Every figure is imported from where the app keeps it: core/production_latency.py
+for the model's round trips, core/billing.py for the prices, the features' own constants, Google's guidance as the
+features' caveats cite it.
 """
 import functools
 import math
@@ -21,14 +22,13 @@ from core.validate import whole_number
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS, MAX_SHARDS
 from counters.production import CAVEATS as COUNTER_CAVEATS
-from mapper.production import CAVEATS as MAPPER_CAVEATS
+from mapper.jobs import MAX_GROUPS
 from mapper.service import MAX_FANOUT, MAX_PAGE_SIZE, MIN_FANOUT
 
 # Google's guidance for one entity: about one sustained write a second (the counters' caveat, with its source). The
 # guidance is a rate, so the planner divides by it rather than copying it into each answer.
 SUSTAINED_WRITES_PER_ENTITY = 1
 SUSTAINED_WRITES_SOURCE = COUNTER_CAVEATS[0].source
-RAMP_UP_SOURCE = MAPPER_CAVEATS[0].source
 
 # What each of the app's writes sends, by backend: on Firestore an increment is a blind server-side increment (one
 # Commit, no read); on legacy a transaction that reads its shard (counters/writes.py). A transaction on one entity
@@ -433,8 +433,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                               ("fan-out", fanout, "ranges"), ("tasks at once", instances, "tasks")):
         plan.figure(name, value, unit, "yours", "")
     chunk = plan.figure("entities a transaction", CHUNKS[backend], "entities", "app",
-                        "accounts/credit.py: legacy's 25 entity groups, 24 accounts and the task's record"
-                        if backend == "legacy" else "accounts/credit.py ACCOUNTS_CHUNK_FIRESTORE")
+                        f"accounts/credit.py CREDIT_CHUNK: legacy's {MAX_GROUPS} entity groups a transaction, less "
+                        "the task's record" if backend == "legacy" else "accounts/credit.py ACCOUNTS_CHUNK_FIRESTORE")
     chunk = int(chunk)
     tree = fan_out(entities, page_size, fanout, chunk)
     plan.line(f"the tree: each range task lists its page and {fanout} pages more, hands those out and splits the "
