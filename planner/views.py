@@ -20,11 +20,10 @@ def _page(status: int = 200, plan: dict[str, Any] | None = None) -> tuple[str, i
 def _form_inputs(spec: service.Planner) -> dict[str, Any]:
     """The form's fields as the API's inputs: numbers as ints (blank: left out), choices as sent."""
     form = request.form
-    inputs: dict[str, Any] = {n.name: validate.form_number(form[n.name]) for n in spec.numbers if form.get(n.name)}
-    inputs |= {c.name: form[c.name] for c in spec.choices if c.name in form}
+    inputs: dict[str, Any] = {c.name: form[c.name] for c in spec.choices if c.name in form}
     if spec.rpcs and form.get("appstats"):  # a recorded request: the record says the rest
-        return {"appstats": validate.form_number(form["appstats"]), **{c.name: form[c.name] for c in spec.choices
-                                                                       if c.name in form}}
+        return {"appstats": validate.form_number(form["appstats"]), **inputs}
+    inputs |= {n.name: validate.form_number(form[n.name]) for n in spec.numbers if form.get(n.name)}
     if spec.rpcs:
         inputs["rpcs"] = {m: validate.form_number(form[f"rpcs.{m}"]) for m in service.RPC_METHODS
                           if form.get(f"rpcs.{m}")}
