@@ -22,6 +22,7 @@ from core.validate import whole_number
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS, MAX_SHARDS
 from counters.production import CAVEATS as COUNTER_CAVEATS
+from mapper.handoff import HANDED_BYTES
 from mapper.jobs import MAX_GROUPS
 from mapper.service import MAX_FANOUT, MAX_PAGE_SIZE, MIN_FANOUT
 
@@ -438,7 +439,9 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     chunk = int(chunk)
     tree = fan_out(entities, page_size, fanout, chunk)
     plan.line(f"the tree: each range task lists its page and {fanout} pages more, hands those out and splits the "
-              f"rest {fanout} ways: {tree.tasks} tasks ({tree.range_tasks} listing a range), depth {tree.depth}")
+              f"rest {fanout} ways: {tree.tasks} tasks ({tree.range_tasks} listing a range), depth {tree.depth} "
+              f"(if the {fanout * page_size} keys handed out fit a task's {HANDED_BYTES:,} bytes, mapper/handoff.py; "
+              "fewer pages handed out make a deeper tree)")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
     plan.line(f"its critical path: {tree.depth - 1} levels x (1 listing + 3 for the first transaction) + the last "
