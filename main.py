@@ -15,6 +15,7 @@ import comments
 import counters
 import latency
 import mapper
+import planner
 import tour
 from blog.validate import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
@@ -28,7 +29,7 @@ MAX_BODY_BYTES = 12 * (TITLE_MAX + BODY_MAX) + 1024
 
 # The one list of features, each a package with init_app(app). Registered, and their demo content seeded, in this
 # order: a feature comes after those it builds on, and the numbers page measures last, on a stack with demo data.
-FEATURES = (counters, blog, comments, mapper, accounts, tour, latency, appstats)
+FEATURES = (counters, blog, comments, mapper, accounts, tour, latency, planner, appstats)
 
 
 def create_app(settings: Settings | None = None, *, task_queue: Queue | None = None,

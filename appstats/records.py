@@ -11,6 +11,7 @@ from typing import Any
 
 from core import costs
 from core.cache import Cache
+from core.errors import NotFound, Unavailable
 
 RING = 1000  # slots: the last RING requests of every process together are kept
 LISTED = 100  # the listing's last requests
@@ -69,6 +70,28 @@ def recent(cache: Cache) -> list[dict[str, Any]]:
         if stored is not None and (record := json.loads(stored)["request"])["id"] == i:
             listed.append(record)
     return listed
+
+
+AWAY = ("The cache is not answering (or none is set up): Appstats keeps its records there, shared by every process, "
+        "so none can be read now. Requests are served and counted all the same (each answer's Server-Timing header, "
+        "each page's footer, the log lines).")
+
+
+def kept_request(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.TimedCall]]:
+    """find(), its failures as the errors a person reads: 503 while the cache is away, 404 saying why a request is
+    not kept (expired, evicted or written over; or an id never given)."""
+    try:
+        return find(cache, request_id)
+    except Away:
+        raise Unavailable(AWAY, "cache_away") from None
+    except Gone as gone:
+        if gone.recorded:
+            raise NotFound(
+                f"Request {request_id} is no longer kept: Appstats keeps the last {RING} requests of every "
+                f"process in the cache, each for {KEPT_SECONDS // 3600} hours at most, and this one has "
+                "expired, was evicted by the cache, or was written over by a newer request.",
+                "request_expired") from None
+        raise NotFound(f"No request has been given the id {request_id}.", "no_such_request") from None
 
 
 def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.TimedCall]]:

@@ -8,36 +8,21 @@ from flask.typing import ResponseReturnValue
 
 from appstats import records
 from core import billing, costs, identity, runtime
-from core.errors import AppError, NotFound, Unavailable
+from core.errors import AppError, Unavailable
 
 bp = Blueprint("appstats", __name__)
-
-AWAY = ("The cache is not answering (or none is set up): Appstats keeps its records there, shared by every process, "
-        "so none can be read now. Requests are served and counted all the same (each answer's Server-Timing header, "
-        "each page's footer, the log lines).")
 
 
 def _recent() -> list[dict[str, Any]]:
     try:
         return records.recent(runtime.current().cache)
     except records.Away:
-        raise Unavailable(AWAY, "cache_away") from None
+        raise Unavailable(records.AWAY, "cache_away") from None
 
 
 def _timeline(request_id: int) -> dict[str, Any]:
     """The request's record with its timeline; a 404 that says why once it is no longer kept."""
-    try:
-        record, calls = records.find(runtime.current().cache, request_id)
-    except records.Away:
-        raise Unavailable(AWAY, "cache_away") from None
-    except records.Gone as gone:
-        if gone.recorded:
-            raise NotFound(
-                f"Request {request_id} is no longer kept: Appstats keeps the last {records.RING} requests of every "
-                f"process in the cache, each for {records.KEPT_SECONDS // 3600} hours at most, and this one has "
-                "expired, was evicted by the cache, or was written over by a newer request.",
-                "request_expired") from None
-        raise NotFound(f"No request has been given the id {request_id}.", "no_such_request") from None
+    record, calls = records.kept_request(runtime.current().cache, request_id)
     counted = record["datastore"]["rpcs"] + record["cache"]["calls"]
     return {"request": record, **costs.timeline(calls, counted), "most_calls": costs.MOST_CALLS}
 

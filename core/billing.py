@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+PRICES_SOURCE = "https://cloud.google.com/datastore/pricing"
 PRICES_READ_ON = "2026-11-23"
 PRICES_LOCATION = "us-central1"
 USD_PER_100K = {"reads": 0.03, "writes": 0.09, "deletes": 0.01}

@@ -130,6 +130,11 @@ def measure(by: str) -> dict[str, Any]:
         cache.delete(LOCK_KEY)
 
 
+def page() -> dict[str, Any]:
+    """What the numbers page shows: the latest measurement (a get by key), the runs a measurement makes, the model."""
+    return {"numbers": latest(), "runs": RUNS, "model": runtime.current().latency}
+
+
 def latest() -> dict[str, Any] | None:
     """The latest measurement (a get by key), or None when nothing was measured yet."""
     measurement = ndb.Key(Measurement, LATEST).get()

@@ -2,7 +2,7 @@
 from flask import Blueprint, jsonify, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity, runtime
+from core import identity
 from core.errors import found
 from latency import service
 
@@ -12,8 +12,7 @@ bp = Blueprint("latency", __name__)
 @bp.get("/numbers")
 def index() -> ResponseReturnValue:
     """The latest measurement and (admins) a button to measure again."""
-    return render_template("latency/index.html", numbers=service.latest(), runs=service.RUNS,
-                           model=runtime.current().latency)
+    return render_template("latency/index.html", **service.page())
 
 
 @bp.post("/numbers")

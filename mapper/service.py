@@ -18,6 +18,7 @@ from mapper.task import TaskRecord
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
 SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range of a tree of ~100 tasks
 MAX_PAGE_SIZE = 500
+MIN_FANOUT, MAX_FANOUT = 2, 16  # ranges a task splits the rest of its range into, at most
 LIST_LIMIT = 20
 
 
@@ -36,7 +37,7 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     if not isinstance(params, dict):
         raise Unprocessable("params must be a JSON object.", "bad_params")
     page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size, from_json=True)
-    fanout = whole_number(fanout, "fanout", 2, 16, default=definition.fanout, from_json=True)
+    fanout = whole_number(fanout, "fanout", MIN_FANOUT, MAX_FANOUT, default=definition.fanout, from_json=True)
     params = definition.parse_params(params)  # last: a job's parse_params may write what it needs, once all is valid
     if idempotency_key:
         first = MapperJob.get_by_id(job_id)

@@ -19,6 +19,7 @@ from devstack import screenshots
 from devstack.apps import app_on
 from latency import service as latency
 from main import seed_demo
+from planner import service as planner
 from tests.support import ON_APP_ENGINE, csrf_token, running
 
 CHECKER_SECONDS = 120
@@ -76,6 +77,14 @@ def pages(client, auth, task_queue, monkeypatch, stack):
         keep(f"admin-{name}", client.get(path))
     read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/blog/demo")
     keep("admin-request-timeline", client.get(f"/appstats/{read['id']}"))
+    numbers_token = csrf_token(client, "/numbers")
+    for name, spec in planner.PLANNERS.items():  # each planner's answer on the numbers page, as its form sends it
+        sent = {k: v for k, v in spec.example.items() if k != "rpcs"}
+        sent |= {f"rpcs.{m}": n for m, n in spec.example.get("rpcs", {}).items()}
+        keep(f"admin-plan-{name}", client.post("/numbers/plan", data={"csrf_token": numbers_token, "planner": name,
+                                                                      **sent}))
+    keep("admin-plan-refused", client.post("/numbers/plan", data={
+        "csrf_token": numbers_token, "planner": "counter", "writes_per_second": "0", "peak_seconds": "1"}), 422)
     keep("admin-404", client.get("/blog/no-such-blog"), 404)
     keep("admin-comment-refused", client.post("/blog/demo/10/comments", data={
         "csrf_token": csrf_token(client, "/blog/demo/10"), "text": " "}), 422)

@@ -68,7 +68,7 @@ def test_nothing_registers_by_being_imported(stack):
         assert rt.tasks.handler("mapper.run") is not None and rt.tasks.handler("accounts.seed") is not None
         registered = features.of(app)
         assert [f.name for f in registered.all] == ["counters", "blog", "comments", "mapper", "accounts", "tour",
-                                                   "latency", "appstats"]
+                                                   "latency", "planner", "appstats"]
         assert [label for _, label in registered.navigation] == ["Counters", "Blog", "Jobs", "Accounts", "Numbers"]
         assert list(registered.lesson_index) == ["counters", "blog", "comments", "mapper"]
         with pytest.raises(ValueError, match="registered already"):

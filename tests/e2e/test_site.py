@@ -112,6 +112,30 @@ def test_numbers_are_measured_again_by_an_admin_only(page, new_page):
     expect(reader.get_by_role("button", name="Measure again")).to_have_count(0)
 
 
+@pytest.mark.parametrize("width", [360, 1280])
+def test_each_planner_answers_on_the_numbers_page_and_passes_axe(page, width):
+    """A visitor sends each planner's form on /numbers: its answer, arithmetic and figures appear under it, the page
+    still fits the width, and axe-core finds nothing, with each answer shown."""
+    page.set_viewport_size({"width": width, "height": 800})
+    page.goto("/numbers")
+    violations = []
+    for name in ("counter", "blog", "comments", "batch", "request"):
+        form = page.locator(f'form[data-planner="{name}"]')
+        if name == "blog":
+            form.get_by_label("Depth of the page read, entries").fill("9990")
+        form.get_by_role("button", name="Plan").click()
+        answer = page.locator(f'[data-plan="{name}"]')
+        expect(answer).to_be_visible()
+        expect(answer.locator("ol.arithmetic li").first).to_be_visible()
+        if name == "blog":
+            expect(answer.locator('[data-answer="offset_reads"]')).to_contain_text("10000 reads")
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"/numbers with the {name} answer is {overflow}px wider than {width}px"
+        assert page.evaluate(UNNAMED_CONTROLS) == [], name
+        violations += [f"{name} answer ({width} px): {v}" for v in accessibility_violations(page)]
+    assert not violations, "axe-core found:\n" + "\n".join(violations)
+
+
 def test_a_hostile_title_and_comment_render_as_text(page):
     page.goto("/blog")
     sign_in(page, ADMIN, admin=True)
