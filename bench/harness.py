@@ -47,9 +47,10 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
         if extra:
             extra(parser)
     args = _arguments(prog, argv, seconds, with_latency)
+    latencies = latencies_named(args.latency)
     measured = {}
     for backend in _backends(args):
-        for latency in LATENCIES if args.latency == "all" else args.latency.split(","):
+        for latency in latencies:
             print(f"--- {prog} on {backend}, {LATENCY_NAMES[latency]}", flush=True)
             stack, app = start_stack(backend, latency)
             rt = runtime.of(app)
@@ -60,6 +61,16 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
                 rt.close()
                 stack.stop()
     return report(args, measured)
+
+
+def latencies_named(text):
+    """`--latency`'s value as the profiles it names (none, production, multi-region, or all); SystemExit naming the
+    choices for any other."""
+    named = list(LATENCIES) if text == "all" else text.split(",")
+    unknown = [n for n in named if n not in LATENCIES]
+    if unknown:
+        raise SystemExit(f"--latency takes {', '.join(LATENCIES)} (comma-separated) or all; not {', '.join(unknown)}")
+    return named
 
 
 def _arguments(prog, argv, seconds, extra):

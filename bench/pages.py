@@ -139,7 +139,7 @@ def main(argv=None):
         measured = {f"the app at {args.url}": measure(args.url.rstrip("/"), args.rounds, args.requests)}
         return report(measured, args.rounds, args.requests, f"Measured against a running app at {args.url}.")
     backend = backend_from_env()
-    latencies = harness.LATENCIES if args.latency == "all" else args.latency.split(",")
+    latencies = harness.latencies_named(args.latency)
     measured = {}
     for latency in latencies:
         print(f"--- bench.pages on {backend}, {harness.LATENCY_NAMES[latency]}", flush=True)

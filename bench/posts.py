@@ -16,8 +16,8 @@ Under the production latency model (LATENCY=production or multi-region, core/pro
 modelled round trip, so a post holds the blog's index for tens of milliseconds, as in production) the lease variant
 runs at 2 processes, the shape of app.yaml's two workers. There the posts of a burst take turns by design, so the
 target is the serial bound, not a number of seconds: the slowest post within 1.25 x (posts x one post's critical path
-under the model), one post's critical path being a lone post's RPCs and cache calls as timed in the same round (the
-model's waits and this stack's own time in them; the model's medians alone are reported beside it).
+under the model), one post being a lone post's RPCs and cache calls as timed in the same round (the model's waits and
+this stack's own time in them; the bound at the model's medians alone, stricter, is reported beside it).
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.posts [--rounds 3 --seconds 5 --backends both]`.
 """
@@ -237,9 +237,11 @@ def report(args, measured):
             continue
         if column[1] != "none":
             # The serial bound: the burst's posts take turns at the blog's index by design, so the last waits for
-            # all of them. One post's critical path is a lone post's calls (its transaction's RPCs and its cache
-            # calls, one after another) as timed in the same round: the model's waits, plus the emulator's and the
-            # client's own time in them, which a turn holds too (the model's medians alone would leave that out).
+            # all of them. One post is a lone post's calls (its transaction's RPCs and its cache calls) as timed in
+            # the same round: the model's waits plus the emulator's and the client's own time in them. That is a
+            # little more than its turn (a few of its cache calls, the session's and the budget's, fall outside
+            # it), and it grows with this machine's slowness; the model's medians alone, the stricter bound, are
+            # reported beside it.
             worst = max(run["burst"]["slowest"] for run in lease[2])
             slowest = _median(lease[2], "burst", "slowest")
             paths = [harness.modelled_path(run["one_post"], column[1]) for run in lease[2]]
@@ -250,8 +252,9 @@ def report(args, measured):
             checks += [harness.target(
                 f"{backend}: {BURST} posts at once to one blog over 2 processes, the slowest post (median of rounds; "
                 f"worst of any round {worst:.2f} s), against the serial bound: {BURST} posts x one lone post's "
-                f"critical path, {BURST * rpcs:.0f} RPCs in turn ({rpcs:.0f} RPCs and {calls:.0f} cache calls a "
-                f"post: {modelled * 1000:.0f} ms at the model's medians, {one * 1000:.0f} ms as timed here)",
+                f"calls as timed here, {BURST * rpcs:.0f} RPCs in turn ({rpcs:.0f} RPCs and {calls:.0f} cache calls "
+                f"a post: {modelled * 1000:.0f} ms at the model's medians, {one * 1000:.0f} ms as timed here; at the "
+                f"medians alone the bound is {1.25 * BURST * modelled:.2f} s)",
                 f"{slowest:.2f} s", f"<= 1.25 x {BURST} x {one:.3f} s = {bound:.2f} s", slowest <= bound),
                        harness.target(f"{backend}: every burst dense 0..19, every post answered", "yes" if dense
                                       else "no", "yes", dense)]
