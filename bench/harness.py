@@ -42,8 +42,7 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
     production and multi-region; core/production_latency.py). measure(args, stack, app) on a fresh stack per column,
     then report(args, {(backend, latency): measured}) -> verdict."""
     def with_latency(parser):
-        parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(PROFILES),
-                            help="none, production, multi-region (comma-separated), or all")
+        add_latency_argument(parser)
         if extra:
             extra(parser)
     args = _arguments(prog, argv, seconds, with_latency)
@@ -61,6 +60,22 @@ def main_per_column(prog, argv, measure, report, seconds=8.0, extra=None):
                 rt.close()
                 stack.stop()
     return report(args, measured)
+
+
+def add_latency_argument(parser):
+    """`--latency`: the profiles to measure under, LATENCY's when it is set, else both profiles."""
+    parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(PROFILES),
+                        help="none, production, multi-region (comma-separated), or all")
+
+
+def bounded(low, high):
+    """An argparse type: a whole number from `low` to `high`."""
+    def parse(text):
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}")
+        return value
+    return parse
 
 
 def latencies_named(text):

@@ -232,25 +232,17 @@ def report(target, args, measured, out, waits):
     print(f"written: {out}.md, {out}.csv")
 
 
-def bounded(low, high):
-    def parse(text):
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be {low} to {high}")
-        return value
-    return parse
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("URL") or "http://127.0.0.1:8080",
                         help="the app: make run's (default) or a deployment's")
     parser.add_argument("--scenario", default=os.environ.get("SCENARIO") or "all",
                         help=f"{', '.join(SCENARIOS)} or all (comma-separated)")
-    parser.add_argument("--users", type=bounded(1, MAX_USERS), default=16)
-    parser.add_argument("--spawn-rate", type=bounded(1, MAX_USERS), default=None, help="default: all users at once")
-    parser.add_argument("--seconds", type=bounded(3, MAX_SECONDS), default=15, help="per variant per round")
-    parser.add_argument("--rounds", type=bounded(1, MAX_ROUNDS), default=3)
+    parser.add_argument("--users", type=harness.bounded(1, MAX_USERS), default=16)
+    parser.add_argument("--spawn-rate", type=harness.bounded(1, MAX_USERS), default=None,
+                        help="default: all users at once")
+    parser.add_argument("--seconds", type=harness.bounded(3, MAX_SECONDS), default=15, help="per variant per round")
+    parser.add_argument("--rounds", type=harness.bounded(1, MAX_ROUNDS), default=3)
     parser.add_argument("--blog", default=None, help="frontpage's blog (default: demo when it exists, else its own)")
     parser.add_argument("--token", action="append", default=[],
                         help="a Google ID token for the app's client id, to sign in with (repeat for several "

@@ -30,7 +30,6 @@ over to production where the wall time of 2 cores does not; and the fan-out's tr
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.mapper [--rounds 3] [--accounts 20000]
 [--walk-rounds 1]`.
 """
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -455,19 +454,12 @@ def _walked(args):
     return "" if walks == args.rounds else f" (the cursor walk, its {walks} round{'s' * (walks != 1)} alone)"
 
 
-def _at_least_one(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be 1 or more: the report compares the walk with the fan-out")
-    return value
-
-
 def _arguments(parser):
     parser.add_argument("--accounts", type=int, default=ACCOUNTS)
     parser.add_argument("--fanout", type=int, default=FANOUT)
     # The walk's critical path is all of its RPCs whatever the round; its wall time under a profile is minutes
     # (its 1,601 RPCs in a row on legacy), so a run short of time walks in its first rounds only.
-    parser.add_argument("--walk-rounds", type=_at_least_one, default=sys.maxsize,
+    parser.add_argument("--walk-rounds", type=harness.bounded(1, 100), default=sys.maxsize,
                         help="run the cursor walk in the first N rounds only (default: every round)")
 
 

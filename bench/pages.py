@@ -131,8 +131,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bench.pages")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--latency", default=os.environ.get("LATENCY") or ",".join(harness.PROFILES),
-                        help="none, production, multi-region (comma-separated), or all: a stack served under each")
+    harness.add_latency_argument(parser)  # a stack served under each
     parser.add_argument("--url", help="measure this running app (e.g. make run's) instead of starting one")
     args = parser.parse_args(argv)
     if args.url:
