@@ -12,7 +12,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench load screenshots deploy clean seed guarantees
+.PHONY: run test lint bench bench-beam load screenshots deploy clean seed guarantees
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,17 @@ guarantees: $(STAMP)
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)
 	$(PY) -m bench
+
+## bench-beam: bench/mapper.py on the bare emulators (LATENCY=none unless set), with Apache Beam's own pipeline timed
+## beside its baseline (Beam in .venv-beam, from bench/requirements-beam.txt: about 5 minutes to install the first time)
+BEAM_STAMP := .venv-beam/.installed
+$(BEAM_STAMP): bench/requirements-beam.txt
+	test -x .venv-beam/bin/python || $(PYTHON) -m venv .venv-beam
+	.venv-beam/bin/python -m pip install --quiet -r bench/requirements-beam.txt
+	touch $(BEAM_STAMP)
+
+bench-beam: $(STAMP) $(BEAM_STAMP)
+	$(PY) -m bench.mapper --latency $(or $(LATENCY),none) --beam-python .venv-beam/bin/python $(BENCH_ARGS)
 
 ## load: Locust against URL (default: make run's http://127.0.0.1:8080), SCENARIO=counters|frontpage|comments|all,
 ## bounded (LOAD_ARGS="--users 16 --seconds 15 --rounds 3"); report in bench/results/load.md (bench/load.py)
