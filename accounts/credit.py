@@ -1,13 +1,13 @@
 """The add_credit job: every account credited once, by the mapper's tasks (mapper/tree.py runs it).
 
 A chunk's accounts are credited in its transaction, with the task's record and tally: once each however often a task
-is delivered or dies. The job's credit lands on the kept balance once, when it ends (`settle`): no shared entity.
+is delivered or dies (on Firestore as server-side increments, unread). The job's credit lands on the kept balance
+once, when it ends (`settle`): no shared entity.
 """
 from typing import Any
 
 from google.cloud import ndb
 
-from accounts.models import Account
 from accounts.service import ACCOUNTS_CHUNK_FIRESTORE, BALANCE, COUNTERS, keep_figures
 from core.errors import Unprocessable
 from core.validate import whole_number
@@ -17,16 +17,11 @@ MAX_AMOUNT = 1_000_000
 CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1  # legacy's 25 entity groups: 24 accounts and the task's record
 
 
-def _credit(accounts: list[Account], params: dict[str, Any], prepared: object) -> list[Account]:
-    """In the chunk's transaction: each account of the chunk credited; the mapper writes them with the record."""
-    for account in accounts:
-        account.balance += params["amount"]
-    return accounts
-
-
-def _credited(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
-    """The chunk's tally, added to its task's record in the same transaction."""
-    return {BALANCE: params["amount"] * len(accounts)}
+def _credit(params: dict[str, Any]) -> dict[str, int]:
+    """What the job adds to each account: the amount to its balance (BALANCE, Account.balance's stored name, is also
+    the kept figure's). An increment: the mapper writes it in each chunk's transaction with the task's record, without
+    reading the accounts on Firestore (mapper/bulk.py), and tallies it on the record as {BALANCE: amount x accounts}."""
+    return {BALANCE: params["amount"]}
 
 
 def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
@@ -47,5 +42,5 @@ def _credit_params(params: dict[str, Any]) -> dict[str, int]:
 ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    apply=_credit, tally=_credited, settle=_settle_credit, parse_params=_credit_params,
+    increments=_credit, settle=_settle_credit, parse_params=_credit_params,
     fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)

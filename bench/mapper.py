@@ -57,6 +57,7 @@ from core import billing, costs, runtime, tasks
 from core.transactions import transact
 from devstack import taskqueue
 from devstack.serving import queued, signed_in, wait_until
+from mapper import bulk as mapper_bulk
 from mapper import completion
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
@@ -82,9 +83,13 @@ def seed(count):
 
 
 def credit_chunk(keys):
+    """A chunk of accounts credited 1 in one transaction through ndb, as the walk does (and the mapper did before its
+    increments were written as protobufs: mapper/bulk.py)."""
     def txn():
         accounts = [a for a in ndb.get_multi(keys) if a is not None]
-        ndb.put_multi(ADD_CREDIT.apply(accounts, {"amount": 1}, None))
+        for account in accounts:
+            account.balance += 1
+        ndb.put_multi(accounts)
     transact(txn)  # the same retry as the mapper's chunks
 
 
@@ -186,15 +191,16 @@ def faulty_credit(accounts_before_failing):
     """add_credit, failing one chunk once `accounts_before_failing` accounts were credited: the same fault as the
     pipeline's, met by the mapper (its task fails, the queue delivers it again, and it resumes from its record)."""
     credited, failed, lock = [0], [False], threading.Lock()
+    size = mapper_jobs.chunk(ADD_CREDIT)
 
-    def apply(accounts, params, prepared):
+    def increments(params):  # called once in each chunk's transaction
         with lock:
             if not failed[0] and credited[0] >= accounts_before_failing:
                 failed[0] = True
                 raise RuntimeError("a worker lost half way (injected)")
-            credited[0] += len(accounts)
-        return ADD_CREDIT.apply(accounts, params, prepared)
-    return dataclasses.replace(ADD_CREDIT, name="bench_faulty_credit", apply=apply), failed
+            credited[0] += size  # a chunk's accounts, at most
+        return ADD_CREDIT.increments(params)
+    return dataclasses.replace(ADD_CREDIT, name="bench_faulty_credit", increments=increments), failed
 
 
 def page_query_costs(keys):
@@ -214,12 +220,15 @@ def page_query_costs(keys):
 
 
 def chunk_cpu(rt, keys, chunks=5, repeats=3):
-    """Why the fan-out's client CPU is what it is: a chunk's transaction as the mapper makes it (read its accounts,
-    credit them, write them back), through ndb (credit_chunk) and through google-cloud-datastore, on one thread; this
-    process's CPU per account (µs, the median of `repeats` runs of `chunks` chunks)."""
+    """Why the fan-out's client CPU is what it is: a chunk's transaction (its accounts credited 1, without the task's
+    record) through ndb's models (credit_chunk, how the mapper wrote them before), through google-cloud-datastore's
+    entities, and as the mapper writes them now (mapper/bulk.py: protobufs; on Firestore unread server-side
+    increments), on one thread; this process's CPU per account (µs, the median of `repeats` runs of `chunks`
+    chunks)."""
     size = mapper_jobs.chunk(ADD_CREDIT)
     client = pipeline_client(rt)
     plain_keys = [client.key("Account", key.id()) for key in keys]
+    apply, _ = mapper_bulk.effect_of(ADD_CREDIT)
 
     def plain_chunk(chunk):
         with client.transaction():
@@ -227,8 +236,15 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
             for account in accounts:
                 account["balance"] += 1
             client.put_multi(accounts)
+
+    def bulk_chunk(chunk):
+        store = mapper_bulk.chunks_for(ADD_CREDIT)
+        store.transact(lambda: store.put_multi(apply(store.get_multi(chunk), {"amount": 1}, None)))
     spent = {}
-    for name, credit, chosen in (("ndb", credit_chunk, keys), ("google-cloud-datastore", plain_chunk, plain_keys)):
+    for name, credit, chosen in (("ndb's models", credit_chunk, keys),
+                                 ("google-cloud-datastore's entities", plain_chunk, plain_keys),
+                                 ("the mapper's protobufs" + (", unread" if rt.settings.backend == "firestore" else ""),
+                                  bulk_chunk, keys)):
         runs = []
         for _ in range(repeats):
             cpu = time.process_time()

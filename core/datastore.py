@@ -84,6 +84,13 @@ def make_api(settings: Settings, model: Model) -> datastore_v1.DatastoreClient:
     return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=intercepted(channel, model)))
 
 
+# The Datastore API's own protobuf classes (proto-plus's datastore_v1.Entity and the like wrap them): a bulk path
+# builds thousands, and the wrappers cost more client CPU than the protobufs themselves.
+EntityPb = datastore_v1.Entity.pb()
+KeyPb = datastore_v1.Key.pb()
+MutationPb = datastore_v1.Mutation.pb()
+
+
 class DatastoreApi:
     """The Datastore API beside ndb, for what ndb does not offer; `api` is the process's client (make_api)."""
 
@@ -91,6 +98,67 @@ class DatastoreApi:
         self.project = settings.project
         self.namespace = settings.namespace or ""
         self.api = api
+
+    def key_pb(self, key: ndb.Key) -> Any:
+        """An ndb key as the Datastore API's protobuf."""
+        path = [KeyPb.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else {"name": ident}))
+                for kind, ident in key.pairs()]
+        return KeyPb(partition_id=datastore_v1.PartitionId.pb()(project_id=self.project,
+                                                               namespace_id=key.namespace() or ""), path=path)
+
+
+class Transactions(DatastoreApi):
+    """Transactions on the Datastore API itself, their entities as protobufs: for bulk work whose client CPU through
+    ndb is the bottleneck (a mapper job's chunks: mapper/bulk.py; ndb spends several hundred µs of CPU on each entity
+    it reads and writes, bench/results/mapper.md). What a transaction reads is its snapshot (on Firestore, also
+    locked until it ends); its commit applies every mutation or none."""
+
+    def run(self, fn: Callable[["Transaction"], Any]) -> Any:
+        """fn(transaction), which commits it; rolled back when fn raises before its commit (on Firestore, what it
+        read stays locked until then)."""
+        begun = Transaction(self, self.api.begin_transaction(project_id=self.project, timeout=30).transaction)
+        try:
+            return fn(begun)
+        except BaseException:
+            if not begun.committed:
+                with contextlib.suppress(Exception):  # at worst the transaction times out on its own
+                    self.api.rollback(project_id=self.project, transaction=begun.id, timeout=30)
+            raise
+
+
+class Transaction:
+    """One transaction of Transactions.run."""
+
+    def __init__(self, transactions: Transactions, transaction_id: bytes) -> None:
+        self.transactions, self.id, self.committed = transactions, transaction_id, False
+
+    def lookup(self, keys: list[ndb.Key]) -> list[Any]:
+        """Each key's entity as this transaction reads it (an EntityPb), or None where there is none; in the keys'
+        order. A Lookup may answer part of its keys and defer the rest: they are asked again."""
+        api = self.transactions
+        wanted = [api.key_pb(key) for key in keys]
+        found: dict[tuple, Any] = {}
+        pending = wanted
+        while pending:
+            request = datastore_v1.LookupRequest.pb()(project_id=api.project, keys=pending,
+                                                      read_options={"transaction": self.id})
+            answer = datastore_v1.LookupResponse.pb(api.api.lookup(
+                request=datastore_v1.LookupRequest.wrap(request), timeout=30))
+            found.update((_path(result.entity.key), result.entity) for result in answer.found)
+            pending = list(answer.deferred)
+        return [found.get(_path(key)) for key in wanted]
+
+    def commit(self, mutations: list[Any]) -> None:
+        """Commit the transaction with `mutations` (MutationPbs)."""
+        api = self.transactions
+        request = datastore_v1.CommitRequest.pb()(project_id=api.project, transaction=self.id, mutations=mutations,
+                                                  mode=datastore_v1.CommitRequest.Mode.TRANSACTIONAL)
+        api.api.commit(request=datastore_v1.CommitRequest.wrap(request), timeout=30)
+        self.committed = True
+
+
+def _path(key: Any) -> tuple:
+    return tuple((element.kind, element.id, element.name) for element in key.path)
 
 
 class Aggregations(DatastoreApi):
@@ -133,14 +201,6 @@ class ServerIncrements(DatastoreApi):
     transform's result, so an increment the backend did not apply is never counted.
     """
 
-    def _key(self, key: ndb.Key) -> datastore_v1.Key:
-        """An ndb key as the Datastore API's."""
-        path = [datastore_v1.Key.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else
-                                                            {"name": ident}))
-                for kind, ident in key.pairs()]
-        return datastore_v1.Key(partition_id=datastore_v1.PartitionId(project_id=self.project,
-                                                                   namespace_id=key.namespace() or ""), path=path)
-
     def commit(self, key: ndb.Key, field: str, delta: int = 1, insert: ndb.Model | None = None) -> int:
         """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert the
         ndb entity `insert` in the same commit when given (serialized by ndb itself, so it is stored exactly as a
@@ -151,7 +211,7 @@ class ServerIncrements(DatastoreApi):
             insert._prepare_for_put()  # auto_now_add and the like, as put() fills them
             mutations.append(datastore_v1.Mutation(insert=ndb_model._entity_to_protobuf(insert)))
         mutations.append(datastore_v1.Mutation(
-            upsert=datastore_v1.Entity(key=self._key(key)),
+            upsert=datastore_v1.Entity(key=self.key_pb(key)),
             # An upsert that changes no property but the transformed one.
             property_mask=datastore_v1.PropertyMask(paths=[]),
             property_transforms=[datastore_v1.PropertyTransform(property=field,
@@ -170,9 +230,10 @@ class Datastore:
     """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
     increments."""
 
-    def __init__(self, client: ndb.Client, aggregations: Aggregations, global_cache: ndb.GlobalCache | None = None,
-                 increments: ServerIncrements | None = None) -> None:
+    def __init__(self, client: ndb.Client, aggregations: Aggregations, transactions: Transactions,
+                 global_cache: ndb.GlobalCache | None = None, increments: ServerIncrements | None = None) -> None:
         self.client = client
+        self.transactions = transactions  # on the Datastore API itself, for bulk work (mapper/bulk.py)
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None
         self.aggregations = aggregations  # COUNT and SUM queries (the backend may refuse them)

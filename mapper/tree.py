@@ -16,8 +16,8 @@ from google.cloud import ndb
 
 from core import clock, runtime, tasks
 from core.errors import Conflict
-from core.transactions import Call, transact
-from mapper import completion, handoff, jobs, keyrange
+from core.transactions import Call
+from mapper import bulk, completion, handoff, jobs, keyrange
 from mapper.handback import hand_back
 from mapper.models import MapperJob
 from mapper.task import TaskPage, TaskPayload, TaskRecord
@@ -59,13 +59,14 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = _page_query(job.kind, record.last_key or payload.lo_key, page.end).fetch(keys_only=True)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
+    store, (apply, tally_of) = bulk.chunks_for(definition), bulk.effect_of(definition)  # ndb's models, or protobufs
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
     handed_pages = handoff.handed_pages(children)
     lease = runtime.current().settings.mapper_lease_seconds
 
     def txn(call: Call, chunk: list[ndb.Key], expected_last_key: ndb.Key | None, final: bool) -> TaskRecord:
         # The record and the chunk in one lookup: no other task's transaction touches them, so tasks never collide.
-        current, *entities = ndb.get_multi([record.key] + chunk)
+        current, *entities = store.get_multi([record.key] + chunk)
         if current is not None and call.applied(current.last_chunk_by):
             return current  # this chunk's own commit applied, though it answered UNKNOWN: go on from it
         if current is None and expected_last_key is None and record.page_end is None:  # no delivery wrote it yet
@@ -75,17 +76,17 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
             raise Superseded()
         current.started = current.started or record.started  # the root's and the sweep's records begin now
         entities = [e for e in entities if e is not None]  # deleted since the query: skipped
-        writes = definition.apply(entities, job.params, prepared) if entities else []
-        tally = definition.tally(entities, job.params) if definition.tally and entities else None
+        writes = apply(entities, job.params, prepared) if entities else []
+        tally = tally_of(entities, job.params) if tally_of and entities else None
         handed_out = handoff.kept(current.key, handed_pages) if current.page_end is None else []  # first chunk
         current.advance(page, chunk, len(entities), tally, children, final)
         current.renew(lease)  # this delivery is alive: the sweep leaves the task alone until the lease runs out
         current.last_chunk_by = call.id
-        ndb.put_multi([*writes, current, *handed_out])
+        store.put_multi([*writes, current, *handed_out])
         return current
 
     for number, chunk in enumerate(chunks):  # each chunk a Call of its own, shared by its transaction's retries
-        record = transact(functools.partial(txn, Call(), chunk, record.last_key, number == len(chunks) - 1))
+        record = store.transact(functools.partial(txn, Call(), chunk, record.last_key, number == len(chunks) - 1))
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
             handoff.enqueue_children(record, handed_pages if children else None)
     return record

@@ -35,9 +35,11 @@ FOLLOW_UP_DELAY = 2.0
 SIGNALS = os.environ.get("CRASH_SIGNALS")
 
 
-def _slow_credit(accounts, params, prepared):
+def _slow_credit(params):
+    """add_credit's increments, each chunk's after CHUNK_SECONDS (in its transaction): a delivery is long enough to
+    be killed half way."""
     time.sleep(CHUNK_SECONDS)
-    return ADD_CREDIT.apply(accounts, params, prepared)
+    return ADD_CREDIT.increments(params)
 
 
 class CrashFollowUp(ndb.Model):
@@ -48,7 +50,7 @@ def _follow_up(job):
     return [CrashFollowUp(parent=ndb.Key("Job", job.id))]
 
 
-SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, chunk=5,
+SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", increments=_slow_credit, chunk=5,
                                   chunk_firestore=None, on_done=_follow_up)
 _end_if_all_back = completion.end_if_all_back
 

@@ -17,7 +17,7 @@ from openapi_core import OpenAPI
 from openapi_core.contrib.flask import FlaskOpenAPIRequest, FlaskOpenAPIResponse
 
 from bench.harness import billed_from_header
-from core import runtime, tasks, transactions
+from core import datastore, runtime, tasks, transactions
 from devstack import taskqueue
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
@@ -227,6 +227,21 @@ def commit_answers_unknown(monkeypatch, transaction):
             raise core_exceptions.Unknown("the commit's outcome is unknown")
         return result
     monkeypatch.setattr(ndb, "transaction", applied_then_unknown)
+    return answered
+
+
+def api_commit_answers_unknown(monkeypatch):
+    """The next commit of a transaction on the Datastore API itself (core/datastore.Transaction: the mapper's
+    increments jobs' chunks) applies, and then its caller sees UNKNOWN, as when a commit applied but its answer was
+    lost. Returns the list the committed transaction's id is appended to (empty while it has not happened)."""
+    real, answered = datastore.Transaction.commit, []
+
+    def applied_then_unknown(transaction, mutations):
+        real(transaction, mutations)
+        if not answered:
+            answered.append(transaction.id)
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+    monkeypatch.setattr(datastore.Transaction, "commit", applied_then_unknown)
     return answered
 
 

@@ -12,12 +12,13 @@ from google.cloud import ndb
 from accounts import service as accounts_service
 from accounts.credit import ADD_CREDIT
 from accounts.models import Account
+from bench.harness import billed_from_header
 from core import runtime, tasks
-from mapper import completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
+from mapper import bulk, completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
 from mapper.handoff import HandedPages
 from mapper.models import MapperJob
 from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
-from tests.support import billed, commit_answers_unknown, writers_meet_before_writing
+from tests.support import api_commit_answers_unknown, billed, commit_answers_unknown, writers_meet_before_writing
 
 
 class Thing(ndb.Model):
@@ -237,9 +238,17 @@ def _faults_disarmed():
 
 
 def _flaky_credit(accounts, params, prepared):
-    """add_credit, except that it dies once when it reaches the account named in FAULTS (its task's earlier chunks
-    have committed by then: the task dies half way through its page)."""
-    if FAULTS["fail_at"] is not None and any(a.key == FAULTS["fail_at"] for a in accounts):
+    """add_credit through ndb's models (a job's `apply`), except that it dies once when it reaches the account named
+    in FAULTS (its task's earlier chunks have committed by then: the task dies half way through its page)."""
+    _fault(accounts)
+    for account in accounts:
+        account.balance += params["amount"]
+    return accounts
+
+
+def _fault(entities):
+    """Die, once, if the account named in FAULTS is among `entities` (ndb models, or mapper.bulk.ChunkEntity)."""
+    if FAULTS["fail_at"] is not None and any(a.key == FAULTS["fail_at"] for a in entities):
         FAULTS["fail_at"] = None
         FAULTS["failures"] += 1
         meanwhile = FAULTS.pop("meanwhile", None)  # what another process writes while the task is down
@@ -250,7 +259,6 @@ def _flaky_credit(accounts, params, prepared):
             writer.join(timeout=60)
             assert not writer.is_alive(), "the writer run while the task was down did not end in 60 s"
         raise RuntimeError("the task dies half way through its page")
-    return ADD_CREDIT.apply(accounts, params, prepared)
 
 
 DONE = []
@@ -280,18 +288,31 @@ def follow_ups(job_id):
         return [job_id for _ in FollowUp.query(ancestor=ndb.Key("Job", job_id)).fetch()]
 
 
-TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, on_done=_follow_up,
-                                 chunk_firestore=None),
+TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, increments=None,
+                                 tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
+                                 on_done=_follow_up, chunk_firestore=None),
+             # add_credit itself, its increments written as protobufs (mapper/bulk.py); FAULTS reach it in extra_jobs
+             dataclasses.replace(ADD_CREDIT, name="test_flaky_increments", on_done=_follow_up, chunk_firestore=None),
              jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
 
 
 @pytest.fixture
-def extra_jobs(app):
-    """The app, with the jobs above registered as a feature's init_app registers its own."""
+def extra_jobs(app, monkeypatch):
+    """The app, with the jobs above registered as a feature's init_app registers its own; FAULTS armed in an
+    increments job's chunks too, as each entity's mutation is made."""
     for job in TEST_JOBS:
         jobs.register(app, job)
+    incremented = bulk.incremented
+
+    def faulty(entity, deltas):
+        _fault([entity])
+        return incremented(entity, deltas)
+    monkeypatch.setattr(bulk, "incremented", faulty)
     return app
+
+
+FLAKY_JOBS = ["test_flaky_credit", "test_flaky_increments"]  # the same job through ndb's models, and as protobufs
 
 
 def seed_accounts(count):
@@ -318,10 +339,11 @@ def swept():
         return sweep.sweep()
 
 
-def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs, client, auth, task_queue):
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(job, extra_jobs, client, auth, task_queue):
     keys = seed_accounts(300)
     FAULTS.update(fail_at=keys[50], failures=0)  # the root's page is the first 100: chunks 0-1 commit, chunk 2 dies
-    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    job_id = start(client, auth, job, page_size=100)
     task_queue.drain()
     assert FAULTS["failures"] == 1
     root = [(status, body) for task, status, body in task_queue.responses if task.name == f"{job_id}-0"]
@@ -335,7 +357,9 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(extra_jobs
     assert job_status(client, job_id)["processed"] == 300
 
 
-def test_a_retry_visits_its_whole_page_though_more_entities_were_put_in_it_since(extra_jobs, client, auth, task_queue):
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_retry_visits_its_whole_page_though_more_entities_were_put_in_it_since(job, extra_jobs, client, auth,
+                                                                                 task_queue):
     """A retry lists the rest of the page its first delivery fixed, up to the page's last key: 60 accounts put inside
     the page while its task was down (more than the 50 its first delivery had done) push none of the page's own out."""
     keys = seed_accounts(300)
@@ -345,7 +369,7 @@ def test_a_retry_visits_its_whole_page_though_more_entities_were_put_in_it_since
         with rt.context():
             ndb.put_multi([Account(id=keys[49].id() + i) for i in range(1, 61)])
     FAULTS.update(fail_at=keys[50], failures=0, meanwhile=put_sixty_inside_the_page)
-    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    job_id = start(client, auth, job, page_size=100)
     task_queue.drain()
     assert FAULTS["failures"] == 1 and job_status(client, job_id)["state"] == "done"
     assert balances(keys) == [10] * 300  # every account that was there when the job started, credited once
@@ -465,11 +489,12 @@ def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
         tree._split(job, payload, listed, 1)
 
 
-def test_a_listed_page_that_dies_half_way_resumes_from_its_record(extra_jobs, client, auth, task_queue):
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_listed_page_that_dies_half_way_resumes_from_its_record(job, extra_jobs, client, auth, task_queue):
     """A page handed out with its keys resumes, on its next delivery, after the last key its record committed."""
     keys = seed_accounts(300)
     FAULTS.update(fail_at=keys[70], failures=0)  # in the first listed page (keys 40-79): its first chunk commits first
-    job_id = start(client, auth, "test_flaky_credit", page_size=40, fanout=4)
+    job_id = start(client, auth, job, page_size=40, fanout=4)
     task_queue.drain()
     assert FAULTS["failures"] == 1
     child = [(task, status) for task, status, _ in task_queue.responses if task.name == f"{job_id}-0-0"]
@@ -481,10 +506,11 @@ def test_a_listed_page_that_dies_half_way_resumes_from_its_record(extra_jobs, cl
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 3000
 
 
-def test_duplicate_deliveries_at_once_credit_once_and_finish_once(extra_jobs, client, auth, task_queue):
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_duplicate_deliveries_at_once_credit_once_and_finish_once(job, extra_jobs, client, auth, task_queue):
     keys = seed_accounts(400)
     DONE.clear()
-    job_id = start(client, auth, "test_flaky_credit", page_size=40, fanout=4)
+    job_id = start(client, auth, job, page_size=40, fanout=4)
 
     def twice(task):  # every task delivered twice at the same moment, as an at-least-once queue may
         results = []
@@ -547,10 +573,76 @@ def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, cli
     job_id = start(client, auth, "test_narrow_credit", page_size=40, fanout=4)
     task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued
     assert len(task_queue.queue.pending) >= 2
-    writers_meet_before_writing(monkeypatch)  # the first two chunks' ndb.put_multi: both read before either writes
+    # the first two chunks' commits (add_credit's, as protobufs: mapper/bulk.py): both read before either writes
+    writers_meet_before_writing(monkeypatch, at=(bulk.IncrementChunks, "put_multi"))
     task_queue.drain(workers=2)
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 400
     assert [t for t in task_queue.timings if "retried;" in t] == []
+
+
+def test_an_increments_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra_jobs, client, auth,
+                                                                                        task_queue, monkeypatch):
+    """The same on an increments job's chunk, a transaction of the Datastore API itself: its retry finds the record
+    moved on by this very chunk, and credits nothing twice (on Firestore, where the increments are the server's, a
+    second commit of them would add them again)."""
+    keys = seed_accounts(60)
+    job_id = start(client, auth, "test_flaky_increments", page_size=100)  # three chunks of 24
+    answered = api_commit_answers_unknown(monkeypatch)
+    task_queue.drain()
+    monkeypatch.undo()
+    root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
+    assert answered and root == [200]
+    assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 600
+
+
+def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(app, client, auth, task_queue):
+    """An increments job's chunk on Firestore does not read its accounts: a server-side `update` of one deleted since
+    the page's query fails the commit (NOT_FOUND), and the chunk runs again reading them, skipping the deleted one;
+    on legacy the chunk reads them and skips it. Either way it is not made again, and the tally counts the rest."""
+    keys = seed_accounts(50)
+    gone = keys[30]
+
+    def delete_one(page_keys, params):  # after the page's query, before its chunks: outside their transactions
+        if gone in page_keys:
+            gone.delete()
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_deleting_credit", prepare=delete_one))
+    job_id = start(client, auth, "test_deleting_credit", page_size=100)
+    task_queue.drain()
+    final = job_status(client, job_id)
+    assert (final["state"], final["processed"]) == ("done", 49)
+    with runtime.current().context():
+        assert gone.get() is None
+    assert balances([k for k in keys if k != gone]) == [10] * 49
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 490
+
+
+def test_an_increment_keeps_the_entitys_other_properties(app, client, auth, task_queue):
+    """A server-side increment is an update with an empty property mask (mapper/bulk.py): without the mask, Firestore
+    would replace each account with its key and balance, dropping `created_by`; on legacy the account is read whole
+    and written back whole."""
+    with runtime.current().context():
+        keys = put_in_batches([Account(balance=5, created_by=f"seed-{i}") for i in range(30)])
+    job_id = start(client, auth, page_size=100)
+    task_queue.drain()
+    assert job_status(client, job_id)["state"] == "done"
+    with runtime.current().context():
+        accounts = ndb.get_multi(keys)
+    assert [(a.balance, a.created_by) for a in accounts] == [(15, f"seed-{i}") for i in range(30)]
+
+
+def test_an_increments_job_on_firestore_reads_only_its_records(app, client, auth, task_queue):
+    """On Firestore an increments job's chunks read the task's record alone, not its accounts: the job is billed far
+    fewer reads than accounts (on legacy, about one an account: each is read in its chunk's transaction)."""
+    seed_accounts(200)
+    job_id = start(client, auth, page_size=100)
+    task_queue.drain()
+    assert job_status(client, job_id)["state"] == "done"
+    reads = sum(billed_from_header(timing).reads for timing in task_queue.timings)
+    if runtime.current().settings.backend == "firestore":
+        assert reads < 40, reads  # records, the job, the listing's batches: not the 200 accounts
+    else:
+        assert reads >= 200, reads
 
 
 def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, auth, task_queue):
@@ -623,13 +715,14 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 1200
 
 
-def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(extra_jobs, client, auth, task_queue):
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(job, extra_jobs, client, auth, task_queue):
     """An at-least-once queue may deliver a task again after its first delivery committed, as a first delivery
     (attempt 0: it does not read its record first) or as a retry. Either finds the record moved on, in the chunk's
     own transaction, and credits nothing: the order is forced here, not left to threads meeting."""
     keys = seed_accounts(60)
     DONE.clear()
-    job_id = start(client, auth, "test_flaky_credit", page_size=100)  # one task: its page is every account
+    job_id = start(client, auth, job, page_size=100)  # one task: its page is every account
     root = task_queue.queue.take()
     assert task_queue.deliver(root)  # the first delivery: every chunk committed, the job finished
     task_queue.drain()  # its follow-up's task
@@ -646,14 +739,15 @@ def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(ext
         assert TaskRecord.get_by_id(f"{job_id}-0").processed == 60
 
 
-def test_a_first_delivery_repeated_while_the_first_is_down_half_way_credits_nothing_again(extra_jobs, client, auth,
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_first_delivery_repeated_while_the_first_is_down_half_way_credits_nothing_again(job, extra_jobs, client, auth,
                                                                                           task_queue):
     """A repeat of a task's first delivery (attempt 0: it does not read its record first) may come while the first
     is down half way through its page: its first chunk's transaction finds the record moved past where it starts,
     steps back (409) and credits nothing; the retry goes on from the record. The order forced, not left to threads."""
     keys = seed_accounts(60)  # the root's page holds all 60: chunks of 24, the third dies
     FAULTS.update(fail_at=keys[50], failures=0)
-    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    job_id = start(client, auth, job, page_size=100)
     root = task_queue.queue.take()
     assert not task_queue.deliver(root) and FAULTS["failures"] == 1
     assert balances(keys) == [10] * 48 + [0] * 12
@@ -679,7 +773,8 @@ def test_a_follow_up_delivered_again_while_it_runs_lands_once(extra_jobs, client
     assert follow_ups(job_id) == [job_id]
 
 
-def test_a_task_whose_deliveries_stopped_half_way_is_taken_up_by_the_sweep_and_goes_on_from_its_record(
+@pytest.mark.parametrize("job", FLAKY_JOBS)
+def test_a_task_whose_deliveries_stopped_half_way_is_taken_up_by_the_sweep_and_goes_on_from_its_record(job,
         extra_jobs, client, auth, task_queue):
     """What the sweep does for a task whose last allowed delivery was killed mid-page (tests/test_crashes.py kills
     one): no delivery of it is coming and its lease runs out; the sweep queues it again, and that delivery goes on
@@ -687,7 +782,7 @@ def test_a_task_whose_deliveries_stopped_half_way_is_taken_up_by_the_sweep_and_g
     keys = seed_accounts(60)
     DONE.clear()
     FAULTS.update(fail_at=keys[50], failures=0)
-    job_id = start(client, auth, "test_flaky_credit", page_size=100)
+    job_id = start(client, auth, job, page_size=100)
     assert not task_queue.deliver(task_queue.queue.take())  # down half way, and no delivery of it comes again
     assert balances(keys) == [10] * 48 + [0] * 12
     run_out_lease(f"{job_id}-0")

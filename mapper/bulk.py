@@ -1,0 +1,130 @@
+"""Where a chunk's transaction reads and writes (mapper/tree.py, `_process`): through ndb, the job's entities as its
+models (ModelChunks), or, for a job whose whole effect is to add whole numbers to properties of each entity
+(JobDefinition.increments), as protobufs through the Datastore API itself (IncrementChunks). The transaction is the
+same either way: the task's record read, moved past the chunk, and written in one commit with the chunk's entities,
+so each entity is processed exactly once.
+
+Why two: ndb spends several hundred µs of client CPU on each entity it reads and writes, protobufs about a tenth of
+that (bench/results/mapper.md, "a chunk's transaction alone"). On App Engine that CPU is instance-hours; in one
+process it is the fan-out's wall time.
+
+On Firestore the chunk's entities are not even read: each gets a server-side increment (a PropertyTransform) in the
+record's commit. It is an `update`, which fails the commit (NOT_FOUND) when an entity was deleted since the page's
+query, rather than making it again; the chunk then runs again reading its entities, and skips the missing ones. The
+legacy emulator drops transforms (core/datastore.ServerIncrements): there each entity is read, added to and written
+back, in the same transaction.
+"""
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from google.api_core import exceptions as core_exceptions
+from google.cloud import datastore_v1, ndb
+from google.cloud.ndb import model as ndb_model
+
+from core import runtime
+from core.datastore import EntityPb, MutationPb
+from core.transactions import transact, transact_api
+
+
+class ModelChunks:
+    """A chunk's entities as the job's ndb models: any job's."""
+    get_multi = staticmethod(ndb.get_multi)
+    put_multi = staticmethod(ndb.put_multi)
+    transact = staticmethod(transact)
+
+
+@dataclasses.dataclass
+class ChunkEntity:
+    """An entity of an increments job's chunk: its key, and its protobuf as read, or None where it is not read (the
+    server adds to it)."""
+    key: ndb.Key
+    pb: Any = None
+
+
+class IncrementChunks:
+    """A chunk's entities as ChunkEntity, written as mutations in the transaction's commit; `blind`: not read."""
+
+    def __init__(self, kind: str, blind: bool) -> None:
+        self.kind, self.blind = kind, blind
+        self.transaction: Any = None
+
+    def transact(self, fn: Callable[[], Any]) -> Any:
+        def run(transaction: Any) -> Any:
+            self.transaction = transaction
+            return fn()
+        try:
+            return transact_api(run)
+        except core_exceptions.NotFound:
+            if not self.blind:
+                raise
+            self.blind = False  # an entity was deleted since the page's query: this chunk reads them
+            try:
+                return transact_api(run)
+            finally:
+                self.blind = True
+
+    def get_multi(self, keys: list[ndb.Key]) -> list[Any]:
+        """Each key's entity as the transaction reads it: of the job's kind a ChunkEntity (not read where blind:
+        taken to exist), of another (the task's record) its ndb model; None where there is none."""
+        read = [key for key in keys if not (self.blind and key.kind() == self.kind)]
+        found = dict(zip(read, self.transaction.lookup(read), strict=True))
+        return [self._entity(key, found) for key in keys]
+
+    def _entity(self, key: ndb.Key, found: dict[ndb.Key, Any]) -> Any:
+        if key not in found:
+            return ChunkEntity(key)
+        pb = found[key]
+        if pb is None:
+            return None
+        return ChunkEntity(key, pb) if key.kind() == self.kind else ndb_model._entity_from_protobuf(pb)
+
+    def put_multi(self, entities: list[Any]) -> None:
+        """The transaction's commit, with each of `entities`: a mutation, or an ndb model to upsert."""
+        self.transaction.commit([e if isinstance(e, MutationPb) else _upsert(e) for e in entities])
+
+
+def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
+    """How a job's chunks read and write: its models through ndb, or, for an increments job, protobufs (unread on
+    Firestore, which applies server-side increments)."""
+    if definition.increments is None:
+        return ModelChunks()
+    return IncrementChunks(definition.kind, blind=runtime.current().settings.backend == "firestore")
+
+
+def effect_of(definition: Any) -> tuple[Callable[[list, dict, Any], list], Callable[[list, dict], dict] | None]:
+    """A JobDefinition's (apply, tally): its own, or an increments job's: each entity's mutation, and what the chunk
+    added to each property (unless it tallies otherwise)."""
+    increments = definition.increments
+    if increments is None:
+        return definition.apply, definition.tally
+
+    def apply(entities: list[ChunkEntity], params: dict, prepared: object) -> list:
+        deltas = increments(params)
+        return [incremented(entity, deltas) for entity in entities]
+
+    def tally(entities: list, params: dict) -> dict[str, int]:
+        return {name: delta * len(entities) for name, delta in increments(params).items()}
+    return apply, definition.tally or tally
+
+
+def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
+    """The mutation adding `deltas` ({property: whole number}) to `entity`: a server-side increment of each where it
+    was not read, else the entity as read with each added."""
+    if entity.pb is None:
+        mutation = MutationPb(update=EntityPb(key=runtime.current().datastore.transactions.key_pb(entity.key)))
+        mutation.property_mask.SetInParent()  # an empty mask: the entity's other properties are kept
+        for name, delta in deltas.items():
+            mutation.property_transforms.add(property=name).increment.integer_value = delta
+        return mutation
+    for name, delta in deltas.items():
+        value = entity.pb.properties[name]  # a missing property counts from 0, as an ndb IntegerProperty's default
+        if value.WhichOneof("value_type") not in (None, "integer_value"):
+            raise TypeError(f"{entity.key}: {name} is not a whole number")
+        value.integer_value += delta
+    return MutationPb(upsert=entity.pb)
+
+
+def _upsert(model: ndb.Model) -> Any:
+    model._prepare_for_put()  # auto_now and the like, as put() fills them
+    return MutationPb(upsert=datastore_v1.Entity.pb(ndb_model._entity_to_protobuf(model)))
