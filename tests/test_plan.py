@@ -15,7 +15,7 @@ from bench.harness import bill_cell
 from core import billing, production_latency
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
-from planner import service
+from planner import batch, blog, comments, counter, figures, request, service
 from tests.support import csrf_token
 from tests.test_budgets import BUDGETS
 
@@ -29,23 +29,23 @@ def answers(plan):
 # --- the arithmetic, by hand -----------------------------------------------------------------------------------------
 
 def test_counter_shards_and_costs_by_hand():
-    plan = service.plan_counter(50, 600, backend="firestore")
+    plan = counter.plan_counter(50, 600, backend="firestore")
     got = answers(plan)
     assert got["shards"].value == 50  # 50 writes/s / 1 sustained write/s an entity
     assert got["increment_rpcs"].value == 1 and got["increment_ms"].value == 47.0  # one Commit, blind
     assert got["increment_usd_per_million"].value == 0.9  # 1 write: $0.09 per 100,000
     assert got["peak_usd"].value == round(0.9 * 50 * 600 / 1e6, 2)
     assert got["total_read"].value == 15.0  # 50 shard reads: 50 x $0.03 per 100,000 x 10
-    legacy = answers(service.plan_counter(50, 600, backend="legacy"))
+    legacy = answers(counter.plan_counter(50, 600, backend="legacy"))
     assert legacy["increment_rpcs"].value == 3 and legacy["increment_ms"].value == 76.0  # 14.5 + 14.5 + 47
     assert legacy["increment_usd_per_million"].value == 1.2
     assert legacy["model_per_shard"].value == round(1000 / 76, 1)
     # More shards than an adaptive counter may have: it never gets there, and the answer has no time to give
-    beyond = answers(service.plan_counter(1000, 60, backend="legacy"))["adaptive_seconds"]
+    beyond = answers(counter.plan_counter(1000, 60, backend="legacy"))["adaptive_seconds"]
     assert beyond.value is None and beyond.text.startswith("never")
     # Every figure says whose it is; the guidance and the prices carry a link.
     for figure in plan.figures:
-        assert figure.whose in service.WHOSE
+        assert figure.whose in figures.WHOSE
         if figure.whose == "production":
             assert figure.source.startswith("https://cloud.google.com/")
 
@@ -53,43 +53,43 @@ def test_counter_shards_and_costs_by_hand():
 def test_adaptive_growth_by_hand():
     # From 1 shard, a window of min(32, 8 x shards) attempts at each size: 8 + 16 + 32 + 32 + 32 + 32 = 152 to 64.
     assert ContentionWindow.WINDOW == 32 and ContentionWindow.ATTEMPTS_PER_SHARD == 8
-    assert service.adaptive_growth(50, 50) == (64, 6, 152 / 50)
-    assert service.adaptive_growth(1, 10) == (1, 0, 0.0)
-    size, windows, _ = service.adaptive_growth(10**6, 10)
+    assert counter.adaptive_growth(50, 50) == (64, 6, 152 / 50)
+    assert counter.adaptive_growth(1, 10) == (1, 0, 0.0)
+    size, windows, _ = counter.adaptive_growth(10**6, 10)
     assert size == ADAPTIVE_MAX_SHARDS and windows == int(math.log2(ADAPTIVE_MAX_SHARDS))
-    assert "never" in answers(service.plan_counter(1000, 60))["adaptive_seconds"].text
+    assert "never" in answers(counter.plan_counter(1000, 60))["adaptive_seconds"].text
 
 
 def test_blog_page_bills_and_hit_rate_by_hand():
-    assert service.page_reads(10_000, 0) == (11, 10)  # the page and the next one's first; the page alone
-    assert service.page_reads(10_000, 5_000) == (11, 5_010)
-    assert service.page_reads(10_000, 9_995) == (5, 10_000)
-    got = answers(service.plan_blog(10_000, 5_000, 100, 50))
+    assert blog.page_reads(10_000, 0) == (11, 10)  # the page and the next one's first; the page alone
+    assert blog.page_reads(10_000, 5_000) == (11, 5_010)
+    assert blog.page_reads(10_000, 9_995) == (5, 10_000)
+    got = answers(blog.plan_blog(10_000, 5_000, 100, 50))
     assert got["index_reads"].value == 11 and got["offset_reads"].value == 5_010
-    assert service.front_page_reads(10_000) == 1 + 11 + 10  # the BlogIndex, the page and one more, its counters
+    assert blog.front_page_reads(10_000) == 1 + 11 + 10  # the BlogIndex, the page and one more, its counters
     assert got["hit_rate"].value == round(1 - 50 / (22 * 100), 4)
     assert got["post_rpcs"].value == 3 and got["posts_in_turn"].value == 1
-    assert answers(service.plan_blog(10, 0, 1, 1000))["hit_rate"].value == 0  # the budget covers every miss
+    assert answers(blog.plan_blog(10, 0, 1, 1000))["hit_rate"].value == 0  # the budget covers every miss
 
 
 def test_comments_headroom_and_bills_by_hand():
-    got = answers(service.plan_comments(20, 200, backend="legacy"))
+    got = answers(comments.plan_comments(20, 200, backend="legacy"))
     assert got["designed_headroom"].value == 10  # 200 writers x 1 write/s each / 20 comments/s
     assert got["shared_headroom"].value == 0.05  # 1 write/s / 20 comments/s
     assert got["counter_shards"].value == 20
     assert got["designed_bill"].value == 3.3 and got["shared_bill"].value == 2.1  # 2 reads 3 writes; 1 read 2 writes
-    assert answers(service.plan_comments(20, 200))["designed_bill"].value == 3.0  # Firestore: a blind count
+    assert answers(comments.plan_comments(20, 200))["designed_bill"].value == 3.0  # Firestore: a blind count
 
 
 def test_request_time_and_bill_by_hand():
-    got = answers(service.plan_request({"Lookup": 1, "RunQuery": 1}, cache_calls=2, reads=11))
+    got = answers(request.plan_request({"Lookup": 1, "RunQuery": 1}, cache_calls=2, reads=11))
     assert got["rpcs"].value == 2 and got["median_ms"].value == 14.5 + 19 + 2 * 1.0
     lookup, query = production_latency.LOOKUP, production_latency.RUN_QUERY
     assert got["p99_ms"].value == round(lookup.p99_ms + query.p99_ms + 2 * production_latency.CACHE.p99_ms, 1)
     assert got["usd_per_million"].value == 3.3
-    multi = answers(service.plan_request({"Commit": 1}, profile="multi-region"))
+    multi = answers(request.plan_request({"Commit": 1}, profile="multi-region"))
     assert multi["median_ms"].value == production_latency.MULTI_REGION_COMMIT.median_ms
-    assert answers(service.plan_request({}))["usd_per_million"].value == 0
+    assert answers(request.plan_request({}))["usd_per_million"].value == 0
 
 
 def test_each_plan_shows_its_arithmetic_and_whose_each_figure_is():
@@ -145,7 +145,7 @@ def test_the_openapi_document_states_the_planners_own_bounds():
     variants = [v for v in variants if v not in recorded]
     assert [v["properties"]["planner"]["const"] for v in variants] == list(service.PLANNERS)
     assert schemas["Plan"]["properties"]["planner"]["enum"] == list(service.PLANNERS)
-    assert set(schemas["Plan"]["properties"]["figures"]["items"]["properties"]["whose"]["enum"]) == set(service.WHOSE)
+    assert set(schemas["Plan"]["properties"]["figures"]["items"]["properties"]["whose"]["enum"]) == set(figures.WHOSE)
     for variant in variants:
         spec = service.PLANNERS[variant["properties"]["planner"]["const"]]
         inputs = schemas[variant["properties"]["inputs"]["$ref"].rsplit("/", 1)[1]]
@@ -194,12 +194,12 @@ def test_blog_page_bills_are_exactly_the_benchmarks():
     assert len(paged) == 4
     for heading in paged:
         for row in (row for row in sections[heading] if "depth" in row):
-            by_index, by_offset = service.page_reads(10_000, int(row["depth"]))
+            by_index, by_offset = blog.page_reads(10_000, int(row["depth"]))
             assert bill_cell(billing.Billed(reads=by_index)) == row["by index billed"], (heading, row)
             assert bill_cell(billing.Billed(reads=by_offset)) == row["by offset billed"], (heading, row)
         # the front page's table after it: rendered from Datastore on every view (no cache), what a miss bills
         rendered = next(row for row in sections[heading] if row.get("front page") == "datastore")
-        assert bill_cell(billing.Billed(reads=service.front_page_reads(10_000))) == rendered["billed per view"]
+        assert bill_cell(billing.Billed(reads=blog.front_page_reads(10_000))) == rendered["billed per view"]
 
 
 def test_comment_bills_are_exactly_the_benchmarks():
@@ -209,7 +209,7 @@ def test_comment_bills_are_exactly_the_benchmarks():
     for heading, rows in sections.items():
         if "variant" not in rows[0]:
             continue
-        designed, shared = service.comment_bills(backend_of(heading))
+        designed, shared = comments.comment_bills(backend_of(heading))
         by_variant = {row["variant"]: row["billed per comment, alone"] for row in rows}
         assert by_variant["designed"] == bill_cell(designed) == by_variant["ceiling"], heading
         assert by_variant["shared"] == bill_cell(shared), heading
@@ -229,10 +229,10 @@ def test_counter_bills_are_exactly_the_benchmarks():
         backend = backend_of(heading)
         for row in rows:
             if row["variant"] in ("general", "sized", "adaptive"):
-                assert row["billed per increment, alone"] == bill_cell(service.INCREMENT_BILL[backend]), row
+                assert row["billed per increment, alone"] == bill_cell(figures.INCREMENT_BILL[backend]), row
                 compared += 1
     assert compared == 12
-    twenty = answers(service.plan_counter(20, 1))
+    twenty = answers(counter.plan_counter(20, 1))
     assert twenty["shards"].value == 20
     summed = re.findall(r"summed from 20 shards [\d.]+ µs, billed (\d+ reads \(\$[\d.]+/M\))", text)
     assert summed and set(summed) == {bill_cell(billing.Billed(reads=20))}
@@ -247,8 +247,8 @@ def test_a_posts_critical_path_is_the_benchmarks():
                         r"model's medians", text)
     assert len(bounds) == 4
     for profile, rpcs, cache_calls, ms in bounds:
-        assert answers(service.plan_blog(10, 0, 1, 1))["post_rpcs"].value == int(rpcs)
-        plan = service.plan_request(dict(service.TRANSACTION), cache_calls=int(cache_calls),
+        assert answers(blog.plan_blog(10, 0, 1, 1))["post_rpcs"].value == int(rpcs)
+        plan = request.plan_request(dict(figures.TRANSACTION), cache_calls=int(cache_calls),
                                     profile=profile.split("=")[1])
         assert round(answers(plan)["median_ms"].value) == int(ms), profile
 
@@ -275,10 +275,10 @@ def test_page_times_and_bills_are_within_the_models_spread():
             cache_calls = int(row["cache calls, visitor / admin"].split("/")[0])
             bill = row["billed per view, visitor / admin"].split(" / ")[0]
             reads = int(bill.split(" read")[0]) if "read" in bill else 0
-            plan = service.plan_request(BUDGETS[path], cache_calls=cache_calls, reads=reads, profile=profile)
+            plan = request.plan_request(BUDGETS[path], cache_calls=cache_calls, reads=reads, profile=profile)
             assert int(row["Datastore RPCs, visitor / admin"].split("/")[0]) == answers(plan)["rpcs"].value, path
             assert bill_cell(billing.Billed(reads=reads)) == bill, path
-            trips = [(service.round_trip(m, profile), n) for m, n in BUDGETS[path].items()]
+            trips = [(figures.round_trip(m, profile), n) for m, n in BUDGETS[path].items()]
             trips.append((production_latency.CACHE, cache_calls))
             low = sum(trip.quantile_ms(0.01) * n for trip, n in trips)
             high = answers(plan)["p99_ms"].value + MACHINE_MS
@@ -388,16 +388,16 @@ def test_the_mapper_tree_by_hand():
     """10,000 entities, pages of 100, fan-out 4: the root lists 501 keys, keeps 100, hands out 4 pages and splits the
     9,500 beyond into 4 ranges of 2,375; each of those hands out 4 pages and splits 1,875 into 4 of 468 or 469, which
     keep 100 and hand out 3 pages and one of 68 or 69. Tasks 1 + 4 + 4 x (1 + 4) + 16 x (1 + 4) = 105, depth 4."""
-    tree = service.fan_out(10_000, 100, 4, 100)
+    tree = batch.fan_out(10_000, 100, 4, 100)
     assert (tree.tasks, tree.range_tasks, tree.handing, tree.depth) == (105, 21, 21, 4)
     assert tree.transactions == 105 and tree.path_rpcs == 3 * (1 + 3) + 3  # 3 levels' listing and first transaction
-    assert service.fan_out(24, 100, 4, 24) == service.Tree(1, 1, 0, 1, 1, 1 + 3)  # one page: one task
-    huge = service.fan_out(10**10, 1, 2, 24)  # the bounds' largest tree, computed by range size, not by task
+    assert batch.fan_out(24, 100, 4, 24) == batch.Tree(1, 1, 0, 1, 1, 1 + 3)  # one page: one task
+    huge = batch.fan_out(10**10, 1, 2, 24)  # the bounds' largest tree, computed by range size, not by task
     assert huge.tasks == 10**10 and huge.depth < 40
     # The walk: 100 pages, 5 transactions a page of 100 at 24 a transaction (legacy), and the empty page legacy asks
-    assert service.walk_critical_path(10_000, 100, 24, "legacy") == (101 + 3 * 500, 101)
-    assert service.walk_critical_path(10_000, 100, 100, "firestore") == (100 + 3 * 100, 100)
-    assert service.walk_critical_path(150, 100, 100, "legacy") == (2 + 3 * 2, 2)
+    assert batch.walk_critical_path(10_000, 100, 24, "legacy") == (101 + 3 * 500, 101)
+    assert batch.walk_critical_path(10_000, 100, 100, "firestore") == (100 + 3 * 100, 100)
+    assert batch.walk_critical_path(150, 100, 100, "legacy") == (2 + 3 * 2, 2)
 
 
 def test_batch_jobs_against_the_mapper_benchmark():
@@ -416,14 +416,14 @@ def test_batch_jobs_against_the_mapper_benchmark():
         if "variant" not in rows[0]:
             continue
         backend = backend_of(heading)
-        plan = answers(service.plan_batch(ACCOUNTS, PAGE, FANOUT, WORKERS, backend))
+        plan = answers(batch.plan_batch(ACCOUNTS, PAGE, FANOUT, WORKERS, backend))
         by_variant = {row["variant"]: row for row in rows}
         walk, fan = by_variant["one cursor walk"], by_variant[f"adaptive fan-out, {WORKERS} workers"]
         pipeline = next(row for row in rows if row["variant"].startswith("batch pipeline"))
         assert int(walk["critical path, RPCs"]) == plan["walk_rpcs"].value, heading
         assert walk["billed per job"] == bill_cell(billed_as(plan["walk_bill"].text)), heading
         assert pipeline["billed per job"] == bill_cell(billed_as(plan["pipeline_bill"].text)), heading
-        tree = service.fan_out(ACCOUNTS, PAGE, FANOUT, service.CHUNKS[backend])
+        tree = batch.fan_out(ACCOUNTS, PAGE, FANOUT, batch.CHUNKS[backend])
         if backend == "firestore":
             assert (int(fan["tasks"]), int(fan["tree depth"])) == (tree.tasks, tree.depth), heading
         else:
