@@ -1,5 +1,6 @@
 """A batch job over a kind: the mapper's fan-out (mapper/tree.py) against one cursor walk and a non-transactional
 batch pipeline: tree depth, tasks, critical path, wall time and bill."""
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -8,10 +9,44 @@ from accounts.credit import ADD_CREDIT
 from core import billing, production_latency
 from mapper.handoff import HANDED_BYTES
 from mapper.jobs import MAX_GROUPS
+from mapper.service import SAMPLES
 from planner import figures
 from planner.figures import Plan, calls_in_turn, priced, round_trip
 
 CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
+
+
+# The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs):
+# - its start (mapper/service.py start_job), before the root task is enqueued: its params checked (accounts/credit.py:
+#   keep_figures configures the job's two kept counters, a transaction each, even when they exist), the kind's last
+#   key and its __scatter__ samples (two queries), and the job with its root's record inserted in one transaction;
+# - the root's first read of the job (start_job has just written it: the ndb global cache has no copy yet; every later
+#   task reads it from the cache);
+# - its end (mapper/completion.py end_if_all_back), after the last task's last commit: the task records read one
+#   get_multi a level, then the transaction that ends the job, reading it and settling the credit onto a kept counter
+#   (its config and a shard: two lookups more).
+START_TRANSACTIONS = 2 + 1
+SETTLE_LOOKUPS = 2
+# The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
+# was reached (measured here: 300 keys one RunQuery, 301 to 600 two; Firestore's emulator answers 1,000 in one).
+LEGACY_BATCH = 300
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Calls that follow one another: RPCs by what they are, and the tasks (a create and a delivery each) between."""
+    queries: int = 0
+    lookups: int = 0
+    transactions: int = 0  # a BeginTransaction, a Lookup and a Commit each
+    hops: int = 0
+
+    @property
+    def rpcs(self) -> int:
+        return self.queries + self.lookups + sum(figures.TRANSACTION.values()) * self.transactions
+
+    def __add__(self, other: "Calls") -> "Calls":
+        return Calls(self.queries + other.queries, self.lookups + other.lookups,
+                     self.transactions + other.transactions, self.hops + other.hops)
 
 
 @dataclass(frozen=True)
@@ -23,7 +58,11 @@ class Tree:
     handing: int  # range tasks that handed pages out (each keeps them in a HandedPages entity)
     depth: int
     transactions: int  # chunks, each one transaction with the task's record
-    path_rpcs: int  # the longest chain of RPCs: each level's listing and first transaction, then a whole page
+    path: Calls  # the longest chain of calls: for a job, from its start to its end (`fan_out`)
+
+    @property
+    def path_rpcs(self) -> int:
+        return self.path.rpcs
 
 
 def transactions_for(entities: int, chunk: int) -> int:
@@ -31,16 +70,24 @@ def transactions_for(entities: int, chunk: int) -> int:
     return max(1, math.ceil(entities / chunk))
 
 
-def fan_out(entities: int, page: int, fanout: int, chunk: int) -> Tree:
-    """The tree over `entities`, from the shape of mapper/tree.py's _split (exact for evenly spread keys; on legacy
-    the ranges are cut at __scatter__ samples, which are not even). Memoised by range size: the ranges of one level
-    differ by one entity at most, so a tree of 10**10 entities is a few dozen distinct sizes."""
-    listed_most = page * (fanout + 1)
-    txn = sum(figures.TRANSACTION.values())
+def queries_for(listed: int, limit: int, backend: str) -> int:
+    """The RunQuery RPCs of a keys-only query that returns `listed` keys of at most `limit`."""
+    if backend == "firestore":
+        return 1
+    return math.ceil(listed / LEGACY_BATCH) if listed == limit else listed // LEGACY_BATCH + 1
+
+
+def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "firestore") -> Tree:
+    """The job's tree over `entities`, from the shape of mapper/tree.py's _split (exact for evenly spread keys; on
+    legacy the ranges are cut at __scatter__ samples, which are not even), and its critical path: the job's start, then
+    the longest chain of tasks (a child starts once its parent has listed its range and committed its first chunk;
+    the chain's last task does all its work), then the job's end, which follows the last task. Memoised by range size:
+    the ranges of one level differ by one entity at most, so a tree of 10**10 entities is a few dozen distinct sizes."""
+    listed_most = page * (fanout + 1) + 1  # a task lists its page, `fanout` pages more and one key
 
     def page_task(n: int) -> Tree:
         t = transactions_for(n, chunk)
-        return Tree(1, 0, 0, 1, t, txn * t)
+        return Tree(1, 0, 0, 1, t, Calls(transactions=t, hops=1))
 
     @functools.cache
     def range_task(n: int) -> Tree:
@@ -50,17 +97,23 @@ def fan_out(entities: int, page: int, fanout: int, chunk: int) -> Tree:
         rest = n - own - handed_keys
         children = [page_task(size) for size in handed]
         if rest:
-            parts = max(1, min(fanout, math.ceil(2 * rest / listed_most)))
+            parts = max(1, min(fanout, math.ceil(2 * rest / (listed_most - 1))))
             children += [range_task(rest // parts + (i < rest % parts)) for i in range(parts)]
         t = transactions_for(own, chunk)
+        listing = Calls(queries=queries_for(min(n, listed_most), listed_most, backend), hops=1)
         # Its children start once its listing and its first chunk's transaction are done.
-        path = max([1 + txn * t] + [1 + txn + c.path_rpcs for c in children])
+        path = max([listing + Calls(transactions=t)] + [listing + Calls(transactions=1) + c.path for c in children],
+                   key=lambda calls: calls.rpcs)
         return Tree(1 + sum(c.tasks for c in children), 1 + sum(c.range_tasks for c in children),
                     (1 if handed else 0) + sum(c.handing for c in children),
                     1 + max((c.depth for c in children), default=0),
                     t + sum(c.transactions for c in children), path)
 
-    return range_task(entities)
+    tree = range_task(entities)
+    samples = min(entities, SAMPLES)  # the legacy emulator samples about half of a small kind here: as many as asked
+    start = Calls(queries=1 + queries_for(samples, SAMPLES, backend), transactions=START_TRANSACTIONS)
+    end = Calls(lookups=tree.depth + SETTLE_LOOKUPS, transactions=1)
+    return dataclasses.replace(tree, path=start + Calls(lookups=1) + tree.path + end)
 
 
 def walk_critical_path(entities: int, page: int, chunk: int, backend: str) -> tuple[int, int]:
@@ -87,16 +140,21 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                         f"accounts/credit.py CREDIT_CHUNK: legacy's {MAX_GROUPS} entity groups a transaction, less "
                         "the task's record" if backend == "legacy" else "accounts/credit.py ACCOUNTS_CHUNK_FIRESTORE")
     chunk = int(chunk)
-    tree = fan_out(entities, page_size, fanout, chunk)
+    tree = fan_out(entities, page_size, fanout, chunk, backend)
     plan.line(f"the tree: each range task lists its page and {fanout} pages more, hands those out and splits the "
               f"rest {fanout} ways: {tree.tasks} tasks ({tree.range_tasks} listing a range), depth {tree.depth} "
               f"(if the {fanout * page_size} keys handed out fit a task's {HANDED_BYTES:,} bytes, mapper/handoff.py; "
               "fewer pages handed out make a deeper tree)")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
-    plan.line(f"its critical path: {tree.depth - 1} levels x (1 listing + 3 for the first transaction) + the last "
-              f"page's transactions = {tree.path_rpcs} RPCs (the job's own reads and its end are not counted)")
-    plan.answer("critical_rpcs", "Fan-out: critical path, RPCs (at least)", tree.path_rpcs, f"{tree.path_rpcs} RPCs")
+    path = tree.path
+    plan.line(f"its critical path: the job's start (2 queries, {START_TRANSACTIONS} transactions: its counters and "
+              f"itself), the root's first read of the job, then down the longest chain of {path.hops} tasks each "
+              "task's listing and first transaction (its children start then), the last one's whole page, then the "
+              f"job's end ({tree.depth} reads of the records, a level each, and its transaction with {SETTLE_LOOKUPS} "
+              f"reads to settle): {path.queries} queries + {path.lookups} lookups + 3 x {path.transactions} "
+              f"transactions = {path.rpcs} RPCs")
+    plan.answer("critical_rpcs", "Fan-out: critical path, RPCs", path.rpcs, f"{path.rpcs} RPCs")
 
     median_ms = {m: round_trip(m, profile).median_ms for m in ("RunQuery", *figures.TRANSACTION)}
     txn_ms = sum(median_ms[m] for m in figures.TRANSACTION)
@@ -105,8 +163,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                        ("Cloud Tasks delivery", production_latency.TASK_DELIVERY)):
         plan.figure(name, trip.median_ms, "ms", "inference", production_latency.SOURCES[name])
     calls_in_turn(plan, {"RunQuery": 1, **figures.TRANSACTION}, 0, profile, "a listing and a transaction")
-    path_ms = (tree.depth - 1) * (median_ms["RunQuery"] + txn_ms + hop_ms) + (
-        tree.path_rpcs - (tree.depth - 1) * 4) / 3 * txn_ms
+    path_ms = (path.queries * median_ms["RunQuery"] + path.lookups * median_ms["Lookup"] + path.transactions * txn_ms
+               + path.hops * hop_ms)
     work_ms = tree.range_tasks * median_ms["RunQuery"] + tree.transactions * txn_ms + tree.tasks * hop_ms
     wall_s = max(path_ms, work_ms / instances) / 1000
     plan.line(f"its wall time: the longer of the critical path ({path_ms / 1000:.2f} s with each task's create and "
