@@ -1,9 +1,15 @@
 """A counter written so many times a second at peak: the shards it needs, what an increment and a total read cost,
 and when the adaptive counter (counters/growth.py) would reach that size."""
+import functools
 import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 from core import billing
 from core.costs import plural
+from core.features import REPO
+from core.tables import markdown_tables
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS, MAX_SHARDS
 from planner import figures
@@ -12,6 +18,38 @@ from planner.figures import Plan, calls_in_turn, priced, sustained_rate
 # What an increment sends, by backend: on Firestore a blind server-side increment (one Commit, no read); on legacy a
 # transaction that reads its shard (counters/writes.py).
 INCREMENT_RPCS = {"firestore": {"Commit": 1}, "legacy": figures.TRANSACTION}
+
+# What this machine's counters benchmark measured one shard take: its `single` row (a general counter of one shard,
+# written the app's way: a transaction on legacy, a blind increment on Firestore) under each profile of the latency
+# model. bench/ is not deployed (.gcloudignore): there the file is absent, and the answer says so.
+COUNTERS_RESULTS = REPO / "bench" / "results" / "counters.md"
+ONE_SHARD = "single"
+
+
+@dataclass(frozen=True)
+class Measured:
+    per_shard: float  # increments committed a second
+    writers: int
+    date: str  # when the benchmark ran
+
+
+@functools.cache
+def measured_per_shard(path: Path) -> dict[tuple[str, str], Measured]:
+    """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process, not
+    once per request (the talk's first lesson); {} where there is no such file (a deployment)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    date = re.search(r"\d{4}-\d{2}-\d{2}", text)
+    found = {}
+    for heading, rows in markdown_tables(text).items():
+        backend = "firestore" if heading.startswith("Firestore") else "legacy"
+        profile = heading.partition("LATENCY=")[2]
+        row = next((row for row in rows if row.get("variant") == ONE_SHARD), None)
+        if profile and row and date:
+            found[(backend, profile)] = Measured(float(row["commits/s"]), int(row["writers"]), date[0])
+    return found
 
 
 def adaptive_growth(shards: int, attempts_per_second: float) -> tuple[int, int, float]:
@@ -40,6 +78,23 @@ def plan_counter(writes_per_second: int, peak_seconds: int, backend: str = "fire
                 f"{shards} shards" + ("" if shards <= MAX_SHARDS else
                                       f": more than one counter here may have ({MAX_SHARDS}); split it"))
     plan.figure("most shards a counter may have", MAX_SHARDS, "shards", "app", "counters/models.py MAX_SHARDS")
+    measured = measured_per_shard(COUNTERS_RESULTS).get((backend, profile))
+    if measured is None:
+        plan.line(f"one shard as this machine's benchmark measured it: not measured in this deployment "
+                  f"({COUNTERS_RESULTS.relative_to(REPO)} is not deployed)")
+        plan.answer("bench_shards", "Shards needed (this machine's benchmark)", None,
+                    "not measured in this deployment: production's guidance above decides")
+    else:
+        per_shard = plan.figure(f"one shard's increments a second, {measured.writers} writers", measured.per_shard,
+                                "increments/s", "bench", f"{COUNTERS_RESULTS.relative_to(REPO)}, {measured.date}, "
+                                f"LATENCY={profile}, `{ONE_SHARD}` (a general counter of one shard)")
+        bench_shards = math.ceil(writes_per_second / per_shard)
+        plan.line(f"shards by this machine's benchmark = ceil({writes_per_second} / {per_shard:g} increments/s a "
+                  f"shard) = {bench_shards}")
+        plan.answer("bench_shards", "Shards needed (this machine's benchmark)", bench_shards,
+                    f"{plural(bench_shards, 'shard')} at {per_shard:g}/s a shard, measured {measured.date}" +
+                    (": the emulator does not hold a shard to production's one write a second; the guidance decides"
+                     if bench_shards < shards else ""))
 
     rpcs = INCREMENT_RPCS[backend]
     median, p99 = calls_in_turn(plan, rpcs, 0, profile, f"one increment on {backend} ({', '.join(rpcs)})")

@@ -28,6 +28,7 @@ WHOSE = {
     "model": "the latency model's (a published measurement)",
     "inference": "the latency model's (an inference: no source measures it)",
     "app": "this app's code",
+    "bench": "this machine's benchmark (bench/results)",
 }
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from bench.harness import bill_cell
 from core import billing, production_latency
+from core.tables import markdown_tables_in
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
 from planner import batch, blog, comments, counter, figures, request, service
@@ -168,19 +169,7 @@ def test_the_openapi_document_states_the_planners_own_bounds():
 
 def tables(name):
     """{section heading: [row as {column: cell}]} of each markdown table in bench/results/<name>."""
-    found, heading, header = {}, "", None
-    for line in (RESULTS / name).read_text(encoding="utf-8").splitlines():
-        if line.startswith("## "):
-            heading, header = line[3:], None
-        elif line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if header is None:
-                header = cells
-            elif not set(line) <= set("|- "):
-                found.setdefault(heading, []).append(dict(zip(header, cells, strict=True)))
-        else:
-            header = None
-    return found
+    return markdown_tables_in(RESULTS / name)
 
 
 def backend_of(heading):
@@ -237,6 +226,36 @@ def test_counter_bills_are_exactly_the_benchmarks():
     summed = re.findall(r"summed from 20 shards [\d.]+ µs, billed (\d+ reads \(\$[\d.]+/M\))", text)
     assert summed and set(summed) == {bill_cell(billing.Billed(reads=20))}
     assert twenty["total_read"].value == billing.Billed(reads=20).usd_per_million()
+
+
+def test_the_counter_planner_quotes_one_shards_measured_rate():
+    """The shards by this machine's benchmark: bench/results/counters.md's one-shard row (`single`, a general counter
+    of one shard) under the profile asked, on the backend asked, read once per process, not per request."""
+    compared = 0
+    counter.measured_per_shard.cache_clear()
+    for heading, rows in tables("counters.md").items():
+        if "LATENCY=" not in heading:
+            continue
+        row = next(row for row in rows if row["variant"] == "single")
+        plan = counter.plan_counter(50, 600, backend_of(heading), heading.split("LATENCY=")[1])
+        measured = next(f for f in plan.figures if f.whose == "bench")
+        assert measured.value == float(row["commits/s"]) and measured.unit == "increments/s", heading
+        assert measured.source.startswith("bench/results/counters.md, 20") and "`single`" in measured.source
+        assert answers(plan)["bench_shards"].value == math.ceil(50 / float(row["commits/s"])), heading
+        compared += 1
+    assert compared >= 4
+    assert counter.measured_per_shard.cache_info().misses == 1  # the file read once, however many plans
+
+
+def test_the_counter_planner_without_the_benchmark_says_so(monkeypatch, tmp_path):
+    """bench/ is not deployed: there the answer still works, and says the figure was not measured."""
+    monkeypatch.setattr(counter, "COUNTERS_RESULTS", tmp_path / "bench" / "results" / "counters.md")
+    monkeypatch.setattr(counter, "REPO", tmp_path)
+    plan = counter.plan_counter(50, 600, "legacy")
+    got = answers(plan)
+    assert got["bench_shards"].value is None and "not measured in this deployment" in got["bench_shards"].text
+    assert got["shards"].value == 50 and "bench" not in {f.whose for f in plan.figures}
+    assert service.plan("counter", {"writes_per_second": 5, "peak_seconds": 1})["answers"]
 
 
 def test_a_posts_critical_path_is_the_benchmarks():
