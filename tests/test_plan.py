@@ -17,7 +17,7 @@ from core.tables import markdown_tables_in
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
 from planner import batch, blog, comments, counter, figures, request, service
-from tests.support import csrf_token
+from tests.support import csrf_token, timing
 from tests.test_budgets import BUDGETS
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -347,6 +347,28 @@ def test_a_recorded_request_is_planned_for_admins_only(client, auth):
     assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 403
     auth.sign_out()
     assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 401
+
+
+def test_an_admin_picks_a_recorded_request_from_the_list_on_the_page(client, auth):
+    """/numbers lists the requests /appstats recorded, for admins only (it says who asked for what), read from the
+    cache: the page still reads one entity (its Lookup, tests/test_budgets.py) and writes nothing. The one picked is
+    planned as the API plans its id."""
+    assert "data-recorded" not in client.get("/numbers").get_data(as_text=True)  # a visitor: no list
+    auth.admin()
+    assert client.get("/api/numbers").status_code == 404  # one Lookup, recorded by Appstats
+    read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/api/numbers")
+    page = client.get("/numbers")
+    html = page.get_data(as_text=True)
+    assert "data-recorded" in html and f'<option value="{read["id"]}">GET /api/numbers: 1 RPC,' in html
+    spent = timing(page)["datastore"]
+    assert spent[:2] == (1, {"Lookup": 1}), spent  # the list is the cache's: no Datastore RPC more, no write
+    r = client.post("/numbers/plan", data={"csrf_token": csrf_token(client, "/numbers"), "planner": "request",
+                                           "appstats": str(read["id"]), "profile": "production"})
+    html = r.get_data(as_text=True)
+    assert r.status_code == 200 and 'data-plan="request"' in html
+    assert f"request {read['id']}, GET /api/numbers" in html and f'<option value="{read["id"]}" selected>' in html
+    auth.sign_in()
+    assert "data-recorded" not in client.get("/numbers").get_data(as_text=True)  # signed in, not an admin
 
 
 def test_api_needs_a_json_body(client):
