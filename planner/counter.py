@@ -87,7 +87,7 @@ def plan_counter(writes_per_second: int, peak_seconds: int, backend: str = "fire
     else:
         per_shard = plan.figure(f"one shard's increments a second, {measured.writers} writers", measured.per_shard,
                                 "increments/s", "bench", f"{COUNTERS_RESULTS.relative_to(REPO)}, {measured.date}, "
-                                f"LATENCY={profile}, `{ONE_SHARD}` (a general counter of one shard)")
+                                f"LATENCY={profile}, its {ONE_SHARD} row (a general counter of one shard)")
         bench_shards = math.ceil(writes_per_second / per_shard)
         plan.line(f"shards by this machine's benchmark = ceil({writes_per_second} / {per_shard:g} increments/s a "
                   f"shard) = {bench_shards}")

@@ -240,7 +240,7 @@ def test_the_counter_planner_quotes_one_shards_measured_rate():
         plan = counter.plan_counter(50, 600, backend_of(heading), heading.split("LATENCY=")[1])
         measured = next(f for f in plan.figures if f.whose == "bench")
         assert measured.value == float(row["commits/s"]) and measured.unit == "increments/s", heading
-        assert measured.source.startswith("bench/results/counters.md, 20") and "`single`" in measured.source
+        assert measured.source.startswith("bench/results/counters.md, 20") and "its single row" in measured.source
         assert answers(plan)["bench_shards"].value == math.ceil(50 / float(row["commits/s"])), heading
         compared += 1
     assert compared >= 4
