@@ -30,8 +30,11 @@ PAGES = (
     ("comments.png", "/blog/demo/{newest}?page=last#comments", 900, False, "#comments li.comment"),
     ("jobs.png", "/jobs/{job}", 900, False, "#job"),
     ("accounts.png", "/accounts", 700, False, ".total"),
-    ("numbers.png", "/numbers", 900, True, "table.numbers"),
+    ("numbers.png", "/numbers", 1300, False, "table.numbers"),
 )
+# Pages shown after a form of theirs is sent: the numbers page with a planner's worked example answered (the form's
+# defaults), scrolled to the answer as the form's action leaves it.
+SENT = {"numbers.png": ('form[data-planner="counter"] button[type="submit"]', '[data-plan="counter"]')}
 # Taken from a second app on the same stack under the production latency model (LATENCY=production), where the
 # waits the timelines show are production's size: a post's request (its transaction's staircase) and a job's tasks.
 TIMELINES = (
@@ -69,6 +72,10 @@ def _take(page, shots, manifest, **ids):
         page.goto(path.format(**ids))  # once to fill the caches, as a visitor before
         page.reload()
         page.wait_for_selector(ready)
+        if name in SENT:
+            button, answered = SENT[name]
+            page.click(button)
+            page.wait_for_selector(answered)
         page.screenshot(path=DOCS / name, full_page=full)
         manifest[name] = {"path": path, **shown(page)}
         print(f"docs/{name}  {path}", flush=True)

@@ -1,0 +1,202 @@
+"""A batch job over a kind: the mapper's fan-out (mapper/tree.py) against one cursor walk and a non-transactional
+batch pipeline: tree depth, tasks, critical path, wall time and bill."""
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+from accounts.credit import ADD_CREDIT
+from core import billing, production_latency
+from mapper.handoff import HANDED_BYTES
+from mapper.jobs import MAX_GROUPS
+from mapper.service import SAMPLES
+from planner import figures
+from planner.figures import Plan, calls_in_turn, priced, round_trip
+
+CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
+
+
+# The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs):
+# - its start (mapper/service.py start_job), before the root task is enqueued: its params checked (accounts/credit.py:
+#   keep_figures configures the job's two kept counters, a transaction each, even when they exist), the kind's last
+#   key and its __scatter__ samples (two queries), and the job with its root's record inserted in one transaction;
+# - the root's first read of the job (start_job has just written it: the ndb global cache has no copy yet; every later
+#   task reads it from the cache);
+# - its end (mapper/completion.py end_if_all_back), after the last task's last commit: the task records read one
+#   get_multi a level, then the transaction that ends the job, reading it and settling the credit onto a kept counter
+#   (its config and a shard: two lookups more).
+START_TRANSACTIONS = 2 + 1
+SETTLE_LOOKUPS = 2
+# The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
+# was reached (measured here: 300 keys one RunQuery, 301 to 600 two; Firestore's emulator answers 1,000 in one).
+LEGACY_BATCH = 300
+
+
+@dataclass(frozen=True)
+class Calls:
+    """Calls that follow one another: RPCs by what they are, and the tasks (a create and a delivery each) between."""
+    queries: int = 0
+    lookups: int = 0
+    transactions: int = 0  # a BeginTransaction, a Lookup and a Commit each
+    hops: int = 0
+
+    @property
+    def rpcs(self) -> int:
+        return self.queries + self.lookups + sum(figures.TRANSACTION.values()) * self.transactions
+
+    def __add__(self, other: "Calls") -> "Calls":
+        return Calls(self.queries + other.queries, self.lookups + other.lookups,
+                     self.transactions + other.transactions, self.hops + other.hops)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The mapper's tree over evenly spread keys, as mapper/tree.py cuts it (each range task lists its page and
+    `fanout` pages more, hands those out whole, and splits what lies beyond into up to `fanout` ranges)."""
+    tasks: int
+    range_tasks: int  # tasks that list their range (a keys-only query each)
+    handing: int  # range tasks that handed pages out (each keeps them in a HandedPages entity)
+    depth: int
+    transactions: int  # chunks, each one transaction with the task's record
+    path: Calls  # the longest chain of calls: for a job, from its start to its end (`fan_out`)
+
+    @property
+    def path_rpcs(self) -> int:
+        return self.path.rpcs
+
+
+def transactions_for(entities: int, chunk: int) -> int:
+    """A page's transactions: one a chunk, and an empty page still one (its record)."""
+    return max(1, math.ceil(entities / chunk))
+
+
+def queries_for(listed: int, limit: int, backend: str) -> int:
+    """The RunQuery RPCs of a keys-only query that returns `listed` keys of at most `limit`."""
+    if backend == "firestore":
+        return 1
+    return math.ceil(listed / LEGACY_BATCH) if listed == limit else listed // LEGACY_BATCH + 1
+
+
+def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "firestore") -> Tree:
+    """The job's tree over `entities`, from the shape of mapper/tree.py's _split (exact for evenly spread keys; on
+    legacy the ranges are cut at __scatter__ samples, which are not even), and its critical path: the job's start, then
+    the longest chain of tasks (a child starts once its parent has listed its range and committed its first chunk;
+    the chain's last task does all its work), then the job's end, which follows the last task. Memoised by range size:
+    the ranges of one level differ by one entity at most, so a tree of 10**10 entities is a few dozen distinct sizes."""
+    listed_most = page * (fanout + 1) + 1  # a task lists its page, `fanout` pages more and one key
+
+    def page_task(n: int) -> Tree:
+        t = transactions_for(n, chunk)
+        return Tree(1, 0, 0, 1, t, Calls(transactions=t, hops=1))
+
+    @functools.cache
+    def range_task(n: int) -> Tree:
+        own = min(page, n)
+        handed_keys = min(n - own, page * fanout)
+        handed = [page] * (handed_keys // page) + ([handed_keys % page] if handed_keys % page else [])
+        rest = n - own - handed_keys
+        children = [page_task(size) for size in handed]
+        if rest:
+            parts = max(1, min(fanout, math.ceil(2 * rest / (listed_most - 1))))
+            children += [range_task(rest // parts + (i < rest % parts)) for i in range(parts)]
+        t = transactions_for(own, chunk)
+        listing = Calls(queries=queries_for(min(n, listed_most), listed_most, backend), hops=1)
+        # Its children start once its listing and its first chunk's transaction are done.
+        path = max([listing + Calls(transactions=t)] + [listing + Calls(transactions=1) + c.path for c in children],
+                   key=lambda calls: calls.rpcs)
+        return Tree(1 + sum(c.tasks for c in children), 1 + sum(c.range_tasks for c in children),
+                    (1 if handed else 0) + sum(c.handing for c in children),
+                    1 + max((c.depth for c in children), default=0),
+                    t + sum(c.transactions for c in children), path)
+
+    tree = range_task(entities)
+    samples = min(entities, SAMPLES)  # the legacy emulator samples about half of a small kind here: as many as asked
+    start = Calls(queries=1 + queries_for(samples, SAMPLES, backend), transactions=START_TRANSACTIONS)
+    end = Calls(lookups=tree.depth + SETTLE_LOOKUPS, transactions=1)
+    return dataclasses.replace(tree, path=start + Calls(lookups=1) + tree.path + end)
+
+
+def walk_critical_path(entities: int, page: int, chunk: int, backend: str) -> tuple[int, int]:
+    """(RPCs of one cursor walk, all in turn; its queries): a keys-only query a page, and a transaction of 3 RPCs a
+    chunk. The legacy emulator answers a full last page "maybe more", so there the walk asks once more (an empty
+    page); Firestore's says it was the last."""
+    full, left = divmod(entities, page)
+    queries = math.ceil(entities / page) + (1 if backend == "legacy" and not left else 0)
+    transactions = full * math.ceil(page / chunk) + math.ceil(left / chunk)
+    return queries + sum(figures.TRANSACTION.values()) * transactions, queries
+
+
+def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backend: str = "firestore",
+               profile: str = "production") -> Plan:
+    """A job visiting `entities` of a kind (add_credit's chunks) in pages of `page_size`: the mapper's tree (depth,
+    tasks, critical path, wall time with `instances` tasks at once, bill) against one cursor walk and a
+    non-transactional batch pipeline."""
+    plan = Plan("batch", {"entities": entities, "page_size": page_size, "fanout": fanout, "instances": instances,
+                          "backend": backend, "profile": profile})
+    for name, value, unit in (("entities", entities, "entities"), ("page size", page_size, "entities"),
+                              ("fan-out", fanout, "ranges"), ("tasks at once", instances, "tasks")):
+        plan.figure(name, value, unit, "yours", "")
+    chunk = plan.figure("entities a transaction", CHUNKS[backend], "entities", "app",
+                        f"accounts/credit.py CREDIT_CHUNK: legacy's {MAX_GROUPS} entity groups a transaction, less "
+                        "the task's record" if backend == "legacy" else "accounts/credit.py ACCOUNTS_CHUNK_FIRESTORE")
+    chunk = int(chunk)
+    tree = fan_out(entities, page_size, fanout, chunk, backend)
+    plan.line(f"the tree: each range task lists its page and {fanout} pages more, hands those out and splits the "
+              f"rest {fanout} ways: {tree.tasks} tasks ({tree.range_tasks} listing a range), depth {tree.depth} "
+              f"(if the {fanout * page_size} keys handed out fit a task's {HANDED_BYTES:,} bytes, mapper/handoff.py; "
+              "fewer pages handed out make a deeper tree)")
+    plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
+    plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
+    path = tree.path
+    plan.line(f"its critical path: the job's start (2 queries, {START_TRANSACTIONS} transactions: its counters and "
+              f"itself), the root's first read of the job, then down the longest chain of {path.hops} tasks each "
+              "task's listing and first transaction (its children start then), the last one's whole page, then the "
+              f"job's end ({tree.depth} reads of the records, a level each, and its transaction with {SETTLE_LOOKUPS} "
+              f"reads to settle): {path.queries} queries + {path.lookups} lookups + 3 x {path.transactions} "
+              f"transactions = {path.rpcs} RPCs")
+    plan.answer("critical_rpcs", "Fan-out: critical path, RPCs", path.rpcs, f"{path.rpcs} RPCs")
+
+    median_ms = {m: round_trip(m, profile).median_ms for m in ("RunQuery", *figures.TRANSACTION)}
+    txn_ms = sum(median_ms[m] for m in figures.TRANSACTION)
+    hop_ms = production_latency.TASK_CREATE.median_ms + production_latency.TASK_DELIVERY.median_ms
+    for name, trip in (("Cloud Tasks create", production_latency.TASK_CREATE),
+                       ("Cloud Tasks delivery", production_latency.TASK_DELIVERY)):
+        plan.figure(name, trip.median_ms, "ms", "inference", production_latency.SOURCES[name])
+    calls_in_turn(plan, {"RunQuery": 1, **figures.TRANSACTION}, 0, profile, "a listing and a transaction")
+    path_ms = (path.queries * median_ms["RunQuery"] + path.lookups * median_ms["Lookup"] + path.transactions * txn_ms
+               + path.hops * hop_ms)
+    work_ms = tree.range_tasks * median_ms["RunQuery"] + tree.transactions * txn_ms + tree.tasks * hop_ms
+    wall_s = max(path_ms, work_ms / instances) / 1000
+    plan.line(f"its wall time: the longer of the critical path ({path_ms / 1000:.2f} s with each task's create and "
+              f"delivery) and all the work ({work_ms / 1000:.1f} s) over {instances} tasks at once = {wall_s:.2f} s")
+    plan.answer("wall_s", "Fan-out: wall time, model medians, s", round(wall_s, 2), f"{wall_s:.2f} s")
+
+    fan_bill = billing.Billed(reads=entities + tree.transactions + tree.range_tasks + tree.tasks,
+                              writes=entities + tree.transactions + tree.handing)
+    plan.line(f"its bill: reads = {entities} entities + {tree.transactions} record reads (one a transaction) + "
+              f"{tree.range_tasks} listings + {tree.tasks} records summed at the end; writes = {entities} + "
+              f"{tree.transactions} records + {tree.handing} handed-out pages")
+    usd = priced(plan, fan_bill, "the fan-out is billed")
+    plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd / 1_000_000, 4),
+                f"{fan_bill.describe()}: ${usd / 1_000_000:.4f} a job")
+
+    walk, queries = walk_critical_path(entities, page_size, chunk, backend)
+    walk_ms = queries * median_ms["RunQuery"] + (walk - queries) / 3 * txn_ms
+    plan.line(f"one cursor walk: {queries} page queries + 3 x {(walk - queries) // 3} transactions = {walk} RPCs in "
+              f"turn, {walk_ms / 1000:.1f} s at the model's medians")
+    plan.answer("walk_rpcs", "One cursor walk: critical path, RPCs", walk, f"{walk} RPCs, {walk_ms / 1000:.1f} s")
+    walk_bill = billing.Billed(reads=entities + queries, writes=entities)
+    usd = priced(plan, walk_bill, "the walk is billed (a keys-only page query is one read)")
+    plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd / 1_000_000, 4),
+                f"{walk_bill.describe()}: ${usd / 1_000_000:.4f} a job")
+
+    pipeline = billing.Billed(reads=entities, writes=entities)
+    usd = priced(plan, pipeline, "a batch pipeline (every entity read, then written in batches, no transaction)")
+    plan.answer("pipeline_bill", "Batch pipeline: billed, USD a job", round(usd / 1_000_000, 4),
+                f"{pipeline.describe()}: ${usd / 1_000_000:.4f} a job")
+    twice = entities // 2
+    plan.line(f"the pipeline failing half way and run again credits what it had written twice: {entities} / 2 = "
+              f"{twice} at least (workers in flight write more); the fan-out resumes each task from its record")
+    plan.answer("pipeline_twice", "Batch pipeline failing half way: entities credited twice", twice,
+                f"{twice} at least; the fan-out none")
+    return plan

@@ -1,0 +1,142 @@
+"""What every planner shares: a `Plan` (its figures, each saying whose it is; its answers; its arithmetic as lines a
+person can follow), the latency model's round trips added up in turn, the bill priced, and the few figures more than
+one planner divides by. Every figure is imported from where the app keeps it: core/production_latency.py for the
+model's round trips, core/billing.py for the prices, Google's guidance as the features' caveats cite it.
+"""
+from dataclasses import dataclass, field
+from typing import Any
+
+from core import billing, production_latency
+from counters.production import CAVEATS as COUNTER_CAVEATS
+
+# Google's guidance for one entity: about one sustained write a second (the counters' caveat, with its source). The
+# guidance is a rate, so the planner divides by it rather than copying it into each answer.
+SUSTAINED_WRITES_PER_ENTITY = 1
+SUSTAINED_WRITES_SOURCE = COUNTER_CAVEATS[0].source
+
+# What each of the app's writes sends, by backend: on Firestore an increment is a blind server-side increment (one
+# Commit, no read); on legacy a transaction that reads its shard (counters/writes.py). A transaction on one entity
+# group holds it from its Lookup to its Commit: the writes to it follow one another.
+TRANSACTION = {"BeginTransaction": 1, "Lookup": 1, "Commit": 1}
+INCREMENT_BILL = {"firestore": billing.Billed(writes=1), "legacy": billing.Billed(reads=1, writes=1)}
+BACKENDS = ("firestore", "legacy")
+PROFILES = production_latency.PROFILES
+
+WHOSE = {
+    "yours": "your input",
+    "production": "production's (Google's guidance or bill)",
+    "model": "the latency model's (a published measurement)",
+    "inference": "the latency model's (an inference: no source measures it)",
+    "app": "this app's code",
+    "bench": "this machine's benchmark (bench/results)",
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float
+    unit: str
+    whose: str  # a key of WHOSE
+    source: str  # a link, a file of this app, or the model's source in words
+
+
+@dataclass(frozen=True)
+class Answer:
+    name: str
+    label: str
+    value: float | None  # None: no such figure (an adaptive counter that never reaches the size asked)
+    text: str
+
+
+@dataclass
+class Plan:
+    planner: str
+    inputs: dict[str, Any]
+    figures: list[Figure] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
+    arithmetic: list[str] = field(default_factory=list)
+
+    def figure(self, name: str, value: float, unit: str, whose: str, source: str) -> float:
+        """`value`, listed among the plan's figures once however often the arithmetic uses it."""
+        figure = Figure(name, value, unit, whose, source)
+        if figure not in self.figures:
+            self.figures.append(figure)
+        return value
+
+    def answer(self, name: str, label: str, value: float | None, text: str) -> float | None:
+        self.answers.append(Answer(name, label, value, text))
+        return value
+
+    def line(self, text: str) -> None:
+        self.arithmetic.append(text)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"planner": self.planner, "inputs": self.inputs,
+                "figures": [{"name": f.name, "value": f.value, "unit": f.unit, "whose": f.whose,
+                             "whose_label": WHOSE[f.whose], "source": f.source} for f in self.figures],
+                "answers": [{"name": a.name, "label": a.label, "value": a.value, "text": a.text}
+                            for a in self.answers],
+                "arithmetic": self.arithmetic}
+
+
+# --- the model's round trips -----------------------------------------------------------------------------------------
+
+def round_trip(method: str, profile: str) -> production_latency.RoundTrip:
+    """The model's round trip of a Datastore RPC (or "cache") under `profile`."""
+    if method == "cache":
+        return production_latency.CACHE
+    return production_latency.PROFILE_DATASTORE[profile].get(method, production_latency.UNKNOWN_RPC)
+
+
+def trip_source(method: str, profile: str) -> tuple[str, str]:
+    """(whose, source) of a round trip's figure: the model's published measurement, or an inference."""
+    if method == "cache":
+        source = production_latency.SOURCES["cache call (through the VPC connector)"]
+    elif round_trip(method, profile) is production_latency.MULTI_REGION_COMMIT:
+        source = production_latency.SOURCES_MULTI_REGION_COMMIT
+    else:
+        source = production_latency.SOURCES.get(method, production_latency.SOURCES["RunQuery"])
+    return ("inference" if "inference" in source else "model"), source
+
+
+def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: str, what: str) -> tuple[float, float]:
+    """(median ms, p99 ms) of `rpcs` and `cache_calls` made one after another, each figure added to `plan`: the
+    medians summed (the model's typical wait), and every call at its p99 (a bound on a slow request)."""
+    median = p99 = 0.0
+    terms = []
+    for method, n in [*rpcs.items(), ("cache", cache_calls)]:
+        if not n:
+            continue
+        trip = round_trip(method, profile)
+        whose, source = trip_source(method, profile)
+        plan.figure(f"{method} round trip, median", trip.median_ms, "ms", whose, source)
+        plan.figure(f"{method} round trip, p99", round(trip.p99_ms, 1), "ms", whose, production_latency.TAIL_SOURCE)
+        median += n * trip.median_ms
+        p99 += n * trip.p99_ms
+        terms.append(f"{n} x {method} {trip.median_ms:g} ms (p99 {trip.p99_ms:.1f})")
+        if method == "RunAggregationQuery":  # the model adds a wait per entry counted, which no input here says
+            plan.figure("an aggregation's wait per 1,000 index entries counted",
+                        production_latency.SCAN_MS_PER_1000_ENTRIES, "ms", "inference",
+                        production_latency.SOURCES["RunAggregationQuery"])
+            terms.append(f"{production_latency.SCAN_MS_PER_1000_ENTRIES:g} ms per 1,000 entries each counts (not "
+                         "counted here: at least)")
+    plan.line(f"{what}: " + (" + ".join(terms) or "no calls") + f" = {median:.1f} ms at the medians, "
+              f"{p99:.1f} ms if each waited its p99")
+    return median, p99
+
+
+def sustained_rate(plan: Plan) -> float:
+    """Google's guidance of about one sustained write a second to one entity, listed among `plan`'s figures."""
+    return plan.figure("sustained writes a second to one entity", SUSTAINED_WRITES_PER_ENTITY, "writes/s",
+                       "production", SUSTAINED_WRITES_SOURCE)
+
+
+def priced(plan: Plan, billed: billing.Billed, what: str) -> float:
+    """`billed` priced a million times, with the prices as figures of `plan`."""
+    for kind, n in (("reads", billed.reads), ("writes", billed.writes), ("deletes", billed.deletes)):
+        if n:
+            plan.figure(f"price of 100,000 {kind}", billing.USD_PER_100K[kind], "USD", "production",
+                        f"{billing.PRICES_SOURCE} ({billing.PRICES_LOCATION}, read {billing.PRICES_READ_ON})")
+    plan.line(f"{what}: {billed.priced()}")
+    return billed.usd_per_million()

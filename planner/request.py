@@ -1,0 +1,53 @@
+"""A request: its RPCs and cache calls made in turn (or a request /appstats recorded), its time on the critical path
+and its bill, as if served in production."""
+from collections import Counter
+from typing import Any
+
+from appstats import records
+from core import billing, costs, runtime
+from core.costs import plural
+from planner.figures import Plan, calls_in_turn, priced
+
+
+def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, writes: int = 0, deletes: int = 0,
+                 profile: str = "production") -> Plan:
+    """A request's RPCs by method and its cache calls, made one after another: its time at the model's medians and
+    p99s, and its bill (`reads`, `writes`, `deletes`: what those RPCs bill, as /appstats shows them)."""
+    plan = Plan("request", {"rpcs": rpcs, "cache_calls": cache_calls, "reads": reads, "writes": writes,
+                            "deletes": deletes, "profile": profile})
+    for method, n in sorted(rpcs.items()):
+        plan.figure(f"{method} RPCs", n, "RPCs", "yours", "")
+    plan.figure("cache calls", cache_calls, "calls", "yours", "")
+    median, p99 = calls_in_turn(plan, rpcs, cache_calls, profile, "the calls in turn")
+    plan.answer("rpcs", "Datastore RPCs on the critical path", sum(rpcs.values()), plural(sum(rpcs.values()), "RPC"))
+    plan.answer("median_ms", "Time waiting, model medians", round(median, 1), f"{median:.1f} ms")
+    plan.answer("p99_ms", "Time waiting, every call at its p99", round(p99, 1), f"{p99:.1f} ms")
+    billed = billing.Billed(reads=reads, writes=writes, deletes=deletes)
+    usd = priced(plan, billed, "its bill")
+    plan.answer("usd_per_million", "Billed, USD a million such requests", round(usd, 2), billed.priced())
+    return plan
+
+
+def recent_requests() -> list[dict[str, Any]] | None:
+    """The requests /appstats lists (the last of every process, newest first), for an admin to pick one to plan: read
+    from the shared cache (two cache calls, no Datastore RPC); None while the cache does not answer."""
+    try:
+        return records.recent(runtime.current().cache)
+    except records.Away:
+        return None
+
+
+def plan_recorded(request_id: int, profile: str = "production") -> Plan:
+    """A request /appstats recorded (read from the shared cache, never from Datastore), as if served in production:
+    the calls on its critical path as the request planner's input, and its bill as counted."""
+    record, calls = records.kept_request(runtime.current().cache, request_id)
+    critical = [calls[i] for i in sorted(costs.critical_path(calls))]
+    rpcs = Counter(call.name for call in critical if call.kind == "datastore")
+    billed = record["billed"]
+    plan = plan_request(dict(rpcs), sum(call.kind == "cache" for call in critical), billed["reads"],
+                        billed["writes"], billed["deletes"], profile)
+    plan.planner, plan.inputs = "request", {"appstats": request_id, "profile": profile}
+    plan.arithmetic.insert(0, f"request {request_id}, {record['method']} {record['path'][:200]}: "
+                              f"{plural(len(critical), 'call')} of its {len(calls)} kept on its critical path "
+                              "(each made after the one before it was answered), its bill as counted")
+    return plan
