@@ -107,11 +107,39 @@ class DatastoreApi:
                                                                namespace_id=key.namespace() or ""), path=path)
 
 
-class Transactions(DatastoreApi):
-    """Transactions on the Datastore API itself, their entities as protobufs: for bulk work whose client CPU through
-    ndb is the bottleneck (a mapper job's chunks: mapper/bulk.py; ndb spends several hundred µs of CPU on each entity
-    it reads and writes, bench/results/mapper.md). What a transaction reads is its snapshot (on Firestore, also
-    locked until it ends); its commit applies every mutation or none."""
+class Bulk(DatastoreApi):
+    """The Datastore API itself, its keys and entities as protobufs, for bulk work whose client CPU through ndb is
+    the bottleneck (a mapper job's listings and chunks: mapper/tree.py, mapper/bulk.py). Measured here: ndb spends
+    about 85 µs of CPU on each key a keys-only query answers and several hundred on each entity it reads and writes
+    in a transaction; this, about a tenth (bench/results/mapper.md)."""
+
+    def keys(self, kind: str, after: ndb.Key | None, upto: ndb.Key | None, limit: int | None = None) -> list[ndb.Key]:
+        """The keys of `kind` in (after, upto] (None: no bound), in key order, at most `limit` (None: all): a
+        keys-only query, asked again from its cursor while the datastore answers part (the legacy emulator answers
+        300 keys a batch)."""
+        query = datastore_v1.Query.pb()(kind=[{"name": kind}], projection=[{"property": {"name": "__key__"}}],
+                                        order=[{"property": {"name": "__key__"}}])
+        operator = datastore_v1.PropertyFilter.Operator
+        for op, key in [(operator.GREATER_THAN, after), (operator.LESS_THAN_OR_EQUAL, upto)]:
+            if key is not None:
+                query.filter.composite_filter.op = datastore_v1.CompositeFilter.Operator.AND
+                query.filter.composite_filter.filters.add(property_filter={
+                    "property": {"name": "__key__"}, "op": op, "value": {"key_value": self.key_pb(key)}})
+        found: list[ndb.Key] = []
+        while limit is None or len(found) < limit:
+            if limit is not None:
+                query.limit.value = limit - len(found)
+            request = datastore_v1.RunQueryRequest.pb()(
+                project_id=self.project, partition_id={"project_id": self.project, "namespace_id": self.namespace},
+                query=query)
+            batch = datastore_v1.RunQueryResponse.pb(self.api.run_query(
+                request=datastore_v1.RunQueryRequest.wrap(request), timeout=60)).batch
+            found += [ndb.Key(*[part for e in result.entity.key.path for part in (e.kind, e.id or e.name)],
+                              namespace=self.namespace or None) for result in batch.entity_results]
+            if batch.more_results != datastore_v1.QueryResultBatch.MoreResultsType.NOT_FINISHED:
+                break
+            query.start_cursor = batch.end_cursor
+        return found
 
     def run(self, fn: Callable[["Transaction"], Any]) -> Any:
         """fn(transaction), which commits it; rolled back when fn raises before its commit (on Firestore, what it
@@ -127,15 +155,15 @@ class Transactions(DatastoreApi):
 
 
 class Transaction:
-    """One transaction of Transactions.run."""
+    """One transaction of Bulk.run."""
 
-    def __init__(self, transactions: Transactions, transaction_id: bytes) -> None:
-        self.transactions, self.id, self.committed = transactions, transaction_id, False
+    def __init__(self, bulk: Bulk, transaction_id: bytes) -> None:
+        self.bulk, self.id, self.committed = bulk, transaction_id, False
 
     def lookup(self, keys: list[ndb.Key]) -> list[Any]:
         """Each key's entity as this transaction reads it (an EntityPb), or None where there is none; in the keys'
         order. A Lookup may answer part of its keys and defer the rest: they are asked again."""
-        api = self.transactions
+        api = self.bulk
         wanted = [api.key_pb(key) for key in keys]
         found: dict[tuple, Any] = {}
         pending = wanted
@@ -150,7 +178,7 @@ class Transaction:
 
     def commit(self, mutations: list[Any]) -> None:
         """Commit the transaction with `mutations` (MutationPbs)."""
-        api = self.transactions
+        api = self.bulk
         request = datastore_v1.CommitRequest.pb()(project_id=api.project, transaction=self.id, mutations=mutations,
                                                   mode=datastore_v1.CommitRequest.Mode.TRANSACTIONAL)
         api.api.commit(request=datastore_v1.CommitRequest.wrap(request), timeout=30)
@@ -230,10 +258,10 @@ class Datastore:
     """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
     increments."""
 
-    def __init__(self, client: ndb.Client, aggregations: Aggregations, transactions: Transactions,
+    def __init__(self, client: ndb.Client, aggregations: Aggregations, bulk: Bulk,
                  global_cache: ndb.GlobalCache | None = None, increments: ServerIncrements | None = None) -> None:
         self.client = client
-        self.transactions = transactions  # on the Datastore API itself, for bulk work (mapper/bulk.py)
+        self.bulk = bulk  # the Datastore API itself, for bulk work (a mapper job's listings and chunks)
         self.global_cache = global_cache
         self.increments = increments  # ServerIncrements where the backend applies them, else None
         self.aggregations = aggregations  # COUNT and SUM queries (the backend may refuse them)

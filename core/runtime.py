@@ -38,7 +38,7 @@ class Runtime:
         self.datastore = datastore_module.Datastore(
             datastore_module.make_client(self.settings, self.latency),
             datastore_module.Aggregations(self.settings, api),
-            datastore_module.Transactions(self.settings, api),
+            datastore_module.Bulk(self.settings, api),
             self.cache_client.global_cache(self.latency),
             datastore_module.ServerIncrements(self.settings, api) if self.settings.backend == "firestore" else None)
         self.hot_entities = hotspots.HotEntities(self.cache)

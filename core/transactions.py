@@ -5,7 +5,7 @@ exactly once although a commit may answer UNKNOWN after it applied (docs/lessons
   `on_collision` before each new try: by default a jittered backoff; a sharded counter passes a policy that moves
   to another shard instead (counters/writes.py).
 - `transact(fn)`: `fn` in a transaction through that loop, taking its turn at a hot entity first (core/hotspots.py);
-  `transact_api(fn)` the same on the Datastore API itself, for bulk work (core/datastore.Transactions).
+  `transact_api(fn)` the same on the Datastore API itself, for bulk work (core/datastore.Bulk).
 - `Call`: the id of one call, written in the same commit as its effect (its *stamp*), so that the call's retry after
   an UNKNOWN commit, finding the effect written, can ask `call.applied(stamp)`: was it mine?
 """
@@ -79,10 +79,10 @@ def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, ca
 
 
 def transact_api(fn: Callable[[Any], T], max_attempts: int = 30, base: float = 0.02, cap: float = 1.0) -> T:
-    """fn(transaction) in a transaction of the Datastore API itself (core/datastore.Transactions: its entities as
+    """fn(transaction) in a transaction of the Datastore API itself (core/datastore.Bulk: its entities as
     protobufs), tried again on contention as `transact` does; fn commits it, and must be as safe to run again."""
-    transactions = runtime.current().datastore.transactions
-    return retried(lambda: transactions.run(fn), lambda n: backoff(n, base, cap), max_attempts)
+    bulk = runtime.current().datastore.bulk
+    return retried(lambda: bulk.run(fn), lambda n: backoff(n, base, cap), max_attempts)
 
 
 def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:

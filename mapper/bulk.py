@@ -112,7 +112,7 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
     """The mutation adding `deltas` ({property: whole number}) to `entity`: a server-side increment of each where it
     was not read, else the entity as read with each added."""
     if entity.pb is None:
-        mutation = MutationPb(update=EntityPb(key=runtime.current().datastore.transactions.key_pb(entity.key)))
+        mutation = MutationPb(update=EntityPb(key=runtime.current().datastore.bulk.key_pb(entity.key)))
         mutation.property_mask.SetInParent()  # an empty mask: the entity's other properties are kept
         for name, delta in deltas.items():
             mutation.property_transforms.add(property=name).increment.integer_value = delta

@@ -50,13 +50,13 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         page = page or TaskPage(handed[0], handed[-1], False)
     elif page is None:  # a range task's first delivery: its page and the pages after it, in one query
-        listed = _page_query(job.kind, payload.lo_key, payload.hi_key).fetch(
-            job.page_size * (job.fanout + 1) + 1, keys_only=True)  # one key more says whether any remain
+        listed = _page_keys(job.kind, payload.lo_key, payload.hi_key,
+                            job.page_size * (job.fanout + 1) + 1)  # one key more says whether any remain
         keys = listed[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(listed) > len(keys)) if keys else TaskPage(None, None, False)
         children = _split(job, payload, listed, record.credit) if page.more else []
     else:  # a retry: the rest of the page its first delivery fixed, to its last key however many were added since
-        keys = _page_query(job.kind, record.last_key or payload.lo_key, page.end).fetch(keys_only=True)
+        keys = _page_keys(job.kind, record.last_key or payload.lo_key, page.end)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
     store, (apply, tally_of) = bulk.chunks_for(definition), bulk.effect_of(definition)  # ndb's models, or protobufs
@@ -147,8 +147,7 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, attempt: int
         return hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
 
 
-def _page_query(kind: str, after: ndb.Key | None, upto: ndb.Key) -> ndb.Query:
-    query = ndb.Query(kind=kind).filter(KEY <= upto)
-    if after is not None:
-        query = query.filter(KEY > after)
-    return query.order(KEY)
+def _page_keys(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
+    """The kind's keys in (after, upto], in key order: a keys-only query through the Datastore API itself, whose keys
+    cost a tenth of ndb's client CPU (core/datastore.Bulk)."""
+    return runtime.current().datastore.bulk.keys(kind, after, upto, limit)

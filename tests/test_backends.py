@@ -82,3 +82,19 @@ def test_aggregation_queries_are_firestores_only(legacy_stack, firestore_stack):
         assert runtime.current().datastore.aggregations.count_and_sum("Account", "balance") == (30, 435)
     with running(_app(legacy_stack)), pytest.raises(core_exceptions.MethodNotImplemented):
         runtime.current().datastore.aggregations.count_and_sum("Account", "balance")
+
+
+def test_a_ranges_keys_through_the_api_are_ndbs_keys_in_order_across_batches(legacy_stack, firestore_stack):
+    """core/datastore.Bulk.keys, the mapper's listing: the keys of (after, upto] in key order, ndb's own keys, as
+    ndb's keys-only query answers them; all of them though the legacy emulator answers 300 a batch, and at most
+    `limit`; nothing of another kind or below the bound."""
+    for stack in (legacy_stack, firestore_stack):
+        with running(_app(stack)), runtime.current().context():
+            keys = ndb.put_multi([GroupProbe(n=i) for i in range(700)])
+            ndb.put_multi([ndb.Expando(key=ndb.Key("OtherKind", i + 1)) for i in range(5)])
+            ordered = GroupProbe.query().order(GroupProbe.key).fetch(keys_only=True)
+            bulk = runtime.current().datastore.bulk
+            assert bulk.keys("GroupProbe", None, ordered[-1]) == ordered == sorted(keys, key=lambda k: k.id())
+            assert bulk.keys("GroupProbe", ordered[9], ordered[650]) == ordered[10:651]
+            assert bulk.keys("GroupProbe", ordered[9], ordered[650], limit=501) == ordered[10:511]
+            assert bulk.keys("GroupProbe", ordered[-1], ordered[-1]) == []
