@@ -109,9 +109,9 @@ class DatastoreApi:
 
 class Bulk(DatastoreApi):
     """The Datastore API itself, its keys and entities as protobufs, for bulk work whose client CPU through ndb is
-    the bottleneck (a mapper job's listings and chunks: mapper/tree.py, mapper/bulk.py). Measured here: ndb spends
-    about 85 µs of CPU on each key a keys-only query answers and several hundred on each entity it reads and writes
-    in a transaction; this, about a tenth (bench/results/mapper.md)."""
+    the bottleneck (a mapper job's listings and chunks: mapper/tree.py, mapper/bulk.py). ndb builds several Python
+    objects for each key and entity it answers or sends; a protobuf is one, and costs a fraction of the CPU
+    (bench/results/mapper.md: a chunk's transaction each way, and the fan-out's CPU per account)."""
 
     def keys(self, kind: str, after: ndb.Key | None, upto: ndb.Key | None, limit: int | None = None) -> list[ndb.Key]:
         """The keys of `kind` in (after, upto] (None: no bound), in key order, at most `limit` (None: all): a
@@ -142,16 +142,15 @@ class Bulk(DatastoreApi):
         return found
 
     def run(self, fn: Callable[["Transaction"], Any]) -> Any:
-        """fn(transaction), which commits it; rolled back when fn raises before its commit (on Firestore, what it
-        read stays locked until then)."""
+        """fn(transaction), which commits it or writes nothing; rolled back unless it committed (raising, or
+        returning with nothing to write): on Firestore what a transaction read stays locked until it ends."""
         begun = Transaction(self, self.api.begin_transaction(project_id=self.project, timeout=30).transaction)
         try:
             return fn(begun)
-        except BaseException:
+        finally:
             if not begun.committed:
                 with contextlib.suppress(Exception):  # at worst the transaction times out on its own
                     self.api.rollback(project_id=self.project, transaction=begun.id, timeout=30)
-            raise
 
 
 class Transaction:
@@ -176,13 +175,21 @@ class Transaction:
             pending = list(answer.deferred)
         return [found.get(_path(key)) for key in wanted]
 
-    def commit(self, mutations: list[Any]) -> None:
-        """Commit the transaction with `mutations` (MutationPbs)."""
+    def commit(self, mutations: list[Any]) -> Any:
+        """Commit the transaction with `mutations` (MutationPbs); the answer (a CommitResponse protobuf)."""
         api = self.bulk
         request = datastore_v1.CommitRequest.pb()(project_id=api.project, transaction=self.id, mutations=mutations,
                                                   mode=datastore_v1.CommitRequest.Mode.TRANSACTIONAL)
-        api.api.commit(request=datastore_v1.CommitRequest.wrap(request), timeout=30)
+        answer = api.api.commit(request=datastore_v1.CommitRequest.wrap(request), timeout=30)
         self.committed = True
+        return datastore_v1.CommitResponse.pb(answer)
+
+
+def entity_pb(model: ndb.Model) -> Any:
+    """An ndb entity as the Datastore API's protobuf, serialized by ndb itself (so stored exactly as its put() would
+    store it), its auto_now and the like filled as put() fills them."""
+    model._prepare_for_put()
+    return datastore_v1.Entity.pb(ndb_model._entity_to_protobuf(model))
 
 
 def _path(key: Any) -> tuple:
@@ -236,8 +243,7 @@ class ServerIncrements(DatastoreApi):
         nothing was written)."""
         mutations = []
         if insert is not None:
-            insert._prepare_for_put()  # auto_now_add and the like, as put() fills them
-            mutations.append(datastore_v1.Mutation(insert=ndb_model._entity_to_protobuf(insert)))
+            mutations.append(datastore_v1.Mutation(insert=entity_pb(insert)))
         mutations.append(datastore_v1.Mutation(
             upsert=datastore_v1.Entity(key=self.key_pb(key)),
             # An upsert that changes no property but the transformed one.

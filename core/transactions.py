@@ -80,7 +80,8 @@ def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, ca
 
 def transact_api(fn: Callable[[Any], T], max_attempts: int = 30, base: float = 0.02, cap: float = 1.0) -> T:
     """fn(transaction) in a transaction of the Datastore API itself (core/datastore.Bulk: its entities as
-    protobufs), tried again on contention as `transact` does; fn commits it, and must be as safe to run again."""
+    protobufs), tried again on contention as `transact` does. fn commits it (or writes nothing), and must be safe to
+    run again after its own success, as `transact`'s."""
     bulk = runtime.current().datastore.bulk
     return retried(lambda: bulk.run(fn), lambda n: backoff(n, base, cap), max_attempts)
 

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from google.api_core import exceptions as core_exceptions
-from google.cloud import datastore_v1, ndb
+from google.cloud import ndb
 from google.cloud.ndb import model as ndb_model
 
 from core import runtime
-from core.datastore import EntityPb, MutationPb
+from core.datastore import EntityPb, MutationPb, entity_pb
 from core.transactions import transact, transact_api
 
 
@@ -80,8 +80,15 @@ class IncrementChunks:
         return ChunkEntity(key, pb) if key.kind() == self.kind else ndb_model._entity_from_protobuf(pb)
 
     def put_multi(self, entities: list[Any]) -> None:
-        """The transaction's commit, with each of `entities`: a mutation, or an ndb model to upsert."""
-        self.transaction.commit([e if isinstance(e, MutationPb) else _upsert(e) for e in entities])
+        """Commit the transaction (the last thing a chunk's transaction does) with each of `entities`: a mutation, or
+        an ndb model to upsert. Each server-side increment must come back applied: a backend that drops them (the
+        legacy emulator) fails the chunk rather than have its record count credit that never landed."""
+        mutations = [e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities]
+        answer = self.transaction.commit(mutations)
+        for mutation, result in zip(mutations, answer.mutation_results, strict=True):
+            if len(result.transform_results) != len(mutation.property_transforms):
+                raise RuntimeError("The datastore did not apply a server-side increment: the mapper sends them only "
+                                   "where the backend applies them (Firestore in Datastore mode).")
 
 
 def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
@@ -89,22 +96,22 @@ def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
     Firestore, which applies server-side increments)."""
     if definition.increments is None:
         return ModelChunks()
-    return IncrementChunks(definition.kind, blind=runtime.current().settings.backend == "firestore")
+    return IncrementChunks(definition.kind, blind=runtime.current().datastore.increments is not None)
 
 
-def effect_of(definition: Any) -> tuple[Callable[[list, dict, Any], list], Callable[[list, dict], dict] | None]:
-    """A JobDefinition's (apply, tally): its own, or an increments job's: each entity's mutation, and what the chunk
-    added to each property (unless it tallies otherwise)."""
-    increments = definition.increments
-    if increments is None:
+def effect_of(definition: Any, params: dict) -> tuple[Callable[[list, dict, Any], list],
+                                                     Callable[[list, dict], dict] | None]:
+    """A JobDefinition's (apply, tally) for a run with `params`: its own, or an increments job's: each entity's
+    mutation, and what the chunk added to each property (unless it tallies otherwise)."""
+    if definition.increments is None:
         return definition.apply, definition.tally
+    deltas = definition.increments(params)
 
     def apply(entities: list[ChunkEntity], params: dict, prepared: object) -> list:
-        deltas = increments(params)
         return [incremented(entity, deltas) for entity in entities]
 
     def tally(entities: list, params: dict) -> dict[str, int]:
-        return {name: delta * len(entities) for name, delta in increments(params).items()}
+        return {name: delta * len(entities) for name, delta in deltas.items()}
     return apply, definition.tally or tally
 
 
@@ -123,8 +130,3 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
             raise TypeError(f"{entity.key}: {name} is not a whole number")
         value.integer_value += delta
     return MutationPb(upsert=entity.pb)
-
-
-def _upsert(model: ndb.Model) -> Any:
-    model._prepare_for_put()  # auto_now and the like, as put() fills them
-    return MutationPb(upsert=datastore_v1.Entity.pb(ndb_model._entity_to_protobuf(model)))

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
+from google.cloud import ndb
 
 from core import runtime
 from core.errors import Unprocessable
@@ -23,10 +24,11 @@ class JobDefinition:
 
     `apply(entities, params, prepared)` runs inside the chunk's transaction with the chunk's entities as read in it,
     and returns the entities to write. Or, for a job whose whole effect is to add whole numbers to properties of each
-    entity, `increments(params)` instead ({"balance": 10}: stored property names): the mapper then writes them without
-    ndb's per-entity cost, and on Firestore without reading the entities (mapper/bulk.py); its tally, unless given,
-    is what it added. `prepare(keys, params)`, if given, runs before, outside any transaction, for
-    what a transaction may not do (queries without an ancestor); its result is passed to apply.
+    entity, `increments(params)` instead ({"balance": 10}: stored property names), called once a delivery: the mapper
+    then writes them as protobufs, skipping ndb's per-entity cost and ndb itself (its caches and hooks: the kind must
+    use neither cache), and on Firestore without reading the entities (mapper/bulk.py); its tally, unless given, is
+    what it added. `prepare(keys, params)`, if given, runs before, outside any transaction, for what a transaction
+    may not do (queries without an ancestor); its result is passed to apply.
     `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them. On Firestore in
     Datastore mode, which has no limit of groups, only 10 MiB a transaction
     (https://cloud.google.com/datastore/docs/concepts/limits lists the 25 groups as a limit of databases not yet
@@ -79,6 +81,10 @@ def register(app: Flask, definition: JobDefinition) -> JobDefinition:
         raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
     if definition.chunk_firestore is not None and definition.chunk_firestore < 1:
         raise ValueError(f"{definition.name}: chunk_firestore must be at least 1")
+    if definition.increments is not None:
+        model = ndb.Model._lookup_model(definition.kind)
+        if model._use_cache is not False or model._use_global_cache is not False:  # written past ndb's caches
+            raise ValueError(f"{definition.name}: an increments job's kind must use neither of ndb's caches")
     jobs = runtime.of(app).registry(JOBS)
     if definition.name in jobs:
         raise ValueError(f"a job named {definition.name!r} is registered already")

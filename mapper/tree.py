@@ -59,7 +59,8 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = _page_keys(job.kind, record.last_key or payload.lo_key, page.end)
     prepared = definition.prepare(keys, job.params) if definition.prepare else None
     size = jobs.chunk(definition)
-    store, (apply, tally_of) = bulk.chunks_for(definition), bulk.effect_of(definition)  # ndb's models, or protobufs
+    store = bulk.chunks_for(definition)  # how its chunks read and write: ndb's models, or protobufs
+    apply, tally_of = bulk.effect_of(definition, job.params)
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
     handed_pages = handoff.handed_pages(children)
     lease = runtime.current().settings.mapper_lease_seconds

@@ -35,11 +35,13 @@ FOLLOW_UP_DELAY = 2.0
 SIGNALS = os.environ.get("CRASH_SIGNALS")
 
 
-def _slow_credit(params):
-    """add_credit's increments, each chunk's after CHUNK_SECONDS (in its transaction): a delivery is long enough to
-    be killed half way."""
+def _slow_credit(accounts, params, prepared):
+    """add_credit through ndb's models, each chunk after CHUNK_SECONDS (in its transaction): a delivery is long enough
+    to be killed half way. (add_credit itself, written as protobufs, is killed in tests/test_crashes.py too.)"""
     time.sleep(CHUNK_SECONDS)
-    return ADD_CREDIT.increments(params)
+    for account in accounts:
+        account.balance += params["amount"]
+    return accounts
 
 
 class CrashFollowUp(ndb.Model):
@@ -50,7 +52,8 @@ def _follow_up(job):
     return [CrashFollowUp(parent=ndb.Key("Job", job.id))]
 
 
-SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", increments=_slow_credit, chunk=5,
+SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, increments=None,
+                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)}, chunk=5,
                                   chunk_firestore=None, on_done=_follow_up)
 _end_if_all_back = completion.end_if_all_back
 

@@ -237,10 +237,11 @@ def api_commit_answers_unknown(monkeypatch):
     real, answered = datastore.Transaction.commit, []
 
     def applied_then_unknown(transaction, mutations):
-        real(transaction, mutations)
+        answer = real(transaction, mutations)
         if not answered:
             answered.append(transaction.id)
             raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return answer
     monkeypatch.setattr(datastore.Transaction, "commit", applied_then_unknown)
     return answered
 

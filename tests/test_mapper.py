@@ -12,7 +12,7 @@ from google.cloud import ndb
 from accounts import service as accounts_service
 from accounts.credit import ADD_CREDIT
 from accounts.models import Account
-from bench.harness import billed_from_header
+from bench.harness import billed_from_header, retried_in
 from core import runtime, tasks
 from mapper import bulk, completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
 from mapper.handoff import HandedPages
@@ -594,6 +594,9 @@ def test_an_increments_chunk_whose_commit_answered_unknown_but_applied_goes_on_f
     assert answered and root == [200]
     assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 600
+    # one transaction retried, the one whose commit answered UNKNOWN; its retry wrote nothing and ended its
+    # transaction: on Firestore one left open would keep the record locked, and the next chunk's would be retried too
+    assert sum(retried_in(timing) for timing in task_queue.timings) == 1
 
 
 def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(app, client, auth, task_queue):
