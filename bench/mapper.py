@@ -483,6 +483,11 @@ def _section(column, args, results, offset, query_costs):
         + f"), where the pipeline writes back what one query returned. On App Engine that CPU is the instances' "
         f"(billed by the instance-hour). Served by two gunicorn processes, the same tasks take "
         f"{figures['served_over_pipeline']:.2f}x the pipeline's time",
+        f"what the fan-out's {fan['seconds'] - pipe['seconds']:.1f} s more than the pipeline is made of: "
+        f"{fan['cpu'] - pipe['cpu']:.1f} s more of this process's CPU (the pipeline commits {BATCH} accounts at a "
+        f"time with no record; the fan-out {results['chunk']} a transaction, each with its task's record read and "
+        f"written, and lists its keys first); the rest is waiting: on the emulator, on the other threads' turn at "
+        f"the GIL, on this machine's other core",
         *([f"a chunk's transaction alone ({results['chunk']} accounts credited 1, without the task's record, one "
            f"thread): " + " against ".join(f"{us:,.0f} µs an account through {name}"
                                            for name, us in results["chunk cpu"].items())]

@@ -173,13 +173,18 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
 
     # add_credit is an increments job (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
     read = 0 if backend == "firestore" else entities
-    fan_bill = billing.Billed(reads=read + tree.transactions + tree.range_tasks + tree.tasks,
-                              writes=entities + tree.transactions + tree.handing)
+    # The job's own: its start's 2 queries and its 3 transactions' reads, the root's read of it, its end's read of it
+    # and of the counters it settles into; the job and the root's record written at its start, the job and the
+    # credit's shard at its end.
+    job_reads, job_writes = 2 + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2
+    fan_bill = billing.Billed(reads=read + tree.transactions + tree.range_tasks + tree.tasks + job_reads,
+                              writes=entities + tree.transactions + tree.handing + job_writes)
     plan.line(f"its bill: reads = {read} entities ("
               + ("server-side increments, unread" if backend == "firestore" else "each read in its transaction")
               + f") + {tree.transactions} record reads (one a transaction) + "
-              f"{tree.range_tasks} listings + {tree.tasks} records summed at the end; writes = {entities} + "
-              f"{tree.transactions} records + {tree.handing} handed-out pages")
+              f"{tree.range_tasks} listings + {tree.tasks} records summed at the end + {job_reads} of the job's own "
+              f"(its start, the root's read of it, its end); writes = {entities} + {tree.transactions} records + "
+              f"{tree.handing} handed-out pages + {job_writes} of the job's own")
     usd = priced(plan, fan_bill, "the fan-out is billed")
     plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd / 1_000_000, 4),
                 f"{fan_bill.describe()}: ${usd / 1_000_000:.4f} a job")

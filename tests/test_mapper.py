@@ -601,8 +601,9 @@ def test_an_increments_chunk_whose_commit_answered_unknown_but_applied_goes_on_f
 
 def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(app, client, auth, task_queue):
     """An increments job's chunk on Firestore does not read its accounts: a server-side `update` of one deleted since
-    the page's query fails the commit (NOT_FOUND), and the chunk runs again reading them, skipping the deleted one;
-    on legacy the chunk reads them and skips it. Either way it is not made again, and the tally counts the rest."""
+    the page's query fails the commit (NOT_FOUND), and the chunk runs again reading them, skipping the deleted one,
+    in the same delivery; on legacy the chunk reads them and skips it. Either way it is not made again, and the tally
+    counts the rest."""
     keys = seed_accounts(50)
     gone = keys[30]
 
@@ -614,6 +615,8 @@ def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(
     task_queue.drain()
     final = job_status(client, job_id)
     assert (final["state"], final["processed"]) == ("done", 49)
+    # in the same delivery: not a failed one that the queue's redelivery (listing the page again, without it) mends
+    assert {status for _, status, _ in task_queue.responses} == {200}
     with runtime.current().context():
         assert gone.get() is None
     assert balances([k for k in keys if k != gone]) == [10] * 49
