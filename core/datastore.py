@@ -176,13 +176,26 @@ class Transaction:
         return [found.get(_path(key)) for key in wanted]
 
     def commit(self, mutations: list[Any]) -> Any:
-        """Commit the transaction with `mutations` (MutationPbs); the answer (a CommitResponse protobuf)."""
+        """Commit the transaction with `mutations` (MutationPbs); the answer (a CommitResponse protobuf), each
+        server-side transform in it applied (`transforms_applied`)."""
         api = self.bulk
         request = datastore_v1.CommitRequest.pb()(project_id=api.project, transaction=self.id, mutations=mutations,
                                                   mode=datastore_v1.CommitRequest.Mode.TRANSACTIONAL)
         answer = api.api.commit(request=datastore_v1.CommitRequest.wrap(request), timeout=30)
         self.committed = True
-        return datastore_v1.CommitResponse.pb(answer)
+        return transforms_applied(mutations, datastore_v1.CommitResponse.pb(answer))
+
+
+def transforms_applied(mutations: list[Any], answer: Any) -> Any:
+    """A commit's `answer`, once it shows a result for every server-side transform of its `mutations`: the legacy
+    Datastore emulator accepts transforms and silently drops them, and a caller that counted an increment the
+    backend never applied would count credit that never landed."""
+    for mutation, result in zip(mutations, answer.mutation_results, strict=True):
+        if len(result.transform_results) != len(mutation.property_transforms):
+            raise RuntimeError("The datastore did not apply a server-side increment (the legacy Datastore emulator "
+                               "drops them): they are sent only where the backend applies them (Firestore in "
+                               "Datastore mode, DATASTORE_BACKEND=firestore).")
+    return answer
 
 
 def entity_pb(model: ndb.Model) -> Any:
@@ -250,14 +263,10 @@ class ServerIncrements(DatastoreApi):
             property_mask=datastore_v1.PropertyMask(paths=[]),
             property_transforms=[datastore_v1.PropertyTransform(property=field,
                                                                 increment=datastore_v1.Value(integer_value=delta))]))
-        response = self.api.commit(request=datastore_v1.CommitRequest(
+        response = transforms_applied(mutations, self.api.commit(request=datastore_v1.CommitRequest(
             project_id=self.project, mode=datastore_v1.CommitRequest.Mode.NON_TRANSACTIONAL, mutations=mutations),
-            timeout=10)
-        results = response.mutation_results[-1].transform_results
-        if not results:
-            raise RuntimeError("The datastore did not apply a server-side increment (the legacy Datastore emulator "
-                               "drops them): DATASTORE_BACKEND must be firestore only where it is.")
-        return results[0].integer_value
+            timeout=10))
+        return response.mutation_results[-1].transform_results[0].integer_value
 
 
 class Datastore:

@@ -48,26 +48,25 @@ class IncrementChunks:
     def __init__(self, kind: str, blind: bool) -> None:
         self.kind, self.blind = kind, blind
         self.transaction: Any = None
+        self.reads_all = not blind  # this attempt reads the chunk's entities too
 
     def transact(self, fn: Callable[[], Any]) -> Any:
-        def run(transaction: Any) -> Any:
-            self.transaction = transaction
-            return fn()
-        try:
+        def attempt(reads_all: bool) -> Any:
+            def run(transaction: Any) -> Any:
+                self.transaction, self.reads_all = transaction, reads_all
+                return fn()
             return transact_api(run)
-        except core_exceptions.NotFound:
+        try:
+            return attempt(reads_all=not self.blind)
+        except core_exceptions.NotFound:  # an update found an entity deleted since the page's query
             if not self.blind:
                 raise
-            self.blind = False  # an entity was deleted since the page's query: this chunk reads them
-            try:
-                return transact_api(run)
-            finally:
-                self.blind = True
+            return attempt(reads_all=True)  # the chunk again, reading its entities: the missing ones are skipped
 
     def get_multi(self, keys: list[ndb.Key]) -> list[Any]:
         """Each key's entity as the transaction reads it: of the job's kind a ChunkEntity (not read where blind:
         taken to exist), of another (the task's record) its ndb model; None where there is none."""
-        read = [key for key in keys if not (self.blind and key.kind() == self.kind)]
+        read = [key for key in keys if self.reads_all or key.kind() != self.kind]
         found = dict(zip(read, self.transaction.lookup(read), strict=True))
         return [self._entity(key, found) for key in keys]
 
@@ -81,14 +80,9 @@ class IncrementChunks:
 
     def put_multi(self, entities: list[Any]) -> None:
         """Commit the transaction (the last thing a chunk's transaction does) with each of `entities`: a mutation, or
-        an ndb model to upsert. Each server-side increment must come back applied: a backend that drops them (the
-        legacy emulator) fails the chunk rather than have its record count credit that never landed."""
-        mutations = [e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities]
-        answer = self.transaction.commit(mutations)
-        for mutation, result in zip(mutations, answer.mutation_results, strict=True):
-            if len(result.transform_results) != len(mutation.property_transforms):
-                raise RuntimeError("The datastore did not apply a server-side increment: the mapper sends them only "
-                                   "where the backend applies them (Firestore in Datastore mode).")
+        an ndb model to upsert. Each server-side increment must come back applied (core/datastore.transforms_applied):
+        a backend that drops them fails the chunk rather than have its record count credit that never landed."""
+        self.transaction.commit([e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities])
 
 
 def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
@@ -120,7 +114,9 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
     was not read, else the entity as read with each added."""
     if entity.pb is None:
         mutation = MutationPb(update=EntityPb(key=runtime.current().datastore.bulk.key_pb(entity.key)))
-        mutation.property_mask.SetInParent()  # an empty mask: the entity's other properties are kept
+        # An update (the entity must exist) with an empty mask (its other properties are kept): the Datastore v1
+        # Mutation, https://cloud.google.com/datastore/docs/reference/data/rpc/google.datastore.v1#mutation
+        mutation.property_mask.SetInParent()
         for name, delta in deltas.items():
             mutation.property_transforms.add(property=name).increment.integer_value = delta
         return mutation

@@ -13,6 +13,7 @@ from core import clock, runtime
 from core.datastore import ServerIncrements
 from counters.models import AppliedIncrement, CounterShard
 from main import create_app
+from mapper import bulk
 from tests.support import running, settings_for
 
 
@@ -50,6 +51,18 @@ def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
         increments = ServerIncrements(runtime.current().settings, runtime.current().datastore.aggregations.api)
         with runtime.current().context(), pytest.raises(RuntimeError, match="did not apply a server-side increment"):
             increments.commit(ndb.Key(CounterShard, "dropped|0"), "count")
+
+
+def test_a_mapper_chunks_increment_the_backend_drops_fails_the_chunk(legacy_stack):
+    """The same check on a transaction's commit (core/datastore.transforms_applied): a mapper chunk whose increments
+    were dropped fails, so its record never counts credit that never landed."""
+    with running(_app(legacy_stack)), runtime.current().context():
+        key = ndb.Key(CounterShard, "dropped|1")
+        CounterShard(key=key, count=1).put()
+        store = bulk.IncrementChunks("CounterShard", blind=True)  # as if misconfigured: increments sent to legacy
+        with pytest.raises(RuntimeError, match="did not apply a server-side increment"):
+            store.transact(lambda: store.put_multi([bulk.incremented(e, {"count": 1})
+                                                    for e in store.get_multi([key])]))
 
 
 class GroupProbe(ndb.Model):
