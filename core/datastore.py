@@ -187,9 +187,9 @@ class Transaction:
 
 
 def transforms_applied(mutations: list[Any], answer: Any) -> Any:
-    """A commit's `answer`, once it shows a result for every server-side transform of its `mutations`: the legacy
-    Datastore emulator accepts transforms and silently drops them, and a caller that counted an increment the
-    backend never applied would count credit that never landed."""
+    """A commit's `answer`, once it shows a result for every server-side transform of its `mutations`, else
+    RuntimeError: the legacy Datastore emulator accepts transforms and silently drops them (the rest of the commit
+    lands), and a caller must not report as done an increment the backend never applied."""
     for mutation, result in zip(mutations, answer.mutation_results, strict=True):
         if len(result.transform_results) != len(mutation.property_transforms):
             raise RuntimeError("The datastore did not apply a server-side increment (the legacy Datastore emulator "

@@ -48,7 +48,7 @@ class IncrementChunks:
     def __init__(self, kind: str, blind: bool) -> None:
         self.kind, self.blind = kind, blind
         self.transaction: Any = None
-        self.reads_all = not blind  # this attempt reads the chunk's entities too
+        self.reads_all = False  # whether this attempt reads the chunk's entities too (set by each attempt)
 
     def transact(self, fn: Callable[[], Any]) -> Any:
         def attempt(reads_all: bool) -> Any:
@@ -81,7 +81,7 @@ class IncrementChunks:
     def put_multi(self, entities: list[Any]) -> None:
         """Commit the transaction (the last thing a chunk's transaction does) with each of `entities`: a mutation, or
         an ndb model to upsert. Each server-side increment must come back applied (core/datastore.transforms_applied):
-        a backend that drops them fails the chunk rather than have its record count credit that never landed."""
+        on a backend that drops them the commit lands but the chunk fails loudly, never reported done."""
         self.transaction.commit([e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities])
 
 

@@ -55,7 +55,8 @@ def test_an_increment_the_backend_drops_is_an_error_never_a_count(legacy_stack):
 
 def test_a_mapper_chunks_increment_the_backend_drops_fails_the_chunk(legacy_stack):
     """The same check on a transaction's commit (core/datastore.transforms_applied): a mapper chunk whose increments
-    were dropped fails, so its record never counts credit that never landed."""
+    were dropped fails loudly. Its commit (the task's record with it) has landed; the delivery's error says so, where
+    it would otherwise report the chunk done."""
     with running(_app(legacy_stack)), runtime.current().context():
         key = ndb.Key(CounterShard, "dropped|1")
         CounterShard(key=key, count=1).put()
