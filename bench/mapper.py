@@ -16,6 +16,7 @@ cache call waits a modelled production round trip first, core/production_latency
    workers of eight threads), its tasks delivered by devstack's local Cloud Tasks under queue.yaml's rate (50/s),
    bucket (50), concurrency (32) and retries, as Cloud Tasks delivers them on App Engine. What honouring queue.yaml
    costs is its time beside (1)'s.
+1c. The same job (in-process, as 1) given pages of 500 (the job's page_size): fewer tasks, each with more chunks.
 2. One cursor walk: one worker pages through the kind in key order (keys only, 100 a page, continuing from the
    cursor) and credits each page in the same transactions the mapper uses (24 accounts on legacy, 100 on Firestore).
 3. limit+offset pages: page i is `fetch(100, offset=100 * i)`. The emulator reads and skips every entity before the
@@ -27,7 +28,9 @@ Every variant credits each account 1; after each, every balance is checked (exac
 Beside each wall time: the bill, and the critical path in RPCs (bench.harness.TaskChains: the longest chain of RPCs
 that must follow one another, whatever the number of workers; the cursor walk's is all of its RPCs), which carries
 over to production where the wall time of 2 cores does not; and the fan-out's transactions retried after a collision
-(its tasks share no entity: none).
+(its tasks share no entity: none). And where the time goes: the client's CPU per account, the emulator's (its
+garbage collected after each variant counted to it), how busy this machine's cores were, and, on the bare emulator,
+what a task's listing costs the emulator among a tenth of the kind and among all of it.
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.mapper [--rounds 3] [--accounts 20000]
 [--walk-rounds 1] [--latency all] [--beam-python .venv-beam/bin/python]`; `make bench-beam` runs it with Beam.
@@ -38,6 +41,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -69,7 +73,11 @@ FANOUT = 4  # ranges per split, at most (the jobs' default)
 PAGE = 100
 OFFSET_SAMPLES = 5  # offset pages timed, spread over the walk
 ADMIN = "bench@example.com"
-VARIANTS = ("batch pipeline", "fan-out", "fan-out, local Cloud Tasks", "cursor walk")
+BIG_PAGE = 500  # the same fan-out with pages of this many accounts: fewer tasks, fewer listings
+BIG = f"fan-out, pages of {BIG_PAGE}"
+VARIANTS = ("batch pipeline", "fan-out", "fan-out, local Cloud Tasks", "cursor walk", BIG)
+CORES = psutil.cpu_count()
+RUN_QUERIES = re.compile(r"(\d+) RunQuery")  # in a delivery's Server-Timing header
 SPLITS = 12  # key ranges the pipeline reads: Beam's ReadFromDatastore split these 10,000 accounts into 12
 BATCH = 500  # entities a commit may write (Datastore's limit per Commit: https://cloud.google.com/datastore/docs/concepts/limits)
 
@@ -140,8 +148,10 @@ def batch_pipeline(rt, fail_after=None):
     transaction, by WORKERS workers. `fail_after`: the run fails once that many accounts are written. Its bill: the
     sum of its workers' own."""
     client = pipeline_client(rt)
-    bounds = pipeline_bounds(client)
-    written, lock, bills, rows = [0], threading.Lock(), [], [0]
+    with costs.measured() as sampled:
+        bounds = pipeline_bounds(client)
+    written, lock, bills, rows = [0], threading.Lock(), [sampled.billed], [0]
+    queries = [sampled.datastore["RunQuery"]]
 
     def credit_range(lo, hi):
         with costs.measured() as cost:
@@ -163,12 +173,13 @@ def batch_pipeline(rt, fail_after=None):
         with lock:
             bills.append(cost.billed)
             rows[0] += len(accounts)
+            queries[0] += cost.datastore["RunQuery"]
 
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
         for done in [pool.submit(credit_range, lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]:
             done.result()
     return {"rows": rows[0], "tasks": len(bounds) - 1, "depth": 1, "billed": sum(bills, billing.Billed()),
-            "critical": None, "retried": 0}
+            "critical": None, "retried": 0, "queries": queries[0]}
 
 
 def pipeline_fault(rt, keys, balance):
@@ -260,14 +271,14 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
     return spent
 
 
-def fan_out(app, fanout, job_name="add_credit"):
+def fan_out(app, fanout, job_name="add_credit", page=PAGE):
     queue = runtime.tasks().queue
     chains = harness.TaskChains(queue)
     try:
         with costs.measured() as started:
-            job = mapper.start_job(job_name, {"amount": 1}, page_size=PAGE, fanout=fanout)
+            job = mapper.start_job(job_name, {"amount": 1}, page_size=page, fanout=fanout)
         token = tasks.local_token(runtime.current().settings.secret_key)
-        bills, retried = [started.billed], [0]
+        bills, retried, queries = [started.billed], [0], [started.datastore["RunQuery"]]
 
         def deliver(task):
             chains.delivering(task)
@@ -277,12 +288,13 @@ def fan_out(app, fanout, job_name="add_credit"):
             chains.delivered(task, header)
             bills.append(harness.billed_from_header(header))  # each delivery's own bill
             retried[0] += harness.retried_in(header)
+            queries[0] += int(match[1]) if (match := RUN_QUERIES.search(header or "")) else 0
             return response.status_code < 300
         queue.drain(deliver, workers=WORKERS, timeout=1800)
     finally:
         chains.close()
     return dict(_job_figures(job.id), billed=sum(bills, billing.Billed()), critical=chains.critical_path(),
-                retried=retried[0])
+                retried=retried[0], queries=queries[0])
 
 
 def queued_fan_out(server, fanout):
@@ -354,6 +366,48 @@ def workers_cpu(server):
     return sum(sum(child.cpu_times()[:2]) for child in psutil.Process(server.proc.pid).children())
 
 
+def emulator_cpu(stack, collect=False):
+    """CPU seconds the emulator (its launcher and the Java process it starts) has used so far; `collect`: after a
+    full collection of its garbage (jcmd GC.run), so that what a variant left behind is counted to it, not to the
+    variant that happens to run when the JVM collects it (without, one variant's figure varied 4x from run to run)."""
+    group = psutil.Process(stack.emulator.proc.pid)
+    processes = [group, *group.children(recursive=True)]
+    if collect:
+        java = next(proc.pid for proc in processes if proc.name() == "java")
+        subprocess.run(["jcmd", str(java), "GC.run"], capture_output=True, check=True, timeout=120)
+    return sum(sum(proc.cpu_times()[:2]) for proc in processes)
+
+
+def machine_busy():
+    """CPU seconds this machine's cores have been busy so far (every process: the emulator, the app, the rest).
+    Linux counts a guest's time in user and nice already."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, name, 0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def listed_span(fanout):
+    """The keys a range task lists in one query (mapper/tree.py `_process`): its page, the pages after it, one more."""
+    return PAGE * (fanout + 1) + 1
+
+
+def listing_cost(stack, keys, fanout, samples=9, warm=3):
+    """A range task's listing as it asks for it (core/datastore.Bulk.keys: a keys-only query of `listed_span` keys in
+    (lo, hi]) at `samples` places among `keys`, after `warm` unmeasured: (its ms, the emulator's CPU ms, its RunQuery
+    RPCs), medians."""
+    ordered, span = sorted(keys, key=lambda key: key.id()), listed_span(fanout)
+    walls, cpus, rpcs = [], [], []
+    for i in [*range(warm), *range(samples)]:
+        lo = ordered[i * (len(ordered) - span - 1) // samples]
+        start, emulator = time.perf_counter(), emulator_cpu(stack)
+        with costs.measured() as listing:
+            listed = runtime.current().datastore.bulk.keys("Account", lo, ordered[-1], span)
+        walls.append((time.perf_counter() - start) * 1000)
+        cpus.append((emulator_cpu(stack) - emulator) * 1000)
+        rpcs.append(listing.datastore["RunQuery"])
+        assert len(listed) == span, len(listed)
+    return statistics.median(walls[warm:]), statistics.median(cpus[warm:]), statistics.median(rpcs[warm:])
+
+
 def check(keys, expected):
     wrong = sum(1 for a in ndb.get_multi(keys) if a.balance != expected)
     if wrong:
@@ -362,11 +416,15 @@ def check(keys, expected):
 
 def measure(args, stack, app):
     rt = runtime.of(app)
+    bare = rt.settings.latency == "none"
     with rt.context():
         print(f"seeding {args.accounts} accounts...", flush=True)
-        keys = seed(args.accounts)
+        keys = seed(args.accounts // 10)  # a tenth first: a listing's cost among them (and among all, at the end)
+        listed = bare and len(keys) > listed_span(args.fanout) + 1
+        listings = [(len(keys), listing_cost(stack, keys, args.fanout))] if listed else []
+        keys += seed(args.accounts - len(keys))
     # Beam runs in a process of its own, which the latency model does not reach: on the bare emulator only.
-    variants = VARIANTS + (("Apache Beam",) if args.beam_python and rt.settings.latency == "none" else ())
+    variants = VARIANTS + (("Apache Beam",) if args.beam_python and bare else ())
     results = {variant: [] for variant in variants}
     credited = 0
     with rt.context():
@@ -386,11 +444,15 @@ def measure(args, stack, app):
                 if variant == "cursor walk" and round_number >= args.walk_rounds:
                     continue
                 with rt.context():
+                    emulator = emulator_cpu(stack, collect=True)
                     start, cpu, served_cpu = time.perf_counter(), time.process_time(), workers_cpu(server)
+                    busy = machine_busy()
                     if variant == "batch pipeline":
                         figures = batch_pipeline(rt)
                     elif variant == "fan-out":
                         figures = fan_out(app, args.fanout)
+                    elif variant == BIG:
+                        figures = fan_out(app, args.fanout, page=BIG_PAGE)
                     elif variant == "cursor walk":
                         with costs.measured() as walked:
                             figures = cursor_walk()
@@ -404,18 +466,23 @@ def measure(args, stack, app):
                     # is another process); the served variant's, its gunicorn workers'; Beam's, its own process's.
                     figures.setdefault("cpu", (workers_cpu(server) - served_cpu) if variant.startswith("fan-out, local")
                                        else time.process_time() - cpu)
+                    figures["busy"] = machine_busy() - busy
+                    figures["emulator busy"] = emulator_cpu(stack) - emulator  # while it ran
+                    figures["emulator"] = emulator_cpu(stack, collect=True) - emulator  # and its garbage collected
                     credited += 1
                     check(keys, credited)
                 results[variant].append(figures)
                 print(f"round {round_number + 1}: {variant} {figures['seconds']:.1f} s, {figures['tasks']} tasks, "
                       f"depth {figures['depth']}", flush=True)
-    results["fault"] = twice
+    results["fault"], results["listings"] = twice, listings
     results["chunk"] = mapper_jobs.chunk(ADD_CREDIT)
     if rt.settings.latency != "none":
         return results, None, None
     with rt.context():
         offset = offset_estimate(args.accounts)
         query_costs = page_query_costs(keys)
+        if listings:  # among all of them, after every variant (the first right after seeding a tenth)
+            listings.append((len(keys), listing_cost(stack, keys, args.fanout)))
         results["chunk cpu"] = chunk_cpu(rt, keys)  # last: it credits some accounts again
     return results, offset, query_costs
 
@@ -426,47 +493,59 @@ def _medians(runs, keys):
 
 def _section(column, args, results, offset, query_costs):
     backend, latency = column
-    fan = _medians(results["fan-out"], ("seconds", "cpu", "rows", "tasks", "depth", "critical", "retried"))
-    served = _medians(results["fan-out, local Cloud Tasks"], ("seconds", "cpu", "rows", "tasks", "depth"))
-    walk = _medians(results["cursor walk"], ("seconds", "cpu", "rows", "querying", "critical"))
-    pipe = _medians(results["batch pipeline"], ("seconds", "cpu", "rows", "tasks"))
-    beam = _medians(results["Apache Beam"], ("seconds", "cpu")) if results.get("Apache Beam") else None
+    fan = _medians(results["fan-out"], ("seconds", "cpu", "emulator", "emulator busy", "busy", "rows", "tasks",
+                                         "depth", "critical", "retried", "queries"))
+    big = _medians(results[BIG], ("seconds", "cpu", "emulator", "busy", "rows", "tasks", "depth", "critical",
+                                  "retried", "queries"))
+    served = _medians(results["fan-out, local Cloud Tasks"], ("seconds", "cpu", "emulator", "rows", "tasks", "depth"))
+    walk = _medians(results["cursor walk"], ("seconds", "cpu", "emulator", "rows", "querying", "critical"))
+    pipe = _medians(results["batch pipeline"], ("seconds", "cpu", "emulator", "emulator busy", "busy", "rows", "tasks",
+                                                "queries"))
+    beam = _medians(results["Apache Beam"], ("seconds", "cpu", "emulator")) if results.get("Apache Beam") else None
     fan_bill, walk_bill = results["fan-out"][-1]["billed"], results["cursor walk"][-1]["billed"]
     pipe_bill = results["batch pipeline"][-1]["billed"]
 
     def each(variant):
         return " / ".join(f"{r['seconds']:.1f}" for r in results[variant])
 
-    def cpu(figures):  # µs of the client's CPU per account
-        return f"{figures['cpu'] / args.accounts * 1e6:,.0f}"
+    def cpu(figures, whose="cpu"):  # µs of the client's (or the emulator's) CPU per account
+        return f"{figures[whose] / args.accounts * 1e6:,.0f}"
+
+    def fan_row(name, figures, variant):
+        return [name, f"{figures['seconds']:.1f}", cpu(figures), cpu(figures, "emulator"), f"{figures['critical']:.0f}",
+                harness.bill_cell(results[variant][-1]["billed"]), f"{figures['rows']:,.0f}", f"{figures['tasks']:.0f}",
+                f"{figures['depth']:.0f}", f"{figures['retried']:.0f}", each(variant)]
     rows = [
         [f"batch pipeline (baseline, as Beam's Datastore IO: google-cloud-datastore, {SPLITS} key ranges, commits of "
-         f"{BATCH}, no transaction), {WORKERS} workers", f"{pipe['seconds']:.1f}", cpu(pipe), "",
-         harness.bill_cell(pipe_bill), f"{pipe['rows']:,.0f}", f"{pipe['tasks']:.0f}", "1", "", each("batch pipeline")],
+         f"{BATCH}, no transaction), {WORKERS} workers", f"{pipe['seconds']:.1f}", cpu(pipe), cpu(pipe, "emulator"),
+         "", harness.bill_cell(pipe_bill), f"{pipe['rows']:,.0f}", f"{pipe['tasks']:.0f}", "1", "",
+         each("batch pipeline")],
         *([[f"Apache Beam {results['Apache Beam'][0]['beam']} itself (DirectRunner, a process of its own)",
-            f"{beam['seconds']:.1f}", cpu(beam), "", "as the pipeline's", "as the pipeline's", f"{SPLITS}", "1", "",
-            each("Apache Beam")]] if beam else []),
-        [f"adaptive fan-out, {WORKERS} workers", f"{fan['seconds']:.1f}", cpu(fan), f"{fan['critical']:.0f}",
-         harness.bill_cell(fan_bill), f"{fan['rows']:,.0f}", f"{fan['tasks']:.0f}", f"{fan['depth']:.0f}",
-         f"{fan['retried']:.0f}", each("fan-out")],
+            f"{beam['seconds']:.1f}", cpu(beam), cpu(beam, "emulator"), "", "as the pipeline's", "as the pipeline's",
+            f"{SPLITS}", "1", "", each("Apache Beam")]] if beam else []),
+        fan_row(f"adaptive fan-out, {WORKERS} workers", fan, "fan-out"),
         ["adaptive fan-out, local Cloud Tasks (queue.yaml) to gunicorn", f"{served['seconds']:.1f}",
-         cpu(served) + " (its workers')", "as the fan-out's", "as the fan-out's", f"{served['rows']:,.0f}",
-         f"{served['tasks']:.0f}", f"{served['depth']:.0f}", "", each("fan-out, local Cloud Tasks")],
-        ["one cursor walk", f"{walk['seconds']:.1f}", cpu(walk), f"{walk['critical']:.0f}",
+         cpu(served) + " (its workers')", cpu(served, "emulator"), "as the fan-out's", "as the fan-out's",
+         f"{served['rows']:,.0f}", f"{served['tasks']:.0f}", f"{served['depth']:.0f}", "",
+         each("fan-out, local Cloud Tasks")],
+        fan_row(f"adaptive fan-out, {WORKERS} workers, pages of {BIG_PAGE} (the job's page_size)", big, BIG),
+        ["one cursor walk", f"{walk['seconds']:.1f}", cpu(walk), cpu(walk, "emulator"), f"{walk['critical']:.0f}",
          harness.bill_cell(walk_bill), f"{walk['rows']:,.0f}", "1", "1", "", each("cursor walk")],
     ]
     if offset:
-        rows.append(["limit+offset pages (estimated time)", f"{offset['seconds']:.0f}", "", "", harness.bill_cell(
+        rows.append(["limit+offset pages (estimated time)", f"{offset['seconds']:.0f}", "", "", "", harness.bill_cell(
             offset["billed"]) + " for its queries alone", f"{offset['rows']:,.0f}", "1", "1", "",
             "sampled pages: " + ", ".join(f"offset {p * PAGE:,}: {t:.2f} s" for p, t in offset["samples"].items())])
     table = harness.markdown_table(
-        ["variant", "wall s (median)", "client CPU, µs per account", "critical path, RPCs", "billed per job",
-         "rows read by queries", "tasks", "tree depth", "retried after a collision", "each round s"], rows)
+        ["variant", "wall s (median)", "client CPU, µs per account", "emulator CPU, µs per account",
+         "critical path, RPCs", "billed per job", "rows read by queries", "tasks", "tree depth",
+         "retried after a collision", "each round s"], rows)
     figures = {
         "pipeline_over_beam": pipe["seconds"] / beam["seconds"] if beam else None,
         "speedup": walk["seconds"] / fan["seconds"], "served_speedup": walk["seconds"] / served["seconds"],
         "critical_ratio": walk["critical"] / fan["critical"], "retried": fan["retried"],
         "over_pipeline": fan["seconds"] / pipe["seconds"], "served_over_pipeline": served["seconds"] / pipe["seconds"],
+        "big_over_pipeline": big["seconds"] / pipe["seconds"],
         "reads_per_account": fan_bill.reads / args.accounts, "writes_per_account": fan_bill.writes / args.accounts,
         "twice": results["fault"]}
     verdicts = [
@@ -483,11 +562,12 @@ def _section(column, args, results, offset, query_costs):
         + f"), where the pipeline writes back what one query returned. On App Engine that CPU is the instances' "
         f"(billed by the instance-hour). Served by two gunicorn processes, the same tasks take "
         f"{figures['served_over_pipeline']:.2f}x the pipeline's time",
-        f"what the fan-out's {fan['seconds'] - pipe['seconds']:.1f} s more than the pipeline is made of: "
-        f"{fan['cpu'] - pipe['cpu']:.1f} s more of this process's CPU (the pipeline commits {BATCH} accounts at a "
-        f"time with no record; the fan-out {results['chunk']} a transaction, each with its task's record read and "
-        f"written, and lists its keys first); the rest is waiting: on the emulator, on the other threads' turn at "
-        f"the GIL, on this machine's other core",
+        _made_of(fan, pipe, results["chunk"]),
+        *([_listings_line(results["listings"], fan, pipe, args.fanout)] if len(results["listings"]) == 2 else []),
+        f"the same fan-out with pages of {BIG_PAGE} (the job's page_size; {results['chunk']} accounts a transaction "
+        f"still): {big['tasks']:.0f} tasks, {big['queries']:.0f} queries, depth {big['depth']:.0f}, its critical path "
+        f"{big['critical']:.0f} RPCs, {big['seconds']:.1f} s: {figures['big_over_pipeline']:.2f}x the pipeline's "
+        f"time (pages of {PAGE}: {fan['tasks']:.0f} tasks, {fan['queries']:.0f} queries, {fan['seconds']:.1f} s)",
         *([f"a chunk's transaction alone ({results['chunk']} accounts credited 1, without the task's record, one "
            f"thread): " + " against ".join(f"{us:,.0f} µs an account through {name}"
                                            for name, us in results["chunk cpu"].items())]
@@ -523,6 +603,45 @@ def _section(column, args, results, offset, query_costs):
     text = f"## {harness.column_name(column)}\n\n{table}\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n"
     return text, figures, {"batch pipeline": pipe["seconds"], "adaptive fan-out": fan["seconds"],
                            "fan-out, local Cloud Tasks": served["seconds"], "cursor walk": walk["seconds"]}
+
+
+def _made_of(fan, pipe, chunk):
+    """What the fan-out's time over the pipeline's is made of: more CPU, here or in the emulator, or waiting."""
+    more_cpu, emulator_cores = fan["busy"] - pipe["busy"], fan["emulator busy"] / fan["seconds"]
+    pipe_emulator_cores = pipe["emulator busy"] / pipe["seconds"]
+    text = (f"what the fan-out's {fan['seconds'] - pipe['seconds']:.1f} s more than the pipeline is made of: this "
+            f"machine's {CORES} cores were busy {pipe['busy'] / pipe['seconds']:.1f} cores on average through the "
+            f"pipeline and {fan['busy'] / fan['seconds']:.1f} through the fan-out (the emulator alone "
+            f"{pipe_emulator_cores:.1f} and {emulator_cores:.1f}). The "
+            f"fan-out used {more_cpu:.1f} s more CPU in all: {fan['cpu'] - pipe['cpu']:.1f} s more of this process's "
+            f"(the pipeline commits {BATCH} accounts at a time with no record; the fan-out {chunk} a transaction, each "
+            f"with its task's record read and written, and lists its keys first) and "
+            f"{fan['emulator busy'] - pipe['emulator busy']:.1f} s more of the emulator's. ")
+    if fan["busy"] >= 0.85 * CORES * fan["seconds"]:
+        text += f"Every core was busy, so more CPU is more wall time: {more_cpu / CORES:.1f} s of it. "
+    elif 0.85 <= min(emulator_cores, pipe_emulator_cores) and max(emulator_cores, pipe_emulator_cores) <= 1.15:
+        text += ("The emulator was busy about one core through both, no more, while the other cores had room: its "
+                 "CPU is wall time. ")
+    else:
+        text += "The cores were not all busy: the rest is waiting (under a profile, on the model's round trips). "
+    return text + ("The emulator's CPU is this machine's alone: production's Datastore runs on Google's servers, not "
+                   "on the app's cores")
+
+
+def _listings_line(listings, fan, pipe, fanout):
+    """What a query costs the emulators: a task's listing among a tenth of the kind, then among all of it."""
+    (few, (few_ms, few_cpu, few_rpcs)), (many, (many_ms, many_cpu, many_rpcs)) = listings
+    per_rpc, more = many_cpu / many_rpcs, fan["queries"] - pipe["queries"]
+    return (f"the emulators' queries cost more as the kind grows: a task's listing (a keys-only query of "
+            f"{listed_span(fanout)} keys in a key range, {many_rpcs:.0f} RunQuery) took {few_ms:.0f} ms "
+            f"({few_cpu:.0f} ms of the emulator's CPU) among {few:,} accounts, right after they were written, and "
+            f"{many_ms:.0f} ms ({many_cpu:.0f} ms) among {many:,}, after every variant: {many_cpu / few_cpu:.1f}x the "
+            f"CPU for {many / few:.0f}x the kind. In production a query's time grows with the rows it returns, not "
+            f"with the kind (Firestore's own account of its core operations: "
+            f"https://firebase.google.com/docs/firestore/standard-edition). The fan-out ran {fan['queries']:.0f} "
+            f"RunQuery, the pipeline {pipe['queries']:.0f} (its whole entities, in batches): {more:.0f} more, at "
+            f"{per_rpc:.0f} ms of the emulator's CPU each (one at a time) about {more * per_rpc / 1000:.1f} s, against "
+            f"the {fan['emulator'] - pipe['emulator']:.1f} s more the emulator spent on the fan-out in all")
 
 
 def report(args, measured):
