@@ -66,6 +66,7 @@ from mapper import jobs as mapper_jobs
 from mapper import service as mapper
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
+from planner.batch import PIPELINE_SPLITS, SCATTER_PER_SPLIT
 
 ACCOUNTS = 10_000
 WORKERS = 8
@@ -78,7 +79,7 @@ BIG = f"fan-out, pages of {BIG_PAGE}"
 VARIANTS = ("batch pipeline", "fan-out", "fan-out, local Cloud Tasks", "cursor walk", BIG)
 CORES = psutil.cpu_count()
 RUN_QUERIES = re.compile(r"(\d+) RunQuery")  # in a delivery's Server-Timing header
-SPLITS = 12  # key ranges the pipeline reads: Beam's ReadFromDatastore split these 10,000 accounts into 12
+SPLITS = PIPELINE_SPLITS  # key ranges the pipeline reads: Beam's ReadFromDatastore split these 10,000 accounts into 12
 BATCH = 500  # entities a commit may write (Datastore's limit per Commit: https://cloud.google.com/datastore/docs/concepts/limits)
 
 
@@ -137,7 +138,7 @@ def pipeline_bounds(client):
     ids are integers of one kind: their key order is their ids' order."""
     query = client.query(kind="Account", order=["__scatter__"])
     query.keys_only()
-    samples = sorted((entity.key for entity in query.fetch(limit=SPLITS * 32)), key=lambda key: key.id)
+    samples = sorted((entity.key for entity in query.fetch(limit=SPLITS * SCATTER_PER_SPLIT)), key=lambda key: key.id)
     return [None, *(samples[i * len(samples) // SPLITS] for i in range(1, SPLITS) if samples), None]
 
 
