@@ -118,22 +118,19 @@ def start_stack(backend=None, latency="none"):
     return stack, app
 
 
-_RPCS = re.compile(r'datastore;desc="(\d+) RPC')
+def _counted_in(pattern):
+    """A reader of one count in a response's Server-Timing header (0 without the header or the count)."""
+    compiled = re.compile(pattern)
+
+    def count(server_timing):
+        match = compiled.search(server_timing or "")
+        return int(match[1]) if match else 0
+    return count
 
 
-def rpcs_in(server_timing):
-    """The Datastore RPCs a response's Server-Timing header counts (0 without one)."""
-    match = _RPCS.search(server_timing or "")
-    return int(match[1]) if match else 0
-
-
-_RETRIED = re.compile(r'retried;desc="(\d+) transaction')
-
-
-def retried_in(server_timing):
-    """The transactions a response's Server-Timing header says were retried after a collision (0 without)."""
-    match = _RETRIED.search(server_timing or "")
-    return int(match[1]) if match else 0
+rpcs_in = _counted_in(r'datastore;desc="(\d+) RPC')  # the Datastore RPCs a response made
+queries_in = _counted_in(r"(\d+) RunQuery")  # those of them that were queries
+retried_in = _counted_in(r'retried;desc="(\d+) transaction')  # transactions retried after a collision
 
 
 WHOSE_FIGURES = (

@@ -41,7 +41,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ from mapper import bulk as mapper_bulk
 from mapper import completion
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
+from mapper.handoff import listing_limit
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 from planner.batch import PIPELINE_SPLITS, SCATTER_PER_SPLIT
@@ -76,9 +76,9 @@ OFFSET_SAMPLES = 5  # offset pages timed, spread over the walk
 ADMIN = "bench@example.com"
 BIG_PAGE = 500  # the same fan-out with pages of this many accounts: fewer tasks, fewer listings
 BIG = f"fan-out, pages of {BIG_PAGE}"
-VARIANTS = ("batch pipeline", "fan-out", "fan-out, local Cloud Tasks", "cursor walk", BIG)
+SERVED, SERVED_BIG = "fan-out, local Cloud Tasks", f"fan-out, local Cloud Tasks, pages of {BIG_PAGE}"
+VARIANTS = ("batch pipeline", "fan-out", SERVED, "cursor walk", BIG, SERVED_BIG)
 CORES = psutil.cpu_count()
-RUN_QUERIES = re.compile(r"(\d+) RunQuery")  # in a delivery's Server-Timing header
 SPLITS = PIPELINE_SPLITS  # key ranges the pipeline reads: Beam's ReadFromDatastore split these 10,000 accounts into 12
 BATCH = 500  # entities a commit may write (Datastore's limit per Commit: https://cloud.google.com/datastore/docs/concepts/limits)
 
@@ -289,7 +289,7 @@ def fan_out(app, fanout, job_name="add_credit", page=PAGE):
             chains.delivered(task, header)
             bills.append(harness.billed_from_header(header))  # each delivery's own bill
             retried[0] += harness.retried_in(header)
-            queries[0] += int(match[1]) if (match := RUN_QUERIES.search(header or "")) else 0
+            queries[0] += harness.queries_in(header)
             return response.status_code < 300
         queue.drain(deliver, workers=WORKERS, timeout=1800)
     finally:
@@ -298,12 +298,12 @@ def fan_out(app, fanout, job_name="add_credit", page=PAGE):
                 retried=retried[0], queries=queries[0])
 
 
-def queued_fan_out(server, fanout):
+def queued_fan_out(server, fanout, page=PAGE):
     """The job started through the served app's API; timed until the app says it is done. Its deliveries' bills are
     in responses to the local Cloud Tasks, not here: not counted (the same tasks as the in-process fan-out's)."""
     admin = signed_in(server.url, ADMIN, admin=True)
     response = admin.post(f"{server.url}/api/jobs", json={"name": "add_credit", "params": {"amount": 1},
-                                                            "page_size": PAGE, "fanout": fanout}, timeout=60)
+                                                            "page_size": page, "fanout": fanout}, timeout=60)
     response.raise_for_status()
     job_id = response.json()["id"]
     wait_until(lambda: admin.get(f"{server.url}/api/jobs/{job_id}", timeout=60).json()["state"] != "running",
@@ -362,9 +362,14 @@ def beam_pipeline(python, settings):
     return dict(figures, rows=0, tasks=SPLITS, depth=1, billed=None, critical=None, retried=0)
 
 
+def cpu_of(processes):
+    """CPU seconds (user and system) these processes have used so far."""
+    return sum(sum(proc.cpu_times()[:2]) for proc in processes)
+
+
 def workers_cpu(server):
-    """CPU seconds used so far by a gunicorn's worker processes (user and system)."""
-    return sum(sum(child.cpu_times()[:2]) for child in psutil.Process(server.proc.pid).children())
+    """CPU seconds used so far by a gunicorn's worker processes."""
+    return cpu_of(psutil.Process(server.proc.pid).children())
 
 
 def emulator_cpu(stack, collect=False):
@@ -376,7 +381,7 @@ def emulator_cpu(stack, collect=False):
     if collect:
         java = next(proc.pid for proc in processes if proc.name() == "java")
         subprocess.run(["jcmd", str(java), "GC.run"], capture_output=True, check=True, timeout=120)
-    return sum(sum(proc.cpu_times()[:2]) for proc in processes)
+    return cpu_of(processes)
 
 
 def machine_busy():
@@ -386,16 +391,11 @@ def machine_busy():
     return sum(getattr(times, name, 0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
-def listed_span(fanout):
-    """The keys a range task lists in one query (mapper/tree.py `_process`): its page, the pages after it, one more."""
-    return PAGE * (fanout + 1) + 1
-
-
 def listing_cost(stack, keys, fanout, samples=9, warm=3):
-    """A range task's listing as it asks for it (core/datastore.Bulk.keys: a keys-only query of `listed_span` keys in
+    """A range task's listing as it asks for it (core/datastore.Bulk.keys: a keys-only query of `listing_limit` keys in
     (lo, hi]) at `samples` places among `keys`, after `warm` unmeasured: (its ms, the emulator's CPU ms, its RunQuery
     RPCs), medians."""
-    ordered, span = sorted(keys, key=lambda key: key.id()), listed_span(fanout)
+    ordered, span = sorted(keys, key=lambda key: key.id()), listing_limit(PAGE, fanout)
     walls, cpus, rpcs = [], [], []
     for i in [*range(warm), *range(samples)]:
         lo = ordered[i * (len(ordered) - span - 1) // samples]
@@ -421,7 +421,7 @@ def measure(args, stack, app):
     with rt.context():
         print(f"seeding {args.accounts} accounts...", flush=True)
         keys = seed(args.accounts // 10)  # a tenth first: a listing's cost among them (and among all, at the end)
-        listed = bare and len(keys) > listed_span(args.fanout) + 1
+        listed = bare and len(keys) > listing_limit(PAGE, args.fanout) + 1
         listings = [(len(keys), listing_cost(stack, keys, args.fanout))] if listed else []
         keys += seed(args.accounts - len(keys))
     # Beam runs in a process of its own, which the latency model does not reach: on the bare emulator only.
@@ -460,12 +460,14 @@ def measure(args, stack, app):
                         figures.update(billed=walked.billed, critical=sum(walked.datastore.values()))
                     elif variant == "Apache Beam":
                         figures = beam_pipeline(args.beam_python, rt.settings)
+                    elif variant == SERVED_BIG:
+                        figures = queued_fan_out(server, args.fanout, page=BIG_PAGE)
                     else:
                         figures = queued_fan_out(server, args.fanout)
                     figures.setdefault("seconds", time.perf_counter() - start)
                     # The client's CPU: the in-process variants' is this process's, all its threads (the emulator
                     # is another process); the served variant's, its gunicorn workers'; Beam's, its own process's.
-                    figures.setdefault("cpu", (workers_cpu(server) - served_cpu) if variant.startswith("fan-out, local")
+                    figures.setdefault("cpu", (workers_cpu(server) - served_cpu) if variant in (SERVED, SERVED_BIG)
                                        else time.process_time() - cpu)
                     figures["busy"] = machine_busy() - busy
                     figures["emulator busy"] = emulator_cpu(stack) - emulator  # while it ran
@@ -498,7 +500,8 @@ def _section(column, args, results, offset, query_costs):
                                          "depth", "critical", "retried", "queries"))
     big = _medians(results[BIG], ("seconds", "cpu", "emulator", "busy", "rows", "tasks", "depth", "critical",
                                   "retried", "queries"))
-    served = _medians(results["fan-out, local Cloud Tasks"], ("seconds", "cpu", "emulator", "rows", "tasks", "depth"))
+    served = _medians(results[SERVED], ("seconds", "cpu", "emulator", "rows", "tasks", "depth"))
+    served_big = _medians(results[SERVED_BIG], ("seconds", "cpu", "emulator", "rows", "tasks", "depth"))
     walk = _medians(results["cursor walk"], ("seconds", "cpu", "emulator", "rows", "querying", "critical"))
     pipe = _medians(results["batch pipeline"], ("seconds", "cpu", "emulator", "emulator busy", "busy", "rows", "tasks",
                                                 "queries"))
@@ -528,8 +531,12 @@ def _section(column, args, results, offset, query_costs):
         ["adaptive fan-out, local Cloud Tasks (queue.yaml) to gunicorn", f"{served['seconds']:.1f}",
          cpu(served) + " (its workers')", cpu(served, "emulator"), "as the fan-out's", "as the fan-out's",
          f"{served['rows']:,.0f}", f"{served['tasks']:.0f}", f"{served['depth']:.0f}", "",
-         each("fan-out, local Cloud Tasks")],
+         each(SERVED)],
         fan_row(f"adaptive fan-out, {WORKERS} workers, pages of {BIG_PAGE} (the job's page_size)", big, BIG),
+        [f"adaptive fan-out, local Cloud Tasks to gunicorn, pages of {BIG_PAGE}", f"{served_big['seconds']:.1f}",
+         cpu(served_big) + " (its workers')", cpu(served_big, "emulator"), "as the in-process one's",
+         "as the in-process one's", f"{served_big['rows']:,.0f}", f"{served_big['tasks']:.0f}",
+         f"{served_big['depth']:.0f}", "", each(SERVED_BIG)],
         ["one cursor walk", f"{walk['seconds']:.1f}", cpu(walk), cpu(walk, "emulator"), f"{walk['critical']:.0f}",
          harness.bill_cell(walk_bill), f"{walk['rows']:,.0f}", "1", "1", "", each("cursor walk")],
     ]
@@ -547,6 +554,7 @@ def _section(column, args, results, offset, query_costs):
         "critical_ratio": walk["critical"] / fan["critical"], "retried": fan["retried"],
         "over_pipeline": fan["seconds"] / pipe["seconds"], "served_over_pipeline": served["seconds"] / pipe["seconds"],
         "big_over_pipeline": big["seconds"] / pipe["seconds"],
+        "served_big_over_pipeline": served_big["seconds"] / pipe["seconds"],
         "reads_per_account": fan_bill.reads / args.accounts, "writes_per_account": fan_bill.writes / args.accounts,
         "twice": results["fault"]}
     verdicts = [
@@ -568,7 +576,9 @@ def _section(column, args, results, offset, query_costs):
         f"the same fan-out with pages of {BIG_PAGE} (the job's page_size; {results['chunk']} accounts a transaction "
         f"still): {big['tasks']:.0f} tasks, {big['queries']:.0f} queries, depth {big['depth']:.0f}, its critical path "
         f"{big['critical']:.0f} RPCs, {big['seconds']:.1f} s: {figures['big_over_pipeline']:.2f}x the pipeline's "
-        f"time (pages of {PAGE}: {fan['tasks']:.0f} tasks, {fan['queries']:.0f} queries, {fan['seconds']:.1f} s)",
+        f"time (pages of {PAGE}: {fan['tasks']:.0f} tasks, {fan['queries']:.0f} queries, {fan['seconds']:.1f} s); "
+        f"served, {served_big['seconds']:.1f} s: {figures['served_big_over_pipeline']:.2f}x (pages of {PAGE}: "
+        f"{figures['served_over_pipeline']:.2f}x)",
         *([f"a chunk's transaction alone ({results['chunk']} accounts credited 1, without the task's record, one "
            f"thread): " + " against ".join(f"{us:,.0f} µs an account through {name}"
                                            for name, us in results["chunk cpu"].items())]
@@ -603,7 +613,7 @@ def _section(column, args, results, offset, query_costs):
             f"bounded key range {bounded_cost * 1000:.0f} ms"]
     text = f"## {harness.column_name(column)}\n\n{table}\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n"
     return text, figures, {"batch pipeline": pipe["seconds"], "adaptive fan-out": fan["seconds"],
-                           "fan-out, local Cloud Tasks": served["seconds"], "cursor walk": walk["seconds"]}
+                           SERVED: served["seconds"], "cursor walk": walk["seconds"]}
 
 
 def _made_of(fan, pipe, chunk):
@@ -634,7 +644,7 @@ def _listings_line(listings, fan, pipe, fanout):
     (few, (few_ms, few_cpu, few_rpcs)), (many, (many_ms, many_cpu, many_rpcs)) = listings
     per_rpc, more = many_cpu / many_rpcs, fan["queries"] - pipe["queries"]
     return (f"the emulators' queries cost more as the kind grows: a task's listing (a keys-only query of "
-            f"{listed_span(fanout)} keys in a key range, {many_rpcs:.0f} RunQuery) took {few_ms:.0f} ms "
+            f"{listing_limit(PAGE, fanout)} keys in a key range, {many_rpcs:.0f} RunQuery) took {few_ms:.0f} ms "
             f"({few_cpu:.0f} ms of the emulator's CPU) among {few:,} accounts, right after they were written, and "
             f"{many_ms:.0f} ms ({many_cpu:.0f} ms) among {many:,}, after every variant: {many_cpu / few_cpu:.1f}x the "
             f"CPU for {many / few:.0f}x the kind. In production a query's time grows with the rows it returns, not "
@@ -673,6 +683,10 @@ def report(args, measured):
                                "<= 1.5", figures["over_pipeline"] <= 1.5),
                 harness.target(f"{name}: wall time served (local Cloud Tasks, gunicorn) / batch pipeline",
                                figures["served_over_pipeline"], "<= 1.2", figures["served_over_pipeline"] <= 1.2),
+                harness.target(f"{name}: the same, the job's page_size {BIG_PAGE}: in-process / served",
+                               f"{figures['big_over_pipeline']:.2f} / {figures['served_big_over_pipeline']:.2f}",
+                               "<= 1.5 / 1.2", figures["big_over_pipeline"] <= 1.5
+                               and figures["served_big_over_pipeline"] <= 1.2),
                 harness.target(f"{name}: fan-out billed reads / writes per account, the job's bookkeeping included",
                                f"{figures['reads_per_account']:.2f} / {figures['writes_per_account']:.2f}",
                                "<= 1.1 / 1.1",
@@ -680,7 +694,7 @@ def report(args, measured):
                 harness.target(f"{name}: accounts credited twice under the injected fault, pipeline / fan-out",
                                f"{figures['twice']:,} / 0", "> 0 / 0", figures["twice"] > 0)]
     harness.bar_chart("mapper", [harness.column_name(c) for c in measured],
-                      ("batch pipeline", "adaptive fan-out", "fan-out, local Cloud Tasks", "cursor walk"), seconds,
+                      ("batch pipeline", "adaptive fan-out", SERVED, "cursor walk"), seconds,
                       f"seconds to credit {args.accounts:,} accounts (lower is better)")
     text = (f"# Mapper: batch pipeline vs fan-out vs cursor walk vs offset, {args.accounts:,} accounts\n\n"
             f"{harness.machine_line(sorted({b for b, _ in measured}))}; {args.rounds} rounds, medians"

@@ -20,6 +20,12 @@ TASK_HANDLER = "mapper.run"
 HANDED_BYTES = 90_000
 
 
+def listing_limit(page_size: int, fanout: int) -> int:
+    """The most keys a range task lists in one query: its own page, up to `fanout` pages after it to hand out whole,
+    and one key more, which says whether any remain."""
+    return page_size * (fanout + 1) + 1
+
+
 class HandedPages(ndb.Model):
     """The keys of the pages a task handed to its children ({child's path: urlsafe keys}). A child entity of the
     record, so it is written in the record's first chunk's transaction without taking one more of the legacy

@@ -50,8 +50,7 @@ def _process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord,
         keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         page = page or TaskPage(handed[0], handed[-1], False)
     elif page is None:  # a range task's first delivery: its page and the pages after it, in one query
-        listed = _page_keys(job.kind, payload.lo_key, payload.hi_key,
-                            job.page_size * (job.fanout + 1) + 1)  # one key more says whether any remain
+        listed = _page_keys(job.kind, payload.lo_key, payload.hi_key, handoff.listing_limit(job.page_size, job.fanout))
         keys = listed[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(listed) > len(keys)) if keys else TaskPage(None, None, False)
         children = _split(job, payload, listed, record.credit) if page.more else []
@@ -97,7 +96,7 @@ def _split(job: MapperJob, payload: TaskPayload, listed: list[ndb.Key], credit: 
     """The rest of the range after this task's page, as children: each page `listed` after its own handed out whole
     (as many as fit handoff.HANDED_BYTES), then what lies beyond split into up to `fanout` ranges. Each child gets an
     equal share of `credit`; the task keeps one share and the remainder for its own page."""
-    size, listed_max = job.page_size, job.page_size * (job.fanout + 1)  # listed_max: the most keys one task lists
+    size, listed_max = job.page_size, handoff.listing_limit(job.page_size, job.fanout) - 1  # without the one more key
     pages = handoff.pages_to_hand_out(listed[size:listed_max], size)
     covered = min(size * (len(pages) + 1), len(listed))  # keys of its own page and of the pages handed out
     ranges = []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from accounts.credit import ADD_CREDIT
 from core import billing, production_latency
-from mapper.handoff import HANDED_BYTES
+from mapper.handoff import HANDED_BYTES, listing_limit
 from mapper.jobs import MAX_GROUPS
 from mapper.service import SAMPLES
 from planner import figures
@@ -88,7 +88,7 @@ def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "f
     the longest chain of tasks (a child starts once its parent has listed its range and committed its first chunk;
     the chain's last task does all its work), then the job's end, which follows the last task. Memoised by range size:
     the ranges of one level differ by one entity at most, so a tree of 10**10 entities is a few dozen distinct sizes."""
-    listed_most = page * (fanout + 1) + 1  # a task lists its page, `fanout` pages more and one key
+    listed_most = listing_limit(page, fanout)
 
     def page_task(n: int) -> Tree:
         t = transactions_for(n, chunk)
