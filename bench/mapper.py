@@ -66,7 +66,7 @@ from mapper import service as mapper
 from mapper.handoff import listing_limit
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
-from planner.batch import PIPELINE_SPLITS, SCATTER_PER_SPLIT
+from planner.batch import PIPELINE_SAMPLES, PIPELINE_SPLITS
 
 ACCOUNTS = 10_000
 WORKERS = 8
@@ -133,13 +133,17 @@ def pipeline_client(rt):
 
 
 def pipeline_bounds(client):
-    """Beam's query splitter (apache_beam/io/gcp/datastore/v1new/query_splitter.py): 32 __scatter__ keys per split,
-    in key order, every 32nd a boundary; one range where there are none (the Firestore emulator has none). Account
-    ids are integers of one kind: their key order is their ids' order."""
+    """Beam's query splitter (query_splitter.py, in planner/batch.py's link): (splits - 1) x 32 __scatter__ keys, in
+    key order, the last of each split's share a boundary; as many as there are when fewer than the boundaries; one
+    range where there are none (the Firestore emulator has none). Account ids are integers of one kind: their key
+    order is their ids' order."""
     query = client.query(kind="Account", order=["__scatter__"])
     query.keys_only()
-    samples = sorted((entity.key for entity in query.fetch(limit=SPLITS * SCATTER_PER_SPLIT)), key=lambda key: key.id)
-    return [None, *(samples[i * len(samples) // SPLITS] for i in range(1, SPLITS) if samples), None]
+    samples = sorted((entity.key for entity in query.fetch(limit=PIPELINE_SAMPLES)), key=lambda key: key.id)
+    if len(samples) < SPLITS - 1:
+        return [None, *samples, None]
+    share = len(samples) / (SPLITS - 1)
+    return [None, *(samples[round(i * share) - 1] for i in range(1, SPLITS)), None]
 
 
 def batch_pipeline(rt, fail_after=None):

@@ -17,9 +17,12 @@ CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or
 
 
 # A batch pipeline as Apache Beam's ReadFromDatastore runs it splits the kind into max(12, its size / 64 MiB) key
-# ranges, first reading 32 __scatter__ keys a range in one keys-only query (apache_beam/io/gcp/datastore/v1new/
-# datastoreio.py and query_splitter.py): 12 for a kind under 768 MiB.
+# ranges, first reading 32 __scatter__ keys for each boundary between them in one keys-only query: 12 ranges for a
+# kind under 768 MiB (Beam 2.77's _NUM_QUERY_SPLITS_MIN, _DEFAULT_BUNDLE_SIZE_BYTES and KEYS_PER_SPLIT in
+# https://github.com/apache/beam/blob/v2.77.0/sdks/python/apache_beam/io/gcp/datastore/v1new/datastoreio.py and
+# query_splitter.py beside it).
 PIPELINE_SPLITS, SCATTER_PER_SPLIT = 12, 32
+PIPELINE_SAMPLES = (PIPELINE_SPLITS - 1) * SCATTER_PER_SPLIT  # the split query's limit
 
 # The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs):
 # - its start (mapper/service.py start_job), before the root task is enqueued: its params checked (accounts/credit.py:
@@ -204,7 +207,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd / 1_000_000, 4),
                 f"{walk_bill.describe()}: ${usd / 1_000_000:.4f} a job")
 
-    samples = PIPELINE_SPLITS * SCATTER_PER_SPLIT  # its split query's keys (a keys-only query: a read a batch)
+    samples = PIPELINE_SAMPLES  # its split query's keys (a keys-only query: a read a batch)
     pipeline = billing.Billed(reads=entities + queries_for(min(entities, samples), samples, backend), writes=entities)
     usd = priced(plan, pipeline, "a batch pipeline (its split query, every entity read, then written in batches, "
                                  "no transaction)")
