@@ -16,7 +16,8 @@ cache call waits a modelled production round trip first, core/production_latency
    workers of eight threads), its tasks delivered by devstack's local Cloud Tasks under queue.yaml's rate (50/s),
    bucket (50), concurrency (32) and retries, as Cloud Tasks delivers them on App Engine. What honouring queue.yaml
    costs is its time beside (1)'s.
-1c. The same job (in-process, as 1) given pages of 500 (the job's page_size): fewer tasks, each with more chunks.
+1c. The same job given pages of 500 (the job's page_size): fewer tasks, each with more chunks; in-process (as 1) and
+   served (as 1b).
 2. One cursor walk: one worker pages through the kind in key order (keys only, 100 a page, continuing from the
    cursor) and credits each page in the same transactions the mapper uses (24 accounts on legacy, 100 on Firestore).
 3. limit+offset pages: page i is `fetch(100, offset=100 * i)`. The emulator reads and skips every entity before the
