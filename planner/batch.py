@@ -16,9 +16,10 @@ from planner.figures import Plan, calls_in_turn, priced, round_trip
 CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
 
 
-# A batch pipeline as Apache Beam's ReadFromDatastore runs it splits the kind into max(12, its size / 64 MiB) key
-# ranges, first reading 32 __scatter__ keys for each boundary between them in one keys-only query: 12 ranges for a
-# kind under 768 MiB (Beam 2.77's _NUM_QUERY_SPLITS_MIN, _DEFAULT_BUNDLE_SIZE_BYTES and KEYS_PER_SPLIT in
+# A batch pipeline as Apache Beam's ReadFromDatastore runs it splits the kind into max(12, round(its size / 64 MiB))
+# key ranges, first reading 32 __scatter__ keys for each boundary between them in one keys-only query: 12 ranges for a
+# kind under about 800 MiB, or whose statistics are unavailable, as the emulators keep none (Beam 2.77's
+# get_estimated_num_splits, _NUM_QUERY_SPLITS_MIN, _DEFAULT_BUNDLE_SIZE_BYTES and KEYS_PER_SPLIT in
 # https://github.com/apache/beam/blob/v2.77.0/sdks/python/apache_beam/io/gcp/datastore/v1new/datastoreio.py and
 # query_splitter.py beside it).
 PIPELINE_SPLITS, SCATTER_PER_SPLIT = 12, 32

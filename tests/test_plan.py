@@ -500,9 +500,11 @@ def test_batch_jobs_against_the_mapper_benchmark():
 
 def test_the_planner_answers_for_pages_of_500_as_the_benchmark_measured():
     """bench/results/mapper.md's same job given pages of 500 (bench/mapper.py BIG_PAGE), on each backend and profile:
-    the planner's tree and bill for that page_size. Within one level, one task in twenty and 2% of the bill: at this
-    page a range cut by key arithmetic (Firestore) or at __scatter__ samples (legacy) holds about, not exactly, its
-    share of keys, so whether one more page is left for one more task varies with where the ids fall."""
+    the planner's tree and bill for that page_size. Depth and critical path within one level (a range task's listing,
+    its first transaction, one more read of the records at the end), tasks within one, the bill within 1% or the 2
+    reads one task's record costs: at this page a range cut by key arithmetic (Firestore) or at __scatter__ samples
+    (legacy) holds about, not exactly, its share of keys, so whether one more page is left for one more task varies
+    with where the ids fall (Firestore: 20 tasks measured, 21 modelled)."""
     from bench.mapper import ACCOUNTS, BIG_PAGE, FANOUT, WORKERS
 
     compared = 0
@@ -514,14 +516,13 @@ def test_the_planner_answers_for_pages_of_500_as_the_benchmark_measured():
         assert f"pages of {BIG_PAGE} " in big["variant"], big["variant"]
         tree = batch.fan_out(ACCOUNTS, BIG_PAGE, FANOUT, batch.CHUNKS[backend], backend)
         plan = answers(batch.plan_batch(ACCOUNTS, BIG_PAGE, FANOUT, WORKERS, backend))
-        assert plan["tasks"].value == tree.tasks and plan["critical_rpcs"].value == tree.path_rpcs
         limit = listing_limit(BIG_PAGE, FANOUT)
-        one_level = batch.queries_for(limit, limit, backend) + 3 + 1  # a range task's listing, its first transaction
+        one_level = batch.queries_for(limit, limit, backend) + 3 + 1
         assert abs(int(big["tree depth"]) - tree.depth) <= 1, (heading, big["tree depth"], tree.depth)
-        assert abs(int(big["tasks"]) - tree.tasks) <= max(1, tree.tasks // 20), (heading, big["tasks"], tree.tasks)
+        assert abs(int(big["tasks"]) - tree.tasks) <= 1, (heading, big["tasks"], tree.tasks)
         assert abs(int(big["critical path, RPCs"]) - tree.path_rpcs) <= one_level, (heading, tree.path_rpcs)
         measured, predicted = billed_as(big["billed per job"]), billed_as(plan["fan_out_bill"].text)
         for m, p in ((measured.reads, predicted.reads), (measured.writes, predicted.writes)):
-            assert abs(m / p - 1) <= 0.02, (heading, big["billed per job"], plan["fan_out_bill"].text)
+            assert abs(m - p) <= max(0.01 * p, 2), (heading, big["billed per job"], plan["fan_out_bill"].text)
         compared += 1
     assert compared >= 4
