@@ -524,6 +524,11 @@ def _section(column, args, results, offset, query_costs):
         return [name, f"{figures['seconds']:.1f}", cpu(figures), cpu(figures, "emulator"), f"{figures['critical']:.0f}",
                 harness.bill_cell(results[variant][-1]["billed"]), f"{figures['rows']:,.0f}", f"{figures['tasks']:.0f}",
                 f"{figures['depth']:.0f}", f"{figures['retried']:.0f}", each(variant)]
+
+    def served_row(name, figures, variant, same):  # its bill and critical path: those of the same in-process job
+        return [name, f"{figures['seconds']:.1f}", cpu(figures) + " (its workers')", cpu(figures, "emulator"), same,
+                same, f"{figures['rows']:,.0f}", f"{figures['tasks']:.0f}", f"{figures['depth']:.0f}", "",
+                each(variant)]
     rows = [
         [f"batch pipeline (baseline, as Beam's Datastore IO: google-cloud-datastore, up to {SPLITS} key ranges at "
          f"__scatter__ samples, commits of {BATCH}, no transaction), {WORKERS} workers", f"{pipe['seconds']:.1f}",
@@ -534,15 +539,10 @@ def _section(column, args, results, offset, query_costs):
             f"{beam['seconds']:.1f}", cpu(beam), cpu(beam, "emulator"), "", "as the pipeline's", "as the pipeline's",
             f"{pipe['tasks']:.0f}", "1", "", each("Apache Beam")]] if beam else []),
         fan_row(f"adaptive fan-out, {WORKERS} workers", fan, "fan-out"),
-        ["adaptive fan-out, local Cloud Tasks (queue.yaml) to gunicorn", f"{served['seconds']:.1f}",
-         cpu(served) + " (its workers')", cpu(served, "emulator"), "as the fan-out's", "as the fan-out's",
-         f"{served['rows']:,.0f}", f"{served['tasks']:.0f}", f"{served['depth']:.0f}", "",
-         each(SERVED)],
+        served_row("adaptive fan-out, local Cloud Tasks (queue.yaml) to gunicorn", served, SERVED, "as the fan-out's"),
         fan_row(f"adaptive fan-out, {WORKERS} workers, pages of {BIG_PAGE} (the job's page_size)", big, BIG),
-        [f"adaptive fan-out, local Cloud Tasks to gunicorn, pages of {BIG_PAGE}", f"{served_big['seconds']:.1f}",
-         cpu(served_big) + " (its workers')", cpu(served_big, "emulator"), "as the in-process one's",
-         "as the in-process one's", f"{served_big['rows']:,.0f}", f"{served_big['tasks']:.0f}",
-         f"{served_big['depth']:.0f}", "", each(SERVED_BIG)],
+        served_row(f"adaptive fan-out, local Cloud Tasks to gunicorn, pages of {BIG_PAGE}", served_big, SERVED_BIG,
+                   "as the in-process one's"),
         ["one cursor walk", f"{walk['seconds']:.1f}", cpu(walk), cpu(walk, "emulator"), f"{walk['critical']:.0f}",
          harness.bill_cell(walk_bill), f"{walk['rows']:,.0f}", "1", "1", "", each("cursor walk")],
     ]

@@ -208,8 +208,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd / 1_000_000, 4),
                 f"{walk_bill.describe()}: ${usd / 1_000_000:.4f} a job")
 
-    samples = PIPELINE_SAMPLES  # its split query's keys (a keys-only query: a read a batch)
-    pipeline = billing.Billed(reads=entities + queries_for(min(entities, samples), samples, backend), writes=entities)
+    split_query = queries_for(min(entities, PIPELINE_SAMPLES), PIPELINE_SAMPLES, backend)  # keys only: a read a batch
+    pipeline = billing.Billed(reads=entities + split_query, writes=entities)
     usd = priced(plan, pipeline, "a batch pipeline (its split query, every entity read, then written in batches, "
                                  "no transaction)")
     plan.answer("pipeline_bill", "Batch pipeline: billed, USD a job", round(usd / 1_000_000, 4),
