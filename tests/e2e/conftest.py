@@ -140,6 +140,13 @@ def api(page, method, path, data=None):
     return response.json() if response.text() else None
 
 
+def overflow(page):
+    """How many pixels the page is wider than its window, once its stylesheet has loaded: after a form's POST the
+    new page's text is visible before app.css arrives, and measured unstyled it overflowed (195 px at 360)."""
+    page.wait_for_load_state("load")
+    return page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+
+
 def accessibility_violations(page):
     """What axe-core finds on the page as it stands: one line per rule broken, with its impact and where."""
     results = AXE.run(page, options=AXE_OPTIONS).response

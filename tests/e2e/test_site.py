@@ -5,7 +5,7 @@ from playwright.sync_api import expect
 
 from blog import demo as blog_demo
 from devstack.serving import wait_until
-from tests.e2e.conftest import ADMIN, accessibility_violations, api, sign_in
+from tests.e2e.conftest import ADMIN, accessibility_violations, api, overflow, sign_in
 
 expect.set_options(timeout=15_000)
 
@@ -129,8 +129,8 @@ def test_each_planner_answers_on_the_numbers_page_and_passes_axe(page, width):
         expect(answer.locator("ol.arithmetic li").first).to_be_visible()
         if name == "blog":
             expect(answer.locator('[data-answer="offset_reads"]')).to_contain_text("10000 reads")
-        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert overflow <= 0, f"/numbers with the {name} answer is {overflow}px wider than {width}px"
+        wider = overflow(page)
+        assert wider <= 0, f"/numbers with the {name} answer is {wider}px wider than {width}px"
         assert page.evaluate(UNNAMED_CONTROLS) == [], name
         violations += [f"{name} answer ({width} px): {v}" for v in accessibility_violations(page)]
     assert not violations, "axe-core found:\n" + "\n".join(violations)
@@ -175,8 +175,8 @@ def test_every_page_fits_the_width_names_its_controls_and_passes_axe(page, new_p
     for path in paths:
         response = phone.goto(path)
         assert response.ok, path
-        overflow = phone.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert overflow <= 0, f"{path} is {overflow}px wider than a {width}px screen"
+        wider = overflow(phone)
+        assert wider <= 0, f"{path} is {wider}px wider than a {width}px screen"
         assert phone.evaluate(UNNAMED_CONTROLS) == [], path
         expect(phone.get_by_role("navigation", name="Main")).to_be_visible()
         if width < 600:
@@ -226,8 +226,8 @@ def test_the_seeded_demo_passes_axe_as_visitor_and_admin(demo, page, new_page, w
     for who, person in (("admin", admin), ("visitor", visitor)):
         for path in paths:
             person.goto(path)
-            overflow = person.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-            assert overflow <= 0, f"{path} ({who}) is {overflow}px wider than a {width}px screen"
+            wider = overflow(person)
+            assert wider <= 0, f"{path} ({who}) is {wider}px wider than a {width}px screen"
             violations += [f"{path} ({who}, {width} px): {v}" for v in accessibility_violations(person)]
             checked += 1
     # The seeded entries do hold code blocks (the Markdown's <pre>, which scrolled sideways at 360 px before).
