@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from devstack.services import REPO, DevstackError, Stack, backend_from_env
@@ -31,7 +32,22 @@ def _dev_secret():
     return path.read_text().strip()
 
 
+_stopping = threading.Event()  # Ctrl-C or kill came, whether or not its KeyboardInterrupt got through
+
+
 def _interrupt(*_):
+    # Raised to cut short whatever the main thread is doing (starting a service, seeding). Python drops an exception
+    # raised while a finalizer runs (urllib3 closes a pool's connections in one), and the Ctrl-C with it: so it is
+    # also remembered, for the wait while serving.
+    _stopping.set()
+    raise KeyboardInterrupt
+
+
+def _until_stopped(proc):
+    """Until Ctrl-C or kill (KeyboardInterrupt, even one Python dropped), or until `proc` exits (its status)."""
+    while not _stopping.wait(0.5):
+        if proc.poll() is not None:
+            return proc.returncode
     raise KeyboardInterrupt
 
 
@@ -96,7 +112,7 @@ def run(port):
         server.wait_ready(timeout=120)
         print(f"\n  Serving on {url}  (Ctrl-C stops the app, the emulator, the task queue and {stack.cache.name})\n",
               flush=True)
-        status = server.proc.wait()
+        status = _until_stopped(server.proc)
         raise DevstackError(f"gunicorn stopped on its own (status {status}); its error is above.")
     except KeyboardInterrupt:
         pass

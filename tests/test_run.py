@@ -11,9 +11,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import weakref
 
+import pytest
 import requests
 
+import devstack.__main__ as devstack_run
 from devstack.services import REPO, _port_open, free_port
 from devstack.serving import wait_until
 
@@ -76,6 +80,26 @@ def test_ctrl_c_stops_every_process_make_run_started_and_frees_its_port(tmp_path
         # Once it says so, nothing it started is left, and the port is free.
         assert [_command(pid) for pid in _started_by(marker)] == [], f"start {start + 1}"
         assert not _port_open(port), f"start {start + 1}"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt, on purpose
+def test_a_ctrl_c_whose_exception_python_dropped_still_stops_the_wait_while_serving():
+    """Ctrl-C raises KeyboardInterrupt wherever the main thread is; Python drops one raised while a finalizer runs.
+    urllib3 closes a pool's connections in one, and CI once saw Ctrl-C land there, just as `make run` began to serve:
+    the interrupt was printed, dropped, and the run waited on gunicorn for ever. The wait hears it all the same."""
+    gunicorn = subprocess.Popen(["sleep", "5"])  # stands in for the server: a process that would outlive the test
+    pool = type("Pool", (), {})()
+    weakref.finalize(pool, devstack_run._interrupt)
+    try:
+        del pool  # the finalizer runs here: its KeyboardInterrupt is printed and dropped, as urllib3's was
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            devstack_run._until_stopped(gunicorn)
+        assert time.monotonic() - began < 2 and gunicorn.poll() is None
+    finally:
+        gunicorn.kill()
+        gunicorn.wait()
+        devstack_run._stopping.clear()
 
 
 class _Run:
