@@ -12,7 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 from devstack.services import REPO, DevstackError, Stack, backend_from_env
@@ -32,22 +32,25 @@ def _dev_secret():
     return path.read_text().strip()
 
 
-_stopping = threading.Event()  # Ctrl-C or kill came, whether or not its KeyboardInterrupt got through
+_stopping = False  # Ctrl-C or kill came, whether or not its KeyboardInterrupt got through
 
 
 def _interrupt(*_):
-    # Raised to cut short whatever the main thread is doing (starting a service, seeding). Python drops an exception
-    # raised while a finalizer runs (urllib3 closes a pool's connections in one), and the Ctrl-C with it: so it is
-    # also remembered, for the wait while serving.
-    _stopping.set()
+    # The KeyboardInterrupt cuts short whatever the main thread is doing (starting a service, seeding). Python drops an
+    # exception raised while a finalizer runs (urllib3 closes a pool's connections in one), and the Ctrl-C with it, so
+    # the handler also sets a flag: a plain one, for a lock (threading.Event's) may be held by the code it interrupts.
+    global _stopping
+    _stopping = True
     raise KeyboardInterrupt
 
 
 def _until_stopped(proc):
-    """Until Ctrl-C or kill (KeyboardInterrupt, even one Python dropped), or until `proc` exits (its status)."""
-    while not _stopping.wait(0.5):
+    """The wait while serving: `proc`'s status if it exits; KeyboardInterrupt once stopped, even by a Ctrl-C whose
+    exception Python dropped (then at most half a second late)."""
+    while not _stopping:
         if proc.poll() is not None:
             return proc.returncode
+        time.sleep(0.5)
     raise KeyboardInterrupt
 
 

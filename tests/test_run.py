@@ -83,10 +83,11 @@ def test_ctrl_c_stops_every_process_make_run_started_and_frees_its_port(tmp_path
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt, on purpose
-def test_a_ctrl_c_whose_exception_python_dropped_still_stops_the_wait_while_serving():
+def test_a_ctrl_c_whose_exception_python_dropped_still_stops_the_wait_while_serving(monkeypatch):
     """Ctrl-C raises KeyboardInterrupt wherever the main thread is; Python drops one raised while a finalizer runs.
     urllib3 closes a pool's connections in one, and CI once saw Ctrl-C land there, just as `make run` began to serve:
     the interrupt was printed, dropped, and the run waited on gunicorn for ever. The wait hears it all the same."""
+    monkeypatch.setattr(devstack_run, "_stopping", False)  # put back after the test: it sets it
     gunicorn = subprocess.Popen(["sleep", "5"])  # stands in for the server: a process that would outlive the test
     pool = type("Pool", (), {})()
     weakref.finalize(pool, devstack_run._interrupt)
@@ -99,7 +100,6 @@ def test_a_ctrl_c_whose_exception_python_dropped_still_stops_the_wait_while_serv
     finally:
         gunicorn.kill()
         gunicorn.wait()
-        devstack_run._stopping.clear()
 
 
 class _Run:

@@ -142,7 +142,8 @@ def api(page, method, path, data=None):
 
 def overflow(page):
     """How many pixels the page is wider than its window, once its stylesheet has loaded: after a form's POST the
-    new page's text is visible before app.css arrives, and measured unstyled it overflowed (195 px at 360)."""
+    new page's text is visible before app.css arrives, and measured unstyled it overflowed (195 px at 360). Call it
+    once something only the new page has is seen: before the navigation commits it would measure the old page."""
     page.wait_for_load_state("load")
     return page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
 
