@@ -39,6 +39,7 @@ def _interrupt(*_):
     # The KeyboardInterrupt cuts short whatever the main thread is doing (starting a service, seeding). Python drops an
     # exception raised while a finalizer runs (urllib3 closes a pool's connections in one), and the Ctrl-C with it, so
     # the handler also sets a flag: a plain one, for a lock (threading.Event's) may be held by the code it interrupts.
+    # (https://docs.python.org/3/library/signal.html#note-on-signal-handlers-and-exceptions)
     global _stopping
     _stopping = True
     raise KeyboardInterrupt
