@@ -12,12 +12,14 @@ recorded in tests/fixtures/gcloud/ and sees each refusal. The JSON fields read h
 references, which gcloud prints as they are (the field lists are also in the CLI's generated clients,
 lib/googlecloudsdk/generated_clients/apis/<api>/<version>/*_messages.py).
 """
+import ipaddress
 import json
 import ssl
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from core.settings import APP_ROOT, tasks_region
@@ -56,7 +58,20 @@ APIS = {
     "secretmanager.googleapis.com": "Secret Manager API: the session key",
 }
 CONNECTOR_APIS = {"vpcaccess.googleapis.com": "Serverless VPC Access API: the connector to the cache"}
-VALKEY_APIS = {"memorystore.googleapis.com": "Memorystore API: the Valkey instance and its CA"}
+# A Valkey instance's "before you begin" enables the Memorystore, Network Connectivity and Service Consumer Management
+# APIs (https://cloud.google.com/memorystore/docs/valkey/create-instances); the preflight reads the network and its
+# firewall rules through the Compute Engine API.
+VALKEY_APIS = {"memorystore.googleapis.com": "Memorystore API: the Valkey instance and its CA",
+               "networkconnectivity.googleapis.com": "Network Connectivity API: the instance's service connection "
+                                                     "policy",
+               "serviceconsumermanagement.googleapis.com": "Service Consumer Management API: a prerequisite of "
+                                                           "creating a Valkey instance",
+               "compute.googleapis.com": "Compute Engine API: the VPC network and its firewall rules"}
+# App Engine cron runs on Cloud Scheduler: "To deploy or update schedules, your account requires one of the following
+# Identity and Access Management roles: Owner, Editor, Cloud Scheduler Admin (roles/cloudscheduler.admin)"
+# (https://cloud.google.com/appengine/docs/standard/scheduling-jobs-with-cron-yaml).
+CRON_APIS = {"cloudscheduler.googleapis.com": "Cloud Scheduler API: the jobs cron.yaml deploys"}
+CRON_DEPLOYER_ROLES = {"roles/owner", "roles/editor", "roles/cloudscheduler.admin"}
 
 # What the app's service account must hold on the project, and the predefined roles that hold it
 # (https://cloud.google.com/iam/docs/understanding-roles). Basic roles count: older projects gave the App Engine
@@ -119,6 +134,8 @@ class Preflight:
             apis |= CONNECTOR_APIS
         if self.env.get("REDIS_URL", "").strip():
             apis |= VALKEY_APIS
+        if self.parsed.get("cron"):
+            apis |= CRON_APIS
         return apis
 
     def apis_enabled(self) -> bool:
@@ -173,6 +190,18 @@ class Preflight:
                         "every Datastore call would cross regions. A database's location cannot be changed: while "
                         "it holds no data, `gcloud firestore databases delete --database='(default)'`, then "
                         f"`{create}`.")
+        # Refused, not warned: in OPTIMISTIC_WITH_ENTITY_GROUPS the legacy limits stay (a transaction touches at most
+        # 25 entity groups, https://cloud.google.com/datastore/docs/concepts/transactions), and a mapper chunk is one
+        # transaction over a page of root entities (100 by default, mapper/bulk.py), so every job would fail. The
+        # mode is the Admin API's Database.concurrencyMode, "not recommended for any new databases"
+        # (https://cloud.google.com/firestore/docs/reference/rest/v1/projects.databases#concurrencymode).
+        if database.get("concurrencyMode") == "OPTIMISTIC_WITH_ENTITY_GROUPS":
+            self.refuse("The (default) database's concurrencyMode is OPTIMISTIC_WITH_ENTITY_GROUPS: a transaction "
+                        "may touch at most 25 entity groups there, and a mapper chunk touches a page of 100. Set it to "
+                        "PESSIMISTIC, Firestore's default, through the Admin API: `curl -X PATCH -H \"Authorization: "
+                        "Bearer $(gcloud auth print-access-token)\" -H 'Content-Type: application/json' -d "
+                        "'{\"concurrencyMode\": \"PESSIMISTIC\"}' 'https://firestore.googleapis.com/v1/projects/"
+                        f"{self.project}/databases/(default)?updateMask=concurrencyMode'` (docs/deploy.md, section 1).")
 
     def connector_and_cache(self, app: dict) -> None:
         name = self.parsed["vpc_access_connector"]
@@ -204,13 +233,44 @@ class Preflight:
                         "delete it and create it again (an ERROR connector does not mend).")
         url = self.env.get("REDIS_URL", "").strip()
         if url:
-            self.valkey(url, region, str(connector.get("network", "")).rsplit("/", 1)[-1])
+            network = str(connector.get("network", "")).rsplit("/", 1)[-1]
+            if self.network_reaches_valkey(network, str(connector.get("ipCidrRange", ""))):
+                self.valkey(url, region, network)
+
+    def network_reaches_valkey(self, network: str, connector_range: str) -> bool:
+        """The connector's VPC network exists, and a firewall rule lets the connector reach Valkey's ports. Valkey's
+        connect page: "For all of your instance's Private Service Connect endpoints, you must allow TCP port 6379, as
+        well as TCP ports 11000 through 13047" (https://cloud.google.com/memorystore/docs/valkey/connect-instance).
+        The answers are Compute Engine's Network and Firewall resources
+        (https://cloud.google.com/compute/docs/reference/rest/v1/networks,
+        https://cloud.google.com/compute/docs/reference/rest/v1/firewalls)."""
+        try:
+            self.run(["compute", "networks", "describe", network])
+        except GcloudFailed as e:
+            if not _not_found(e):
+                raise
+            self.refuse(f"There is no VPC network {network!r}, the connector's: a new project may have no `default` "
+                        f"network. `gcloud compute networks create {network} --subnet-mode=custom`, then a subnet in "
+                        f"{self.region}: `gcloud compute networks subnets create {network}-{self.region} "
+                        f"--network={network} --region={self.region} --range=10.0.0.0/24` (docs/deploy.md, section 5).")
+            return False
+        rules = [rule for rule in self.run(["compute", "firewall-rules", "list"]) or []
+                 if str(rule.get("network", "")).rsplit("/", 1)[-1] == network]
+        allowed = _tcp_ports_allowed(rules, connector_range)
+        missing = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in VALKEY_PORTS if not _covered(allowed, lo, hi)]
+        if missing:
+            self.refuse(f"No enabled ingress firewall rule of the network {network!r} allows TCP {', '.join(missing)} "
+                        f"from the connector's range {connector_range}: Valkey needs TCP 6379 and 11000-13047 open to "
+                        f"its endpoints. `gcloud compute firewall-rules create allow-valkey --network={network} "
+                        "--direction=INGRESS --action=ALLOW --rules=tcp:6379,tcp:11000-13047 "
+                        f"--source-ranges={connector_range}`.")
+        return True
 
     def valkey_instance(self, url: str, region: str) -> dict | None:
-        """The Memorystore for Valkey instance whose endpoint REDIS_URL names, in `region`."""
+        """The Memorystore for Valkey instance one of whose endpoints REDIS_URL names, in `region`."""
         host = urlsplit(url).hostname
         for instance in self.run(["memorystore", "instances", "list", f"--location={region}"]) or []:
-            if host in {address for address, _ in _endpoints(instance)}:
+            if host in {endpoint.address for endpoint in _endpoints(instance)}:
                 return instance
         return None
 
@@ -220,7 +280,7 @@ class Preflight:
         if instance is None:
             self.refuse(f"REDIS_URL's address {host} is not the endpoint of a Memorystore for Valkey instance in "
                         f"{region} (`gcloud memorystore instances list --location={region}`): set it to the "
-                        "instance's discovery endpoint, or create the instance (docs/deploy.md, section 5).")
+                        "instance's primary endpoint, or create the instance (docs/deploy.md, section 5).")
             return
         name = instance["name"].rsplit("/", 1)[-1]
         if instance.get("state") != "ACTIVE":
@@ -228,8 +288,10 @@ class Preflight:
         if instance.get("mode") == "CLUSTER":
             self.refuse(f"The Valkey instance {name} has Cluster Mode Enabled: the app's client speaks to one "
                         "server. Create an instance with --mode=cluster-disabled (the mode cannot be changed).")
-        networks = {endpoint_network.rsplit("/", 1)[-1] for address, endpoint_network in _endpoints(instance)
-                    if address == host}
+        else:
+            self.primary_endpoint(instance, url)
+        networks = {endpoint.network.rsplit("/", 1)[-1] for endpoint in _endpoints(instance)
+                    if endpoint.address == host}
         if network not in networks:
             self.refuse(f"The connector is in the network {network!r} but {name}'s endpoint {host} is in "
                         f"{', '.join(sorted(networks))}: a connector reaches addresses of its own network only. "
@@ -240,26 +302,67 @@ class Preflight:
                         f"{'on: REDIS_URL must be rediss://' if encrypted else 'off: REDIS_URL must be redis://'} "
                         "(and CACHE_CA_FILE set only with rediss://).")
         elif encrypted:
-            self.valkey_ca(name, region)
+            self.valkey_ca(instance, region)
 
-    def instance_ca(self, name: str, region: str) -> list[str]:
-        """The instance's CA certificates, PEM, as `gcloud memorystore instances get-certificate-authority` says."""
-        answer = self.run(["memorystore", "instances", "get-certificate-authority", name, f"--location={region}"])
+    def primary_endpoint(self, instance: dict, url: str) -> None:
+        """REDIS_URL names the primary endpoint of a Cluster Mode Disabled instance. Such an instance has a primary
+        endpoint, which sends everything to the primary node, and a reader endpoint, which spreads reads over the
+        replicas; a discovery endpoint belongs to Cluster Mode Enabled
+        (https://cloud.google.com/memorystore/docs/valkey/product-overview, "Instance endpoints"; the memorystore v1
+        ConnectionType: CONNECTION_TYPE_PRIMARY "used as primary endpoint to access primary", _READER "used as
+        reader endpoint to access replicas", _DISCOVERY "used for topology discovery")."""
+        endpoints, named_url = _endpoints(instance), urlsplit(url)
+        named = {endpoint.connection_type for endpoint in endpoints if endpoint.address == named_url.hostname}
+        if "CONNECTION_TYPE_PRIMARY" in named:
+            return
+        primary = [f"{e.address}:{e.port}" for e in endpoints if e.connection_type == "CONNECTION_TYPE_PRIMARY"]
+        fix = (f"set REDIS_URL to its primary endpoint, {named_url.scheme}://{primary[0]}/0" if primary else
+               "the instance has no CONNECTION_TYPE_PRIMARY endpoint: create it as docs/deploy.md, section 5 says")
+        kind = ("its reader endpoint (CONNECTION_TYPE_READER), which serves replicas, where the app's writes are "
+                "refused" if "CONNECTION_TYPE_READER" in named else
+                f"a {'/'.join(sorted(named))} endpoint, which belongs to Cluster Mode Enabled, on a Cluster Mode "
+                "Disabled instance")
+        self.refuse(f"REDIS_URL names {kind}: {fix}.")
+
+    def instance_ca(self, instance: dict, region: str) -> list[str]:
+        """The CA certificates, PEM, that sign the instance's server certificates, read where its serverCaMode keeps
+        them (memorystore v1 Instance.ServerCaMode): its own Google-managed CA (GOOGLE_MANAGED_PER_INSTANCE_CA, and
+        instances that predate the field), the region's shared one (GOOGLE_MANAGED_SHARED_CA,
+        https://cloud.google.com/memorystore/docs/valkey/use-shared-ca), or the CAs of the customer's CA Service pool
+        (CUSTOMER_MANAGED_CAS_CA, https://cloud.google.com/memorystore/docs/valkey/use-customer-managed-ca)."""
+        mode = str(instance.get("serverCaMode", "")).removeprefix("SERVER_CA_MODE_")  # the deprecated aliases
+        if mode == "CUSTOMER_MANAGED_CAS_CA":
+            _, project, _, location, _, pool = str(instance["serverCaPool"]).split("/")
+            where = [f"--pool={pool}", f"--location={location}", f"--project={project}"]
+            # Certificate Authority Service's CertificateAuthority.pemCaCertificates: the CA's chain, root last.
+            return [pem for kind in ("roots", "subordinates")
+                    for authority in self.run(["privateca", kind, "list", *where]) or []
+                    for pem in authority.get("pemCaCertificates", [])]
+        if mode == "GOOGLE_MANAGED_SHARED_CA":
+            answer = self.run(["memorystore", "instances", "get-shared-regional-certificate-authority",
+                               f"--location={region}"])
+        else:
+            name = instance["name"].rsplit("/", 1)[-1]
+            answer = self.run(["memorystore", "instances", "get-certificate-authority", name, f"--location={region}"])
+        # CertificateAuthority and SharedRegionalCertificateAuthority both answer managedServerCa.caCerts[] of
+        # certificate chains (memorystore v1 REST reference).
         assert isinstance(answer, dict)
         return [pem for chain in (answer.get("managedServerCa") or {}).get("caCerts", [])
                 for pem in chain.get("certificates", [])]
 
-    def valkey_ca(self, name: str, region: str) -> None:
+    def valkey_ca(self, instance: dict, region: str) -> None:
         ca_file = self.env.get("CACHE_CA_FILE", "").strip()
         try:
             trusted = _der_certificates((APP_ROOT / ca_file).read_text()) if ca_file else set()
         except (OSError, ValueError):
             trusted = set()
-        missing = [pem for pem in self.instance_ca(name, region) if _der(pem) not in trusted]
+        name = instance["name"].rsplit("/", 1)[-1]
+        missing = [pem for pem in self.instance_ca(instance, region) if _der(pem) not in trusted]
         if missing:
             self.refuse(f"CACHE_CA_FILE {ca_file!r} does not hold {len(missing)} of the Valkey instance {name}'s CA "
-                        "certificates, so every TLS connection would be refused: `python -m devstack.preflight "
-                        "--save-valkey-ca` writes them there.")
+                        f"certificates ({instance.get('serverCaMode', 'GOOGLE_MANAGED_PER_INSTANCE_CA')}), so every "
+                        "TLS connection would be refused: `python -m devstack.preflight --save-valkey-ca` writes them "
+                        "there.")
 
     def queue(self) -> None:
         queue, location = self.env.get("TASKS_QUEUE") or "mapper", self.region
@@ -294,6 +397,8 @@ class Preflight:
                             f"add-iam-policy-binding {self.project} --member=serviceAccount:{account} --role={role}`. "
                             "The preflight reads the project's own policy: a grant through a group or a folder is "
                             "not seen, so grant it on the project.")
+        if self.parsed.get("cron"):
+            self.cron_deployer(held)
         builder = self.run(["builds", "get-default-service-account"])
         assert isinstance(builder, dict)
         email = str(builder.get("serviceAccountEmail") or "").rsplit("/", 1)[-1]
@@ -305,16 +410,76 @@ class Preflight:
                         f": `gcloud projects add-iam-policy-binding {self.project} --member=serviceAccount:{email} "
                         "--role=roles/cloudbuild.builds.builder`.")
 
+    def cron_deployer(self, held: dict[str, set[str]]) -> None:
+        """`make deploy` uploads cron.yaml as the account gcloud runs as, which needs Owner, Editor or Cloud
+        Scheduler Admin (CRON_DEPLOYER_ROLES' source)."""
+        account = str(self.run(["config", "get-value", "account"]) or "")
+        member = f"{'serviceAccount' if account.endswith('.gserviceaccount.com') else 'user'}:{account}"
+        if not held.get(member, set()) & CRON_DEPLOYER_ROLES:
+            self.refuse(f"You deploy as {account or 'no account'}, which holds none of Owner, Editor and Cloud "
+                        "Scheduler Admin on the project: deploying cron.yaml needs one. `gcloud projects "
+                        f"add-iam-policy-binding {self.project} --member={member} --role=roles/cloudscheduler.admin`.")
 
-def _endpoints(instance: dict) -> list[tuple[str, str]]:
-    """(address, network) of every endpoint of a Valkey instance: its PSC connections, and the deprecated
-    discoveryEndpoints."""
-    found = [(e.get("address"), e.get("network", "")) for e in instance.get("discoveryEndpoints", [])]
+
+class Endpoint(NamedTuple):
+    address: str
+    port: int
+    network: str
+    connection_type: str
+
+
+def _endpoints(instance: dict) -> list[Endpoint]:
+    """Every endpoint of a Valkey instance (memorystore v1 Instance): its PSC connections' (pscAutoConnection or
+    pscConnection: ipAddress, port, network, connectionType), and the deprecated discoveryEndpoints, which are
+    discovery endpoints."""
+    found = [Endpoint(e.get("address", ""), e.get("port", 6379), e.get("network", ""), "CONNECTION_TYPE_DISCOVERY")
+             for e in instance.get("discoveryEndpoints", [])]
     for group in instance.get("endpoints", []):
         for connection in group.get("connections", []):
             psc = connection.get("pscAutoConnection") or connection.get("pscConnection") or {}
-            found.append((psc.get("ipAddress"), psc.get("network", "")))
-    return [(str(address), str(network)) for address, network in found if address]
+            found.append(Endpoint(psc.get("ipAddress", ""), psc.get("port", 6379), psc.get("network", ""),
+                                  psc.get("connectionType", "CONNECTION_TYPE_UNSPECIFIED")))
+    return [endpoint for endpoint in found if endpoint.address]
+
+
+# The TCP ports Valkey's endpoints must be reachable on (connect-instance, quoted in network_reaches_valkey).
+VALKEY_PORTS = ((6379, 6379), (11000, 13047))
+
+
+def _tcp_ports_allowed(rules: list[dict], source: str) -> list[tuple[int, int]]:
+    """The TCP port ranges that the enabled INGRESS ALLOW rules among `rules` open to every address of `source` (a
+    CIDR range), on every target (no targetTags or targetServiceAccounts). Compute Engine's Firewall: `allowed[]`
+    of {IPProtocol, ports}, where no ports means all of them. Deny rules are not weighed."""
+    ranges: list[tuple[int, int]] = []
+    for rule in rules:
+        if (rule.get("direction", "INGRESS") != "INGRESS" or rule.get("disabled") or rule.get("targetTags")
+                or rule.get("targetServiceAccounts")
+                or not any(_within(source, allowed) for allowed in rule.get("sourceRanges", []))):
+            continue
+        for allowed in rule.get("allowed", []):
+            if allowed.get("IPProtocol") in ("tcp", "all", "6"):
+                for ports in allowed.get("ports") or ["0-65535"]:
+                    lo, _, hi = ports.partition("-")
+                    ranges.append((int(lo), int(hi or lo)))
+    return ranges
+
+
+def _within(inner: str, outer: str) -> bool:
+    try:
+        small, large = ipaddress.ip_network(inner, strict=False), ipaddress.ip_network(outer, strict=False)
+    except ValueError:
+        return False
+    return small.network_address in large and small.broadcast_address in large
+
+
+def _covered(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether the union of `ranges` holds every port from lo to hi."""
+    for start, end in sorted(ranges):
+        if start <= lo <= end:
+            lo = end + 1
+        if lo > hi:
+            return True
+    return False
 
 
 def _der(pem: str) -> bytes:
@@ -392,7 +557,7 @@ def save_valkey_ca(parsed: dict, run: Runner = gcloud) -> None:
     if instance is None:
         raise DevstackError(f"No Valkey instance in {check.region} has the endpoint of REDIS_URL.")
     name = instance["name"].rsplit("/", 1)[-1]
-    pems = check.instance_ca(name, check.region)
+    pems = check.instance_ca(instance, check.region)
     (APP_ROOT / env["CACHE_CA_FILE"].strip()).write_text("".join(pem.strip() + "\n" for pem in pems))
     print(f"saved {len(pems)} CA certificates of {name} in {env['CACHE_CA_FILE']}")
 

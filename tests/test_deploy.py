@@ -319,7 +319,9 @@ class Recorded:
 
 @pytest.fixture(scope="module")
 def valkey_app_yaml(tmp_path_factory):
-    return deployfiles.parse(_deploy_folder(tmp_path_factory.mktemp("valkey"), changes=VALKEY))[0]
+    # with the repository's cron.yaml: a ready project is also one that may take its schedules
+    return deployfiles.parse(_deploy_folder(tmp_path_factory.mktemp("valkey"), changes=VALKEY,
+                                            **{"cron.yaml": (REPO / "cron.yaml").read_text()}))[0]
 
 
 def test_the_preflight_passes_a_ready_project_having_read_all_of_it(valkey_app_yaml):
@@ -348,6 +350,25 @@ REFUSALS = {
     "a Valkey instance without in-transit encryption": r"in-transit encryption off: REDIS_URL must be redis://",
     "a Valkey instance whose CA is not CACHE_CA_FILE's": r"does not hold 1 of the Valkey instance cache's CA.*"
                                                          r"--save-valkey-ca",
+    "a Valkey instance on the shared regional CA": r"does not hold 1 of the Valkey instance cache's CA certificates "
+                                                   r"\(GOOGLE_MANAGED_SHARED_CA\)",
+    "a Valkey instance on a customer-managed CA": r"does not hold 1 of the Valkey instance cache's CA certificates "
+                                                  r"\(CUSTOMER_MANAGED_CAS_CA\)",
+    "REDIS_URL naming the reader endpoint": r"REDIS_URL names its reader endpoint \(CONNECTION_TYPE_READER\).*"
+                                            r"set REDIS_URL to its primary endpoint, rediss://10.128.0.4:6379/0",
+    "a discovery endpoint on a Cluster Mode Disabled instance": r"REDIS_URL names a CONNECTION_TYPE_DISCOVERY "
+                                                                r"endpoint, which belongs to Cluster Mode Enabled",
+    "no VPC network": r"There is no VPC network 'default'.*`gcloud compute networks create default "
+                      r"--subnet-mode=custom`",
+    "no firewall rule for Valkey's ports": r"allows TCP 6379, 11000-13047 from the connector's range 10.8.0.0/28.*"
+                                           r"firewall-rules create allow-valkey --network=default",
+    "a database in OPTIMISTIC_WITH_ENTITY_GROUPS mode": r"concurrencyMode is OPTIMISTIC_WITH_ENTITY_GROUPS: .*25 "
+                                                        r"entity groups.*updateMask=concurrencyMode",
+    "the Service Consumer Management API off": r"APIs not enabled: serviceconsumermanagement.googleapis.com ",
+    "the Cloud Scheduler API off": r"APIs not enabled: cloudscheduler.googleapis.com ",
+    "a deployer who may not deploy cron.yaml": r"You deploy as deployer@example.com, which holds none of Owner, "
+                                               r"Editor and Cloud Scheduler Admin.*--member=user:deployer@example.com "
+                                               r"--role=roles/cloudscheduler.admin",
     "a paused queue": r"The queue mapper is PAUSED.*gcloud tasks queues resume mapper --location=us-central1",
     "a queue disabled by a queue.yaml upload": r"The queue mapper is DISABLED.*queues resume mapper",
     "the app's account without appengine.applications.get": r"demo-project@appspot.gserviceaccount.com lacks "
@@ -393,10 +414,20 @@ def test_a_project_without_a_cache_needs_neither_its_apis_nor_a_connector(deploy
     parsed = {**deployed[0], "env": {**deployed[0]["env"], "TASKS_LOCATION": "us-central1"}}
     answers = {line: answer for line, answer in READY.items() if "memorystore" not in line and "vpc-access" not in line}
     answers["services list --enabled"] = {"json": [s for s in READY["services list --enabled"]["json"]
-                                                   if s["config"]["name"] in preflight.APIS]}
+                                                   if s["config"]["name"] in preflight.APIS | preflight.CRON_APIS]}
     gcloud = Recorded(answers)
     assert preflight.Preflight(parsed, gcloud).check() == []
-    assert not any("memorystore" in line or "vpc-access" in line for line in gcloud.asked)
+    assert not any(word in line for line in gcloud.asked for word in ("memorystore", "vpc-access", "compute"))
+
+
+def test_enable_apis_enables_what_valkey_and_cron_need(valkey_app_yaml):
+    enable = "services enable " + " ".join(preflight.Preflight(valkey_app_yaml).needed_apis())
+    gcloud = Recorded({enable: {"json": {}}})
+    preflight.enable_apis(valkey_app_yaml, gcloud)
+    assert {"serviceconsumermanagement.googleapis.com", "cloudscheduler.googleapis.com",
+            "compute.googleapis.com"} <= set(gcloud.asked[0].split())
+    without_cron = {**valkey_app_yaml, "cron": None}
+    assert "cloudscheduler.googleapis.com" not in preflight.Preflight(without_cron).needed_apis()
 
 
 def test_make_deploy_creates_or_updates_the_queue_from_queue_yaml(deployed):
@@ -431,6 +462,21 @@ def test_the_valkey_ca_is_saved_from_gcloud_and_then_accepted(valkey_app_yaml, t
     assert preflight.Preflight(parsed, Recorded(READY)).check() == []
     assert Settings.from_env({"REDIS_URL": "rediss://10.128.0.5:6379/0", "CACHE_CA_FILE": str(saved),
                               "SECRET_KEY": "s" * 32}).cache_ca == saved.read_text()
+
+
+@pytest.mark.parametrize("state", ["a Valkey instance on the shared regional CA",
+                                   "a Valkey instance on a customer-managed CA"])
+def test_the_valkey_ca_is_read_where_the_instance_keeps_it(valkey_app_yaml, tmp_path, state):
+    saved = tmp_path / "valkey-ca.pem"
+    parsed = {**valkey_app_yaml, "env": {**valkey_app_yaml["env"], "CACHE_CA_FILE": str(saved)}}
+    answers = READY | BROKEN[state]
+    preflight.save_valkey_ca(parsed, Recorded(answers))
+    assert preflight.Preflight(parsed, Recorded(answers)).check() == []
+    assert _der_of(saved) != _der_of(FIXTURES / "valkey-ca.pem")  # not the per-instance CA ready.json answers
+
+
+def _der_of(path):
+    return preflight._der_certificates(path.read_text())
 
 
 def test_cron_yaml_is_checked_and_deployed_when_there_is_one(tmp_path, app):
