@@ -190,10 +190,11 @@ class Preflight:
                         "every Datastore call would cross regions. A database's location cannot be changed: while "
                         "it holds no data, `gcloud firestore databases delete --database='(default)'`, then "
                         f"`{create}`.")
-        # Refused, not warned: in OPTIMISTIC_WITH_ENTITY_GROUPS the legacy limits stay (a transaction touches at most
-        # 25 entity groups, https://cloud.google.com/datastore/docs/concepts/transactions), and a mapper chunk is one
-        # transaction over a page of root entities (100 by default, mapper/bulk.py), so every job would fail. The
-        # mode is the Admin API's Database.concurrencyMode, "not recommended for any new databases"
+        # Refused, not warned: databases in OPTIMISTIC_WITH_ENTITY_GROUPS "are still subject to the 25 entity group
+        # transaction limit as well as the 1 write per second limit"
+        # (https://cloud.google.com/datastore/docs/upgrade-to-firestore), and a mapper chunk is one transaction over a
+        # page of root entities (100 by default, mapper/bulk.py), so every job would fail. The mode is the Admin API's
+        # Database.concurrencyMode, "not recommended for any new databases"
         # (https://cloud.google.com/firestore/docs/reference/rest/v1/projects.databases#concurrencymode).
         if database.get("concurrencyMode") == "OPTIMISTIC_WITH_ENTITY_GROUPS":
             self.refuse("The (default) database's concurrencyMode is OPTIMISTIC_WITH_ENTITY_GROUPS: a transaction "
