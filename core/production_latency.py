@@ -87,14 +87,15 @@ BEGIN_TRANSACTION = LOOKUP
 # (2020), a client-side count of ~200 entities in 0.1 s, paid for sending every key back, which an aggregation does not.
 RUN_AGGREGATION_QUERY = RUN_QUERY
 SCAN_MS_PER_1000_ENTRIES = 5.0
-# The multi-region profile's Commit: "a regional location gives lower write latency" than a multi-region one
-# (https://cloud.google.com/datastore/docs/locations), whose Commit waits for replicas in other regions. No source
-# measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of Megastore's cross-datacenter writes,
+# The multi-region profile's Commit: "Select a regional location if your application is more sensitive to write latency"
+# (https://cloud.google.com/datastore/docs/locations; Firestore's best practices: "for lower write latency",
+# https://cloud.google.com/firestore/docs/best-practices); a multi-region Commit waits for replicas in other regions. No
+# source measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of Megastore's cross-datacenter writes,
 # "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on the distance"). Reads: the nearest
-# replica answers, as in a regional database (INF). The one published figure for a multi-region database is a READ,
-# and it does not fit that inference: 100-120 ms for a get by key from us-central to a us-central multi-region
-# database (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts such as a client made per
-# call). It is not used here.
+# replica answers, as in a regional database (INF). The one published figure for a multi-region database is a READ, and
+# it does not fit that inference: 100-120 ms for a get by key from us-central to a us-central multi-region database
+# (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts such as a client made per call). It is
+# not used here.
 MULTI_REGION_COMMIT = RoundTrip(100)
 
 DATASTORE = {

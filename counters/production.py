@@ -4,10 +4,12 @@ from core.features import Caveat
 
 CAVEATS = (
     Caveat(
-        fact="About one sustained write per second is still Google's guidance for a single entity. Neither emulator "
-             "enforces it: the legacy one aborts colliding transactions, the Firestore one queues them on locks, and "
-             "both let one entity take far more.",
-        source="https://cloud.google.com/datastore/docs/best-practices",
+        fact="About one sustained write a second to an entity group is legacy Datastore's limit, and it still holds "
+             "for a database upgraded into OPTIMISTIC_WITH_ENTITY_GROUPS mode; in the other modes Firestore in "
+             "Datastore mode lifts it and names no rate for one entity, only contention when it is written too often. "
+             "Neither emulator enforces any of it: the legacy one aborts colliding transactions, the Firestore one "
+             "queues them on locks, and both let one entity take far more.",
+        source="https://cloud.google.com/datastore/docs/upgrade-to-firestore",
         app="Shards spread the writes, as in 2008. On Firestore an increment is a blind server-side increment that "
             "the emulator never refuses, so an adaptive counter, which grows when its writers collide, stays at one "
             "shard there (that is the shard count the counters page shows on that backend). Whether production "

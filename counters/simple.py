@@ -1,8 +1,9 @@
 """The talk's sharded counter, whole. Read this file first.
 
 One entity that many clients write at once does not scale: Datastore commits to one entity (in 2008, one entity
-group) at a limited rate (Google's guidance is still about one sustained write a second per entity,
-https://cloud.google.com/datastore/docs/best-practices), and transactions that meet on it collide and are tried again.
+group) at a limited rate (about one sustained write a second was Datastore's limit per entity group, and Google
+names no higher one: https://cloud.google.com/datastore/docs/upgrade-to-firestore), and transactions that meet on it
+collide and are tried again.
 So this counter is twenty shard entities, each a root entity, its own entity group:
 - an increment is a small transaction on one shard chosen at random, so two writers meet only when they pick the same
   shard, one time in twenty;

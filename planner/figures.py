@@ -9,8 +9,10 @@ from typing import Any
 from core import billing, production_latency
 from counters.production import CAVEATS as COUNTER_CAVEATS
 
-# Google's guidance for one entity: about one sustained write a second (the counters' caveat, with its source). The
-# guidance is a rate, so the planner divides by it rather than copying it into each answer.
+# About one sustained write a second to one entity: legacy Datastore's limit for an entity group, still in force in
+# OPTIMISTIC_WITH_ENTITY_GROUPS mode, and the one figure Google gives (the other modes lift it and name no rate; the
+# counters' caveat, with its source). It is a rate, so the planner divides by it rather than copying it into each
+# answer.
 SUSTAINED_WRITES_PER_ENTITY = 1
 SUSTAINED_WRITES_SOURCE = COUNTER_CAVEATS[0].source
 
@@ -127,7 +129,8 @@ def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: s
 
 
 def sustained_rate(plan: Plan) -> float:
-    """Google's guidance of about one sustained write a second to one entity, listed among `plan`'s figures."""
+    """Google's figure of about one sustained write a second to one entity (legacy Datastore's, see
+    SUSTAINED_WRITES_PER_ENTITY), listed among `plan`'s figures."""
     return plan.figure("sustained writes a second to one entity", SUSTAINED_WRITES_PER_ENTITY, "writes/s",
                        "production", SUSTAINED_WRITES_SOURCE)
 
