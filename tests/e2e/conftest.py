@@ -148,6 +148,31 @@ def overflow(page):
     return page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
 
 
+# A word is broken when the browser lays its letters out on more than one line: the rectangles of the text range that
+# holds it then stand at more than one height. ("Commit" in a cell shrunk below its width read "Co / m / mit".)
+BROKEN_WORDS = """(root, selector) => {
+  const broken = [];
+  for (const element of root.querySelectorAll(selector)) {
+    const texts = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let text = texts.nextNode(); text; text = texts.nextNode()) {
+      for (const word of text.data.matchAll(/[\\p{L}\\p{N}_]+/gu)) {
+        const range = document.createRange();
+        range.setStart(text, word.index);
+        range.setEnd(text, word.index + word[0].length);
+        if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(word[0]);
+      }
+    }
+  }
+  return broken;
+}"""
+
+
+def broken_words(locator, selector="table th, table td"):
+    """The words inside `locator`'s elements that match `selector` (by default its tables' cells) which the browser
+    broke over two lines or more. A table's cells keep their words whole (a table too wide scrolls in its region)."""
+    return locator.evaluate(BROKEN_WORDS, selector)
+
+
 def accessibility_violations(page):
     """What axe-core finds on the page as it stands: one line per rule broken, with its impact and where."""
     results = AXE.run(page, options=AXE_OPTIONS).response
