@@ -13,10 +13,13 @@ from core import costs
 from core.cache import Cache
 from core.errors import NotFound, Unavailable
 
-RING = 1000  # slots: the last RING requests of every process together are kept
+RING = 1000  # slots: the last RING requests of all processes together are kept
 LISTED = 100  # the listing's last requests
 KEPT_SECONDS = 24 * 3600  # a record expires after a day (a cache under pressure may evict it sooner)
 NEXT = "appstats:next"  # the counter that numbers the requests
+# The counter starts from the clock in microseconds (again after a flush or an eviction), and first did so on
+# 2026-11-26 (commit 49432f6): no id at or below that microsecond was ever given.
+FIRST_START = 1_795_651_200_000_000  # 2026-11-26T00:00:00Z
 
 
 def _slot(request_id: int) -> str:
@@ -87,9 +90,10 @@ def kept_request(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[co
     except Gone as gone:
         if gone.recorded:
             raise NotFound(
-                f"Request {request_id} is no longer kept: Appstats keeps the last {RING} requests of every "
-                f"process in the cache, each for {KEPT_SECONDS // 3600} hours at most, and this one has "
-                "expired, was evicted by the cache, or was written over by a newer request.",
+                f"Request {request_id} is no longer kept: Appstats keeps the last {RING:,} requests of all "
+                f"processes together in the cache (it lists the newest {LISTED}), each for "
+                f"{KEPT_SECONDS // 3600} hours at most, and this one has expired, was evicted by the cache, or was "
+                "written over by a newer request.",
                 "request_expired") from None
         raise NotFound(f"No request has been given the id {request_id}.", "no_such_request") from None
 
@@ -103,5 +107,8 @@ def find(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.Time
         record = json.loads(stored)
         if record["request"]["id"] == request_id:
             return record["request"], [costs.TimedCall(*call) for call in record["calls"]]
-    latest = found.get(NEXT)  # none: flushed or evicted, with the records
-    raise Gone(recorded=latest is None or 0 < request_id <= int(latest))
+    # Given ids lie between the first start and the counter. Without the counter (flushed or evicted, with the
+    # records) the clock bounds them instead: the ids run behind it unless a million requests a second were numbered.
+    latest = found.get(NEXT)
+    newest = int(latest) if latest is not None else time.time_ns() // 1000
+    raise Gone(recorded=FIRST_START < request_id <= newest)

@@ -301,9 +301,11 @@ def test_only_admins_see_a_timeline_and_only_while_it_is_kept(client, auth):
     auth.sign_in()
     assert client.get("/appstats/1").status_code == 403 and client.get("/api/appstats/1").status_code == 403
     auth.admin()
-    never = client.get("/api/appstats").get_json()["requests"][0]["id"] + 10 ** 6  # an id no request has had yet
-    assert client.get(f"/api/appstats/{never}").get_json()["error"]["code"] == "no_such_request"
-    assert client.get(f"/appstats/{never}").status_code == 404
+    newest = client.get("/api/appstats").get_json()["requests"][0]["id"]
+    # ids start from the clock in microseconds: none has been given above the counter, nor at or below its first start
+    for never in (newest + 10 ** 6, 1, records.FIRST_START):
+        assert client.get(f"/api/appstats/{never}").get_json()["error"]["code"] == "no_such_request", never
+        assert client.get(f"/appstats/{never}").status_code == 404
     for bad in ("/appstats/0x1", "/appstats/-1", "/api/appstats/x"):
         assert client.get(bad).status_code == 404
 
@@ -372,7 +374,11 @@ def test_a_record_no_longer_in_the_cache_says_it_expired(client, auth):
     assert cache.delete(f"appstats:slot:{record['id'] % records.RING}")  # what an eviction or an expiry does
     api = client.get(f"/api/appstats/{record['id']}")
     assert api.status_code == 404 and api.get_json()["error"]["code"] == "request_expired"
-    assert "no longer kept" in api.get_json()["error"]["message"]
+    said = api.get_json()["error"]["message"]
+    assert "no longer kept" in said
+    # what it keeps, as it keeps it: one ring for all processes, of which the listing shows the newest
+    assert f"the last {records.RING:,} requests of all processes together" in said
+    assert f"it lists the newest {records.LISTED}" in said
     page = client.get(f"/appstats/{record['id']}")
     assert page.status_code == 404 and "no longer kept" in page.get_data(as_text=True)
     assert record["id"] not in {r["id"] for r in client.get("/api/appstats").get_json()["requests"]}
@@ -383,6 +389,9 @@ def test_a_record_no_longer_in_the_cache_says_it_expired(client, auth):
     # asked before any request numbered since: the counter is gone with the records, and the id is still one given
     flushed = client.get(f"/api/appstats/{old['id']}")
     assert flushed.status_code == 404 and flushed.get_json()["error"]["code"] == "request_expired"
+    cache.flush()  # (that request was numbered: the counter is back)
+    ahead = time.time_ns() // 1000 + 10 ** 9  # while the counter is missing, the clock bounds the ids given
+    assert client.get(f"/api/appstats/{ahead}").get_json()["error"]["code"] == "no_such_request"
     client.get("/api/counters/after-flush")
     new = _recorded(client, "/api/counters/after-flush")
     assert new["id"] > old["id"]
