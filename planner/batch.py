@@ -4,14 +4,19 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from accounts.credit import ADD_CREDIT
 from core import billing, production_latency
+from core.costs import plural
+from core.features import REPO
 from mapper.handoff import HANDED_BYTES, listing_limit
 from mapper.jobs import MAX_GROUPS
 from mapper.service import SAMPLES
 from planner import figures
-from planner.figures import Plan, calls_in_turn, priced, round_trip
+from planner.figures import Plan, a_unit, bench_tables, calls_in_turn, priced, round_trip
 
 CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
 
@@ -39,6 +44,82 @@ SETTLE_LOOKUPS = 2
 # The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
 # was reached (measured here: 300 keys one RunQuery, 301 to 600 two; Firestore's emulator answers 1,000 in one).
 LEGACY_BATCH = 300
+
+# The queue the mapper's tasks go through, as queue.yaml sets it (deployed with the app; `make deploy` sets the Cloud
+# Tasks queue from it, and devstack's local queue dispatches by it): no more tasks dispatched a second than its rate,
+# no more running at once than its max_concurrent_requests, whatever the instances could take.
+QUEUE_YAML = REPO / "queue.yaml"
+RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}  # queue.yaml's "50/s": https://cloud.google.com/tasks/docs/queue-yaml
+
+# A new kind's traffic ramps up: Google's 500/50/5 rule, "starting with a maximum of 500 operations per second ... then
+# increasing traffic by 50% every 5 minutes" (Firestore's wording of the rule, "to a new collection"; Datastore mode's
+# page states the same rule for a new kind, and its troubleshooting page names it "the 500-50-5 rule"). The planner
+# counts the operations on the kind itself (its entities written, and read where the job reads them), as Beam's
+# ramp-up throttle counts a job's writes; the job's own bookkeeping kinds are left out.
+RAMP_SOURCE = "https://cloud.google.com/datastore/docs/best-practices#ramping_up_traffic"
+RAMP_START, RAMP_GROWTH, RAMP_STEP_SECONDS = 500, 1.5, 300
+
+# The job bench/mapper.py runs (tests/test_plan.py holds these to its ACCOUNTS, FANOUT, WORKERS, PAGE and BIG_PAGE):
+# where a plan asks for it, bench/results/mapper.md's measured wall times stand beside the model's.
+MAPPER_RESULTS = REPO / "bench" / "results" / "mapper.md"
+BENCH_ENTITIES, BENCH_FANOUT, BENCH_WORKERS, BENCH_PAGES = 10_000, 4, 8, (100, 500)
+
+
+@dataclass(frozen=True)
+class Queue:
+    rate: float  # tasks dispatched a second at most
+    concurrent: int  # tasks running at once at most
+
+
+@functools.cache
+def mapper_queue(path: Path = QUEUE_YAML, name: str = "mapper") -> Queue:
+    """Queue `name`'s dispatch rate and concurrency as `path` sets them, read once per process."""
+    entry = next(q for q in yaml.safe_load(path.read_text(encoding="utf-8"))["queue"] if q["name"] == name)
+    count, _, unit = str(entry["rate"]).partition("/")
+    return Queue(float(count) / RATE_UNITS[unit], int(entry["max_concurrent_requests"]))
+
+
+def ramped_seconds(operations: int, rate: float) -> float:
+    """Seconds to make `operations` at `rate` a second, on a new kind held to the 500/50/5 rule: 500 a second for the
+    first 5 minutes, 50% more every 5 minutes after. Steps until the rule allows `rate`: a few dozen at most."""
+    seconds, left, allowed = 0.0, float(operations), float(RAMP_START)
+    while allowed < rate:
+        if left <= allowed * RAMP_STEP_SECONDS:
+            return seconds + left / allowed
+        seconds, left, allowed = seconds + RAMP_STEP_SECONDS, left - allowed * RAMP_STEP_SECONDS, allowed * RAMP_GROWTH
+    return seconds + left / rate
+
+
+@dataclass(frozen=True)
+class MeasuredWall:
+    in_process: float  # s: BENCH_WORKERS threads in one process
+    served: float  # s: through devstack's local Cloud Tasks (queue.yaml) to gunicorn
+    date: str
+
+
+def _wall(rows: list[dict[str, str]], variant: str, page: int) -> float | None:
+    """The wall time of the row of `variant` at `page` (the benchmark names a page size other than its first)."""
+    for row in rows:
+        named = row.get("variant", "")
+        if named.startswith(variant) and (f"pages of {page}" in named if page != BENCH_PAGES[0] else
+                                          "pages of" not in named):
+            return float(row["wall s (median)"])
+    return None
+
+
+@functools.cache
+def measured_walls(path: Path) -> dict[tuple[str, str, int], MeasuredWall]:
+    """{(backend, profile, page size): the fan-out's wall time as bench/results/mapper.md measured it}, read once per
+    process; {} where the file is absent (a deployment)."""
+    date, tables = bench_tables(path)
+    found = {}
+    for (backend, profile), rows in tables.items():
+        for page in BENCH_PAGES:
+            in_process = _wall(rows, f"adaptive fan-out, {BENCH_WORKERS} workers", page)
+            served = _wall(rows, "adaptive fan-out, local Cloud Tasks", page)
+            if in_process is not None and served is not None:
+                found[(backend, profile, page)] = MeasuredWall(in_process, served, date)
+    return found
 
 
 @dataclass(frozen=True)
@@ -72,6 +153,10 @@ class Tree:
     @property
     def path_rpcs(self) -> int:
         return self.path.rpcs
+
+
+def queries_said(n: int) -> str:
+    return f"{n} {'query' if n == 1 else 'queries'}"
 
 
 def transactions_for(entities: int, chunk: int) -> int:
@@ -119,10 +204,15 @@ def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "f
                     t + sum(c.transactions for c in children), path)
 
     tree = range_task(entities)
-    samples = min(entities, SAMPLES)  # the legacy emulator samples about half of a small kind here: as many as asked
-    start = Calls(queries=1 + queries_for(samples, SAMPLES, backend), transactions=START_TRANSACTIONS)
     end = Calls(lookups=tree.depth + SETTLE_LOOKUPS, transactions=1)
-    return dataclasses.replace(tree, path=start + Calls(lookups=1) + tree.path + end)
+    return dataclasses.replace(tree, path=job_start(entities, backend) + Calls(lookups=1) + tree.path + end)
+
+
+def job_start(entities: int, backend: str) -> Calls:
+    """A job's start (mapper/service.py start_job): the kind's last key, its __scatter__ samples (SAMPLES of them:
+    on legacy more than one batch of 300 once the kind has more than 300 entities), and its transactions."""
+    samples = min(entities, SAMPLES)  # the legacy emulator samples about half of a small kind here: as many as asked
+    return Calls(queries=1 + queries_for(samples, SAMPLES, backend), transactions=START_TRANSACTIONS)
 
 
 def walk_critical_path(entities: int, page: int, chunk: int, backend: str) -> tuple[int, int]:
@@ -156,12 +246,13 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               "fewer pages handed out make a deeper tree)")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
-    path = tree.path
-    plan.line(f"its critical path: the job's start (2 queries, {START_TRANSACTIONS} transactions: its counters and "
-              f"itself), the root's first read of the job, then down the longest chain of {path.hops} tasks each "
-              "task's listing and first transaction (its children start then), the last one's whole page, then the "
-              f"job's end ({tree.depth} reads of the records, a level each, and its transaction with {SETTLE_LOOKUPS} "
-              f"reads to settle): {path.queries} queries + {path.lookups} lookups + 3 x {path.transactions} "
+    path, start = tree.path, job_start(entities, backend)
+    plan.line(f"its critical path: the job's start ({queries_said(start.queries)}, {START_TRANSACTIONS} "
+              f"transactions: its counters and itself), the root's first read of the job, then down the longest "
+              f"chain of {path.hops} tasks each task's listing and first transaction (its children start then), "
+              f"the last one's whole page, then the job's end ({plural(tree.depth, 'read')} of the records, a level "
+              f"each, and its transaction with {SETTLE_LOOKUPS} reads to settle): {path.queries} queries + "
+              f"{path.lookups} lookups + 3 x {path.transactions} "
               f"transactions = {path.rpcs} RPCs")
     plan.answer("critical_rpcs", "Fan-out: critical path, RPCs", path.rpcs, f"{path.rpcs} RPCs")
 
@@ -172,31 +263,56 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                        ("Cloud Tasks delivery", production_latency.TASK_DELIVERY)):
         plan.figure(name, trip.median_ms, "ms", "inference", production_latency.SOURCES[name])
     calls_in_turn(plan, {"RunQuery": 1, **figures.TRANSACTION}, 0, profile, "a listing and a transaction")
+    queue = mapper_queue()
+    plan.figure("the mapper queue's dispatch rate", queue.rate, "tasks/s", "app", "queue.yaml rate")
+    concurrent = plan.figure("the mapper queue's tasks at once", queue.concurrent, "tasks", "app",
+                             "queue.yaml max_concurrent_requests")
+    at_once = min(instances, queue.concurrent)
     path_ms = (path.queries * median_ms["RunQuery"] + path.lookups * median_ms["Lookup"] + path.transactions * txn_ms
                + path.hops * hop_ms)
     work_ms = tree.range_tasks * median_ms["RunQuery"] + tree.transactions * txn_ms + tree.tasks * hop_ms
-    wall_s = max(path_ms, work_ms / instances) / 1000
-    plan.line(f"its wall time: the longer of the critical path ({path_ms / 1000:.2f} s with each task's create and "
-              f"delivery) and all the work ({work_ms / 1000:.1f} s) over {instances} tasks at once = {wall_s:.2f} s")
-    plan.answer("wall_s", "Fan-out: wall time, model medians, s", round(wall_s, 2), f"{wall_s:.2f} s")
+    dispatch_s = tree.tasks / queue.rate
+    wall_s = max(path_ms / 1000, work_ms / at_once / 1000, dispatch_s)
+    plan.line(f"its wall time: the longest of the critical path ({path_ms / 1000:.2f} s with each task's create and "
+              f"delivery), all the work ({work_ms / 1000:.1f} s) over min({instances}, {concurrent:g} the queue "
+              f"runs at once) = {at_once} tasks at once, and {tree.tasks} tasks dispatched at {queue.rate:g} a second "
+              f"({dispatch_s:.2f} s) = {wall_s:.2f} s")
+    read = 0 if backend == "firestore" else entities  # add_credit's increments: unread on Firestore (below)
+    on_kind = entities + read
+    plan.figure("a new kind's first operations a second", RAMP_START, "operations/s", "production", RAMP_SOURCE)
+    plan.figure("then more every 5 minutes", 50, "%", "production", RAMP_SOURCE)
+    ramped = ramped_seconds(on_kind, on_kind / wall_s)
+    plan.line(f"on a new kind (500/50/5): its {on_kind} operations on the kind ({plural(entities, 'write')}"
+              + (f" + {plural(read, 'read')}" if read else "") + f") at {on_kind / wall_s:,.0f} a second, held to "
+              f"500 a second for 5 minutes and 50% more every 5 minutes after = {ramped:.2f} s")
+    measured = measured_walls(MAPPER_RESULTS).get((backend, profile, page_size))
+    bench = ""
+    if measured and (entities, fanout) == (BENCH_ENTITIES, BENCH_FANOUT):
+        for name, wall in ((f"{BENCH_WORKERS} workers in one process", measured.in_process),
+                           ("local Cloud Tasks (queue.yaml) to gunicorn", measured.served)):
+            plan.figure(f"the fan-out's wall time measured, {name}", wall, "s", "bench",
+                        f"{MAPPER_RESULTS.relative_to(REPO)}, {measured.date}, LATENCY={profile}")
+        bench = (f"; this machine's benchmark measured {measured.in_process:g} s ({BENCH_WORKERS} workers in one "
+                 f"process), {measured.served:g} s (served through the local Cloud Tasks)")
+    plan.answer("wall_s", "Fan-out: wall time, model medians, s", round(wall_s, 2),
+                f"{wall_s:.2f} s on a kind already taking traffic; {ramped:.2f} s on a new kind (500/50/5)" + bench)
 
     # add_credit is an increments job (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
-    read = 0 if backend == "firestore" else entities
-    # The job's own: its start's 2 queries and its 3 transactions' reads, the root's read of it, its end's read of it
-    # and of the counters it settles into; the job and the root's record written at its start, the job and the
-    # credit's shard at its end.
-    job_reads, job_writes = 2 + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2
+    # The job's own: its start's queries (a read each RunQuery: keys only) and its 3 transactions' reads, the root's
+    # read of it, its end's read of it and of the counters it settles into; the job and the root's record written at
+    # its start, the job and the credit's shard at its end.
+    job_reads, job_writes = start.queries + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2
     fan_bill = billing.Billed(reads=read + tree.transactions + tree.range_tasks + tree.tasks + job_reads,
                               writes=entities + tree.transactions + tree.handing + job_writes)
-    plan.line(f"its bill: reads = {read} entities ("
+    plan.line(f"its bill: reads = {read} {a_unit(read, 'entities')} ("
               + ("server-side increments, unread" if backend == "firestore" else "each read in its transaction")
               + f") + {tree.transactions} record reads (one a transaction) + "
               f"{tree.range_tasks} listings + {tree.tasks} records summed at the end + {job_reads} of the job's own "
-              f"(its start, the root's read of it, its end); writes = {entities} + {tree.transactions} records + "
+              f"(its start's {queries_said(start.queries)} and {START_TRANSACTIONS} transactions, the root's read "
+              f"of it, its end); writes = {entities} + {tree.transactions} records + "
               f"{tree.handing} handed-out pages + {job_writes} of the job's own")
-    usd = priced(plan, fan_bill, "the fan-out is billed")
-    plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd / 1_000_000, 4),
-                f"{fan_bill.describe()}: ${usd / 1_000_000:.4f} a job")
+    usd = priced(plan, fan_bill, "the fan-out is billed", once=True)
+    plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd, 4), f"{fan_bill.describe()}: ${usd:.4f} a job")
 
     walk, queries = walk_critical_path(entities, page_size, chunk, backend)
     walk_ms = queries * median_ms["RunQuery"] + (walk - queries) / 3 * txn_ms
@@ -204,16 +320,16 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               f"turn, {walk_ms / 1000:.1f} s at the model's medians")
     plan.answer("walk_rpcs", "One cursor walk: critical path, RPCs", walk, f"{walk} RPCs, {walk_ms / 1000:.1f} s")
     walk_bill = billing.Billed(reads=entities + queries, writes=entities)
-    usd = priced(plan, walk_bill, "the walk is billed (a keys-only page query is one read)")
-    plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd / 1_000_000, 4),
-                f"{walk_bill.describe()}: ${usd / 1_000_000:.4f} a job")
+    usd = priced(plan, walk_bill, "the walk is billed (a keys-only page query is one read)", once=True)
+    plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd, 4),
+                f"{walk_bill.describe()}: ${usd:.4f} a job")
 
     split_query = queries_for(min(entities, PIPELINE_SAMPLES), PIPELINE_SAMPLES, backend)  # keys only: a read a batch
     pipeline = billing.Billed(reads=entities + split_query, writes=entities)
     usd = priced(plan, pipeline, "a batch pipeline (its split query, every entity read, then written in batches, "
-                                 "no transaction)")
-    plan.answer("pipeline_bill", "Batch pipeline: billed, USD a job", round(usd / 1_000_000, 4),
-                f"{pipeline.describe()}: ${usd / 1_000_000:.4f} a job")
+                                 "no transaction)", once=True)
+    plan.answer("pipeline_bill", "Batch pipeline: billed, USD a job", round(usd, 4),
+                f"{pipeline.describe()}: ${usd:.4f} a job")
     twice = entities // 2
     plan.line(f"the pipeline failing half way and run again credits what it had written twice: {entities} / 2 = "
               f"{twice} at least (workers in flight write more); the fan-out resumes each task from its record")

@@ -1,16 +1,30 @@
 """A blog or feed: a page's bill by index and by offset at a depth, the front page's cache hit rate that keeps its
-reads under a budget, and the posts a second one blog takes in turn (each holds the blog's index entity)."""
+reads under a budget against the hit rate its posts let it reach, and the posts one blog takes in turn (each holds the
+blog's index entity)."""
+from blog.service import PAGE_LIFETIME
 from blog.service import PAGE_SIZE as BLOG_PAGE
 from core import billing
+from core.costs import plural
 from planner import figures
-from planner.figures import Plan, calls_in_turn, priced, sustained_rate
+from planner.figures import Plan, Rate, a_unit, calls_in_turn, priced, sustained_rate
+
+# A miss after a post, as the app makes it: the BlogIndex by key (the post changed it, so ndb's global cache holds it
+# no more), the page's query, and the comment counter of the one new entry (the other entries' counts are still
+# cached). tests/test_plan.py measures it on the real stack.
+AFTER_POST_RPCS = {"Lookup": 2, "RunQuery": 1}
 
 
 def front_page_reads(entries: int, page: int = BLOG_PAGE) -> int:
-    """Billed reads of the front page rendered from Datastore (a cache miss): the BlogIndex, the page and one entry
-    more (fetch PAGE+1), and one Lookup of the shown entries' comment counters, each key billed found or not
-    (blog/service.py get_page; bench/results/blog.md's `datastore` front page)."""
+    """Billed reads of the front page rendered from Datastore with nothing cached (the cold worst case): the
+    BlogIndex, the page and one entry more (fetch PAGE+1), and one Lookup of the shown entries' comment counters, each
+    key billed found or not (blog/service.py get_page; bench/results/blog.md's `datastore` front page)."""
     return 1 + page_reads(entries, 0, page)[0] + min(page, entries)
+
+
+def after_post_reads(entries: int, page: int = BLOG_PAGE) -> int:
+    """Billed reads of the front page's first view after a post (a miss as the running app pays it): the BlogIndex,
+    the page and one entry more, and the new entry's comment counter."""
+    return 1 + page_reads(entries, 0, page)[0] + 1
 
 
 def page_reads(entries: int, depth: int, page: int = BLOG_PAGE) -> tuple[int, int]:
@@ -21,40 +35,73 @@ def page_reads(entries: int, depth: int, page: int = BLOG_PAGE) -> tuple[int, in
     return min(page + 1, left), depth + min(page, left)
 
 
-def plan_blog(entries: int, depth: int, readers_per_second: int, read_budget_per_second: int,
-              posts_per_second: int = 1, profile: str = "production") -> Plan:
-    """A blog of `entries` read `readers_per_second` on its front page: a page's bill by index and by offset at
-    `depth`, the front page's cache hit rate that keeps its reads under `read_budget_per_second`, and the posts a
-    second one blog can take in turn."""
-    plan = Plan("blog", {"entries": entries, "depth": depth, "readers_per_second": readers_per_second,
-                         "read_budget_per_second": read_budget_per_second, "posts_per_second": posts_per_second,
-                         "profile": profile})
-    for name, value, unit in (("entries", entries, "entries"), ("depth", depth, "entries"),
-                              ("front page readers a second", readers_per_second, "views/s"),
-                              ("read budget", read_budget_per_second, "reads/s"),
-                              ("posts a second", posts_per_second, "posts/s")):
-        plan.figure(name, value, unit, "yours", "")
+def hit_rate_needed(views: float, reads_a_miss: int, budget: float) -> float:
+    """The hit rate at which `views` a second, each miss billed `reads_a_miss`, read at most `budget` a second."""
+    return max(0.0, 1 - budget / (reads_a_miss * views))
+
+
+def plan_blog(entries: int, depth: int, readers: Rate, read_budget: Rate, posts: Rate,
+              profile: str = "production") -> Plan:
+    """A blog of `entries` whose front page is viewed at the `readers` rate: a page's bill by index and by offset at
+    `depth`, the front page's cache hit rate that keeps its reads within `read_budget`, the hit rate the `posts` rate
+    lets it reach (every post makes the cached page a miss), and the posts one blog can take in turn."""
+    plan = Plan("blog", {"entries": entries, "depth": depth, **readers.as_input("readers"),
+                         **read_budget.as_input("read_budget"), **posts.as_input("posts"), "profile": profile})
+    plan.figure("entries", entries, "entries", "yours", "")
+    plan.figure("depth", depth, "entries", "yours", "")
+    views = plan.rate("front page views", readers, "views")
+    budget = plan.rate("read budget", read_budget, "reads")
+    posted = plan.rate("posts", posts, "posts")
     page = plan.figure("page size", BLOG_PAGE, "entries", "app", "blog/service.py PAGE_SIZE")
     by_index, by_offset = page_reads(entries, depth)
-    plan.line(f"by index: min({page:g} + 1, {entries} - {depth}) = {by_index} reads (the page and the next "
+    plan.line(f"by index: min({page:g} + 1, {entries} - {depth}) = {plural(by_index, 'read')} (the page and the next "
               "page's first entry, found by its index)")
-    plan.line(f"by offset: {depth} skipped + min({page:g}, {entries} - {depth}) = {by_offset} reads (production "
-              "bills every entity an offset skips)")
+    plan.line(f"by offset: {depth} skipped + min({page:g}, {entries} - {depth}) = {plural(by_offset, 'read')} "
+              "(production bills every entity an offset skips)")
     index_usd = priced(plan, billing.Billed(reads=by_index), "a page by index")
     offset_usd = priced(plan, billing.Billed(reads=by_offset), "a page by offset")
     plan.answer("index_reads", "A page by index, billed reads", by_index,
-                f"{by_index} reads, ${index_usd:.2f} a million")
+                f"{plural(by_index, 'read')}, ${index_usd:.2f} a million")
     plan.answer("offset_reads", "A page by offset, billed reads", by_offset,
-                f"{by_offset} reads, ${offset_usd:.2f} a million ({by_offset / by_index:.0f}x)")
+                f"{plural(by_offset, 'read')}, ${offset_usd:.2f} a million ({by_offset / by_index:.0f}x)")
 
-    front = front_page_reads(entries)
-    plan.line(f"a front page rendered on a miss: 1 BlogIndex + {page_reads(entries, 0)[0]} entries + "
-              f"{min(BLOG_PAGE, entries)} comment counters (one Lookup) = {front} reads")
-    misses = min(1.0, read_budget_per_second / (front * readers_per_second))
-    plan.line(f"front page: {readers_per_second} views/s x {front} reads a miss x (1 - hit rate) <= "
-              f"{read_budget_per_second} reads/s, so hit rate >= 1 - {read_budget_per_second} / "
-              f"({front} x {readers_per_second}) = {1 - misses:.4f}")
-    plan.answer("hit_rate", "Front page cache hit rate needed", round(1 - misses, 4), f"{(1 - misses) * 100:.2f}%")
+    cold, warm = front_page_reads(entries), after_post_reads(entries)
+    plan.line(f"a front page rendered with nothing cached (the cold worst case): 1 BlogIndex + "
+              f"{page_reads(entries, 0)[0]} entries + {min(BLOG_PAGE, entries)} comment counters (one Lookup) = {cold} "
+              "reads")
+    plan.line(f"the first view after a post (a miss as the running app pays it): 1 BlogIndex (the post changed it) + "
+              f"{page_reads(entries, 0)[0]} entries + the new entry's comment counter = {warm} reads")
+    warm_usd = priced(plan, billing.Billed(reads=warm), "a miss after a post")
+    cold_usd = priced(plan, billing.Billed(reads=cold), "a cold miss")
+    plan.answer("miss_reads", "A front page miss, billed reads", warm,
+                f"{warm} reads after a post, ${warm_usd:.2f} a million (the running app's); {cold} cold, nothing "
+                f"cached, ${cold_usd:.2f} a million (the worst case)")
+    needed, needed_cold = hit_rate_needed(views, warm, budget), hit_rate_needed(views, cold, budget)
+    plan.line(f"{views:g} {a_unit(views, 'views/s')} x {warm} reads a miss x (1 - hit rate) <= {budget:g} "
+              f"{a_unit(budget, 'reads/s')}, so hit rate >= 1 - "
+              f"{budget:g} / ({warm} x {views:g}) = {needed:.4f}; at {cold} reads a cold miss, {needed_cold:.4f}")
+    plan.answer("hit_rate", "Front page cache hit rate needed", round(needed, 4),
+                f"{needed:.2%} at {warm} reads a miss ({needed_cold:.2%} if every miss were cold)")
+
+    lifetime = plan.figure("a cached front page's lifetime", PAGE_LIFETIME, "s", "app",
+                           "blog/service.py PAGE_LIFETIME")
+    misses = max(posted, 1 / lifetime)
+    reachable = max(0.0, 1 - misses / views)
+    plan.line(f"every post names a new front page (its key holds max_index), so its first view misses: at least "
+              f"max({posted:.4g} posts/s, 1 / {lifetime:g} s when no post comes before the page expires) = "
+              f"{misses:.4g} misses/s of {views:g} views/s: hit rate at most 1 - {misses:.4g} / {views:g} = "
+              f"{reachable:.6f}")
+    render, _ = calls_in_turn(plan, AFTER_POST_RPCS, 0, profile, "a miss after a post renders")
+    crowd = views * render / 1000
+    plan.line(f"views that arrive while that miss renders miss too (the page is added to the cache once rendered): "
+              f"{views:g} views/s x {render:.1f} ms = {crowd:.2f} more a post, so the rate reached is lower still")
+    crowded = max(0.0, 1 - misses * (1 + crowd) / views)
+    fits = reachable >= needed
+    plan.answer("hit_rate_reachable", "Front page hit rate the posts allow", round(reachable, 6),
+                f"{reachable:.4%} at most ({posts.of('post')}, each a miss; {crowded:.4%} if the {crowd:.1f} views "
+                "arriving while it renders miss too): "
+                + ("the rate needed fits" if fits else
+                   f"the rate needed does not fit; the posts' misses alone read {misses * warm:.4g} reads/s"))
 
     median, _ = calls_in_turn(plan, figures.TRANSACTION, 0, profile,
                               "a post holds the blog's index entity (its transaction)")
@@ -62,10 +109,9 @@ def plan_blog(entries: int, depth: int, readers_per_second: int, read_budget_per
     in_turn = 1000 / median
     plan.line(f"posts take turns on one index entity: at most 1000 / {median:.1f} = {in_turn:.1f} posts/s under the "
               f"model; production's guidance: {rate:g} a second sustained")
-    fits = posts_per_second <= rate
     plan.answer("posts_in_turn", "Posts a second one blog takes in turn", rate,
                 f"{rate:g} sustained (production's guidance; {in_turn:.1f} at most under the model): "
-                + (f"{posts_per_second}/s fits" if fits else f"{posts_per_second}/s does not: split the blog"))
-    plan.answer("post_rpcs", "A post's critical path, RPCs", sum(figures.TRANSACTION.values()),
-                f"{sum(figures.TRANSACTION.values())} RPCs in turn")
+                + (f"{posts.of('post')} fits" if posted <= rate else f"{posts.of('post')} does not: split the blog"))
+    rpcs = sum(figures.TRANSACTION.values())
+    plan.answer("post_rpcs", "A post's critical path, RPCs", rpcs, f"{plural(rpcs, 'RPC')} in turn")
     return plan

@@ -2,12 +2,16 @@
 import math
 
 from core import billing
+from core.costs import plural
+from core.settings import WriteBudget
 from planner import figures
-from planner.figures import Plan, calls_in_turn, priced, sustained_rate
+from planner.figures import Plan, Rate, calls_in_turn, priced, sustained_rate
 
 # A comment (comments/service.py post_comment): one transaction on the writer's own group, reading their sequence and
 # writing it with the comment; then +1 on the entry's comment counter. The shared design: one sequence for everyone.
 COMMENT_BILL = billing.Billed(reads=1, writes=2)
+# The per-person write budget as the code sets it (core/settings.py); a deployment may change it with WRITE_BUDGET.
+BUDGET = WriteBudget()
 
 
 def comment_bills(backend: str) -> tuple[billing.Billed, billing.Billed]:
@@ -16,29 +20,29 @@ def comment_bills(backend: str) -> tuple[billing.Billed, billing.Billed]:
     return COMMENT_BILL + figures.INCREMENT_BILL[backend], COMMENT_BILL
 
 
-def plan_comments(comments_per_second: int, writers: int, backend: str = "firestore",
-                  profile: str = "production") -> Plan:
-    """`comments_per_second` on one entry from `writers` people: each writer's own group's headroom against one shared
-    parent, the entry's counter shards, and each design's bill."""
-    plan = Plan("comments", {"comments_per_second": comments_per_second, "writers": writers, "backend": backend,
+def plan_comments(comments: Rate, writers: int, backend: str = "firestore", profile: str = "production") -> Plan:
+    """`comments` on one entry from `writers` people: each writer's own group's headroom against one shared parent,
+    the per-person write budget each writer meets first, the entry's counter shards, and each design's bill."""
+    plan = Plan("comments", {**comments.as_input("comments"), "writers": writers, "backend": backend,
                              "profile": profile})
-    plan.figure("comments a second on one entry", comments_per_second, "comments/s", "yours", "")
+    comments_per_second = plan.rate("comments on one entry", comments, "comments")
     plan.figure("writers", writers, "people", "yours", "")
     rate = sustained_rate(plan)
     per_writer = comments_per_second / writers
     designed = rate / per_writer
     shared = rate / comments_per_second
-    plan.line(f"designed: each writer's own group takes {comments_per_second} / {writers} = {per_writer:.3g} "
+    plan.line(f"designed: each writer's own group takes {comments_per_second:.4g} / {writers} = {per_writer:.3g} "
               f"comments/s; headroom {rate:g} / {per_writer:.3g} = {designed:.3g}x")
-    plan.line(f"shared parent: one entity takes all {comments_per_second} comments/s; headroom {rate:g} / "
-              f"{comments_per_second} = {shared:.3g}x")
+    plan.line(f"shared parent: one entity takes all {comments_per_second:.4g} comments/s; headroom {rate:g} / "
+              f"{comments_per_second:.4g} = {shared:.3g}x")
     plan.answer("designed_headroom", "Per-user groups' headroom", round(designed, 3),
                 f"{designed:.3g}x" + (" (fits)" if designed >= 1 else " (each writer too fast for their group)"))
     plan.answer("shared_headroom", "One shared parent's headroom", round(shared, 3),
                 f"{shared:.3g}x" + (" (fits)" if shared >= 1 else " (over the guidance: the writers queue)"))
+    write_budget(plan, per_writer, writers)
     shards = math.ceil(comments_per_second / rate)
-    plan.line(f"the entry's comment counter: ceil({comments_per_second} / {rate:g}) = {shards} shards")
-    plan.answer("counter_shards", "The comment counter's shards", shards, f"{shards} shards")
+    plan.line(f"the entry's comment counter: ceil({comments_per_second:.4g} / {rate:g}) = {plural(shards, 'shard')}")
+    plan.answer("counter_shards", "The comment counter's shards", shards, plural(shards, "shard"))
     median, _ = calls_in_turn(plan, figures.TRANSACTION, 0, profile, "a comment's transaction")
     in_turn = 1000 / median
     plan.line(f"shared: comments in turn at most 1000 / {median:.1f} = {in_turn:.1f}/s under the model")
@@ -53,3 +57,22 @@ def plan_comments(comments_per_second: int, writers: int, backend: str = "firest
                 designed_bill.priced())
     plan.answer("shared_bill", "A shared-sequence comment, USD a million", round(shared_usd, 2), shared_bill.priced())
     return plan
+
+
+def write_budget(plan: Plan, per_writer: float, writers: int, budget: WriteBudget = BUDGET) -> None:
+    """The per-person write budget (core/budget.py): each signed-in person may post so many comments a window, then
+    gets 429 until it ends. A writer faster than budget / window meets it before any entity's limit."""
+    most = plan.figure("comments one person may post a window", budget.comments, "comments", "app",
+                       "core/settings.py WriteBudget, enforced by core/budget.py spend (WRITE_BUDGET overrides it)")
+    window = plan.figure("the write budget's window", budget.window, "s", "app", "core/settings.py WriteBudget")
+    allowed = most / window
+    plan.line(f"the write budget: {most:g} comments in {window:g} s a person = {allowed:.3g} comments/s sustained; "
+              f"{writers} writers at most {writers * allowed:.4g} comments/s on the entry")
+    minutes = f"{window / 60:g} minutes" if window % 60 == 0 else f"{window:g} s"
+    if per_writer <= allowed:
+        text = f"{most:g} comments in {minutes} a person, then 429: each writer's {per_writer:.3g}/s stays within it"
+    else:
+        spent = most / per_writer
+        text = (f"{most:g} comments in {minutes} a person, then 429 until the window ends: each writer's "
+                f"{per_writer:.3g}/s spends it in {spent:.0f} s, before any entity's limit")
+    plan.answer("write_budget", "The per-person write budget", most, text)

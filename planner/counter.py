@@ -2,18 +2,16 @@
 and when the adaptive counter (counters/growth.py) would reach that size."""
 import functools
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from core import billing
 from core.costs import plural
 from core.features import REPO
-from core.tables import markdown_tables
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS, MAX_SHARDS
 from planner import figures
-from planner.figures import Plan, calls_in_turn, priced, sustained_rate
+from planner.figures import Plan, Rate, a_unit, bench_tables, calls_in_turn, priced, sustained_rate
 
 # What an increment sends, by backend: on Firestore a blind server-side increment (one Commit, no read); on legacy a
 # transaction that reads its shard (counters/writes.py).
@@ -37,18 +35,12 @@ class Measured:
 def measured_per_shard(path: Path) -> dict[tuple[str, str], Measured]:
     """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process, not
     once per request (the talk's first lesson); {} where there is no such file (a deployment)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    date = re.search(r"\d{4}-\d{2}-\d{2}", text)
+    date, tables = bench_tables(path)
     found = {}
-    for heading, rows in markdown_tables(text).items():
-        backend = "firestore" if heading.startswith("Firestore") else "legacy"
-        profile = heading.partition("LATENCY=")[2]
+    for key, rows in tables.items():
         row = next((row for row in rows if row.get("variant") == ONE_SHARD), None)
-        if profile and row and date:
-            found[(backend, profile)] = Measured(float(row["commits/s"]), int(row["writers"]), date[0])
+        if row:
+            found[key] = Measured(float(row["commits/s"]), int(row["writers"]), date)
     return found
 
 
@@ -63,20 +55,20 @@ def adaptive_growth(shards: int, attempts_per_second: float) -> tuple[int, int, 
     return min(size, ADAPTIVE_MAX_SHARDS), windows, attempts / attempts_per_second
 
 
-def plan_counter(writes_per_second: int, peak_seconds: int, backend: str = "firestore",
-                 profile: str = "production") -> Plan:
-    """A counter written `writes_per_second` at peak for `peak_seconds`: the shards it needs, what an increment and a
+def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", profile: str = "production") -> Plan:
+    """A counter written at the `writes` rate at peak for `peak_seconds`: the shards it needs, what an increment and a
     total read cost, and when the adaptive counter would reach that size."""
-    plan = Plan("counter", {"writes_per_second": writes_per_second, "peak_seconds": peak_seconds,
-                            "backend": backend, "profile": profile})
-    plan.figure("peak writes a second", writes_per_second, "writes/s", "yours", "")
+    plan = Plan("counter", {**writes.as_input("writes"), "peak_seconds": peak_seconds, "backend": backend,
+                            "profile": profile})
+    per_second = plan.rate("peak writes", writes, "writes")
     plan.figure("peak lasts", peak_seconds, "s", "yours", "")
     rate = sustained_rate(plan)
-    shards = math.ceil(writes_per_second / rate)
-    plan.line(f"shards = ceil({writes_per_second} writes/s / {rate:g} write/s an entity) = {shards}")
+    shards = math.ceil(per_second / rate)
+    plan.line(f"shards = ceil({per_second:.4g} {a_unit(per_second, 'writes/s')} / {rate:g} write/s an entity) = "
+              f"{shards}")
     plan.answer("shards", "Shards needed (production's guidance)", shards,
-                f"{shards} shards" + ("" if shards <= MAX_SHARDS else
-                                      f": more than one counter here may have ({MAX_SHARDS}); split it"))
+                plural(shards, "shard") + ("" if shards <= MAX_SHARDS else
+                                           f": more than one counter here may have ({MAX_SHARDS}); split it"))
     plan.figure("most shards a counter may have", MAX_SHARDS, "shards", "app", "counters/models.py MAX_SHARDS")
     measured = measured_per_shard(COUNTERS_RESULTS).get((backend, profile))
     if measured is None:
@@ -88,8 +80,8 @@ def plan_counter(writes_per_second: int, peak_seconds: int, backend: str = "fire
         per_shard = plan.figure(f"one shard's increments a second, {measured.writers} writers", measured.per_shard,
                                 "increments/s", "bench", f"{COUNTERS_RESULTS.relative_to(REPO)}, {measured.date}, "
                                 f"LATENCY={profile}, its {ONE_SHARD} row (a general counter of one shard)")
-        bench_shards = math.ceil(writes_per_second / per_shard)
-        plan.line(f"shards by this machine's benchmark = ceil({writes_per_second} / {per_shard:g} increments/s a "
+        bench_shards = math.ceil(per_second / per_shard)
+        plan.line(f"shards by this machine's benchmark = ceil({per_second:.4g} / {per_shard:g} increments/s a "
                   f"shard) = {bench_shards}")
         plan.answer("bench_shards", "Shards needed (this machine's benchmark)", bench_shards,
                     f"{plural(bench_shards, 'shard')} at {per_shard:g}/s a shard, measured {measured.date}" +
@@ -109,29 +101,31 @@ def plan_counter(writes_per_second: int, peak_seconds: int, backend: str = "fire
                     f"{in_turn:.1f}/s")
     usd = priced(plan, figures.INCREMENT_BILL[backend], "an increment is billed")
     plan.answer("increment_usd_per_million", "An increment, USD a million", round(usd, 2), f"${usd:.2f}")
-    peak = writes_per_second * peak_seconds
+    peak = round(per_second * peak_seconds)
     peak_usd = usd * peak / 1_000_000
-    plan.line(f"the peak: {writes_per_second} x {peak_seconds} s = {peak:,} increments = ${peak_usd:,.2f}")
+    plan.line(f"the peak: {per_second:.4g} {a_unit(per_second, 'writes/s')} x {peak_seconds} s = "
+              f"{plural(peak, 'increment')} = ${peak_usd:,.2f}")
     plan.answer("peak_usd", "The whole peak's increments, USD", round(peak_usd, 2), f"${peak_usd:,.2f}")
 
     cached_median, _ = calls_in_turn(plan, {}, 1, profile, "a total from the cache (one get)")
-    read_median, _ = calls_in_turn(plan, {"Lookup": 1}, 1, profile,
-                                   f"a total on a miss (get_multi of the {shards} shard keys, then the cache add)")
-    read_usd = priced(plan, billing.Billed(reads=shards), f"a total read on a miss ({shards} shards)")
+    read_median, _ = calls_in_turn(plan, {"Lookup": 1}, 1, profile, f"a total on a miss (get_multi of "
+                                   f"{plural(shards, 'shard key')}, then the cache add)")
+    read_usd = priced(plan, billing.Billed(reads=shards), f"a total read on a miss ({plural(shards, 'shard')})")
     plan.answer("total_read", "A total read on a cache miss, USD a million", round(read_usd, 2),
-                f"{shards} reads, {read_median:.1f} ms, ${read_usd:.2f} a million (from the cache: "
+                f"{plural(shards, 'read')}, {read_median:.1f} ms, ${read_usd:.2f} a million (from the cache: "
                 f"{cached_median:.1f} ms, nothing billed)")
 
-    size, windows, seconds = adaptive_growth(shards, writes_per_second)
+    size, windows, seconds = adaptive_growth(shards, per_second)
     plan.figure("adaptive counter's most shards", ADAPTIVE_MAX_SHARDS, "shards", "app",
                 "counters/models.py ADAPTIVE_MAX_SHARDS")
     plan.figure("contention window, attempts", ContentionWindow.WINDOW, "attempts", "app", "counters/growth.py")
     plan.figure("window per shard, attempts", ContentionWindow.ATTEMPTS_PER_SHARD, "attempts", "app",
                 "counters/growth.py")
     plan.line(f"adaptive: from 1 shard, doubling after each window of min({ContentionWindow.WINDOW}, "
-              f"{ContentionWindow.ATTEMPTS_PER_SHARD} x shards) attempts that collide: {windows} windows to "
-              f"{size} shards, {seconds:.1f} s at {writes_per_second} attempts/s (a process's own attempts)")
-    text = f"{size} shards after {windows} windows, about {seconds:.1f} s into the peak"
+              f"{ContentionWindow.ATTEMPTS_PER_SHARD} x shards) attempts that collide: {plural(windows, 'window')} to "
+              f"{plural(size, 'shard')}, {seconds:.1f} s at {per_second:.4g} {a_unit(per_second, 'attempts/s')} (a "
+              "process's own attempts)")
+    text = f"{plural(size, 'shard')} after {plural(windows, 'window')}, about {seconds:.1f} s into the peak"
     reached: float | None = round(seconds, 1)
     if shards > ADAPTIVE_MAX_SHARDS:
         text, reached = f"never: it stops at {ADAPTIVE_MAX_SHARDS} shards; give it a general counter of {shards}", None

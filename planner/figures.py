@@ -3,10 +3,13 @@ person can follow), the latency model's round trips added up in turn, the bill p
 one planner divides by. Every figure is imported from where the app keeps it: core/production_latency.py for the
 model's round trips, core/billing.py for the prices, Google's guidance as the features' caveats cite it.
 """
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from core import billing, production_latency
+from core.tables import markdown_tables
 from counters.production import CAVEATS as COUNTER_CAVEATS
 
 # About one sustained write a second to one entity: legacy Datastore's limit for an entity group, still in force in
@@ -26,12 +29,47 @@ PROFILES = production_latency.PROFILES
 
 WHOSE = {
     "yours": "your input",
+    "record": "the recorded request's (its /appstats record)",
     "production": "production's (Google's guidance or bill)",
     "model": "the latency model's (a published measurement)",
     "inference": "the latency model's (an inference: no source measures it)",
     "app": "this app's code",
     "bench": "this machine's benchmark (bench/results)",
 }
+
+
+# A rate in the unit its person thinks in: 50 posts a minute is 50 posts a minute, not 0.83 a second. The planners
+# divide by seconds; the figures say what was given.
+PER = {"second": 1, "minute": 60, "hour": 3600}
+PER_SHORT = {"second": "s", "minute": "min", "hour": "h"}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """So many a second, a minute or an hour."""
+    count: int
+    per: str = "second"
+
+    @property
+    def per_second(self) -> float:
+        return self.count / PER[self.per]
+
+    def of(self, noun: str) -> str:
+        """'50 posts a minute', '1 post an hour'."""
+        return f"{self.count:,} {noun}{'' if self.count == 1 else 's'} {'an' if self.per == 'hour' else 'a'} {self.per}"
+
+    def as_input(self, name: str) -> dict[str, int]:
+        """The rate as the inputs gave it: {"posts_per_minute": 50}."""
+        return {f"{name}_per_{self.per}": self.count}
+
+
+def a_unit(value: float, unit: str) -> str:
+    """`unit` as it reads after `value`: "1 write/s", "1 shard", "1 entity", "2 writes/s" (ms, s, USD as they
+    are)."""
+    noun, slash, rest = unit.partition("/")
+    if value != 1 or noun in ("ms", "s", "USD") or not noun.endswith("s"):
+        return unit
+    return (noun[:-3] + "y" if noun.endswith("ies") else noun[:-1]) + slash + rest
 
 
 @dataclass(frozen=True)
@@ -61,7 +99,7 @@ class Plan:
 
     def figure(self, name: str, value: float, unit: str, whose: str, source: str) -> float:
         """`value`, listed among the plan's figures once however often the arithmetic uses it."""
-        figure = Figure(name, value, unit, whose, source)
+        figure = Figure(name, value, a_unit(value, unit), whose, source)
         if figure not in self.figures:
             self.figures.append(figure)
         return value
@@ -72,6 +110,11 @@ class Plan:
 
     def line(self, text: str) -> None:
         self.arithmetic.append(text)
+
+    def rate(self, name: str, rate: Rate, noun: str) -> float:
+        """Your `rate` of `noun` among the figures as you gave it (50 posts/min), per second for the arithmetic."""
+        self.figure(name, rate.count, f"{noun}/{PER_SHORT[rate.per]}", "yours", "")
+        return rate.per_second
 
     def as_dict(self) -> dict[str, Any]:
         return {"planner": self.planner, "inputs": self.inputs,
@@ -135,11 +178,35 @@ def sustained_rate(plan: Plan) -> float:
                        "production", SUSTAINED_WRITES_SOURCE)
 
 
-def priced(plan: Plan, billed: billing.Billed, what: str) -> float:
-    """`billed` priced a million times, with the prices as figures of `plan`."""
+def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False) -> float:
+    """`billed` priced a million times (`once`: one time, for a job run once), with the prices as figures of
+    `plan`."""
     for kind, n in (("reads", billed.reads), ("writes", billed.writes), ("deletes", billed.deletes)):
         if n:
             plan.figure(f"price of 100,000 {kind}", billing.USD_PER_100K[kind], "USD", "production",
                         f"{billing.PRICES_SOURCE} ({billing.PRICES_LOCATION}, read {billing.PRICES_READ_ON})")
+    if once:
+        usd = billed.usd_per_million() / 1_000_000
+        plan.line(f"{what}: {billed.describe()}: ${usd:.4f} a job")
+        return usd
     plan.line(f"{what}: {billed.priced()}")
     return billed.usd_per_million()
+
+
+# --- this machine's benchmarks ---------------------------------------------------------------------------------------
+
+def bench_tables(path: Path) -> tuple[str, dict[tuple[str, str], list[dict[str, str]]]]:
+    """(the date it ran, {(backend, profile): its table's rows}) of a benchmark's results under the latency model's
+    profiles (its bare-emulator tables left out: no planner profile is bare); ("", {}) where the file is absent, as
+    where the app is deployed (bench/ is not: .gcloudignore)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "", {}
+    date = re.search(r"\d{4}-\d{2}-\d{2}", text)
+    found = {}
+    for heading, rows in markdown_tables(text).items():
+        profile = heading.partition("LATENCY=")[2]
+        if profile and date:
+            found[("firestore" if heading.startswith("Firestore") else "legacy", profile)] = rows
+    return (date[0] if date else ""), found

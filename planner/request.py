@@ -8,16 +8,23 @@ from core import billing, costs, runtime
 from core.costs import plural
 from planner.figures import Plan, calls_in_turn, priced
 
+# Requests a person would not plan: the planner's own answers and signing in or out (they would crowd the list).
+NOT_LISTED = ("/numbers/plan", "/api/plan", "/signin", "/signout", "/api/session")
+
 
 def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, writes: int = 0, deletes: int = 0,
-                 profile: str = "production") -> Plan:
+                 profile: str = "production", whose: str = "yours", source: str = "") -> Plan:
     """A request's RPCs by method and its cache calls, made one after another: its time at the model's medians and
-    p99s, and its bill (`reads`, `writes`, `deletes`: what those RPCs bill, as /appstats shows them)."""
+    p99s, and its bill (`reads`, `writes`, `deletes`: what those RPCs bill, as /appstats shows them). `whose` and
+    `source` say whose those figures are: your input, or a recorded request's."""
     plan = Plan("request", {"rpcs": rpcs, "cache_calls": cache_calls, "reads": reads, "writes": writes,
                             "deletes": deletes, "profile": profile})
     for method, n in sorted(rpcs.items()):
-        plan.figure(f"{method} RPCs", n, "RPCs", "yours", "")
-    plan.figure("cache calls", cache_calls, "calls", "yours", "")
+        plan.figure(f"{method} RPCs", n, "RPCs", whose, source)
+    plan.figure("cache calls", cache_calls, "calls", whose, source)
+    for kind, n in (("reads", reads), ("writes", writes), ("deletes", deletes)):
+        if n:
+            plan.figure(f"billed {kind}", n, kind, whose, source)
     median, p99 = calls_in_turn(plan, rpcs, cache_calls, profile, "the calls in turn")
     plan.answer("rpcs", "Datastore RPCs on the critical path", sum(rpcs.values()), plural(sum(rpcs.values()), "RPC"))
     plan.answer("median_ms", "Time waiting, model medians", round(median, 1), f"{median:.1f} ms")
@@ -29,12 +36,14 @@ def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, wri
 
 
 def recent_requests() -> list[dict[str, Any]] | None:
-    """The requests /appstats lists (the last of every process, newest first), for an admin to pick one to plan: read
-    from the shared cache (two cache calls, no Datastore RPC); None while the cache does not answer."""
+    """The requests /appstats lists (the last of every process, newest first) that a person may pick to plan: not the
+    planner's own, nor signing in or out. Read from the shared cache (two cache calls, no Datastore RPC); None while
+    the cache does not answer."""
     try:
-        return records.recent(runtime.current().cache)
+        listed = records.recent(runtime.current().cache)
     except records.Away:
         return None
+    return [r for r in listed if r["path"].partition("?")[0] not in NOT_LISTED]
 
 
 def plan_recorded(request_id: int, profile: str = "production") -> Plan:
@@ -45,7 +54,9 @@ def plan_recorded(request_id: int, profile: str = "production") -> Plan:
     rpcs = Counter(call.name for call in critical if call.kind == "datastore")
     billed = record["billed"]
     plan = plan_request(dict(rpcs), sum(call.kind == "cache" for call in critical), billed["reads"],
-                        billed["writes"], billed["deletes"], profile)
+                        billed["writes"], billed["deletes"], profile, whose="record",
+                        source=f"/appstats request {request_id}, {record['at']}: {record['method']} "
+                               f"{record['path'][:200]}")
     plan.planner, plan.inputs = "request", {"appstats": request_id, "profile": profile}
     plan.arithmetic.insert(0, f"request {request_id}, {record['method']} {record['path'][:200]}: "
                               f"{plural(len(critical), 'call')} of its {len(calls)} kept on its critical path "

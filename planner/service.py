@@ -23,7 +23,7 @@ from core.errors import Unprocessable
 from core.validate import whole_number
 from mapper.service import MAX_FANOUT, MAX_PAGE_SIZE, MIN_FANOUT
 from planner import batch, blog, comments, counter, request
-from planner.figures import BACKENDS, PROFILES, Plan
+from planner.figures import BACKENDS, PER, PROFILES, Plan, Rate
 
 # --- the planners' inputs: one bound for every number, so no input makes a planner loop or allocate much -------------
 
@@ -35,6 +35,11 @@ class Number:
     low: int
     high: int
     default: int | None = None  # None: required
+    rate: bool = False  # so many a second, a minute or an hour (figures.PER): sent as <name>_per_<unit>, one of them
+
+    def fields(self) -> tuple[str, ...]:
+        """The names the inputs may give it by: its own, or a rate's in each unit."""
+        return tuple(f"{self.name}_per_{per}" for per in PER) if self.rate else (self.name,)
 
 
 @dataclass(frozen=True)
@@ -62,18 +67,19 @@ MOST_RPCS = 1000
 MOST_REQUEST_ID = 2**63 - 1  # Appstats numbers requests from the time in microseconds (appstats/records.py)
 PLANNERS = {p.name: p for p in (
     Planner("counter", "A counter", "How many shards, and what does each increment and total cost?",
-            (Number("writes_per_second", "Writes a second at peak", 1, 1_000_000),
+            (Number("writes", "Writes at peak", 1, 1_000_000, rate=True),
              Number("peak_seconds", "How long the peak lasts, s", 1, 604_800)), (BACKEND, PROFILE),
             {"writes_per_second": 50, "peak_seconds": 600}),
-    Planner("blog", "A blog or feed", "What does a page cost by index and by offset, and how well must the front "
-            "page cache?",
+    Planner("blog", "A blog or feed", "What does a page cost by index and by offset, and how well can and must the "
+            "front page cache?",
             (Number("entries", "Entries", 1, 10**10), Number("depth", "Depth of the page read, entries", 0, 10**10),
-             Number("readers_per_second", "Front page views a second", 1, 10**7),
-             Number("read_budget_per_second", "Read budget, reads a second", 1, 10**9),
-             Number("posts_per_second", "Posts a second", 0, 1_000_000, default=1)), (PROFILE,),
-            {"entries": 10_000, "depth": 5_000, "readers_per_second": 100, "read_budget_per_second": 50}),
+             Number("readers", "Front page views", 1, 10**7, rate=True),
+             Number("read_budget", "Read budget, reads", 1, 10**9, rate=True),
+             Number("posts", "Posts", 0, 1_000_000, default=1, rate=True)), (PROFILE,),
+            {"entries": 10_000, "depth": 5_000, "readers_per_second": 100, "read_budget_per_second": 50,
+             "posts_per_hour": 6}),
     Planner("comments", "Comments on one entry", "Per-user groups or one shared parent?",
-            (Number("comments_per_second", "Comments a second on one entry", 1, 1_000_000),
+            (Number("comments", "Comments on one entry", 1, 1_000_000, rate=True),
              Number("writers", "People writing them", 1, 10**9)), (BACKEND, PROFILE),
             {"comments_per_second": 20, "writers": 200}),
     Planner("request", "A request", "How long does it wait, and what is it billed, as if served in production?",
@@ -113,7 +119,8 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
     spec = PLANNERS[planner]
     if not isinstance(inputs, dict):
         raise Unprocessable("inputs must be an object.", "bad_inputs")
-    known = {n.name for n in spec.numbers} | {c.name for c in spec.choices} | ({"rpcs"} if spec.rpcs else set())
+    known = {f for n in spec.numbers for f in n.fields()} | {c.name for c in spec.choices} | (
+        {"rpcs"} if spec.rpcs else set())
     if spec.rpcs and "appstats" in inputs:
         known = {"appstats", *(c.name for c in spec.choices)}  # the record says the rest
     unknown = sorted(set(inputs) - known)
@@ -122,11 +129,16 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
                             "bad_inputs")
     args: dict[str, Any] = {}
     for number in spec.numbers:
-        if number.name not in inputs and number.default is not None:
-            args[number.name] = number.default
-        else:  # absent and required, or present (null included: the document says a number)
-            args[number.name] = whole_number(inputs.get(number.name), number.name, number.low, number.high,
-                                             from_json=True)
+        given = [field for field in number.fields() if field in inputs]
+        if len(given) > 1:
+            raise Unprocessable(f"Give {number.name} once: one of {', '.join(given)}.", f"bad_{number.name}")
+        if not given and number.default is not None:
+            count, per = number.default, "second"
+        else:  # absent and required (named as a second's), or present (null included: the document says a number)
+            field = given[0] if given else number.fields()[0]
+            count = whole_number(inputs.get(field), field, number.low, number.high, from_json=True)
+            per = field.rpartition("_per_")[2]
+        args[number.name] = Rate(count, per) if number.rate else count
     for choice in spec.choices:
         value = inputs.get(choice.name, choice.options[0])
         if not isinstance(value, str) or value not in choice.options:

@@ -23,7 +23,10 @@ def _form_inputs(spec: service.Planner) -> dict[str, Any]:
     inputs: dict[str, Any] = {c.name: form[c.name] for c in spec.choices if c.name in form}
     if spec.rpcs and form.get("appstats"):  # a recorded request: the record says the rest
         return {"appstats": validate.form_number(form["appstats"]), **inputs}
-    inputs |= {n.name: validate.form_number(form[n.name]) for n in spec.numbers if form.get(n.name)}
+    for n in spec.numbers:
+        inputs |= {field: validate.form_number(form[field]) for field in n.fields() if form.get(field)}  # the API's
+        if n.rate and form.get(n.name):  # the page's: a number, and its unit beside it
+            inputs[f"{n.name}_per_{form.get(f'{n.name}_per', 'second')}"] = validate.form_number(form[n.name])
     if spec.rpcs:
         inputs["rpcs"] = {m: validate.form_number(form[f"rpcs.{m}"]) for m in service.RPC_METHODS
                           if form.get(f"rpcs.{m}")}

@@ -13,12 +13,14 @@ import yaml
 
 from bench.harness import bill_cell
 from core import billing, production_latency
+from core.settings import WriteBudget
 from core.tables import markdown_tables_in
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
 from mapper.handoff import listing_limit
 from planner import batch, blog, comments, counter, figures, request, service
-from tests.support import csrf_token, timing
+from planner.figures import Rate
+from tests.support import billed, csrf_token, timing
 from tests.test_budgets import BUDGETS
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -31,19 +33,19 @@ def answers(plan):
 # --- the arithmetic, by hand -----------------------------------------------------------------------------------------
 
 def test_counter_shards_and_costs_by_hand():
-    plan = counter.plan_counter(50, 600, backend="firestore")
+    plan = counter.plan_counter(Rate(50), 600, backend="firestore")
     got = answers(plan)
     assert got["shards"].value == 50  # 50 writes/s / 1 sustained write/s an entity
     assert got["increment_rpcs"].value == 1 and got["increment_ms"].value == 47.0  # one Commit, blind
     assert got["increment_usd_per_million"].value == 0.9  # 1 write: $0.09 per 100,000
     assert got["peak_usd"].value == round(0.9 * 50 * 600 / 1e6, 2)
     assert got["total_read"].value == 15.0  # 50 shard reads: 50 x $0.03 per 100,000 x 10
-    legacy = answers(counter.plan_counter(50, 600, backend="legacy"))
+    legacy = answers(counter.plan_counter(Rate(50), 600, backend="legacy"))
     assert legacy["increment_rpcs"].value == 3 and legacy["increment_ms"].value == 76.0  # 14.5 + 14.5 + 47
     assert legacy["increment_usd_per_million"].value == 1.2
     assert legacy["model_per_shard"].value == round(1000 / 76, 1)
     # More shards than an adaptive counter may have: it never gets there, and the answer has no time to give
-    beyond = answers(counter.plan_counter(1000, 60, backend="legacy"))["adaptive_seconds"]
+    beyond = answers(counter.plan_counter(Rate(1000), 60, backend="legacy"))["adaptive_seconds"]
     assert beyond.value is None and beyond.text.startswith("never")
     # Every figure says whose it is; the guidance and the prices carry a link.
     for figure in plan.figures:
@@ -59,28 +61,87 @@ def test_adaptive_growth_by_hand():
     assert counter.adaptive_growth(1, 10) == (1, 0, 0.0)
     size, windows, _ = counter.adaptive_growth(10**6, 10)
     assert size == ADAPTIVE_MAX_SHARDS and windows == int(math.log2(ADAPTIVE_MAX_SHARDS))
-    assert "never" in answers(counter.plan_counter(1000, 60))["adaptive_seconds"].text
+    assert "never" in answers(counter.plan_counter(Rate(1000), 60))["adaptive_seconds"].text
 
 
 def test_blog_page_bills_and_hit_rate_by_hand():
     assert blog.page_reads(10_000, 0) == (11, 10)  # the page and the next one's first; the page alone
     assert blog.page_reads(10_000, 5_000) == (11, 5_010)
     assert blog.page_reads(10_000, 9_995) == (5, 10_000)
-    got = answers(blog.plan_blog(10_000, 5_000, 100, 50))
+    got = answers(blog.plan_blog(10_000, 5_000, Rate(100), Rate(50), Rate(6, "hour")))
     assert got["index_reads"].value == 11 and got["offset_reads"].value == 5_010
     assert blog.front_page_reads(10_000) == 1 + 11 + 10  # the BlogIndex, the page and one more, its counters
-    assert got["hit_rate"].value == round(1 - 50 / (22 * 100), 4)
+    assert blog.after_post_reads(10_000) == 1 + 11 + 1  # the BlogIndex, the page and one more, the new entry's count
+    assert got["miss_reads"].value == 13 and "22 cold" in got["miss_reads"].text
+    assert got["hit_rate"].value == round(1 - 50 / (13 * 100), 4) and "97.73% if every miss were cold" in \
+        got["hit_rate"].text
+    # One miss a post at best: 6 posts an hour over 100 views a second
+    assert got["hit_rate_reachable"].value == round(1 - 6 / 3600 / 100, 6)
+    assert "6 posts an hour" in got["hit_rate_reachable"].text and "fits" in got["hit_rate_reachable"].text
     assert got["post_rpcs"].value == 3 and got["posts_in_turn"].value == 1
-    assert answers(blog.plan_blog(10, 0, 1, 1000))["hit_rate"].value == 0  # the budget covers every miss
+    assert answers(blog.plan_blog(10, 0, Rate(1), Rate(1000), Rate(1)))["hit_rate"].value == 0  # a budget for all
+    # 50 posts a minute against 10 views a second: a miss in 12 views at best, not the 99% the budget needs
+    busy = answers(blog.plan_blog(10_000, 0, Rate(10), Rate(1), Rate(50, "minute")))
+    assert busy["hit_rate_reachable"].value == round(1 - 50 / 60 / 10, 6) and "does not fit" in \
+        busy["hit_rate_reachable"].text
+    # No post at all: the cached page still expires after PAGE_LIFETIME, a miss an hour
+    quiet = answers(blog.plan_blog(10_000, 0, Rate(1), Rate(1), Rate(0)))
+    assert quiet["hit_rate_reachable"].value == round(1 - 1 / 3600, 6)
+
+
+def test_rates_are_taken_in_the_unit_given():
+    """A rate a second, a minute or an hour: 1,200 comments a minute are 20 a second, and the figure says what was
+    given; two units for one rate are refused, naming it."""
+    by_minute = service.plan("comments", {"comments_per_minute": 1200, "writers": 200})
+    by_second = service.plan("comments", {"comments_per_second": 20, "writers": 200})
+    assert by_minute["answers"] == by_second["answers"]
+    assert by_minute["inputs"]["comments_per_minute"] == 1200
+    given = next(f for f in by_minute["figures"] if f["whose"] == "yours" and f["name"] == "comments on one entry")
+    assert (given["value"], given["unit"]) == (1200, "comments/min")
+    with pytest.raises(service.Unprocessable) as refused:
+        service.plan("comments", {"comments_per_minute": 1, "comments_per_hour": 1, "writers": 1})
+    assert refused.value.code == "bad_comments" and refused.value.status == 422
+    hourly = service.plan("blog", {"entries": 10, "depth": 0, "readers_per_hour": 3600, "read_budget_per_minute": 60,
+                                   "posts_per_hour": 1})
+    assert hourly["answers"] == service.plan("blog", {"entries": 10, "depth": 0, "readers_per_second": 1,
+                                                       "read_budget_per_second": 1, "posts_per_hour": 1})["answers"]
+
+
+def test_no_figure_or_answer_says_one_in_the_plural():
+    """'1 shards', '1 writes/s', '1 RPCs' were the planner's own words; each now reads as English."""
+    for planner, inputs in (("counter", {"writes_per_second": 1, "peak_seconds": 1}),
+                            ("comments", {"comments_per_second": 1, "writers": 1}),
+                            ("blog", {"entries": 1, "depth": 0, "readers_per_second": 1, "read_budget_per_second": 1}),
+                            ("request", {"rpcs": {"Lookup": 1}, "cache_calls": 1, "reads": 1}),
+                            ("batch", {"entities": 1, "backend": "legacy"})):
+        plan = service.plan(planner, inputs)
+        said = [f"{f['value']:g} {f['unit']}" for f in plan["figures"]] + [a["text"] for a in plan["answers"]]
+        said += plan["arithmetic"]
+        wrong = [text for text in said if re.search(r"(?<![\d.,])1 (shards|writes|RPCs|queries|calls|entities|reads|"
+                                                    r"increments|attempts|windows)\b", text)]
+        assert not wrong, (planner, wrong)
 
 
 def test_comments_headroom_and_bills_by_hand():
-    got = answers(comments.plan_comments(20, 200, backend="legacy"))
+    got = answers(comments.plan_comments(Rate(20), 200, backend="legacy"))
     assert got["designed_headroom"].value == 10  # 200 writers x 1 write/s each / 20 comments/s
     assert got["shared_headroom"].value == 0.05  # 1 write/s / 20 comments/s
     assert got["counter_shards"].value == 20
     assert got["designed_bill"].value == 3.3 and got["shared_bill"].value == 2.1  # 2 reads 3 writes; 1 read 2 writes
-    assert answers(comments.plan_comments(20, 200))["designed_bill"].value == 3.0  # Firestore: a blind count
+    assert answers(comments.plan_comments(Rate(20), 200))["designed_bill"].value == 3.0  # Firestore: a blind count
+
+
+def test_the_comments_planner_names_the_write_budget_a_writer_meets_first():
+    """Each person may post Settings.write_budget's comments a window, then gets a 429 (core/budget.py; the figures
+    are tests/test_write_budget.py's): 20 comments a second from 200 people is 0.1 a second each, which spends a
+    budget of 20 in 200 s, long before any entity's limit; one comment a minute each stays within it."""
+    budget = WriteBudget()
+    got = answers(comments.plan_comments(Rate(20), 200))["write_budget"]
+    assert got.value == budget.comments
+    assert got.text.startswith(f"{budget.comments} comments in {budget.window // 60} minutes a person, then 429")
+    assert f"spends it in {budget.comments / 0.1:.0f} s" in got.text
+    slow = answers(comments.plan_comments(Rate(200, "minute"), 200))["write_budget"]
+    assert "stays within it" in slow.text
 
 
 def test_request_time_and_bill_by_hand():
@@ -152,11 +213,17 @@ def test_the_openapi_document_states_the_planners_own_bounds():
         spec = service.PLANNERS[variant["properties"]["planner"]["const"]]
         inputs = schemas[variant["properties"]["inputs"]["$ref"].rsplit("/", 1)[1]]
         assert inputs["additionalProperties"] is False
-        assert set(inputs.get("required", [])) == {n.name for n in spec.numbers if n.default is None}
+        assert set(inputs.get("required", [])) == {n.name for n in spec.numbers if n.default is None and not n.rate}
+        # a rate: exactly one of its units when required, at most one when it has a default
+        one_of = [[alt["required"] for alt in rule["oneOf"] if "required" in alt] for rule in inputs.get("allOf", [])]
+        assert one_of == [[[field] for field in n.fields()] for n in spec.numbers if n.rate]
+        for rule, number in zip(inputs.get("allOf", []), [n for n in spec.numbers if n.rate], strict=True):
+            assert ("not" in rule["oneOf"][-1]) == (number.default is not None), number
         for number in spec.numbers:
-            stated = inputs["properties"][number.name]
-            assert (stated["minimum"], stated["maximum"], stated.get("default")) == (number.low, number.high,
-                                                                                     number.default), number
+            for i, field in enumerate(number.fields()):
+                stated = inputs["properties"][field]
+                assert (stated["minimum"], stated["maximum"], stated.get("default")) == (
+                    number.low, number.high, number.default if i == 0 else None), field
         for choice in spec.choices:
             ref = inputs["properties"][choice.name]["$ref"].rsplit("/", 1)[1]
             assert tuple(schemas[ref]["enum"]) == choice.options and schemas[ref]["default"] == choice.options[0]
@@ -192,6 +259,24 @@ def test_blog_page_bills_are_exactly_the_benchmarks():
         assert bill_cell(billing.Billed(reads=blog.front_page_reads(10_000))) == rendered["billed per view"]
 
 
+def test_a_front_page_miss_after_a_post_bills_what_the_planner_says(client, auth):
+    """The blog planner bills a miss as the running app pays it: the first view of the front page after a post reads
+    the BlogIndex again, the page's query and the new entry's comment counter (blog.AFTER_POST_RPCS, billed
+    blog.after_post_reads), measured here on the real stack; the cold worst case (nothing cached) reads every shown
+    entry's counter (blog.front_page_reads, as bench/results/blog.md's `datastore` front page)."""
+    auth.admin()
+    for i in range(blog.BLOG_PAGE + 2):
+        assert client.post("/api/blogs/planned/entries", json={"title": f"{i}", "body": "b"}).status_code == 201
+    client.get("/blog/planned")
+    assert billed(client.get("/blog/planned"))[:3] == (0, 0, 0)  # cached: the hit
+    assert client.post("/api/blogs/planned/entries", json={"title": "new", "body": "b"}).status_code == 201
+    auth.sign_out()
+    after = client.get("/blog/planned")
+    assert timing(after)["datastore"][1] == blog.AFTER_POST_RPCS
+    assert billed(after)[:3] == (blog.after_post_reads(blog.BLOG_PAGE + 3), 0, 0)
+    assert billed(client.get("/blog/planned"))[:3] == (0, 0, 0)  # one miss a post: the next view hits again
+
+
 def test_comment_bills_are_exactly_the_benchmarks():
     """bench/results/comments.md: a designed comment (with its count) and a shared-sequence one, on each backend."""
     sections = tables("comments.md")
@@ -222,7 +307,7 @@ def test_counter_bills_are_exactly_the_benchmarks():
                 assert row["billed per increment, alone"] == bill_cell(figures.INCREMENT_BILL[backend]), row
                 compared += 1
     assert compared == 12
-    twenty = answers(counter.plan_counter(20, 1))
+    twenty = answers(counter.plan_counter(Rate(20), 1))
     assert twenty["shards"].value == 20
     summed = re.findall(r"summed from 20 shards [\d.]+ µs, billed (\d+ reads \(\$[\d.]+/M\))", text)
     assert summed and set(summed) == {bill_cell(billing.Billed(reads=20))}
@@ -238,7 +323,7 @@ def test_the_counter_planner_quotes_one_shards_measured_rate():
         if "LATENCY=" not in heading:
             continue
         row = next(row for row in rows if row["variant"] == "single")
-        plan = counter.plan_counter(50, 600, backend_of(heading), heading.split("LATENCY=")[1])
+        plan = counter.plan_counter(Rate(50), 600, backend_of(heading), heading.split("LATENCY=")[1])
         measured = next(f for f in plan.figures if f.whose == "bench")
         assert measured.value == float(row["commits/s"]) and measured.unit == "increments/s", heading
         assert measured.source.startswith("bench/results/counters.md, 20") and "its single row" in measured.source
@@ -252,7 +337,7 @@ def test_the_counter_planner_without_the_benchmark_says_so(monkeypatch, tmp_path
     """bench/ is not deployed: there the answer still works, and says the figure was not measured."""
     monkeypatch.setattr(counter, "COUNTERS_RESULTS", tmp_path / "bench" / "results" / "counters.md")
     monkeypatch.setattr(counter, "REPO", tmp_path)
-    plan = counter.plan_counter(50, 600, "legacy")
+    plan = counter.plan_counter(Rate(50), 600, "legacy")
     got = answers(plan)
     assert got["bench_shards"].value is None and "not measured in this deployment" in got["bench_shards"].text
     assert got["shards"].value == 50 and "bench" not in {f.whose for f in plan.figures}
@@ -267,7 +352,7 @@ def test_a_posts_critical_path_is_the_benchmarks():
                         r"model's medians", text)
     assert len(bounds) == 4
     for profile, rpcs, cache_calls, ms in bounds:
-        assert answers(blog.plan_blog(10, 0, 1, 1))["post_rpcs"].value == int(rpcs)
+        assert answers(blog.plan_blog(10, 0, Rate(1), Rate(1), Rate(1)))["post_rpcs"].value == int(rpcs)
         plan = request.plan_request(dict(figures.TRANSACTION), cache_calls=int(cache_calls),
                                     profile=profile.split("=")[1])
         assert round(answers(plan)["median_ms"].value) == int(ms), profile
@@ -341,6 +426,12 @@ def test_a_recorded_request_is_planned_for_admins_only(client, auth):
     assert plan["inputs"] == {"appstats": read["id"], "profile": "production"}
     got = {a["name"]: a["value"] for a in plan["answers"]}
     assert got["rpcs"] == 1 and got["median_ms"] >= production_latency.LOOKUP.median_ms
+    # the request's figures are its record's, not the reader's input
+    recorded = [f for f in plan["figures"] if f["whose"] == "record"]
+    assert {f["name"] for f in recorded} >= {"Lookup RPCs", "cache calls", "billed reads"}
+    assert all(f["source"].startswith(f"/appstats request {read['id']}, ") for f in recorded)
+    assert "yours" not in {f["whose"] for f in plan["figures"]}
+    assert {f["whose_label"] for f in recorded} == {figures.WHOSE["record"]}
     assert "RunQuery" not in r.headers["Server-Timing"] and "Commit" not in r.headers["Server-Timing"]  # the cache's
     gone = client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": 1}})
     assert gone.status_code == 404
@@ -348,6 +439,11 @@ def test_a_recorded_request_is_planned_for_admins_only(client, auth):
     assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 403
     auth.sign_out()
     assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 401
+
+
+def recorded_in(html):
+    """(method, path) of each request the page's select lists, by its time: "01:31:27 UTC GET /numbers: 1 RPC"."""
+    return re.findall(r'<option value="\d+"[^>]*>\d\d:\d\d:\d\d UTC (\w+) ([^:]+):', html)
 
 
 def test_an_admin_picks_a_recorded_request_from_the_list_on_the_page(client, auth):
@@ -360,7 +456,11 @@ def test_an_admin_picks_a_recorded_request_from_the_list_on_the_page(client, aut
     read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/api/numbers")
     page = client.get("/numbers")
     html = page.get_data(as_text=True)
-    assert "data-recorded" in html and f'<option value="{read["id"]}">GET /api/numbers: 1 RPC,' in html
+    at = read["at"][11:19]  # its time, method and path; the planner's own and the sign-in requests left out
+    assert "data-recorded" in html and f'<option value="{read["id"]}">{at} UTC GET /api/numbers: 1 RPC,' in html
+    assert {("GET", "/api/numbers"), ("GET", "/numbers")} <= set(recorded_in(html))
+    assert "/api/session" in {r["path"] for r in client.get("/api/appstats").get_json()["requests"]}
+    assert "/api/session" not in {path for _, path in recorded_in(html)}
     spent = timing(page)["datastore"]
     assert spent[:2] == (1, {"Lookup": 1}), spent  # the list is the cache's: no Datastore RPC more, no write
     r = client.post("/numbers/plan", data={"csrf_token": csrf_token(client, "/numbers"), "planner": "request",
@@ -368,6 +468,11 @@ def test_an_admin_picks_a_recorded_request_from_the_list_on_the_page(client, aut
     html = r.get_data(as_text=True)
     assert r.status_code == 200 and 'data-plan="request"' in html
     assert f"request {read['id']}, GET /api/numbers" in html and f'<option value="{read["id"]}" selected>' in html
+    assert client.post("/api/plan", json={"planner": "request", "inputs": {"appstats": read["id"]}}).status_code == 200
+    kept = {r["path"] for r in client.get("/api/appstats").get_json()["requests"]}
+    assert {"/api/plan", "/numbers/plan"} <= kept
+    listed = {path for _, path in recorded_in(client.get("/numbers").get_data(as_text=True))}
+    assert "/numbers" in listed and not listed & {"/api/plan", "/numbers/plan", "/api/session"}, listed
     auth.sign_in()
     assert "data-recorded" not in client.get("/numbers").get_data(as_text=True)  # signed in, not an admin
 
@@ -385,22 +490,28 @@ def test_the_numbers_page_has_a_form_for_each_planner_and_shows_an_answer(client
     assert "data-plan=" not in html
     token = csrf_token(client, "/numbers")
     r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "blog", "entries": "10000",
-                                           "depth": "9990", "readers_per_second": "100",
-                                           "read_budget_per_second": "50", "profile": "production"})
+                                           "depth": "9990", "readers": "100", "readers_per": "second",
+                                           "read_budget": "50", "read_budget_per": "second", "posts": "50",
+                                           "posts_per": "minute", "profile": "production"})
     html = r.get_data(as_text=True)
     assert r.status_code == 200 and 'data-plan="blog"' in html
     assert "10 reads, $3.00 a million" in html and "10000 reads, $3000.00 a million" in html
-    assert 'value="9990"' in html  # what was typed stays in the form
+    assert "50 posts a minute, each a miss" in html and "50 posts/min" in html  # in the unit given
+    assert 'value="9990"' in html and '<option value="minute" selected>' in html  # what was sent stays in the form
     assert "https://cloud.google.com/datastore/pricing" in html
     r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "request", "rpcs.Lookup": "1",
                                            "cache_calls": "2", "reads": "1"})
     assert 'data-plan="request"' in r.get_data(as_text=True)
+    for name, spec in service.PLANNERS.items():  # the form takes the API's names too (posts_per_hour)
+        sent = {k: v for k, v in spec.example.items() if k != "rpcs"}
+        r = client.post("/numbers/plan", data={"csrf_token": token, "planner": name, **sent})
+        assert r.status_code == 200 and f'data-plan="{name}"' in r.get_data(as_text=True), name
 
 
 def test_the_form_refuses_bad_input_on_the_page(client):
     token = csrf_token(client, "/numbers")
-    r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "counter", "writes_per_second": "-3",
-                                           "peak_seconds": "10"})
+    r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "counter", "writes": "-3",
+                                           "writes_per": "second", "peak_seconds": "10"})
     html = r.get_data(as_text=True)
     assert r.status_code == 422 and "writes_per_second must be a whole number" in html and "data-plan=" not in html
     r = client.post("/numbers/plan", data={"csrf_token": token, "planner": "nope"})
@@ -453,6 +564,81 @@ def test_the_mapper_tree_by_hand():
     assert batch.walk_critical_path(10_000, 100, 24, "legacy") == (101 + 3 * 500, 101)
     assert batch.walk_critical_path(10_000, 100, 100, "firestore") == (100 + 3 * 100, 100)
     assert batch.walk_critical_path(150, 100, 100, "legacy") == (2 + 3 * 2, 2)
+
+
+def test_the_batch_planner_on_a_new_kind_with_the_queue_and_money_a_job():
+    """The wall time as the 500/50/5 rule holds a new kind (500 operations a second for 5 minutes, 50% more every 5
+    minutes), with queue.yaml's dispatch rate and concurrency as devstack's own reader reads them, and each bill in
+    dollars a job."""
+    from devstack.cloudtasks import load_queues
+
+    queue = load_queues(batch.QUEUE_YAML)["mapper"]
+    assert batch.mapper_queue() == batch.Queue(queue.rate, queue.max_concurrent)
+    # 1,000,000 writes: 500/s x 300 s, 750/s x 300, 1,125/s x 300 (712,500 in 900 s), the rest at 1,687.5/s
+    assert batch.ramped_seconds(1_000_000, 10_000) == pytest.approx(900 + 287_500 / 1687.5)
+    assert batch.ramped_seconds(1_000, 10_000) == 2  # within the first 5 minutes
+    assert batch.ramped_seconds(1_000, 100) == 10  # a job slower than the rule is its own pace
+    plan = batch.plan_batch(1_000_000, 100, 8, 8, "firestore")
+    wall = answers(plan)["wall_s"]
+    assert f"{batch.ramped_seconds(1_000_000, 1_000_000 / wall.value):.2f} s on a new kind" in wall.text
+    assert {(f.name, f.value) for f in plan.figures} >= {("the mapper queue's dispatch rate", queue.rate),
+                                                         ("the mapper queue's tasks at once", queue.max_concurrent)}
+    tree = batch.fan_out(1_000_000, 100, 8, batch.CHUNKS["firestore"])
+    assert wall.value >= round(tree.tasks / queue.rate, 2)  # no faster than the queue dispatches
+    # Pages of 500 at 24 accounts a transaction (legacy) keep a task 1.6 s: more than the queue runs at once would be
+    # busy, so it is the queue that caps them, however many tasks at once are asked for.
+
+    def wall_with(instances):
+        return answers(batch.plan_batch(200_000, 500, 8, instances, "legacy"))["wall_s"].value
+    assert wall_with(10_000) == wall_with(queue.max_concurrent) < wall_with(queue.max_concurrent - 1)
+    assert next(f for f in plan.figures if f.name.startswith("a new kind")).source == batch.RAMP_SOURCE
+    bill = answers(plan)["fan_out_bill"]
+    assert bill.text.endswith(f"${bill.value:.4f} a job") and bill.value < 1  # dollars a job, not a million jobs
+    assert not [line for line in plan.arithmetic if "per million" in line]
+
+
+def test_a_jobs_start_bills_the_queries_it_runs():
+    """mapper/service.py start_job: the kind's last key and its SAMPLES __scatter__ keys, keys only. The legacy
+    emulator answers the samples 300 at a time and asks again after a full batch: from 300 entities the start runs 3
+    queries there, 2 on Firestore; each RunQuery is a billed read."""
+    from mapper.service import SAMPLES
+
+    assert SAMPLES > batch.LEGACY_BATCH
+    assert [batch.job_start(n, "legacy").queries for n in (299, 300, 10_000)] == [2, 3, 3]
+    assert batch.job_start(10_000, "firestore").queries == 2
+    legacy = batch.plan_batch(10_000, 100, 4, 8, "legacy")
+    assert any("its start's 3 queries" in line for line in legacy.arithmetic)
+    for entities, queries in ((299, 2), (300, 3)):
+        bill = billed_as(answers(batch.plan_batch(entities, 100, 4, 8, "legacy"))["fan_out_bill"].text)
+        tree = batch.fan_out(entities, 100, 4, batch.CHUNKS["legacy"], "legacy")
+        # its accounts, a record read a transaction, the listings, the records summed, then the job's own: its start's
+        # queries and 3 transactions, the root's read of it, its end's, and the 2 reads that settle the credit
+        assert bill.reads == entities + tree.transactions + tree.range_tasks + tree.tasks + queries + 3 + 1 + 1 + 2
+
+
+def test_the_batch_planner_quotes_the_benchmarks_wall_time_beside_its_own():
+    """bench/results/mapper.md's fan-out, measured in one process and served, beside the model's wall time for the
+    same job (its accounts, fan-out and page sizes, bench/mapper.py's); no measured figure for another job."""
+    from bench.mapper import ACCOUNTS, BIG_PAGE, FANOUT, PAGE, WORKERS
+
+    assert (batch.BENCH_ENTITIES, batch.BENCH_FANOUT, batch.BENCH_WORKERS, batch.BENCH_PAGES) == (
+        ACCOUNTS, FANOUT, WORKERS, (PAGE, BIG_PAGE))
+    compared = 0
+    for heading, backend, rows in mapper_sections():
+        profile = heading.split("LATENCY=")[1] if "LATENCY=" in heading else None
+        if profile is None:
+            continue
+        for page in (PAGE, BIG_PAGE):
+            variants = [r for r in rows if r["variant"].startswith("adaptive fan-out")
+                        and (f"pages of {page}" in r["variant"]) == (page == BIG_PAGE)]
+            walls = {float(r["wall s (median)"]) for r in variants}
+            plan = batch.plan_batch(ACCOUNTS, page, FANOUT, WORKERS, backend, profile)
+            measured = {f.value for f in plan.figures if f.whose == "bench"}
+            assert measured and measured <= walls, (heading, page, measured, walls)
+            assert all(f"{m:g} s" in answers(plan)["wall_s"].text for m in measured)
+            compared += 1
+    assert compared >= 8
+    assert not [f for f in batch.plan_batch(ACCOUNTS + 1, PAGE, FANOUT, WORKERS).figures if f.whose == "bench"]
 
 
 def mapper_sections():
