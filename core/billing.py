@@ -64,6 +64,10 @@ def of(method: str, request: Any, response: Any) -> tuple["Billed", dict[str, in
         found, missing = len(response.found), len(response.missing)
         return Billed(reads=found + missing), {"found": found, "missing": missing}
     if method == "RunQuery":
+        # No minimum read: Datastore mode's page says "Queries that have up to one range property are not charged for
+        # index entries read and have a minimum charge of zero read operations" (PRICES_SOURCE, "Index entries"; none
+        # of this app's queries has more than one), where Firestore in Native mode bills at least one read a query.
+        # A query that finds nothing is billed nothing, unless keys-only: its "single entity read for the query".
         batch = response.batch
         results, skipped = len(batch.entity_results), batch.skipped_results
         if batch.entity_result_type in (_PROJECTION, _KEY_ONLY) and not request.query.distinct_on:

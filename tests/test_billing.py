@@ -54,6 +54,17 @@ def test_a_keys_only_query_bills_one_read_for_the_query_and_its_keys_as_free_sma
     assert cost.billed.usd_per_million() == pytest.approx(0.3)  # one read: $0.03 per 100,000
 
 
+def test_a_query_that_finds_nothing_bills_nothing_as_datastore_mode_does(kind_of_30):
+    """Datastore mode's minimum for a query of at most one range property is zero reads (Native mode's is one): an
+    empty answer bills nothing; keys-only, still the read for the query itself."""
+    with costs.measured() as cost:
+        assert Billable.query(Billable.n > 1000).fetch(**_uncached()) == []
+    assert cost.datastore == {"RunQuery": 1} and cost.billed == billing.Billed()
+    with costs.measured() as cost:
+        assert Billable.query(Billable.n > 1000).fetch(keys_only=True, **_uncached()) == []
+    assert cost.billed == billing.Billed(reads=1)
+
+
 def test_a_commit_bills_each_entity_written_and_each_deleted(kind_of_30):
     @ndb.transactional()
     def change():
