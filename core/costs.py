@@ -156,8 +156,9 @@ def critical_path(calls: list[TimedCall]) -> set[int]:
     return chain
 
 
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """'1 shard', '2 shards'; `many` for a noun whose plural is not noun + s ('entity', 'entities')."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"
 
 
 def described(counts: Counter[str], noun: str) -> str:

@@ -104,8 +104,11 @@ async function watchBurst(card, burstUrl, refreshUrl, body) {
 
 function burstSummary(data, writers) {
   return `${data.name}: ${data.increments} increments from ${writers} writers took ` +
-    `${(data.attempts / data.increments).toFixed(2)} attempts each; it has ${data.num_shards} ` +
-    `shard${data.num_shards === 1 ? "" : "s"} now.`;
+    `${(data.attempts / data.increments).toFixed(2)} attempts each; it has ${plural(data.num_shards, "shard")} now.`;
+}
+
+function plural(n, noun) {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
 }
 
 function tell(card, text, error) {
@@ -187,5 +190,5 @@ function drawStrip(strip, shards) {
     bar.append(title);
     return bar;
   }));
-  strip.setAttribute("aria-label", `${shards.length} shards, counts ${shards.join(", ")}`);
+  strip.setAttribute("aria-label", `${plural(shards.length, "shard")}, counts ${shards.join(", ")}`);
 }

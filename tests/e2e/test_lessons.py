@@ -34,6 +34,14 @@ def test_counter_button_updates_the_total_and_the_shard_strip_in_place(page):
     assert page.evaluate("window.stillThisPage") is True  # through the JSON API, no reload
     assert api(page, "GET", "/api/counters/clicks")["count"] == 6
 
+    # one shard is "1 shard", on the page as served and as the script redraws it after an increment
+    api(page, "PUT", "/api/counters/lone", {"mode": "general", "num_shards": 1})
+    page.reload()
+    lone = page.locator("#counter-lone [data-shards]")
+    expect(lone).to_have_attribute("aria-label", "1 shard, counts 0")
+    page.locator("#counter-lone").get_by_role("button", name="+1 to lone").click()
+    expect(lone).to_have_attribute("aria-label", "1 shard, counts 1")
+
     simple = page.locator("#simple")
     simple.get_by_role("button", name="+1 to the simple counter").click()
     expect(simple.locator("[data-total]")).to_have_text("1")
