@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from google.cloud import ndb
 
 from bench.harness import bill_cell
-from core import billing, production_latency
+from core import billing, production_latency, runtime
 from core.settings import WriteBudget
 from core.tables import markdown_tables_in
 from counters.growth import ContentionWindow
@@ -607,22 +608,41 @@ def test_the_batch_planner_on_a_new_kind_with_the_queue_and_money_a_job():
 
 
 def test_a_jobs_start_bills_the_queries_it_runs():
-    """mapper/service.py start_job: the kind's last key and its SAMPLES __scatter__ keys, keys only. The legacy
-    emulator answers the samples 300 at a time and asks again after a full batch: from 300 entities the start runs 3
-    queries there, 2 on Firestore; each RunQuery is a billed read."""
+    """mapper/service.py start_job: the kind's last key and up to SAMPLES __scatter__ keys, keys only. The legacy
+    emulator samples about half a kind and answers 300 keys a batch, asking again after a full one: from 600 entities
+    the start runs 3 queries there (the stack test below measures it), 2 on Firestore; each RunQuery a billed read."""
     from mapper.service import SAMPLES
 
     assert SAMPLES > batch.LEGACY_BATCH
-    assert [batch.job_start(n, "legacy").queries for n in (299, 300, 10_000)] == [2, 3, 3]
+    assert [batch.job_start(n, "legacy").queries for n in (599, 600, 10_000)] == [2, 3, 3]
     assert batch.job_start(10_000, "firestore").queries == 2
     legacy = batch.plan_batch(10_000, 100, 4, 8, "legacy")
     assert any("its start's 3 queries" in line for line in legacy.arithmetic)
-    for entities, queries in ((299, 2), (300, 3)):
+    for entities, queries in ((599, 2), (600, 3)):
         bill = billed_as(answers(batch.plan_batch(entities, 100, 4, 8, "legacy"))["fan_out_bill"].text)
         tree = batch.fan_out(entities, 100, 4, batch.CHUNKS["legacy"], "legacy")
         # its accounts, a record read a transaction, the listings, the records summed, then the job's own: its start's
         # queries and 3 transactions, the root's read of it, its end's, and the 2 reads that settle the credit
         assert bill.reads == entities + tree.transactions + tree.range_tasks + tree.tasks + queries + 3 + 1 + 1 + 2
+
+
+@pytest.mark.parametrize("accounts", [580, 640])
+def test_a_jobs_start_runs_the_queries_the_planner_bills_on_legacy(legacy_app, accounts):
+    """The start of add_credit over a kind of `accounts` on the legacy emulator: its RunQuery RPCs as its own
+    Server-Timing counts them are the planner's job_start queries, and its billed reads theirs and its transactions'
+    (a read each; 580 accounts: 2 queries, 640: 3)."""
+    from accounts.models import Account
+
+    client = legacy_app.test_client()
+    client.post("/api/session", json={"email": "boss@example.com", "admin": True})
+    with runtime.of(legacy_app).context():
+        for i in range(0, accounts, 500):
+            ndb.put_multi([Account() for _ in range(min(500, accounts - i))])
+    r = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}})
+    assert r.status_code == 202, r.get_json()
+    start = batch.job_start(accounts, "legacy")
+    assert timing(r)["datastore"][1]["RunQuery"] == start.queries
+    assert billed(r)[0] == start.queries + batch.START_TRANSACTIONS
 
 
 def test_the_batch_planner_quotes_the_benchmarks_wall_time_beside_its_own():
