@@ -55,8 +55,7 @@ def plan_recorded(request_id: int, profile: str = "production") -> Plan:
     billed = record["billed"]
     plan = plan_request(dict(rpcs), sum(call.kind == "cache" for call in critical), billed["reads"],
                         billed["writes"], billed["deletes"], profile, whose="record",
-                        source=f"/appstats request {request_id}, {record['at']}: {record['method']} "
-                               f"{record['path'][:200]}")
+                        source=f"/appstats request {request_id}, {record['at']}")
     plan.planner, plan.inputs = "request", {"appstats": request_id, "profile": profile}
     plan.arithmetic.insert(0, f"request {request_id}, {record['method']} {record['path'][:200]}: "
                               f"{plural(len(critical), 'call')} of its {len(calls)} kept on its critical path "
