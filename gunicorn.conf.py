@@ -6,7 +6,20 @@ connections; App Engine's warmup request (/_ah/warmup) reaches one worker of an 
 sends one: Google says its warmup does "not work in every case", and an idle app's first request is a loading request
 ("Configuring warmup requests", https://cloud.google.com/appengine/docs/standard/configuring-warmup-requests).
 """
+import os
 from typing import Any
+
+
+def on_starting(server: Any) -> None:
+    """Called by gunicorn's master before it binds: the dev sign-in is never served off loopback (a client elsewhere
+    can send `Host: 127.0.0.1`, which TRUSTED_HOSTS would take); gunicorn stops with the reason, binding nothing."""
+    from core.settings import Settings, refuse_dev_signin_off_loopback
+
+    try:
+        refuse_dev_signin_off_loopback(Settings.from_env(os.environ), list(server.cfg.bind))
+    except RuntimeError as e:
+        server.log.critical("Not starting: %s", e)
+        raise SystemExit(3) from None
 
 
 def post_worker_init(worker: Any) -> None:

@@ -17,15 +17,10 @@ import latency
 import mapper
 import planner
 import tour
-from blog.validate import BODY_MAX, TITLE_MAX
 from core import features, identity, openapi, runtime, web
 from core import views as core_views
 from core.settings import Settings, with_secret_key
 from core.tasks import Queue
-
-# The largest valid body: a blog entry of the longest title and body, every character one outside the BMP, which a
-# JSON encoder may escape as a surrogate pair ("\\ud83d\\ude00": 12 bytes), plus the keys and the quotes.
-MAX_BODY_BYTES = 12 * (TITLE_MAX + BODY_MAX) + 1024
 
 # The one list of features, each a package with init_app(app). Registered, and their demo content seeded, in this
 # order: a feature comes after those it builds on, and the numbers page measures last, on a stack with demo data.
@@ -42,7 +37,7 @@ def create_app(settings: Settings | None = None, *, task_queue: Queue | None = N
     settings = settings or Settings.from_env()
     app.config.update(
         SECRET_KEY=settings.secret_key,
-        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        MAX_CONTENT_LENGTH=web.BODY_BYTES,  # each route's own limit: web.body_limit
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=settings.on_app_engine,

@@ -37,6 +37,8 @@ SEED_HANDLER = "accounts.seed"
 COUNTERS = counters.owned("accounts")
 COUNT, BALANCE = "count", "balance"
 KEPT_SHARDS = 16
+SUMMARY_KEY = "accounts-summary"
+SUMMARY_LIFETIME = 5  # seconds a visitor's copy of the summary lives, as a counter's shard view (counters/totals.py)
 # A transaction may touch 25 entity groups on the legacy emulator (Datastore before Firestore); every Account is one.
 # A counter added to in a transaction takes two more (its config and a shard), a mapper chunk one more (its record).
 SEED_CHUNK = mapper_jobs.MAX_GROUPS - 2
@@ -104,9 +106,13 @@ def _create_missing(keys: list[ndb.Key], call: Call) -> int:
     return len(missing)
 
 
-def summary() -> dict[str, int]:
+def summary(exactly: bool = True) -> dict[str, int]:
     """How many accounts there are and their total balance: the kept figures summed from their counters' shards (gets
-    by key, strongly consistent, exact once every seed and credit has committed), never from the accounts."""
+    by key, strongly consistent, exact once every seed and credit has committed), never from the accounts. Not
+    `exactly`: from a copy kept SUMMARY_LIFETIME (a page anyone may reload bills its 32 shards once in those
+    seconds)."""
+    if not exactly:
+        return runtime.cache().kept_copy(SUMMARY_KEY, SUMMARY_LIFETIME, summary)
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
     return {"count": kept[COUNT], "total_balance": kept[BALANCE]}
 

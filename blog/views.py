@@ -6,11 +6,13 @@ from flask import Blueprint, flash, jsonify, make_response, redirect, render_tem
 from flask.typing import ResponseReturnValue
 
 from blog import entries, pages, service, view_counts
+from blog.validate import BODY_MAX, TITLE_MAX
 from core import budget, identity, runtime, validate
 from core.errors import AppError, BadInput
-from core.web import form_refused, json_body
+from core.web import body_limit, form_refused, json_body, text_body_bytes
 
 bp = Blueprint("blog", __name__)
+ENTRY_BODY_BYTES = text_body_bytes(TITLE_MAX, BODY_MAX)  # the routes that post an entry; every other takes a few KiB
 
 
 def _cache_or_not() -> contextlib.AbstractContextManager[None]:
@@ -79,6 +81,7 @@ def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> Re
 
 
 @bp.post("/blog")
+@body_limit(ENTRY_BODY_BYTES)
 def start_blog_form() -> ResponseReturnValue:
     """Admin: start a blog by posting its first entry."""
     blog = request.form.get("blog", "").strip()
@@ -87,6 +90,7 @@ def start_blog_form() -> ResponseReturnValue:
 
 
 @bp.post("/blog/<blog>/entries")
+@body_limit(ENTRY_BODY_BYTES)
 def post_form(blog: str) -> ResponseReturnValue:
     """Admin: post an entry from the form on the blog's page."""
     return _post_from_form(blog, lambda form: pages.render_index(blog, service.get_page(blog), form))
@@ -101,6 +105,7 @@ def api_blogs() -> ResponseReturnValue:
 
 
 @bp.post("/api/blogs/<blog>/entries")
+@body_limit(ENTRY_BODY_BYTES)
 def api_post(blog: str) -> ResponseReturnValue:
     """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()

@@ -18,13 +18,14 @@ from blog.models import EntryRef
 from comments import service
 from core import budget, identity
 from core.errors import AppError
-from core.web import form_refused, json_body
+from core.web import body_limit, form_refused, json_body, text_body_bytes
 
 bp = Blueprint("comments", __name__)
 URL = re.compile(r"https?://[^\s<>\"']+")
 TRAILING = ".,;:!?)]}'\""
 RECENT_SESSION_KEY = "recent_comments"  # the ids of a person's latest comments, kept in their session cookie
 RECENT_KEEP = 5
+COMMENT_BODY_BYTES = text_body_bytes(service.TEXT_MAX)
 
 
 @bp.app_template_filter()
@@ -70,6 +71,7 @@ ENTRY_ADDON = blog_pages.EntryAddon(name="comments", summaries=_summaries, meta_
 
 
 @bp.post("/blog/<blog>/<int:index>/comments")
+@body_limit(COMMENT_BODY_BYTES)
 def post_form(blog: str, index: int) -> ResponseReturnValue:
     """A signed-in person's comment from the form under an entry."""
     user = identity.require_user()
@@ -85,6 +87,7 @@ def post_form(blog: str, index: int) -> ResponseReturnValue:
 
 
 @bp.post("/api/blogs/<blog>/entries/<index>/comments")
+@body_limit(COMMENT_BODY_BYTES)
 def api_post(blog: str, index: str) -> ResponseReturnValue:
     """Signed in: {"text": 1..2000 characters} comments on the entry."""
     user = identity.require_user()

@@ -8,6 +8,7 @@ The cache is an accelerator, never a source of truth: every helper here treats a
 miss (bounded by the timeouts below), so a cache outage slows the site down instead of taking it down.
 """
 import contextvars
+import json
 import logging
 import socket
 import ssl
@@ -60,6 +61,7 @@ class CacheClient(Protocol):
     def incr(self, key: str, delta: int) -> int | None: ...
     def delete(self, key: str) -> bool: ...
     def delete_if(self, key: str, value: CacheValue) -> bool: ...
+    def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int = 0) -> bool: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
     def global_cache(self, model: Model) -> ndb.GlobalCache | None: ...
@@ -161,6 +163,14 @@ class MemcachedCacheClient:
         docs/lessons/blog.md, "Turns at a hot entity"). Two round trips, counted as one call."""
         return self.memcached.get(key) == value and self.memcached.delete(key, noreply=False)
 
+    def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int = 0) -> bool:
+        """Store `value` only while `key` holds `expected`: `gets` reads the item's CAS unique, and `cas` stores only
+        if no one has stored the key since (https://github.com/memcached/memcached/wiki/Commands#cas). Atomic; a key
+        gone meanwhile (evicted, expired, flushed) is not stored. Two round trips, counted as one call."""
+        found, unique = self.memcached.gets(key)
+        return found == _as_bytes(expected) and bool(self.memcached.cas(key, value, unique, expire=expire,
+                                                                         noreply=False))
+
     def flush(self) -> None:
         self.memcached.flush_all(noreply=False)
 
@@ -169,6 +179,11 @@ class MemcachedCacheClient:
 
     def global_cache(self, model: Model) -> ndb.GlobalCache | None:
         return ndb.MemcacheCache(CountedClient(self.memcached, model), **_STRICTNESS)
+
+
+def _as_bytes(value: CacheValue) -> bytes:
+    """A value as memcached gives it back."""
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _parse(host: str) -> tuple[str, int]:
@@ -182,6 +197,9 @@ def _parse(host: str) -> tuple[str, int]:
 # is rebuilt from the shards, never started from one increment). One script, so the check and the add are atomic.
 _INCR_IF_PRESENT = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) end"
 _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+_REPLACE_IF = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
+               "if ARGV[3] == '0' then return redis.call('SET', KEYS[1], ARGV[2]) and 1 end "
+               "return redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) and 1 end return 0")
 
 
 class OwnCAConnection(redis.SSLConnection):
@@ -216,6 +234,7 @@ class RedisCacheClient:
             retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)), **tls)
         self._incr = self.redis.register_script(_INCR_IF_PRESENT)
         self._delete_if = self.redis.register_script(_DELETE_IF)
+        self._replace_if = self.redis.register_script(_REPLACE_IF)
 
     def get(self, key: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(key))  # bytes: the client is made without decode_responses
@@ -241,6 +260,10 @@ class RedisCacheClient:
         """Delete `key` only while it holds `value`: one atomic script."""
         return bool(self._delete_if(keys=[key], args=[value]))
 
+    def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int = 0) -> bool:
+        """Store `value` only while `key` holds `expected`: one atomic script."""
+        return bool(self._replace_if(keys=[key], args=[expected, value, expire]))
+
     def flush(self) -> None:
         self.redis.flushdb()
 
@@ -262,7 +285,7 @@ class NoCache:
     def _absent(self, *args: object, **kwargs: object) -> NoReturn:
         raise NoCacheServer()
 
-    get = get_many = add = set = incr = delete = delete_if = _absent
+    get = get_many = add = set = incr = delete = delete_if = replace_if = _absent
 
     def flush(self) -> None:
         pass
@@ -318,6 +341,18 @@ class Cache:
         writer replaced."""
         return bool(self._safely(False, lambda c: c.set(key, value, expire)))
 
+    def kept_copy(self, key: str, lifetime: int, read: Callable[[], Any]) -> Any:
+        """What `read()` returns (a JSON value), from a copy kept `lifetime` seconds: for reads that anyone may repeat
+        as often as they like and that each bill many entities. The first reader after the copy expires reads and
+        keeps it (`add`: a copy another reader kept meanwhile stays); with the cache away, `read()` every time. The
+        copy may lack the writes of those seconds."""
+        kept = self.get(key)
+        if kept is not None:
+            return json.loads(kept)
+        value = read()
+        self.add(key, json.dumps(value), expire=lifetime)
+        return value
+
     def next_number(self, key: str, start: int, expire: int = 0) -> int | None:
         """The next number of a counter every process shares (one `incr`), started at `start` + 1 when the key is
         missing (never set, flushed or evicted), kept `expire` seconds (0: until evicted); None when the cache is
@@ -340,6 +375,11 @@ class Cache:
 
     def delete(self, key: str) -> bool:
         return bool(self._safely(False, lambda c: c.delete(key)))
+
+    def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int) -> bool:
+        """Store `value` only while `key` still holds `expected` (a lease this caller `add`ed): not if anyone stored
+        the key since, nor if it is gone (evicted, expired, flushed). False too when the cache is away."""
+        return bool(self._safely(False, lambda c: c.replace_if(key, expected, value, expire)))
 
     def release(self, key: str, token: CacheValue) -> bool:
         """Delete `key` while it still holds `token` (a lease this caller `add`ed): one that expired and was added

@@ -1,4 +1,5 @@
 """Settings, read once per process from the environment."""
+import ipaddress
 import os
 import re
 import ssl
@@ -308,3 +309,24 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
         raise RuntimeError(f"The secret {wanted} holds {len(payload)} characters: a session key needs at least "
                            f"{SECRET_MIN_BYTES}.")
     return {**env, "SECRET_KEY": payload}
+
+
+def refuse_dev_signin_off_loopback(settings: Settings, binds: list[str]) -> None:
+    """A RuntimeError naming the fix when the dev sign-in (anyone in as an admin) would be served on an address other
+    than loopback. TRUSTED_HOSTS does not guard that: a client elsewhere on the network can send `Host: 127.0.0.1`.
+    `binds` are gunicorn's `bind` addresses (host:port, [v6]:port, unix:path); an empty host is every interface."""
+    if not settings.dev_signin:
+        return
+    for bind in binds:
+        if bind.startswith(("unix:", "fd://")):
+            continue  # a socket of this machine's, not the network's
+        host = bind.rpartition(":")[0].strip("[]") if ":" in bind else bind
+        if host == "localhost":
+            continue
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False  # a name, or no host at all (every interface)
+        if not loopback:
+            raise RuntimeError(f"the dev sign-in (DEV_SIGNIN=on) lets anyone in as an admin, and this server would "
+                               f"listen on {bind!r}: bind to 127.0.0.1, or leave DEV_SIGNIN unset.")

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 ROUTE = "/api/tasks/{}"
 TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks accepts as a task id
+# "The maximum task size is 100KB" (CreateTask, https://cloud.google.com/tasks/docs/reference/rpc/google.cloud.tasks.v2):
+# no delivery's body is larger, so the task route takes no more (core/web.body_limit), and the local queue refuses a
+# larger task as Cloud Tasks does (devstack/cloudtasks.py).
+MAX_TASK_BYTES = 100 * 1024
 TOKEN_HEADER = "X-Tasks-Token"
 # What Cloud Tasks sends an App Engine task handler (https://cloud.google.com/tasks/docs/creating-appengine-handlers,
 # "Reading App Engine task request headers"); the X-CloudTasks-* headers are for HTTP targets, which this app is not.

@@ -6,6 +6,12 @@ import re
 from core.errors import BadInput, Unprocessable
 
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
+# Datastore refuses a key name that matches __.*__ ("A name matching regex __.*__ is reserved/read-only", PathElement
+# in https://cloud.google.com/datastore/docs/reference/data/rest/v1/Key): a Lookup or Commit that names one fails with
+# InvalidArgument. Every key name the app builds from a caller's choice starts with that choice (a counter's config,
+# its shards "<name>|<i>" and markers "<name>|<key>"; a post's marker is the key itself), so a choice that does not
+# start with "__" never makes a reserved name, whatever is joined after it.
+RESERVED_PREFIX = "__"
 # What no text field holds: what XML 1.0 cannot carry (https://www.w3.org/TR/xml/#charsets: control characters but tab,
 # line feed and carriage return; lone surrogates; U+FFFE and U+FFFF), what UTF-8 cannot encode (a lone surrogate:
 # JSON's "\ud800" escape parses to one in Python, and Datastore's client fails to encode it, a 500 at the write), and
@@ -110,10 +116,20 @@ def _digits_as_int(value: object, most: int) -> object:
 
 
 def idempotency_key(value: str | None) -> str | None:
-    """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces."""
+    """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces, not
+    starting with "__" (RESERVED_PREFIX)."""
     if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
         raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
                        "bad_idempotency_key")
+    return not_reserved(value, "Idempotency-Key", "bad_idempotency_key") if value is not None else None
+
+
+def not_reserved(value: str, field: str, code: str) -> str:
+    """`value`, a name a caller chose that goes into key names, unless it starts with RESERVED_PREFIX: then a 400
+    naming `field`, before anything is read or written."""
+    if value.startswith(RESERVED_PREFIX):
+        raise BadInput(f"{field} may not start with {RESERVED_PREFIX!r}: Datastore reserves key names of the form "
+                       "__...__.", code)
     return value
 
 

@@ -140,6 +140,7 @@ def delete_session() -> ResponseReturnValue:
 
 
 @bp.post("/api/tasks/<name>")
+@web.body_limit(tasks.MAX_TASK_BYTES)
 def run_task(name: str) -> ResponseReturnValue:
     """A queued task's delivery (core/tasks.py): only a queue of this app may call it. A 2xx ends the task; anything
     else makes the queue deliver it again later."""

@@ -12,7 +12,7 @@ from flask_talisman import Talisman
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from google.api_core import exceptions as core_exceptions
 from markupsafe import Markup, escape
-from werkzeug.exceptions import BadHost, HTTPException, SecurityError
+from werkzeug.exceptions import BadHost, HTTPException, RequestEntityTooLarge, SecurityError
 
 from core import clock, features, identity, runtime, validate
 from core.cache import CACHE_DOWN
@@ -43,6 +43,39 @@ def _not_json() -> AppError:
 
 def is_api() -> bool:
     return request.path == "/api" or request.path.startswith("/api/")
+
+
+# What a request's body may hold: refused with a 413 before a byte of it is parsed (werkzeug compares Content-Length
+# with the limit, and stops a chunked body at it). Most routes take a few small fields; anyone may send a body, and a
+# large one costs a worker's CPU to parse and walk (validate.plain_json) before any route looks at it. The routes that
+# take long text name their own limit with `body_limit`.
+BODY_BYTES = 8 * 1024
+
+
+def text_body_bytes(*most_characters: int) -> int:
+    """The largest body that carries text fields of these most characters, with room for the rest of the body: each
+    character 12 bytes at worst, a character outside the BMP as JSON's surrogate-pair escape ("\\ud83d\\ude00") or
+    as a form's percent-encoded UTF-8 ("%F0%9F%98%80")."""
+    return 12 * sum(most_characters) + 1024
+
+
+def body_limit(max_bytes: int) -> Callable[[Callable], Callable]:
+    """A view decorator (put it next to the `def`): this route takes bodies of up to `max_bytes`, not BODY_BYTES."""
+    def mark(view: Callable) -> Callable:
+        view.body_limit = max_bytes  # type: ignore[attr-defined]
+        return view
+    return mark
+
+
+def _limit_body() -> None:
+    """The matched route's body limit (body_limit): a larger Content-Length is a 413 at once, whether or not the route
+    reads a body; a chunked body is held to it by werkzeug as it is read."""
+    view = current_app.view_functions.get(request.endpoint or "")
+    limit = getattr(view, "body_limit", BODY_BYTES)
+    request.max_content_length = limit
+    request.max_form_memory_size = limit  # an entry form's body field may then fill it (Flask's default: 500 KB)
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge()
 
 
 def json_body() -> dict:
@@ -182,6 +215,7 @@ def init_app(app: Flask) -> None:
     app.add_template_global(new_form_token)
     app.add_template_global(canonical_url)
     app.context_processor(_page_globals)
+    app.before_request(_limit_body)  # first: the CSRF check below reads a form's body
     app.before_request(_check_unsafe_request)
 
     @app.errorhandler(AppError)
@@ -211,6 +245,14 @@ def init_app(app: Flask) -> None:
         return error_response(503, "datastore_unavailable", "The datastore is not answering; try again shortly.")
     for datastore_error in DATASTORE_DOWN:
         app.register_error_handler(datastore_error, datastore_down)
+
+    @app.errorhandler(core_exceptions.InvalidArgument)
+    def datastore_refused(e: core_exceptions.InvalidArgument) -> ResponseReturnValue:
+        # Datastore refused what a request named (a reserved key name, a name over 1,500 bytes). The validators
+        # refuse such input first, naming its field; one they missed is logged as the bug it is, and the caller
+        # still gets a 400 for input that nothing wrote, not a 500.
+        log.error("Datastore refused the request's arguments on %s %s: %s", request.method, request.path, e)
+        return error_response(400, "invalid_argument", "Datastore refused a name or value in this request.")
 
     def cache_down(e: Exception) -> ResponseReturnValue:
         # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while the cache

@@ -31,7 +31,7 @@ def validate_name(name: object) -> str:
     if isinstance(name, str):
         owner, separator, rest = name.rpartition(OWNER_SEPARATOR)
         if (not separator or OWNER_PATTERN.fullmatch(owner)) and NAME_PATTERN.fullmatch(rest):
-            return name
+            return validate.not_reserved(name, "A counter name", "bad_name")  # it starts every key name of the counter
     raise BadInput("A counter name is 1 to 100 characters of letters, digits, '_', '.' and '-'.", "bad_name")
 
 

@@ -18,6 +18,7 @@ from counters.models import (
 )
 
 SHARD_VIEW_LIFETIME = 5  # seconds the cached copy of a counter's shard counts lives (read by all but admins)
+SIMPLE_VIEW_KEY = "simple-counter-shards"  # not shard_view_cache_key: a public counter may be named "simple"
 LIST_LIMIT = 100
 PAGE_COUNTERS = 10  # counters on one view of the counters page
 PAGE_SHARDS = MAX_SHARDS  # shards one view reads at most: one counter's most, so every counter can be drawn
@@ -81,6 +82,14 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
     return result
 
 
+def simple_shard_counts(exactly: bool) -> list[int]:
+    """The simple counter's twenty shards: read (an admin's view), or else from a copy kept SHARD_VIEW_LIFETIME, so a
+    view anyone may repeat bills its 20 reads once in those seconds, not each time."""
+    if exactly:
+        return simple.shard_counts()
+    return runtime.cache().kept_copy(SIMPLE_VIEW_KEY, SHARD_VIEW_LIFETIME, simple.shard_counts)
+
+
 def total_and_shards(config: CounterConfig, shards_from_cache: bool = False) -> tuple[Total, list[int]]:
     """A counter's cached total and each shard's count, in one cache round trip and at most one Datastore batch; the
     shards from a short-lived cached copy with `shards_from_cache` (see `cached_totals`)."""
@@ -131,14 +140,16 @@ class CountersPage:
 
 def counters_page(after: str | None = None, shards_from_cache: bool = False) -> CountersPage:
     """What the counters page shows: public counters by name after `after`, each with every shard drawn, and the
-    simple counter's twenty shards, all the shards read in one Datastore batch. Bounded, since anyone may load it:
-    at most PAGE_COUNTERS counters and PAGE_SHARDS of their shards (a counter that would pass that starts the next
-    page; a page always shows one). The simple shards are asked for (not awaited) after the configs' query, so ndb
-    sends them in the same Lookup as the counters' shards: nothing between runs its event loop."""
+    simple counter's twenty shards. Bounded, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS
+    of their shards (a counter that would pass that starts the next page; a page always shows one). An admin's view
+    reads every shard in one Datastore batch: the simple shards are asked for (not awaited) after the configs' query,
+    so ndb sends them in the same Lookup as the counters' shards (nothing between runs its event loop). Anyone else's
+    (`shards_from_cache`) takes every counter's shards, the simple counter's too, from copies seconds old."""
     if after is not None:
         validate_name(after)
     configs = _listed_configs(PAGE_COUNTERS + 1, after)
-    simple_shards = ndb.get_multi_async([simple.shard_key(i) for i in range(simple.SHARDS)])
+    simple_shards = None if shards_from_cache else ndb.get_multi_async(
+        [simple.shard_key(i) for i in range(simple.SHARDS)])
     shown: list[CounterConfig] = []
     drawn = 0
     for config in configs[:PAGE_COUNTERS]:
@@ -148,5 +159,6 @@ def counters_page(after: str | None = None, shards_from_cache: bool = False) -> 
         drawn += config.num_shards
     more = len(shown) < len(configs)
     totals = cached_totals([c.name for c in shown], {c.name: c for c in shown}, True, shards_from_cache)
-    simple_counts = [s.count if s else 0 for s in (f.result() for f in simple_shards)]
+    simple_counts = (simple_shard_counts(exactly=False) if simple_shards is None
+                     else [s.count if s else 0 for s in (f.result() for f in simple_shards)])
     return CountersPage([(c, *totals[c.name]) for c in shown], simple_counts, shown[-1].name if more else None)

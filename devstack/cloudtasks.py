@@ -50,7 +50,7 @@ from google.cloud import tasks_v2
 from google.protobuf import timestamp_pb2
 
 from core.settings import MAPPER_SWEEP_SECONDS, seconds_setting
-from core.tasks import API_TOKEN_METADATA, NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
+from core.tasks import API_TOKEN_METADATA, MAX_TASK_BYTES, NAME_HEADER, QUEUE_HEADER, RETRY_HEADER, TOKEN_HEADER
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
 log = logging.getLogger("devstack.cloudtasks")
@@ -61,7 +61,6 @@ SERVICE = "google.cloud.tasks.v2.CloudTasks"
 # queue.yaml or queue.xml) for the task ID to be released" (CreateTaskRequest.task, google-cloud-tasks 2.26 and
 # https://cloud.google.com/tasks/docs/reference/rpc/google.cloud.tasks.v2#createtaskrequest).
 DEDUP_SECONDS = 9 * 86400
-MAX_TASK_BYTES = 100 * 1024  # "The maximum task size is 100KB" (CreateTask, same page)
 TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,500}")
 PARENT = re.compile(r"projects/[^/]+/locations/[^/]+/queues/([A-Za-z0-9-]{1,100})")
 DEADLINE = 600  # an App Engine standard task with automatic scaling has 10 minutes (creating-appengine-handlers)

@@ -205,3 +205,15 @@ def test_the_front_page_shows_each_new_comment_count_though_its_entries_are_rend
     assert _comment(client, "two", index=1).status_code == 201 and _comment(client, "three").status_code == 201
     assert counts_shown() == ["2", "1"]
     assert len(fragments) == 3
+
+
+def test_the_longest_comment_fits_its_routes_body_limit(client, auth, entry):
+    """A comment route takes the most a valid comment needs, not BODY_BYTES (web.body_limit): 2,000 characters outside
+    the BMP are 24,000 bytes as JSON's surrogate pairs and as a form's percent-encoding."""
+    auth.sign_in("ann@example.com")
+    longest = "\U0001f600" * 2000
+    r = _comment(client, longest)
+    assert r.status_code == 201 and r.get_json()["text"] == longest
+    token = csrf_token(client, "/blog/news/0")
+    assert client.post("/blog/news/0/comments", data={"csrf_token": token, "text": longest}).status_code == 302
+    assert len(_stored(Comment)) == 2

@@ -159,3 +159,12 @@ def _keys(server):
             data += chunk
     return [line.split(b" ")[0] for line in data.splitlines() if line.startswith(b"key=")]
 
+
+def test_replace_if_stores_only_over_the_value_the_caller_expects(cache):
+    """A lease's holder stores its read only while its lease is there (core/identity.generation): not over another
+    value, not once the key is gone (evicted, expired, flushed), on both caches."""
+    assert cache.add("g", "lease:1", expire=60) is True
+    assert cache.replace_if("g", "lease:1", "v1", expire=60) is True and cache.get("g") == b"v1"
+    assert cache.replace_if("g", "lease:1", "v2", expire=60) is False and cache.get("g") == b"v1"
+    cache.delete("g")
+    assert cache.replace_if("g", "v1", "v3", expire=60) is False and cache.get("g") is None

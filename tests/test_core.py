@@ -1,5 +1,6 @@
 """The plumbing: health, sign-in (dev and Google), errors, index enforcement, and the local stack itself."""
 import base64
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from google.cloud import ndb
 from core import datastore, identity, runtime, tasks
 from core.errors import Unavailable
 from core.production_latency import OFF
-from core.settings import Settings
+from core.settings import Settings, refuse_dev_signin_off_loopback
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
@@ -709,3 +710,21 @@ def test_google_keys_are_fetched_once_at_a_time_and_kept_while_a_refresh_fails()
         assert keys.get() and server.fetches == 2  # no new try before retry_after
     finally:
         server.stop()
+
+
+def test_the_dev_sign_in_is_never_served_off_loopback():
+    """Issue 75: with the dev sign-in on and the app bound to anything but loopback, TRUSTED_HOSTS does not help (a
+    client elsewhere sends `Host: 127.0.0.1`). gunicorn's master refuses before it binds, saying why; loopback, a unix
+    socket, or no dev sign-in start as before."""
+    dev = Settings.from_env({"DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "DEV_SIGNIN": "on"})
+    for bind in ("127.0.0.1:8080", "[::1]:8080", "localhost:8080", "unix:/tmp/app.sock"):
+        refuse_dev_signin_off_loopback(dev, [bind])
+    for bind in ("0.0.0.0:8080", ":8080", "[::]:8080", "192.0.2.7:8080", "app.example:8080"):
+        with pytest.raises(RuntimeError, match="DEV_SIGNIN"):
+            refuse_dev_signin_off_loopback(dev, ["127.0.0.1:8080", bind])
+    refuse_dev_signin_off_loopback(dataclasses.replace(dev, dev_signin=False), ["0.0.0.0:8080"])
+    # The real gunicorn, as `make run` and App Engine start it (gunicorn.conf.py): it stops before binding anything.
+    env = {**os.environ, "DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "DEV_SIGNIN": "on", "GAE_ENV": ""}
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "--bind", "0.0.0.0:0", "main:app"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 3 and "listen on '0.0.0.0:0'" in done.stderr, done.stderr[-2000:]

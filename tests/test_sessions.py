@@ -2,11 +2,15 @@
 the issue sent it: save the cookie, sign out, send the old cookie again; a cookie re-issued by use but signed in more
 than 12 hours ago; the dev sign-in with K_SERVICE (Cloud Run) set."""
 import dataclasses
+import threading
 import time
+
+import pytest
 
 from core import identity, runtime
 from core.settings import Settings
 from devstack.apps import app_on
+from devstack.services import CACHES
 from main import create_app
 from tests.support import TEST_ENV, csrf_token, make_app, running
 
@@ -178,3 +182,57 @@ def test_on_cloud_run_the_dev_sign_in_is_not_there(stack):
     with running(app_on(stack, **TEST_ENV, K_SERVICE="app")) as local:
         assert local.test_client().post("/api/session", json={"email": "x@example.com"}).status_code == 200
         assert runtime.of(local).settings.dev_signin
+
+
+@pytest.fixture(scope="module", params=sorted(CACHES))
+def each_cache(request):
+    """A cache server of each kind, of its own, whichever cache the run's stack has."""
+    server = CACHES[request.param]().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["kept", "evicted"])
+def test_a_generation_read_before_a_sign_out_is_never_cached_after_it(stack, each_cache, dropped, monkeypatch):
+    """Issue 75, item 4 (and 73's surviving break): a signed-in request that misses the cached generation reads the
+    old one from Datastore; the person signs out elsewhere (the new generation written, then stored in the cache);
+    the first request then stores what it read. Forced in that order on both caches, with the sign-out's copy kept,
+    and dropped before the store (an eviction, a flush). Stored, the old read would bring every signed-out cookie back
+    for GENERATION_LIFETIME; the reader's lease (identity.generation) keeps it out: the saved cookie stays nobody's."""
+    app = make_app(stack, **stack.fresh(), **each_cache.env())
+    with running(app, flush=True):
+        client = app.test_client()
+        client.post("/api/session", json={"email": EMAIL, "admin": False})
+        saved, user_id = _cookie(client), client.get("/api/session").get_json()["user"]["id"]
+        cache, key = runtime.of(app).cache, identity._generation_key(user_id)
+        assert cache.backend == each_cache.backend
+        cache.delete(key)  # the cached copy gone (expired): the next request reads Datastore
+
+        read, resume = threading.Event(), threading.Event()
+        reading = identity.SessionGeneration.get_by_id
+
+        def read_then_wait(*args, **kwargs):
+            found = reading(*args, **kwargs)
+            if threading.current_thread().name == "reader":
+                read.set()
+                assert resume.wait(10)
+            return found
+        monkeypatch.setattr(identity.SessionGeneration, "get_by_id", read_then_wait)
+
+        got = []
+
+        def reader():
+            with runtime.of(app).context():
+                got.append(identity.generation(user_id))
+        thread = threading.Thread(target=reader, name="reader")
+        thread.start()
+        assert read.wait(10)
+        assert client.delete("/api/session").status_code == 204  # the sign-out, between the read and the store
+        if dropped:
+            cache.delete(key)
+        resume.set()
+        thread.join(10)
+        assert got == [identity.NEVER_SIGNED_OUT]  # what it read: the generation from before the sign-out
+        _replay(client, saved)
+        r = client.get("/api/session")
+        assert r.status_code == 401, "a read from before the sign-out was cached after it: the old cookie passes again"
