@@ -16,7 +16,7 @@ from mapper.handoff import HANDED_BYTES, listing_limit
 from mapper.jobs import MAX_GROUPS
 from mapper.service import SAMPLES
 from planner import figures
-from planner.figures import Plan, a_unit, bench_tables, calls_in_turn, priced, round_trip
+from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_trip
 
 CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
 
@@ -155,10 +155,6 @@ class Tree:
         return self.path.rpcs
 
 
-def queries_said(n: int) -> str:
-    return f"{n} {'query' if n == 1 else 'queries'}"
-
-
 def transactions_for(entities: int, chunk: int) -> int:
     """A page's transactions: one a chunk, and an empty page still one (its record)."""
     return max(1, math.ceil(entities / chunk))
@@ -248,7 +244,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
     path, start = tree.path, job_start(entities, backend)
-    plan.line(f"its critical path: the job's start ({queries_said(start.queries)}, {START_TRANSACTIONS} "
+    start_queries = plural(start.queries, "query", "queries")
+    plan.line(f"its critical path: the job's start ({start_queries}, {START_TRANSACTIONS} "
               f"transactions: its counters and itself), the root's first read of the job, then down the longest "
               f"chain of {path.hops} tasks each task's listing and first transaction (its children start then), "
               f"the last one's whole page, then the job's end ({plural(tree.depth, 'read')} of the records, a level "
@@ -305,12 +302,12 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     job_reads, job_writes = start.queries + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2
     fan_bill = billing.Billed(reads=read + tree.transactions + tree.range_tasks + tree.tasks + job_reads,
                               writes=entities + tree.transactions + tree.handing + job_writes)
-    plan.line(f"its bill: reads = {read} {a_unit(read, 'entities')} ("
+    plan.line(f"its bill: reads = {plural(read, 'entity', 'entities')} ("
               + ("server-side increments, unread" if backend == "firestore" else "each read in its transaction")
               + f") + {tree.transactions} record reads (one a transaction) + "
               f"{tree.range_tasks} listings + {tree.tasks} records summed at the end + {job_reads} of the job's own "
-              f"(its start's {queries_said(start.queries)} and {START_TRANSACTIONS} transactions, the root's read "
-              f"of it, its end); writes = {entities} + {tree.transactions} records + "
+              f"(its start's {start_queries} and {START_TRANSACTIONS} transactions, the root's read of it, its end); "
+              f"writes = {entities} + {tree.transactions} records + "
               f"{tree.handing} handed-out pages + {job_writes} of the job's own")
     usd = priced(plan, fan_bill, "the fan-out is billed", once=True)
     plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd, 4), f"{fan_bill.describe()}: ${usd:.4f} a job")
