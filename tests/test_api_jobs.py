@@ -401,6 +401,16 @@ def test_admin_starts_a_job_from_the_accounts_page_and_watches_it(client, auth, 
     assert "add_credit" in listing and "Start recount_comments" in listing
 
 
+def test_jobs_page_says_when_no_job_has_run(client, auth, task_queue):
+    """No job yet: a sentence, not a table of headers only; the first job brings the table."""
+    html = client.get("/jobs").get_data(as_text=True)
+    assert "No job has run yet. Admins start them here." in html and "<table" not in html
+    auth.admin()
+    client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}})
+    html = client.get("/jobs").get_data(as_text=True)
+    assert "No job has run yet" not in html and '<table class="jobs">' in html and "add_credit</a>" in html
+
+
 def test_job_forms_refuse_bad_input_and_outsiders(client, auth, task_queue):
     auth.admin()
     token = csrf_token(client, "/jobs")

@@ -517,10 +517,23 @@ def _answered(session, url):
     return answer
 
 
+def test_admins_find_appstats_in_the_header(client, auth):
+    """The header's navigation links /appstats for admins (marked as the page they are on there), for no one else."""
+    def nav(path):
+        return re.search(r'<nav aria-label="Main">(.*?)</nav>', client.get(path).get_data(as_text=True), re.S)[1]
+    assert 'href="/appstats"' not in nav("/counters")
+    auth.sign_in()
+    assert 'href="/appstats"' not in nav("/counters")
+    auth.admin()
+    assert '<a href="/appstats">Appstats</a>' in nav("/counters")
+    assert '<a href="/appstats" aria-current="page">Appstats</a>' in nav("/appstats")
+
+
 def test_the_timeline_legend_shows_the_colours_of_the_bars(client, auth):
     """Every call of a staircase is on the critical path: its bars keep their kind's colour (the critical ones are
-    outlined, no fill of their own), so the legend's colours are the bars' in every case; the last tick is anchored at
-    its end, inside the figure."""
+    outlined, no fill of their own), so the legend's colours are the bars' in every case, and a call of microseconds
+    is drawn wide enough for its colour to show inside the outline; the last tick is anchored at its end, inside the
+    figure."""
     app = client.application
 
     @app.get("/staircase")
@@ -528,6 +541,7 @@ def test_the_timeline_legend_shows_the_colours_of_the_bars(client, auth):
         cache = runtime.current().cache
         for i in range(3):
             cache.get(f"stair-{i}")
+        time.sleep(0.2)  # work of its own after them: to scale, each call is a sliver of the request's time
         return "ok"
 
     auth.admin()
@@ -543,4 +557,7 @@ def test_the_timeline_legend_shows_the_colours_of_the_bars(client, auth):
     css = (Path(__file__).resolve().parents[1] / "static/css/app.css").read_text()
     critical = re.search(r"\.tl-critical \{([^}]*)\}", css)[1]
     assert "fill" not in critical and "stroke" in critical
+    outline = float(re.search(r"stroke-width: ([\d.]+)", critical)[1])  # half of it inside each edge of a bar
+    widths = [float(w) for w in re.findall(r'<rect [^>]*width="([\d.]+)"[^>]*data-bar', page)]
+    assert len(widths) == 3 and min(widths) - outline >= 5, widths  # 1.5 wide, the cache calls showed black
     assert "text-anchor: end" in re.search(r"\.tl-tick-end \{([^}]*)\}", css)[1]
