@@ -18,6 +18,7 @@ from devstack.browser import launch
 from devstack.services import backend_from_env
 from devstack.serving import wait_until
 from main import seed_demo
+from planner.service import PLANNERS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 ADMIN = "admin@example.com"
@@ -42,6 +43,9 @@ TIMELINES = (
     ("job-timeline.png", "/jobs/{job}/timeline", 900, True, "[data-timeline] svg"),
 )
 PHONE = ("phone.png", "/", 390, 844)
+# Each planner's answer to its form's defaults as a phone shows it (docs/plan-<planner>.png): the answer at the top of
+# the screen, its figures' table cut at the right edge, where its region scrolls sideways.
+PLAN_PHONE = ("plan-{}.png", "/numbers", 360, 800)
 MANIFEST = DOCS / "screenshots.json"
 
 
@@ -81,6 +85,21 @@ def _take(page, shots, manifest, **ids):
         print(f"docs/{name}  {path}", flush=True)
 
 
+def _take_plans(browser, url):
+    name, path, width, height = PLAN_PHONE
+    page = browser.new_context(base_url=url, viewport={"width": width, "height": height}, is_mobile=True,
+                               has_touch=True, device_scale_factor=2).new_page()
+    for planner in PLANNERS:
+        page.goto(path)
+        page.click(f'form[data-planner="{planner}"] button[type="submit"]')
+        answer = page.locator(f'[data-plan="{planner}"]')
+        answer.wait_for()
+        page.wait_for_load_state("load")  # app.css applied: measured unstyled, the page differs
+        answer.evaluate("answer => answer.scrollIntoView()")
+        page.screenshot(path=DOCS / name.format(planner))
+        print(f"docs/{name.format(planner)}  the {planner} planner's answer at {width} px", flush=True)
+
+
 def main():
     DOCS.mkdir(exist_ok=True)
     with Stack(consistency=1.0, backend=backend_from_env()) as stack, \
@@ -105,6 +124,7 @@ def main():
         phone_page.goto(PHONE[1])
         phone_page.screenshot(path=DOCS / PHONE[0])
         print(f"docs/{PHONE[0]}  {PHONE[1]} at {PHONE[2]} px", flush=True)
+        _take_plans(browser, url)
         browser.close()
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
