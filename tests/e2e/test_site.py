@@ -159,6 +159,32 @@ def test_a_recorded_request_with_a_long_path_is_planned_within_a_phone(page):
     assert not broken_words(answer)
 
 
+# For each heading of an element, how far it stands below the last button before it (None: no button before it).
+GAPS_BELOW_BUTTONS = """card => {
+  const buttons = [...card.querySelectorAll('button')];
+  return [...card.querySelectorAll('h2, h3')].map(heading => {
+    const above = buttons.filter(b => b.compareDocumentPosition(heading) & Node.DOCUMENT_POSITION_FOLLOWING).pop();
+    return above ? heading.getBoundingClientRect().top - above.getBoundingClientRect().bottom : null;
+  }).filter(gap => gap !== null);
+}"""
+
+
+def test_the_admins_start_forms_span_their_card_and_clear_the_button_above(page):
+    """/jobs' start forms set their description across the card (they sat in a column 40% wide) and /accounts' and
+    /jobs' headings stand clear of the button above them (they touched it)."""
+    page.goto("/jobs")
+    sign_in(page, ADMIN, admin=True)
+    for path in ("/jobs", "/accounts"):
+        page.goto(path)
+        card = page.locator("section.card.admin").first
+        gaps = card.evaluate(GAPS_BELOW_BUTTONS)
+        assert gaps and min(gaps) >= 12, f"{path}: headings {gaps} px below the button above them"
+    page.goto("/jobs")
+    width = page.locator("section.card.admin").first.bounding_box()["width"]
+    for text in page.locator("form[id^=start-] > p").all():
+        assert text.bounding_box()["width"] > 0.8 * width, "a start form's description in a narrow column"
+
+
 def test_a_hostile_title_and_comment_render_as_text(page):
     page.goto("/blog")
     sign_in(page, ADMIN, admin=True)
