@@ -126,7 +126,7 @@ def load(port, path, seconds, expect):
 
 
 def measure_front_page(stack, rounds, seconds, latency):
-    base = dict(stack.env(), SECRET_KEY="bench", LOG_LEVEL="WARNING", LATENCY=latency)
+    base = dict(stack.env(latency), SECRET_KEY="bench", LOG_LEVEL="WARNING", LATENCY=latency)
     servers = {"memcache": Gunicorn(base), "datastore": Gunicorn(dict(base, MEMCACHED_HOSTS="", REDIS_URL=""))}
     path, expect = f"/blog/{BLOG}", f"Entry {ENTRIES - 1}<".encode()
     results = {name: [] for name in servers}

@@ -154,12 +154,13 @@ def _served(latency, args):
         port = free_port()
         tasks = local_tasks(f"http://127.0.0.1:{port}", "bench-pages").start()
         stack_stops.append(tasks.stop)
-        env = app_env(stack, "bench-pages", admins=ADMIN, tasks=tasks)
+        env = app_env(stack, "bench-pages", admins=ADMIN, tasks=tasks, latency="none")
         seeded = time.perf_counter()
         subprocess.run([sys.executable, "-m", "flask", "seed"], env={**os.environ, **env, "LATENCY": "none"},
                        cwd=REPO, check=True)
         print(f"demo content seeded in {time.perf_counter() - seeded:.1f} s", flush=True)
-        server = Gunicorn(dict(env, LATENCY=latency), port)
+        server = Gunicorn(dict(app_env(stack, "bench-pages", admins=ADMIN, tasks=tasks, latency=latency),
+                               LATENCY=latency), port)
         return measure(server.url, args.rounds, args.requests)
     finally:
         if server is not None:

@@ -179,7 +179,8 @@ def measure(args, stack, app):
         if latency != "none" and (name, processes) != ("lease", 2):
             continue
         # Its writers post far more than one person's write budget allows (core/budget.py): raised for this app.
-        env = dict(app_env(stack, "bench-secret", admins=""), LATENCY=latency, WRITE_BUDGET=BENCH_WRITE_BUDGET)
+        env = dict(app_env(stack, "bench-secret", admins="", latency=latency), LATENCY=latency,
+                   WRITE_BUDGET=BENCH_WRITE_BUDGET)
         with instances(env, processes, app=served) as servers:
             urls = [s.url for s in servers]
             rounds = args.rounds if name == "lease" else 1

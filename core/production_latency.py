@@ -1,10 +1,17 @@
 """LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits.
 
 Both emulators and the cache answer here in well under a millisecond, so the lessons about waiting would not show.
-With a profile on, every Datastore RPC, cache call, Cloud Tasks create and task delivery first waits, on the thread
-that makes it, a round trip drawn from published figures (each cited beside it; INF: an inference, to measure in
-production). Waiting before sending keeps a transaction's window on the server as long as production's. This is the
-one place the model is defined; its figures, sources and tail: docs/lessons/numbers.md, "Where production waits".
+With a profile on, every call waits a round trip drawn from published figures (each cited beside it; INF: an
+inference, to measure in production). Where each wait lives:
+- Datastore RPCs: in the stand-in (devstack/standin.py), one gRPC proxy in front of the emulator that every client
+  reaches through DATASTORE_EMULATOR_HOST. Only there can calls in flight together wait together, and many
+  processes' writes to one entity take turns as production makes them (ENTITY_WRITES_PER_S below). An RPC waits its
+  round trip less the emulator's own time for it, half before it is forwarded and half after, so a transaction's
+  window on the server stays production's. The app's processes do not wait: they count what the stand-in reports
+  waiting (core/datastore.py, RpcCounter).
+- Cache calls, Cloud Tasks create and delivery: in the app's process, on the thread that makes the call (Model).
+This is the one place the model is defined; its figures, sources and tail: docs/lessons/numbers.md, "Where production
+waits".
 """
 import contextvars
 import math
@@ -12,6 +19,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,10 +27,13 @@ NAMES = ("none", "production", "multi-region")  # LATENCY's values: off, and the
 PROFILES = NAMES[1:]
 
 _NORMAL = statistics.NormalDist()
-# googleapis/nodejs-firestore#1994 (2024-02-04), GetDocument from Cloud Shell: (quantile, that quantile / the median)
-# with the median 16.5 ms and each published range at its middle, the p99.99 at the lower of its two (125 of 125-565).
-SHAPE = ((0.75, 18 / 16.5), (0.875, 19.5 / 16.5), (0.969, 23 / 16.5), (0.992, 33.5 / 16.5), (0.996, 46.5 / 16.5),
-         (0.999, 93.5 / 16.5), (0.9999, 125 / 16.5))
+# googleapis/nodejs-firestore#1994 (2024-02-04), 10,000 GetDocument calls from Cloud Shell, the "Without `readTime`"
+# column: strong reads, as this app reads (the "With `readTime`" column is stale reads). Node's perf_hooks histogram
+# publishes steps, not exact percentiles: each step halves what is left above the one before (50, 75, 87.5, ... of
+# 100), so the table's labels are rounded: its two last rows, both printed "99.99th", are the steps 1 - 2**-13 and
+# 1 - 2**-14. Here: (step, that step's ms / the median's 17 ms), every published step, the last one the cap.
+_STRONG_READ_MS = (17, 18, 20, 21, 23, 27, 32, 45, 70, 86, 112, 359, 565, 1326)  # steps 1 - 2**-1 ... 1 - 2**-14
+SHAPE = tuple((1 - 2 ** -k, ms / _STRONG_READ_MS[0]) for k, ms in enumerate(_STRONG_READ_MS[1:], start=2))
 
 
 class Waits(Protocol):
@@ -108,6 +119,40 @@ DATASTORE = {
     "AllocateIds": LOOKUP,  # INF: one small RPC; sai-pullabhotla/catatumbo#12 (2016): "taking quite a while", no number
     "ReserveIds": LOOKUP,  # INF: as AllocateIds
 }
+# A batch's size. No source measures a Lookup of many keys or a Commit of many mutations: batching performs "multiple
+# operations with the same overhead as a single operation" (https://cloud.google.com/datastore/docs/best-practices), so
+# one round trip, plus the server's work for each entity. INF: the one published figure for a big batch, a get and
+# update of 1,000 entities in ~1.5 s (blog.famzah.net, 2014-05-02, legacy App Engine Java on an F1), is 1.5 ms for
+# each entity read and written; split as reads and writes were timed then, 20 ms against 40 ms
+# (dbaspects.blogspot.com, 2010-01-24), 0.5 ms a key read and 1.0 ms an entity written. Each after the first.
+LOOKUP_MS_PER_KEY = 0.5
+COMMIT_MS_PER_MUTATION = 1.0
+
+# One entity's writes, whoever writes: the stand-in makes every client's Commits that write one entity (Firestore in
+# Datastore mode: the entity; legacy Datastore: its entity group, the root key) take turns, each holding it for its
+# modelled commit. Firestore: "you can't update a single document at an unlimited rate"
+# (https://cloud.google.com/firestore/docs/solutions/counters); "Cloud Firestore has a limit of one sustained write per
+# second, per document" (the Firebase counter extension,
+# https://firebase.google.com/products/extensions/firebase-firestore-counter). Legacy: "the write throughput for any
+# single entity group is limited to about one commit per second"
+# (https://cloud.google.com/datastore/docs/concepts/structuring_for_strong_consistency).
+ENTITY_WRITES_PER_S = 1.0
+# INF: "sustained" leaves room for a short burst above the rate, and no source says how large. The figure comes from
+# Megastore: "Limiting that rate to a few writes per second per entity group yields insignificant conflict rates"
+# (Baker et al., CIDR 2011): a burst of a few, 3, after which the rate applies.
+ENTITY_WRITE_BURST = 3
+# INF: how long a commit waits for its turn before production gives up; no source gives it. Contention "costs seconds,
+# not milliseconds" (python-ndb backs off from 1 s; nodejs-firestore#827 logs a backoff of 3.9 s after ABORTED), and
+# the Firestore emulator's own lock timeout is ~2.3 s: 2 s. A commit whose turn cannot come within it is answered at
+# once, ABORTED with production's words (https://cloud.google.com/firestore/native/docs/understand-error-codes).
+ENTITY_TURN_MAX_WAIT_S = 2.0
+CONTENTION = "Too much contention on these datastore entities. Please try again."
+# Where the stand-in says, in each answer's gRPC trailing metadata, what it waited (ms) and under which profile.
+WAIT_HEADER, PROFILE_HEADER = "x-standin-wait-ms", "x-standin-profile"
+# The figures above that a stand-in may be started with other values of (tests make the bound small): its knobs.
+KNOBS = ("LOOKUP_MS_PER_KEY", "COMMIT_MS_PER_MUTATION", "SCAN_MS_PER_1000_ENTRIES", "ENTITY_WRITES_PER_S",
+         "ENTITY_WRITE_BURST", "ENTITY_TURN_MAX_WAIT_S")
+
 # A Memorystore call from App Engine standard: Memorystore says only "sub-millisecond"
 # (https://cloud.google.com/appengine/docs/legacy/standard/python/migrate-to-python3/memcache-to-memorystore), and
 # App Engine reaches it only through a Serverless VPC Access connector, a hop no source measures. INF (the
@@ -139,23 +184,35 @@ class Model:
     """The waits of one app's stack: none (the default), or a profile's (`LATENCY=production` or
     `LATENCY=multi-region`, local stacks only). Thread-safe: one per process, used by every request thread."""
 
-    def __init__(self, name: str = "none") -> None:
+    def __init__(self, name: str = "none", seed: int | None = None) -> None:
         if name not in NAMES:
             raise ValueError(f"LATENCY must be one of {', '.join(NAMES)}, not {name!r}")
         self.name = name
         self.on = name != "none"
         self.datastore = PROFILE_DATASTORE.get(name, DATASTORE)
-        self._rng = random.Random()
+        self._rng = random.Random(seed)  # LATENCY_SEED: the same draws, in the same order, run after run
         self._lock = threading.Lock()  # one generator shared by every thread
 
-    def before_rpc(self, method: str, waits: Waits | None = None) -> float:
-        """Wait a Datastore RPC's modelled round trip (nothing when off), kept in `waits`; the seconds waited."""
-        return self._wait(self.datastore.get(method, UNKNOWN_RPC), waits)
+    def datastore_round_trip(self, method: str, keys: int = 1, mutations: int = 1) -> float:
+        """A Datastore RPC's round trip in seconds, drawn (nothing when off): its method's, plus the server's work for
+        each key a Lookup reads and each mutation a Commit writes after the first (the stand-in waits it, less the
+        emulator's own time)."""
+        if not self.on:
+            return 0.0
+        with self._lock:
+            seconds = self.datastore.get(method, UNKNOWN_RPC).draw(self._rng)
+        return seconds + (max(keys - 1, 0) * LOOKUP_MS_PER_KEY + max(mutations - 1, 0) * COMMIT_MS_PER_MUTATION) / 1000
 
-    def after_aggregation(self, entries: int, waits: Waits | None = None) -> float:
-        """Wait an aggregation's scan of `entries` index entries (nothing when off): the server's share of its time,
-        which grows with them (INF: SCAN_MS_PER_1000_ENTRIES)."""
-        return self._sleep(entries / 1000 * SCAN_MS_PER_1000_ENTRIES / 1000, waits) if self.on else 0.0
+    def scan(self, entries: int) -> float:
+        """The seconds an aggregation's scan of `entries` index entries adds to its round trip (nothing when off): the
+        server's share of its time, which grows with them (INF: SCAN_MS_PER_1000_ENTRIES)."""
+        return entries / 1000 * SCAN_MS_PER_1000_ENTRIES / 1000 if self.on else 0.0
+
+    def names_the_request(self) -> None:
+        """The current request waits under this profile (its footer names it): called where a Datastore RPC is sent,
+        whose wait is the stand-in's."""
+        if self.on:
+            _waited_under.set(self.name)
 
     def before_cache_call(self, waits: Waits | None = None) -> float:
         """Wait a cache call's modelled round trip through the connector (nothing when off)."""
@@ -177,7 +234,7 @@ class Model:
         return self._sleep(seconds, waits)
 
     def _sleep(self, seconds: float, waits: Waits | None) -> float:
-        _waited_under.set(self.name)
+        self.names_the_request()
         time.sleep(seconds)
         if waits is not None:
             waits.add_wait(seconds)
@@ -203,16 +260,25 @@ SOURCES = {
     "Cloud Tasks create": f"{_INF}: a Commit", "Cloud Tasks delivery": f"{_INF}: two small round trips",
 }
 SOURCES_MULTI_REGION_COMMIT = f"{_INF}: Megastore's 100-400 ms (CIDR 2011)"
-TAIL_SOURCE = "the tail: nodejs-firestore#1994 (2024-02-04) GetDocument's histogram, scaled"
+TAIL_SOURCE = "the tail: nodejs-firestore#1994 (2024-02-04) GetDocument's histogram of strong reads, its steps scaled"
 # The benchmarks' "Whose figures" paragraph and /numbers name these.
 SUMMARY = (
     "Lookup 14.5 ms, RunQuery 19 ms and Commit 47 ms at the median (google-cloud-dotnet#5333, Jon Skeet, 2020-09-24, "
     ".NET on Cloud Run, probably cross-region), each with the tail of nodejs-firestore#1994's GetDocument histogram "
-    "(2024-02-04, Cloud Shell; p99.9 5.7x the median, capped at its p99.99); under LATENCY=multi-region a Commit's "
-    "median is 100 ms (an inference: Megastore's cross-datacenter writes, CIDR 2011). No source measures "
+    "(2024-02-04, Cloud Shell, strong reads; its step above p99.9 5.1x the median, its last step, 78x, the cap); "
+    "under LATENCY=multi-region a Commit's median is 100 ms (an inference: Megastore's cross-datacenter writes, CIDR "
+    "2011). A Lookup grows 0.5 ms a key and a Commit 1 ms a mutation after the first, and one entity takes 1 write "
+    "a second after a burst of 3 (Firestore's \u201cone sustained write per second, per document\u201d; legacy: "
+    "about one commit a second per entity group), waiting at most 2 s for its turn. No source measures "
     "BeginTransaction, Rollback, AllocateIds, RunAggregationQuery (modelled as a RunQuery + 5 ms per 1,000 index "
-    "entries counted), a cache call through the Serverless VPC Access connector (1 ms, p99 3 ms) or Cloud Tasks "
-    "(create: a Commit; delivery: 29 ms): those are inferences.")
+    "entries counted), a batch's size, the burst, the bound on a turn, a cache call through the Serverless VPC "
+    "Access connector (1 ms, p99 3 ms) or Cloud Tasks (create: a Commit; delivery: 29 ms): those are inferences.")
 
 
 OFF = Model()  # the model off: what a stack built without one waits (nothing)
+
+
+def seed_from(env: Mapping[str, str]) -> int | None:
+    """LATENCY_SEED, when set: the seed of a run's draws, so that the run can be repeated (None: a fresh seed)."""
+    seed = env.get("LATENCY_SEED")
+    return int(seed) if seed else None

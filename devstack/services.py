@@ -11,13 +11,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
+from core import production_latency
 from core.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,10 +240,24 @@ def redis_binary():
     return debian_binary("redis-server", "redis-server")
 
 
-class _JavaEmulator:
+class _OnLoopback:
+    """A server this process starts on a loopback port: its own (`port`) or, when None, a free one chosen as it
+    starts (`_start_once`, within `start_timeout` seconds)."""
+    start_timeout = 30
+
+    @property
+    def host(self):
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self, timeout=None):
+        return _on_a_free_port(self, lambda: self._start_once(timeout or self.start_timeout))
+
+
+class _JavaEmulator(_OnLoopback):
     """An emulator process on a loopback port: started, waited for, stopped with everything it started."""
     backend = None
     name = None
+    start_timeout = 90
 
     def __init__(self, project="scalable-demo", port=None, log_dir=None):
         self.project = project
@@ -249,15 +266,8 @@ class _JavaEmulator:
         self.proc = None
 
     @property
-    def host(self):
-        return f"{LOOPBACK}:{self.port}"
-
-    @property
     def url(self):
         return f"http://{self.host}"
-
-    def start(self, timeout=90):
-        return _on_a_free_port(self, lambda: self._start_once(timeout))
 
     def _args(self):
         raise NotImplementedError
@@ -377,21 +387,60 @@ class FirestoreEmulator(_JavaEmulator):
                                       "--database-mode=datastore-mode", f"--project_id={self.project}"]
 
 
-class _CacheServer:
+class StandIn(_OnLoopback):
+    """The stand-in for production's Datastore (devstack/standin.py) as a child process: a gRPC proxy in front of
+    `emulator` that waits as the profile says. `knobs`: other values for some of production_latency.KNOBS (tests
+    make the bound on one entity small); `seed`: LATENCY_SEED's by default, so that a run's draws can be repeated.
+    Only gRPC goes through it: devstack reaches the emulator's HTTP endpoints (/reset) at the emulator's address."""
+    name = "stand-in"
+
+    def __init__(self, emulator, profile, knobs=None, seed=None, port=None):
+        if profile not in production_latency.PROFILES:
+            raise DevstackError(f"The stand-in waits under {', '.join(production_latency.PROFILES)}, not {profile!r}.")
+        self.emulator, self.profile, self.knobs = emulator, profile, dict(knobs or {})
+        self.seed = production_latency.seed_from(os.environ) if seed is None else seed
+        self.port = port
+        self.proc = None
+
+    def _start_once(self, timeout):
+        args = [sys.executable, "-m", "devstack.standin", "--target", self.emulator.host, "--port", str(self.port),
+                "--profile", self.profile, "--backend", self.emulator.backend,
+                *(["--seed", str(self.seed)] if self.seed is not None else []),
+                *(arg for name, value in self.knobs.items() for arg in ("--set", f"{name}={value}"))]
+        self.log_path = self.emulator.log_dir / f"standin-{self.profile}-{self.port}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            _wait_listening(self.proc, self.port, timeout, self.name)
+        except DevstackError:
+            exited = self.proc.poll() is not None
+            self.stop()
+            if exited:
+                raise _exited_at_start(self.name, self.port, _log_tail(self.log_path)) from None
+            raise
+        return self
+
+    def stop(self):
+        _stop_group(self.proc)
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class _CacheServer(_OnLoopback):
     """One cache server process on a loopback port. Fault tests stop, pause and restart it on the same port."""
     name = None
+    start_timeout = 20
 
     def __init__(self, port=None, memory_mb=64):
         self.port = port
         self.memory_mb = memory_mb
         self.proc = None
-
-    @property
-    def host(self):
-        return f"{LOOPBACK}:{self.port}"
-
-    def start(self, timeout=20):
-        return _on_a_free_port(self, lambda: self._start_once(timeout))
 
     def _args(self):
         raise NotImplementedError
@@ -522,6 +571,8 @@ class Stack:
             self.emulator = DatastoreEmulator(project=project, consistency=consistency, data_dir=data_dir)
         self.backend = backend
         self.cache = CACHES[cache or cache_from_env()]()
+        self.standins = {}  # by profile: each started when an app is first given its address
+        self._standins_lock = threading.Lock()  # tests build apps on several threads
 
     def start(self):
         try:
@@ -533,12 +584,24 @@ class Stack:
         return self
 
     def stop(self):
+        for standin in self.standins.values():
+            standin.stop()
+        self.standins.clear()
         self.emulator.stop()
         self.cache.stop()
 
+    def standin(self, profile):
+        """The stand-in for production's Datastore under `profile`, in front of this stack's emulator: started the
+        first time it is asked for, then shared by every client of the stack under that profile."""
+        with self._standins_lock:
+            if profile not in self.standins:
+                self.standins[profile] = StandIn(self.emulator, profile).start()
+            return self.standins[profile]
+
     def settings(self, **env):
-        """The settings of an app on this stack: its environment, `env` added (e.g. SECRET_KEY)."""
-        return Settings.from_env(dict(self.env(), **env))
+        """The settings of an app on this stack: its environment (under env's LATENCY, when it names one), `env`
+        added (e.g. SECRET_KEY)."""
+        return Settings.from_env(dict(self.env(env.get("LATENCY")), **env))
 
     def fresh(self):
         """An empty datastore for the next test, however this stack's emulator gives one (`emulator.fresh()`), and
@@ -549,17 +612,20 @@ class Stack:
             self.cache.restart()
         return overrides
 
-    def env(self):
+    def env(self, latency=None):
+        """What a client of this stack reads to find it, under `latency` (LATENCY's by default, as `make run`, `make
+        test`, `make bench` and `make load` give it): under a profile, the Datastore's address is the stand-in's, so
+        that every client waits production's waits there, in one place."""
+        latency = latency or os.environ.get("LATENCY") or "none"
+        on = latency in production_latency.PROFILES  # any other name: the app's settings refuse it
         return {
-            "DATASTORE_EMULATOR_HOST": self.emulator.host,
+            "DATASTORE_EMULATOR_HOST": self.standin(latency).host if on else self.emulator.host,
             "DATASTORE_DATASET": self.emulator.project,
             "GOOGLE_CLOUD_PROJECT": self.emulator.project,
             "DATASTORE_BACKEND": self.backend,
             "DEV_SIGNIN": "on",  # local development: the dev sign-in (core/settings.py)
             **self.cache.env(),
-            # LATENCY=production for make run, test, bench and load: the production latency model (an app's own
-            # LATENCY, given as it is built, wins)
-            **({"LATENCY": os.environ["LATENCY"]} if os.environ.get("LATENCY") else {}),
+            **({"LATENCY": latency} if latency != "none" else {}),
         }
 
     def __enter__(self):

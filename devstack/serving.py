@@ -19,10 +19,10 @@ from devstack.cloudtasks import LocalTasks
 from devstack.services import LOOPBACK, REPO, DevstackError, _die_with_parent, _terminate, _wait_listening, free_port
 
 
-def app_env(stack, secret, admins=None, tasks=None):
-    """The app's environment under `make run`: the stack's addresses, and the local Cloud Tasks `tasks` (a
-    LocalTasks) if the app is to enqueue."""
-    return dict(**stack.env(), **(tasks.env() if tasks else {}), SECRET_KEY=secret, FLASK_APP="main:create_app",
+def app_env(stack, secret, admins=None, tasks=None, latency=None):
+    """The app's environment under `make run`: the stack's addresses under `latency` (LATENCY's by default: then the
+    Datastore's is the stand-in's), and the local Cloud Tasks `tasks` (a LocalTasks) if the app is to enqueue."""
+    return dict(**stack.env(latency), **(tasks.env() if tasks else {}), SECRET_KEY=secret, FLASK_APP="main:create_app",
                 ADMIN_EMAILS=os.environ.get("ADMIN_EMAILS", "") if admins is None else admins)
 
 
@@ -141,8 +141,8 @@ def queued(stack, secret, admins="", workers=2, threads=8, app="main:app", queue
     with ExitStack() as stop:
         tasks = LocalTasks(f"http://{LOOPBACK}:{port}", local_token(secret), env=env,
                            **({"queue_yaml": queue_yaml} if queue_yaml else {}))
-        server = Gunicorn(dict(app_env(stack, secret, admins=admins, tasks=tasks), **env), port, app=app,
-                          workers=workers, threads=threads, output=subprocess.DEVNULL)
+        server = Gunicorn(dict(app_env(stack, secret, admins=admins, tasks=tasks, latency=env.get("LATENCY")), **env),
+                          port, app=app, workers=workers, threads=threads, output=subprocess.DEVNULL)
         stop.callback(server.stop)
         stop.enter_context(tasks)
         _warm(server.url, workers * threads)
