@@ -523,6 +523,14 @@ def test_a_jobs_timeline_draws_each_task_and_the_chain_it_waited_for(client, aut
     assert f'href="/jobs/{job["id"]}/timeline"' in client.get(f"/jobs/{job['id']}").get_data(as_text=True)
 
 
+def test_a_job_over_one_account_says_one_entity(client, auth, task_queue):
+    """A count of one reads as English: the timeline of a job over one account says "1 entity"."""
+    auth.admin()
+    job = _credited(client, task_queue, 1)
+    lead = re.search(r'<p class="lead">(.*?)after', client.get(f"/jobs/{job}/timeline").get_data(as_text=True), re.S)[1]
+    assert ", 1 entity, done" in lead, lead
+
+
 def test_a_timeline_of_no_such_job_is_an_error(client):
     assert client.get("/api/jobs/0123456789abcdef/timeline").status_code == 404
     assert client.get("/api/jobs/nope/timeline").get_json()["error"]["code"] == "bad_job_id"
