@@ -13,10 +13,10 @@ from typing import Any
 def on_starting(server: Any) -> None:
     """Called by gunicorn's master before it binds: the dev sign-in is never served off loopback (a client elsewhere
     can send `Host: 127.0.0.1`, which TRUSTED_HOSTS would take); gunicorn stops with the reason, binding nothing."""
-    from core.settings import Settings, refuse_dev_signin_off_loopback
+    from core.settings import dev_signin_on, refuse_dev_signin_off_loopback
 
     try:
-        refuse_dev_signin_off_loopback(Settings.from_env(os.environ), list(server.cfg.bind))
+        refuse_dev_signin_off_loopback(dev_signin_on(os.environ), list(server.cfg.bind))
     except RuntimeError as e:
         server.log.critical("Not starting: %s", e)
         raise SystemExit(3) from None

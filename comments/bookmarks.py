@@ -9,7 +9,8 @@ from blog.models import EntryRef
 from comments.models import Comment, UserSequence
 from core.errors import BadInput
 
-ID_PATTERN = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)\|([^|\s]{1,200})\|(\d{10})")  # service.sort_key's `time|user|seq`
+# service.sort_key's `time|user|seq`; the user part names a UserSequence key, so never one Datastore reserves (__...__)
+ID_PATTERN = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)\|((?!__)[^|\s]{1,200})\|(\d{10})")
 
 
 def comment_key(comment_id: object) -> ndb.Key | None:

@@ -167,7 +167,8 @@ class MemcachedCacheClient:
         """Store `value` only while `key` holds `expected`: `gets` reads the item's CAS unique, and `cas` stores only
         if no one has stored the key since (https://github.com/memcached/memcached/wiki/Commands#cas). Atomic; a key
         gone meanwhile (evicted, expired, flushed) is not stored. Two round trips, counted as one call."""
-        found, unique = self.memcached.gets(key)
+        # HashClient answers None, not (value, unique), for a node that failed within its retry_timeout
+        found, unique = self.memcached.gets(key) or (None, None)
         return found == _as_bytes(expected) and bool(self.memcached.cas(key, value, unique, expire=expire,
                                                                          noreply=False))
 
@@ -377,8 +378,9 @@ class Cache:
         return bool(self._safely(False, lambda c: c.delete(key)))
 
     def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int) -> bool:
-        """Store `value` only while `key` still holds `expected` (a lease this caller `add`ed): not if anyone stored
-        the key since, nor if it is gone (evicted, expired, flushed). False too when the cache is away."""
+        """Store `value` only while `key` still holds `expected` (a lease this caller `add`ed, a random token no one
+        else stores): not once another value replaced it, nor if it is gone (evicted, expired, flushed). False too when
+        the cache is away."""
         return bool(self._safely(False, lambda c: c.replace_if(key, expected, value, expire)))
 
     def release(self, key: str, token: CacheValue) -> bool:

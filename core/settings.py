@@ -165,7 +165,7 @@ class Settings:
             secret_key=secret or DEV_SECRET,
             admin_emails=frozenset(e.strip().lower() for e in env.get("ADMIN_EMAILS", "").split(",") if e.strip()),
             on_app_engine=gae,
-            dev_signin=local and env.get("DEV_SIGNIN") == "on",
+            dev_signin=dev_signin_on(env),
             google_client_id=google_client_id,
             tasks_emulator_host=tasks_emulator,
             tasks_location=tasks_location,
@@ -311,11 +311,18 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
     return {**env, "SECRET_KEY": payload}
 
 
-def refuse_dev_signin_off_loopback(settings: Settings, binds: list[str]) -> None:
+def dev_signin_on(env: Mapping[str, str]) -> bool:
+    """Whether the environment turns the dev sign-in on (Settings.dev_signin): against an emulator, asked for, off App
+    Engine standard. Read alone, it needs none of what Settings requires elsewhere (App Engine's SECRET_KEY)."""
+    local = env.get("GAE_ENV") != "standard" and bool(env.get("DATASTORE_EMULATOR_HOST"))
+    return local and env.get("DEV_SIGNIN") == "on"
+
+
+def refuse_dev_signin_off_loopback(dev_signin: bool, binds: list[str]) -> None:
     """A RuntimeError naming the fix when the dev sign-in (anyone in as an admin) would be served on an address other
     than loopback. TRUSTED_HOSTS does not guard that: a client elsewhere on the network can send `Host: 127.0.0.1`.
     `binds` are gunicorn's `bind` addresses (host:port, [v6]:port, unix:path); an empty host is every interface."""
-    if not settings.dev_signin:
+    if not dev_signin:
         return
     for bind in binds:
         if bind.startswith(("unix:", "fd://")):

@@ -69,11 +69,16 @@ def body_limit(max_bytes: int) -> Callable[[Callable], Callable]:
 
 def _limit_body() -> None:
     """The matched route's body limit (body_limit): a larger Content-Length is a 413 at once, whether or not the route
-    reads a body; a chunked body is held to it by werkzeug as it is read."""
+    reads a body. A body sent without one (chunked) is read here, one byte past the limit at most, and refused if it
+    goes past: werkzeug's stream stops at the limit without a word, and the route would parse the cut body."""
     view = current_app.view_functions.get(request.endpoint or "")
     limit = getattr(view, "body_limit", BODY_BYTES)
-    request.max_content_length = limit
     request.max_form_memory_size = limit  # an entry form's body field may then fill it (Flask's default: 500 KB)
+    if request.content_length is None and request.method in UNSAFE:
+        request.max_content_length = limit + 1
+        if len(request.get_data(cache=True)) > limit:  # kept: the JSON and form parsers read the cached bytes
+            raise RequestEntityTooLarge()
+    request.max_content_length = limit
     if request.content_length is not None and request.content_length > limit:
         raise RequestEntityTooLarge()
 
@@ -248,11 +253,14 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(core_exceptions.InvalidArgument)
     def datastore_refused(e: core_exceptions.InvalidArgument) -> ResponseReturnValue:
-        # Datastore refused what a request named (a reserved key name, a name over 1,500 bytes). The validators
-        # refuse such input first, naming its field; one they missed is logged as the bug it is, and the caller
-        # still gets a 400 for input that nothing wrote, not a 500.
-        log.error("Datastore refused the request's arguments on %s %s: %s", request.method, request.path, e)
-        return error_response(400, "invalid_argument", "Datastore refused a name or value in this request.")
+        # A key name Datastore reserves (__...__) comes from what a caller sent: validate.not_reserved refuses such
+        # names first, naming the field; one it missed is logged as the bug it is, and the caller gets a 400 for input
+        # nothing wrote. Any other InvalidArgument is the app's own mistake (a transaction over too many entity
+        # groups, say): a 500, which alerting sees.
+        if "reserved" not in str(e).lower():
+            return unexpected(e)
+        log.error("Datastore refused a reserved name on %s %s: %s", request.method, request.path, e)
+        return error_response(400, "invalid_argument", "Datastore refused a name in this request as reserved.")
 
     def cache_down(e: Exception) -> ResponseReturnValue:
         # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while the cache

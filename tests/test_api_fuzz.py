@@ -9,6 +9,7 @@ missing fields, bad bodies), and valid input aimed at resources that exist (the 
 so that the fuzzing reaches past the 404s.
 """
 import collections
+import json
 import time
 
 import pytest
@@ -191,3 +192,27 @@ def test_a_query_value_the_document_does_not_list_is_refused(client, auth, query
         r = client.get(f"{path}?{query}")
         assert r.status_code == 400 and r.get_json()["error"]["code"] == "bad_shards", (path, r.get_data(as_text=True))
     assert "shards" not in client.get("/api/counters/likes?shards=false").get_json()
+
+
+def test_a_chunked_body_past_a_routes_limit_is_a_413_never_a_cut_body_parsed(served_app):
+    """A body sent without a Content-Length (Transfer-Encoding: chunked, as a generator's body goes out) is held to
+    the route's limit too: werkzeug's stream stops at the limit without a word, and `/api/plan` parsed the cut JSON (a
+    400) and a form's CSRF check the cut form. Now a 413 before any parsing, and a chunked body within the limit is
+    read whole, JSON or form."""
+    app, url = served_app
+
+    def chunked(body):
+        return (body[i:i + 1000] for i in range(0, len(body), 1000))
+    plan = {"planner": "counter", "inputs": {"writes_per_second": 50, "peak_seconds": 60}}
+    big = json.dumps({**plan, "padding": "x" * web.BODY_BYTES}).encode()
+    json_type = {"Content-Type": "application/json"}
+    r = requests.post(f"{url}/api/plan", data=chunked(big), headers=json_type, timeout=10)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_entity_too_large", r.text[:200]
+    r = requests.post(f"{url}/api/plan", data=chunked(json.dumps(plan).encode()), headers=json_type, timeout=10)
+    assert r.status_code == 200 and r.json()["planner"] == "counter", r.text[:200]
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = requests.post(f"{url}/signin", data=chunked(b"email=a%40b.example&next=" + b"x" * web.BODY_BYTES),
+                      headers=form, timeout=10)
+    assert r.status_code == 413, r.text[:200]
+    r = requests.post(f"{url}/signin", data=chunked(b"email=a%40b.example"), headers=form, timeout=10)
+    assert r.status_code == 400 and "out of date" in r.text  # read whole, and refused for its missing CSRF token

@@ -1,6 +1,5 @@
 """The plumbing: health, sign-in (dev and Google), errors, index enforcement, and the local stack itself."""
 import base64
-import dataclasses
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from google.cloud import ndb
 from core import datastore, identity, runtime, tasks
 from core.errors import Unavailable
 from core.production_latency import OFF
-from core.settings import Settings, refuse_dev_signin_off_loopback
+from core.settings import Settings, dev_signin_on, refuse_dev_signin_off_loopback
 from devstack import DevstackError, Stack, services
 from devstack.apps import app_on
 from devstack.taskqueue import DrainedQueue
@@ -716,15 +715,31 @@ def test_the_dev_sign_in_is_never_served_off_loopback():
     """Issue 75: with the dev sign-in on and the app bound to anything but loopback, TRUSTED_HOSTS does not help (a
     client elsewhere sends `Host: 127.0.0.1`). gunicorn's master refuses before it binds, saying why; loopback, a unix
     socket, or no dev sign-in start as before."""
-    dev = Settings.from_env({"DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "DEV_SIGNIN": "on"})
+    local = {"DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "DEV_SIGNIN": "on"}
+    assert dev_signin_on(local) is Settings.from_env(local).dev_signin is True
     for bind in ("127.0.0.1:8080", "[::1]:8080", "localhost:8080", "unix:/tmp/app.sock"):
-        refuse_dev_signin_off_loopback(dev, [bind])
+        refuse_dev_signin_off_loopback(True, [bind])
     for bind in ("0.0.0.0:8080", ":8080", "[::]:8080", "192.0.2.7:8080", "app.example:8080"):
         with pytest.raises(RuntimeError, match="DEV_SIGNIN"):
-            refuse_dev_signin_off_loopback(dev, ["127.0.0.1:8080", bind])
-    refuse_dev_signin_off_loopback(dataclasses.replace(dev, dev_signin=False), ["0.0.0.0:8080"])
-    # The real gunicorn, as `make run` and App Engine start it (gunicorn.conf.py): it stops before binding anything.
-    env = {**os.environ, "DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "DEV_SIGNIN": "on", "GAE_ENV": ""}
-    done = subprocess.run([sys.executable, "-m", "gunicorn", "--bind", "0.0.0.0:0", "main:app"], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+            refuse_dev_signin_off_loopback(True, ["127.0.0.1:8080", bind])
+    refuse_dev_signin_off_loopback(False, ["0.0.0.0:8080"])
+    # App Engine (app.yaml: GAE_ENV standard, SECRET_KEY_SECRET, port 8080 on every interface) starts: the hook needs
+    # nothing of the settings but whether the dev sign-in is on, which it never is there.
+    app_engine = {"GAE_ENV": "standard", "SECRET_KEY_SECRET": "app-secret-key", "DEV_SIGNIN": "on"}
+    assert dev_signin_on(app_engine) is False
+    # The real gunicorn with gunicorn.conf.py, as `make run` and App Engine start it (serving the standard library's
+    # demo WSGI app: the hook is the master's, whatever it serves, and the app's own start is not under test here):
+    # with the dev sign-in it stops before binding anything; with App Engine's environment it boots its worker.
+    command = [sys.executable, "-m", "gunicorn", "--bind", "0.0.0.0:0", "wsgiref.simple_server:demo_app"]
+    repo = Path(__file__).parent.parent
+    done = subprocess.run(command, env={**os.environ, **local, "GAE_ENV": ""}, capture_output=True, text=True,
+                          timeout=60, cwd=repo)
     assert done.returncode == 3 and "listen on '0.0.0.0:0'" in done.stderr, done.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "DATASTORE_EMULATOR_HOST"} | app_engine
+    command[command.index("0.0.0.0:0")] = "127.0.0.1:0"  # started for real: loopback
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, cwd=repo) as server:
+        try:
+            said = [server.stderr.readline() for _ in range(4)]  # starting, listening, using worker, booting
+        finally:
+            server.terminate()
+    assert any("Booting worker" in line for line in said), said
