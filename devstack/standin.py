@@ -142,6 +142,10 @@ class _Forwarder:
         self.backend = backend
         self.channel = grpc.aio.insecure_channel(target, options=_UNLIMITED)
         self.turns = Turns()
+        # The transactions it aborted (rolled back on the emulator already), the latest 10,000: a client's own
+        # Rollback of one after its ABORTED (python-ndb sends one) is answered here, as production answers it, where
+        # the emulator would say the transaction is no more.
+        self._aborted: collections.deque[bytes] = collections.deque(maxlen=10_000)
         self._emulator_s: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=16))
 
     def expected(self, method: str) -> float:
@@ -151,34 +155,39 @@ class _Forwarder:
 
     async def answer(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         keys = mutations = 1
-        commit, units = None, []
+        commit, units, forward = None, [], True
         if method == "Lookup":
             keys = len(datastore_v1.LookupRequest.pb().FromString(request).keys)
+        elif method == "Rollback":
+            forward = datastore_v1.RollbackRequest.pb().FromString(request).transaction not in self._aborted
         elif method == "Commit":
             commit = datastore_v1.CommitRequest.pb().FromString(request)
             mutations, units = len(commit.mutations), written(commit, self.backend)
         trip = self.model.datastore_round_trip(method, keys=keys, mutations=mutations)
         try:
             async with self.turns.held(units) as turn_s:
-                return await self._round_trip(method, request, context, trip, turn_s)
+                return await self._round_trip(method, request, context, trip, turn_s, forward)
         except Contended as contended:
             if commit is not None and commit.transaction:  # production's abort frees the transaction's locks
+                self._aborted.append(commit.transaction)
                 await self._rollback(commit)
             await context.abort(grpc.StatusCode.ABORTED, production_latency.CONTENTION,
                                 trailing_metadata=self._reported(contended.waited_s * 1000))
             raise  # not reached: abort() raises
 
     async def _round_trip(self, method: str, request: bytes, context: grpc.aio.ServicerContext, trip: float,
-                          turn_s: float) -> bytes:
+                          turn_s: float, forward: bool) -> bytes:
+        """The RPC forwarded (or, not `forward`, answered here: an empty RollbackResponse) between its two halves."""
         before = max(trip - self.expected(method), 0.0) / 2
         await asyncio.sleep(before)
         started = time.perf_counter()
-        answer: bytes | None = None
-        try:
-            answer = await self.channel.unary_unary(SERVICE + method)(
-                request, metadata=self._forwarded(context), timeout=context.time_remaining())
-        except grpc.aio.AioRpcError as error:
-            failure = error
+        answer: bytes | None = b""
+        if forward:
+            try:
+                answer = await self.channel.unary_unary(SERVICE + method)(
+                    request, metadata=self._forwarded(context), timeout=context.time_remaining())
+            except grpc.aio.AioRpcError as error:
+                answer, failure = None, error
         emulator_s = time.perf_counter() - started
         self._emulator_s[method].append(emulator_s)
         if method == "RunAggregationQuery" and answer is not None:  # the scan's share grows with what it counted

@@ -8,7 +8,9 @@ import logging
 import time
 import uuid
 
+import pytest
 import requests
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import costs, production_latency, runtime
@@ -53,6 +55,30 @@ def test_two_workers_writes_to_one_entity_take_turns_and_are_aborted_past_the_bo
     with running(make_app(stack, checked=False, DATASTORE_NAMESPACE=namespace)) as app:
         stored = runtime.of(app).in_context(lambda: ndb.Key(Tally, "hot").get())()
     assert stored.last == committed[-1]["id"]  # the writes landed in the order they were answered
+
+
+def test_an_aborted_transaction_is_rolled_back_and_its_clients_rollback_answered(stack):
+    """A transaction's commit refused for contention frees what the transaction read (the stand-in rolls it back on
+    the emulator, as production's abort does: on Firestore its lock would hold the next writer), and the client's own
+    Rollback after it (python-ndb sends one) is answered as production answers it: ndb raises the ABORTED, not an
+    "expired transaction". Once the entity takes a write again, the next transaction commits at once."""
+    knobs = {"ENTITY_WRITES_PER_S": 2, "ENTITY_WRITE_BURST": 1, "ENTITY_TURN_MAX_WAIT_S": 0.1}
+
+    def read_and_write(last):
+        Tally.get_by_id("t")  # a read in the transaction: on Firestore, a lock
+        Tally(id="t", last=last).put()
+
+    with StandIn(stack.emulator, "production", knobs=knobs) as standin, \
+            running(make_app(stack, checked=False, LATENCY="production", DATASTORE_EMULATOR_HOST=standin.host,
+                             **stack.fresh())) as app, runtime.of(app).context():
+        Tally(id="t", last=0).put(retries=0)  # the burst spent: the next write's turn is half a second away
+        with pytest.raises(core_exceptions.Aborted, match="Too much contention"):
+            ndb.transaction(lambda: read_and_write(1), retries=0)
+        time.sleep(1 / knobs["ENTITY_WRITES_PER_S"])
+        started = time.perf_counter()
+        ndb.transaction(lambda: read_and_write(2), retries=0)
+        assert time.perf_counter() - started < 1.0  # no lock left behind by the aborted one
+        assert Tally.get_by_id("t").last == 2
 
 
 def test_three_ndb_futures_in_flight_wait_together(stack):
