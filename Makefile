@@ -4,8 +4,10 @@
 # both side by side unless DATASTORE names one. CACHE=memcached (the default, the talk's) or CACHE=redis (Debian's
 # redis-server, standing in for Memorystore for Valkey) picks the cache the same way. LATENCY=production (a regional
 # database) or LATENCY=multi-region (nam5-like Commits) makes every Datastore RPC, cache call, task creation and task
-# delivery wait a production round trip from published measurements (core/production_latency.py); `make bench`
-# measures both profiles side by side unless LATENCY names one (LATENCY=none: the bare emulator).
+# delivery wait a production round trip from published measurements (core/production_latency.py): Datastore RPCs in the
+# stand-in devstack starts in front of the emulator (devstack/standin.py), where one entity also takes production's one
+# write a second; `make bench` measures both profiles side by side unless LATENCY names one (LATENCY=none: the bare
+# emulator). LATENCY_SEED=<n> repeats a run's draws.
 PYTHON ?= python3
 export DATASTORE CACHE LATENCY
 VENV := .venv

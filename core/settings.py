@@ -92,8 +92,9 @@ class Settings:
     trusted_hosts: tuple = LOCAL_HOSTS
     canonical_host: str = LOCAL_HOSTS[0]
     # LATENCY=production (a regional database) or multi-region (nam5-like Commits): every Datastore RPC, cache call,
-    # task creation and delivery waits a modelled production round trip first (core/production_latency.py). Only
-    # against a local emulator: production waits by itself.
+    # task creation and delivery waits a modelled production round trip (core/production_latency.py; Datastore RPCs in
+    # the stand-in at the emulator address devstack gives, devstack/standin.py). Only against a local emulator:
+    # production waits by itself.
     latency: str = "none"
     # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
     # it with WRITE_BUDGET where they build their app.

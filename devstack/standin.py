@@ -189,7 +189,8 @@ class _Forwarder:
             except grpc.aio.AioRpcError as error:
                 answer, failure = None, error
         emulator_s = time.perf_counter() - started
-        self._emulator_s[method].append(emulator_s)
+        if forward:
+            self._emulator_s[method].append(emulator_s)
         if method == "RunAggregationQuery" and answer is not None:  # the scan's share grows with what it counted
             response = datastore_v1.RunAggregationQueryResponse.pb().FromString(answer)
             query = datastore_v1.RunAggregationQueryRequest.pb().FromString(request)

@@ -62,7 +62,7 @@ def test_an_aborted_transaction_is_rolled_back_and_its_clients_rollback_answered
     the emulator, as production's abort does: on Firestore its lock would hold the next writer), and the client's own
     Rollback after it (python-ndb sends one) is answered as production answers it: ndb raises the ABORTED, not an
     "expired transaction". Once the entity takes a write again, the next transaction commits at once."""
-    knobs = {"ENTITY_WRITES_PER_S": 2, "ENTITY_WRITE_BURST": 1, "ENTITY_TURN_MAX_WAIT_S": 0.1}
+    knobs = {"ENTITY_WRITES_PER_S": 0.5, "ENTITY_WRITE_BURST": 1, "ENTITY_TURN_MAX_WAIT_S": 0.1}
 
     def read_and_write(last):
         Tally.get_by_id("t")  # a read in the transaction: on Firestore, a lock
@@ -71,7 +71,8 @@ def test_an_aborted_transaction_is_rolled_back_and_its_clients_rollback_answered
     with StandIn(stack.emulator, "production", knobs=knobs) as standin, \
             running(make_app(stack, checked=False, LATENCY="production", DATASTORE_EMULATOR_HOST=standin.host,
                              **stack.fresh())) as app, runtime.of(app).context():
-        Tally(id="t", last=0).put(retries=0)  # the burst spent: the next write's turn is half a second away
+        Tally(id="warm", last=0).put(retries=0)  # the emulator's first commit (slow) made before anything counts
+        Tally(id="t", last=0).put(retries=0)  # the burst spent: the next write's turn is two seconds away
         with pytest.raises(core_exceptions.Aborted, match="Too much contention"):
             ndb.transaction(lambda: read_and_write(1), retries=0)
         time.sleep(1 / knobs["ENTITY_WRITES_PER_S"])
@@ -100,11 +101,16 @@ def test_three_ndb_futures_in_flight_wait_together(stack):
     assert wall < cost.waited_s / 2, (wall, cost.waited_s)  # together: one after another would be all three
 
 
-def test_no_datastore_rpc_waits_in_the_apps_own_process(stack, caplog):
-    """The app's time for an RPC is the stand-in's wait plus the emulator's, the wait as the stand-in reports it; the
-    same app under the same profile, pointed at the bare emulator, waits nothing at all (and says why)."""
+def test_no_datastore_rpc_waits_in_the_apps_own_process(stack, caplog, monkeypatch):
+    """The app's time for an RPC is the stand-in's wait plus the emulator's, the wait as the stand-in reports it, and
+    the app's process sleeps not at all for it; the same app under the same profile, pointed at the bare emulator,
+    waits nothing at all (and says why)."""
+    slept = []
+
     def one_lookup(app):
-        with runtime.of(app).context(), costs.measured() as cost:
+        # every sleep of this process while the RPC is made, seen
+        with runtime.of(app).context(), costs.measured() as cost, monkeypatch.context() as watched:
+            watched.setattr(time, "sleep", lambda seconds: slept.append(seconds))
             ndb.get_multi([ndb.Key(Tally, f"k{i}") for i in range(10)], use_cache=False)
         (call,) = cost.kept_calls()
         return cost.waited_s, (call.end_ms - call.start_ms) / 1000
@@ -116,12 +122,13 @@ def test_no_datastore_rpc_waits_in_the_apps_own_process(stack, caplog):
         one_lookup(app)  # connected
         waited, rpc_s = one_lookup(app)
     assert 0.2 <= waited <= rpc_s < waited + 0.15, (waited, rpc_s)
+    assert slept == []
     with caplog.at_level(logging.WARNING, logger="core.datastore"), \
             running(make_app(stack, checked=False, LATENCY="production", DATASTORE_EMULATOR_HOST=stack.emulator.host,
                              **fresh)) as bare:
         one_lookup(bare)
         waited, rpc_s = one_lookup(bare)
-    assert waited == 0.0 and rpc_s < 0.1, (waited, rpc_s)
+    assert waited == 0.0 and rpc_s < 0.1 and slept == [], (waited, rpc_s, slept)
     assert "answered without the stand-in's wait" in caplog.text
 
 
