@@ -110,7 +110,7 @@ class Settings:
         env = os.environ if env is None else env
         gae = env.get("GAE_ENV") == "standard"
         secret = env.get("SECRET_KEY")
-        local = not gae and bool(env.get("DATASTORE_EMULATOR_HOST"))
+        local = local_development(env)
         if not secret and not local:
             # A known key anywhere but a developer's machine would let anyone forge a session cookie or a task token.
             raise RuntimeError("SECRET_KEY must be set on App Engine: set SECRET_KEY_SECRET to its Secret Manager "
@@ -312,11 +312,15 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
     return {**env, "SECRET_KEY": payload}
 
 
+def local_development(env: Mapping[str, str]) -> bool:
+    """Against a Datastore emulator, off App Engine standard: nothing the app reaches is production data."""
+    return env.get("GAE_ENV") != "standard" and bool(env.get("DATASTORE_EMULATOR_HOST"))
+
+
 def dev_signin_on(env: Mapping[str, str]) -> bool:
-    """Whether the environment turns the dev sign-in on (Settings.dev_signin): against an emulator, asked for, off App
-    Engine standard. Read alone, it needs none of what Settings requires elsewhere (App Engine's SECRET_KEY)."""
-    local = env.get("GAE_ENV") != "standard" and bool(env.get("DATASTORE_EMULATOR_HOST"))
-    return local and env.get("DEV_SIGNIN") == "on"
+    """Whether the environment turns the dev sign-in on (Settings.dev_signin): in local development, when asked for.
+    Read alone, it needs none of what Settings requires elsewhere (App Engine's SECRET_KEY)."""
+    return local_development(env) and env.get("DEV_SIGNIN") == "on"
 
 
 def refuse_dev_signin_off_loopback(dev_signin: bool, binds: list[str]) -> None:
