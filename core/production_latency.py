@@ -182,7 +182,8 @@ def label() -> str:
 
 class Model:
     """The waits of one app's stack: none (the default), or a profile's (`LATENCY=production` or
-    `LATENCY=multi-region`, local stacks only). Thread-safe: one per process, used by every request thread."""
+    `LATENCY=multi-region`, local stacks only). The app's processes wait their cache calls and Cloud Tasks with it; the
+    stand-in draws Datastore RPCs' round trips from it. Thread-safe: one per process, used by every request thread."""
 
     def __init__(self, name: str = "none", seed: int | None = None) -> None:
         if name not in NAMES:
