@@ -65,7 +65,7 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
 
 
 def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
-    """`channel` with every RPC counted, after its modelled wait under `model`."""
+    """`channel` with every RPC counted, and the stand-in's wait for it kept apart under `model`."""
     return grpc.intercept_channel(channel, RpcCounter(model))
 
 

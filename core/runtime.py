@@ -9,7 +9,6 @@ process (the tests build several) each keep their own.
 import concurrent.futures
 import contextlib
 import contextvars
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ class Runtime:
         self.settings = settings or Settings.from_env()
         # Where the backends differ is chosen here, once. Under a LATENCY profile every cache call and Cloud Tasks
         # call below waits first; Datastore RPCs wait in the stand-in (devstack/standin.py), and are counted here.
-        self.latency = production_latency.Model(self.settings.latency, production_latency.seed_from(os.environ))
+        self.latency = production_latency.Model(self.settings.latency, self.settings.latency_seed)
         self.cache_client = cache_module.make_client(self.settings)
         self.cache = cache_module.Cache(self.cache_client, self.latency)
         api = datastore_module.make_api(self.settings, self.latency)  # one channel for both uses of the Datastore API

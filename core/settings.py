@@ -96,6 +96,7 @@ class Settings:
     # the stand-in at the emulator address devstack gives, devstack/standin.py). Only against a local emulator:
     # production waits by itself.
     latency: str = "none"
+    latency_seed: int | None = None  # LATENCY_SEED: the model's draws the same run after run (None: fresh)
     # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
     # it with WRITE_BUDGET where they build their app.
     write_budget: WriteBudget = field(default_factory=WriteBudget)
@@ -172,6 +173,7 @@ class Settings:
             tasks_location=tasks_location,
             tasks_queue=env.get("TASKS_QUEUE") or "mapper",
             latency=latency,
+            latency_seed=production_latency.seed_from(env),
             write_budget=WriteBudget.parse(env.get("WRITE_BUDGET", "")),
             mapper_lease_seconds=seconds_setting(env, "MAPPER_LEASE_SECONDS", MAPPER_LEASE_SECONDS),
             mapper_sweep_seconds=seconds_setting(env, "MAPPER_SWEEP_SECONDS", MAPPER_SWEEP_SECONDS),

@@ -106,6 +106,8 @@ def test_a_batch_waits_more_with_its_size_and_a_seed_repeats_the_draws():
             - Model("production", seed=5).datastore_round_trip("Commit")) == pytest.approx(
         499 * production_latency.COMMIT_MS_PER_MUTATION / 1000)
     assert production_latency.seed_from({"LATENCY_SEED": "42"}) == 42 and production_latency.seed_from({}) is None
+    # read once with the other settings, and so each app's runtime draws from it (core/runtime.py)
+    assert Settings.from_env({"DATASTORE_EMULATOR_HOST": "127.0.0.1:1", "LATENCY_SEED": "42"}).latency_seed == 42
 
 
 def test_under_the_model_every_rpc_and_cache_call_waits_and_the_response_says_which_profile(stack, client):
