@@ -136,9 +136,12 @@ retried_in = _counted_in(r'retried;desc="(\d+) transaction')  # transactions ret
 WHOSE_FIGURES = (
     "Whose figures: the bills and the critical paths (in RPCs) are production's: the same RPCs are billed, and must "
     "follow one another, there. Wall times under LATENCY=production (a regional database) and LATENCY=multi-region "
-    "(nam5-like Commits) are the latency model's (core/production_latency.py), waited on this machine's 2 cores, "
-    "where production would have many instances. The model's figures are published measurements or, where none "
-    f"exists, inferences: {production_latency.SUMMARY} "
+    "(nam5-like Commits) are the stand-in's (devstack/standin.py): one gRPC proxy in front of the emulator that every "
+    "client of the run reaches, which waits each RPC's modelled round trip less the emulator's own time for it, and "
+    "makes every client's commits to one entity take turns at production's rate, answering ABORTED past the bound. "
+    "Its figures are core/production_latency.py's, published measurements or, where none exists, inferences: "
+    f"{production_latency.SUMMARY} "
+    "They are waited on this machine's 2 cores, where production would have many instances. "
     "Bare wall times are this machine's alone: the emulators answer in microseconds, from the same 2 cores as the app.")
 
 
