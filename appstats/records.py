@@ -47,7 +47,8 @@ def keep(cache: Cache, record: dict[str, Any], calls: list[costs.TimedCall]) -> 
         if not request_id:  # away (None); or False from a memcached node that failed a moment ago (HashClient)
             return None
         stored = {"request": {**record, "id": request_id},
-                  "calls": [[c.kind, c.name, round(c.start_ms, 3), round(c.end_ms, 3)] for c in calls]}
+                  "calls": [[c.kind, c.name, round(c.start_ms, 3), round(c.end_ms, 3), round(c.wait_ms, 3)]
+                            for c in calls]}
         cache.set(_slot(request_id), json.dumps(stored, separators=(",", ":")), KEPT_SECONDS)
     return request_id
 

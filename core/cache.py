@@ -102,7 +102,7 @@ class CountedClient:
         def call(*args: Any, **kwargs: Any) -> Any:
             cost = costs.current()
             started = time.perf_counter()
-            self._model.before_cache_call(cost)
+            waited = self._model.before_cache_call()  # kept with the call (add_cache), not apart from it
             try:
                 return attribute(*args, **kwargs)
             except CacheUnreachable:
@@ -111,7 +111,7 @@ class CountedClient:
                 raise CacheUnreachable(f"{type(e).__name__}: {e}") from e
             finally:
                 if cost is not None:
-                    cost.add_cache(self._prefix + name, started)
+                    cost.add_cache(self._prefix + name, started, waited)
         return call
 
 

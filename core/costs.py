@@ -31,6 +31,14 @@ class TimedCall:
     name: str  # the RPC's method ("Lookup") or the cache call ("get_many")
     start_ms: float
     end_ms: float
+    # Of its time, production's wait under a profile (LATENCY): what the stand-in reported waiting for an RPC, what the
+    # app's process waited before a cache call. The rest is this machine's own. 0 without a profile.
+    wait_ms: float = 0.0
+
+    @property
+    def machine_ms(self) -> float:
+        """This machine's own time for the call: its time less production's wait."""
+        return max(self.end_ms - self.start_ms - self.wait_ms, 0.0)
 
 
 @dataclass
@@ -51,24 +59,29 @@ class Cost:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_rpc(self, method: str, started: float, billed: billing.Billed | None = None,
-                billed_from: dict[str, int] | None = None) -> None:
-        """An RPC made at `started` (time.perf_counter()) and answered now; a failed one has no bill."""
+                billed_from: dict[str, int] | None = None, waited: float = 0.0) -> None:
+        """An RPC made at `started` (time.perf_counter()) and answered now, `waited` seconds of it production's wait as
+        the stand-in reported it; a failed one has no bill."""
         with self.lock:
             self.datastore[method] += 1
-            self.datastore_s += self._keep("datastore", method, started)
+            self.waited_s += waited
+            self.datastore_s += self._keep("datastore", method, started, waited)
             if billed is not None:
                 self.billed += billed
                 self.billed_from.update(billed_from or {})
 
-    def add_cache(self, call: str, started: float) -> None:
+    def add_cache(self, call: str, started: float, waited: float = 0.0) -> None:
+        """A cache call made at `started` and answered now, `waited` seconds of it the profile's modelled wait."""
         with self.lock:
             self.cache[call] += 1
-            self.cache_s += self._keep("cache", call, started)
+            self.waited_s += waited
+            self.cache_s += self._keep("cache", call, started, waited)
 
-    def _keep(self, kind: str, name: str, started: float) -> float:
+    def _keep(self, kind: str, name: str, started: float, waited: float) -> float:
         ended = time.perf_counter()
         if len(self.calls) < MOST_CALLS and self.ended is None:  # the response's figures are those until it ended
-            self.calls.append(TimedCall(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000))
+            self.calls.append(TimedCall(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000,
+                                        waited * 1000))
         return ended - started
 
     def add_wait(self, seconds: float) -> None:
@@ -135,7 +148,8 @@ def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
     """`calls` (in the order they were made) with the critical path among them marked, and how many of the `counted`
     were not kept (`cut`)."""
     critical = critical_path(calls)
-    return {"calls": [{**dataclasses.asdict(call), "critical": i in critical} for i, call in enumerate(calls)],
+    return {"calls": [{**dataclasses.asdict(call), "machine_ms": round(call.machine_ms, 3), "critical": i in critical}
+                      for i, call in enumerate(calls)],
             "cut": max(counted - len(calls), 0)}
 
 

