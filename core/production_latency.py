@@ -149,9 +149,64 @@ ENTITY_TURN_MAX_WAIT_S = 2.0
 CONTENTION = "Too much contention on these datastore entities. Please try again."
 # Where the stand-in says, in each answer's gRPC trailing metadata, what it waited (ms) and under which profile.
 WAIT_HEADER, PROFILE_HEADER = "x-standin-wait-ms", "x-standin-profile"
+
+
+# The sources' addresses, as /numbers links them (latency/service.py).
+_DOTNET_URL = "https://github.com/googleapis/google-cloud-dotnet/issues/5333"
+_MEGASTORE_URL = "https://www.cidrdb.org/cidr2011/Papers/CIDR11_Paper32.pdf"
+_BATCH_URLS = ("https://cloud.google.com/datastore/docs/best-practices",
+               "https://blog.famzah.net/2014/05/02/google-app-engine-datastore-benchmark/",
+               "https://dbaspects.blogspot.com/2010/01/memcache-vs-datastore-on-google-app.html")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One of the stand-in's knobs as /numbers shows it: what it is, whether it is production's published figure or an
+    inference, and where it comes from. Its value is this module's, read when asked."""
+    name: str  # the figure's name above
+    label: str
+    unit: str
+    published: bool  # False: an inference (INF above)
+    source: str
+    links: tuple[str, ...]
+
+    @property
+    def value(self) -> float:
+        return float(globals()[self.name])
+
+
+STAND_IN_KNOBS = (
+    Knob("LOOKUP_MS_PER_KEY", "A Lookup's wait for each key after the first", "ms", False,
+         "none published: batching performs \u201cmultiple operations with the same overhead as a single "
+         "operation\u201d (Datastore best practices); a get and update of 1,000 entities took ~1.5 s (blog.famzah.net, "
+         "2014), split as reads and writes were timed, 20 against 40 ms (dbaspects.blogspot.com, 2010)", _BATCH_URLS),
+    Knob("COMMIT_MS_PER_MUTATION", "A Commit's wait for each mutation after the first", "ms", False,
+         "none published: as a Lookup's keys, a written entity twice a read one", _BATCH_URLS),
+    Knob("SCAN_MS_PER_1000_ENTRIES", "An aggregation's wait for each 1,000 index entries its COUNT counted", "ms",
+         False, "none published: Count.up_to bounds \u201cthe number of entities to scan, limiting latency, and "
+         "cost\u201d (Datastore v1 API reference), and 1,000 entries are billed as one read (Datastore pricing)",
+         ("https://cloud.google.com/ruby/docs/reference/google-cloud-datastore-v1/latest/"
+          "Google-Cloud-Datastore-V1-AggregationQuery-Aggregation-Count", "https://cloud.google.com/datastore/pricing",
+          "https://github.com/googleapis/python-ndb/issues/360")),
+    Knob("ENTITY_WRITES_PER_S", "One entity's sustained writes a second (legacy: its entity group's)", "writes/s",
+         True, "Firestore: \u201cyou can't update a single document at an unlimited rate\u201d; \u201cCloud Firestore "
+         "has a limit of one sustained write per second, per document\u201d (the Firebase counter extension); legacy: "
+         "\u201cabout one commit per second\u201d for an entity group",
+         ("https://cloud.google.com/firestore/docs/solutions/counters",
+          "https://firebase.google.com/products/extensions/firebase-firestore-counter",
+          "https://cloud.google.com/datastore/docs/concepts/structuring_for_strong_consistency")),
+    Knob("ENTITY_WRITE_BURST", "One entity's burst: writes it takes at once before the rate applies", "writes", False,
+         "none published: Megastore's \u201ca few writes per second per entity group\u201d (Baker et al., CIDR 2011)",
+         (_MEGASTORE_URL,)),
+    Knob("ENTITY_TURN_MAX_WAIT_S", "Longest a commit waits for its turn at an entity before it is answered ABORTED",
+         "s", False, "none published: contention costs seconds (python-ndb backs off from 1 s; nodejs-firestore#827 "
+         "logs a 3.9 s backoff after ABORTED; the Firestore emulator's lock timeout is ~2.3 s); the answer in "
+         "production's words (Firestore's error codes)",
+         ("https://github.com/googleapis/nodejs-firestore/issues/827",
+          "https://cloud.google.com/firestore/native/docs/understand-error-codes")),
+)
 # The figures above that a stand-in may be started with other values of (tests make the bound small): its knobs.
-KNOBS = ("LOOKUP_MS_PER_KEY", "COMMIT_MS_PER_MUTATION", "SCAN_MS_PER_1000_ENTRIES", "ENTITY_WRITES_PER_S",
-         "ENTITY_WRITE_BURST", "ENTITY_TURN_MAX_WAIT_S")
+KNOBS = tuple(knob.name for knob in STAND_IN_KNOBS)
 
 # A Memorystore call from App Engine standard: Memorystore says only "sub-millisecond"
 # (https://cloud.google.com/appengine/docs/legacy/standard/python/migrate-to-python3/memcache-to-memorystore), and
@@ -252,7 +307,8 @@ class Model:
 
 
 _DOTNET = "google-cloud-dotnet#5333 (2020-09-24, probably cross-region)"
-_INF = "none published: an inference"
+INFERENCE = "an inference"  # how a source that is one says so
+_INF = f"none published: {INFERENCE}"
 SOURCES = {
     "Lookup": _DOTNET, "RunQuery": _DOTNET, "Commit": _DOTNET, "BeginTransaction": _INF, "Rollback": _INF,
     "AllocateIds": _INF, "ReserveIds": _INF,
@@ -262,6 +318,28 @@ SOURCES = {
 }
 SOURCES_MULTI_REGION_COMMIT = f"{_INF}: Megastore's 100-400 ms (CIDR 2011)"
 TAIL_SOURCE = "the tail: nodejs-firestore#1994 (2024-02-04) GetDocument's histogram of strong reads, its steps scaled"
+# Where each of SOURCES is published (none: an inference with no source to link), and the two below.
+SOURCE_LINKS = {
+    "Lookup": (_DOTNET_URL,), "RunQuery": (_DOTNET_URL,), "Commit": (_DOTNET_URL,),
+    "BeginTransaction": ("https://github.com/googleapis/python-datastore/pull/499",),
+    "Rollback": ("https://cloud.google.com/datastore/docs/best-practices",),
+    "AllocateIds": ("https://github.com/sai-pullabhotla/catatumbo/issues/12",),
+    "ReserveIds": ("https://github.com/sai-pullabhotla/catatumbo/issues/12",),
+    "RunAggregationQuery": STAND_IN_KNOBS[KNOBS.index("SCAN_MS_PER_1000_ENTRIES")].links,
+    "cache call (through the VPC connector)": (
+        "https://cloud.google.com/appengine/docs/legacy/standard/python/migrate-to-python3/memcache-to-memorystore",),
+    "Cloud Tasks create": (), "Cloud Tasks delivery": (),
+}
+LINKS_MULTI_REGION_COMMIT = ("https://cloud.google.com/datastore/docs/locations",
+                             "https://cloud.google.com/firestore/docs/best-practices", _MEGASTORE_URL)
+TAIL_LINKS = ("https://github.com/googleapis/nodejs-firestore/issues/1994",)
+
+
+def tail_steps() -> list[tuple[float, float, float]]:
+    """The tail's published steps, the median first: (quantile, the histogram's ms there, that / its median)."""
+    return [(1 - 2 ** -k, ms, ms / _STRONG_READ_MS[0]) for k, ms in enumerate(_STRONG_READ_MS, start=1)]
+
+
 # The benchmarks' "Whose figures" paragraph and /numbers name these.
 SUMMARY = (
     "Lookup 14.5 ms, RunQuery 19 ms and Commit 47 ms at the median (google-cloud-dotnet#5333, Jon Skeet, 2020-09-24, "

@@ -12,7 +12,7 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, identity, runtime
+from core import clock, identity, production_latency, runtime
 from core.errors import Conflict
 from core.transactions import transact
 from latency.models import Measurement, Probe
@@ -131,8 +131,41 @@ def measure(by: str) -> dict[str, Any]:
 
 
 def page() -> dict[str, Any]:
-    """What the numbers page shows: the latest measurement (a get by key), the runs a measurement makes, the model."""
-    return {"numbers": latest(), "runs": RUNS, "model": runtime.current().latency}
+    """What the numbers page shows: the latest measurement (a get by key), the runs a measurement makes, the model and
+    the stand-in's figures."""
+    return {"numbers": latest(), "runs": RUNS, "model": runtime.current().latency, "standin": standin()}
+
+
+def _whose(published: bool) -> str:
+    return "published" if published else "inference"
+
+
+def standin() -> dict[str, Any]:
+    """Every figure the stand-in (devstack/standin.py) waits by, as core/production_latency.py defines and cites it:
+    its knobs, each Datastore RPC's median round trip under each profile, and the tail's steps that every draw
+    follows; each says whether it is production's published figure (a Google page, or a published measurement of
+    production) or an inference, and where it comes from."""
+    knobs = [{"name": k.name, "label": k.label, "value": k.value, "unit": k.unit, "whose": _whose(k.published),
+              "source": k.source, "links": list(k.links)} for k in production_latency.STAND_IN_KNOBS]
+    round_trips = []
+    for method in production_latency.DATASTORE:
+        median_ms, whose, sources = {}, {}, {}
+        for profile in production_latency.PROFILES:
+            trip = production_latency.PROFILE_DATASTORE[profile][method]
+            source: tuple[str, tuple[str, ...]]
+            if trip is production_latency.MULTI_REGION_COMMIT:
+                source = (f"{profile}: {production_latency.SOURCES_MULTI_REGION_COMMIT}",
+                          production_latency.LINKS_MULTI_REGION_COMMIT)
+            else:
+                source = (production_latency.SOURCES[method], production_latency.SOURCE_LINKS[method])
+            median_ms[profile], whose[profile] = trip.median_ms, _whose(production_latency.INFERENCE not in source[0])
+            sources[source[0]] = source[1]  # a figure both profiles share is cited once
+        round_trips.append({"method": method, "median_ms": median_ms, "whose": whose, "source": "; ".join(sources),
+                            "links": [link for links in sources.values() for link in links]})
+    steps = [{"quantile": q, "ms": ms, "ratio": round(ratio, 4)} for q, ms, ratio in production_latency.tail_steps()]
+    return {"profile": runtime.current().latency.name, "knobs": knobs, "round_trips": round_trips,
+            "tail": {"steps": steps, "whose": "published", "source": production_latency.TAIL_SOURCE,
+                     "links": list(production_latency.TAIL_LINKS)}}
 
 
 def latest() -> dict[str, Any] | None:

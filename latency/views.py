@@ -28,6 +28,12 @@ def api_latest() -> ResponseReturnValue:
     return jsonify(found(service.latest(), "Nothing was measured yet.", "not_measured"))
 
 
+@bp.get("/api/numbers/standin")
+def api_standin() -> ResponseReturnValue:
+    """Every figure the stand-in waits by: its knobs, the round trips by profile, the tail; whose each is."""
+    return jsonify(service.standin())
+
+
 @bp.post("/api/numbers")
 def api_measure() -> ResponseReturnValue:
     """Measure now (admin) -> 201 the new measurement."""

@@ -1,12 +1,14 @@
 """The numbers page: live measurements of Datastore and memcache operations, kept as the latest measurement."""
+import re
 import threading
 
+import pytest
 from google.cloud import ndb
 
-from core import runtime
+from core import production_latency, runtime
 from latency import demo, service
 from latency.models import Measurement, Probe
-from tests.support import claimants_meet_at_the_claim, csrf_token
+from tests.support import claimants_meet_at_the_claim, csrf_token, make_app, running
 
 
 def _stored(kind):
@@ -127,3 +129,63 @@ def test_seed_measures_once(app, ndb_context):
     assert demo.seed() is True
     assert service.latest()["by"] == "seed"
     assert demo.seed() is False
+
+
+# --- the stand-in's figures (core/production_latency.py), on the page and as JSON -----------------------------------
+
+def test_every_knob_of_the_stand_in_is_one_of_its_figures():
+    """Every number core/production_latency.py keeps at its top level is one of the stand-in's knobs: a figure added
+    without a Knob (its label, whose it is, its sources) would be missing from /numbers."""
+    numbers = {name for name, value in vars(production_latency).items()
+               if name.isupper() and isinstance(value, int | float) and not isinstance(value, bool)}
+    assert numbers == set(production_latency.KNOBS)
+
+
+def test_numbers_shows_every_figure_the_stand_in_waits_by(client):
+    """/api/numbers/standin and /numbers show each knob, each RPC's median round trip under each profile and the
+    tail's steps, each figure core/production_latency.py's, whose it is (published or an inference) and its sources:
+    a knob left out, or a figure other than the module's, fails."""
+    got = client.get("/api/numbers/standin").get_json()
+    assert got["profile"] == "none"
+    assert [knob["name"] for knob in got["knobs"]] == list(production_latency.KNOBS)
+    for knob in got["knobs"]:
+        assert knob["value"] == getattr(production_latency, knob["name"]), knob
+        # Google publishes one entity's rate; the burst, the bound and a batch's size terms are inferences
+        assert knob["whose"] == ("published" if knob["name"] == "ENTITY_WRITES_PER_S" else "inference"), knob
+        assert knob["links"] and all(link.startswith("https://") for link in knob["links"]), knob
+    rate = next(knob for knob in got["knobs"] if knob["name"] == "ENTITY_WRITES_PER_S")
+    assert "https://cloud.google.com/firestore/docs/solutions/counters" in rate["links"]
+    assert [trip["method"] for trip in got["round_trips"]] == list(production_latency.DATASTORE)
+    for trip in got["round_trips"]:
+        for profile in production_latency.PROFILES:
+            model = production_latency.PROFILE_DATASTORE[profile][trip["method"]]
+            assert trip["median_ms"][profile] == model.median_ms, (trip, profile)
+    by_method = {trip["method"]: trip for trip in got["round_trips"]}
+    assert by_method["Commit"]["whose"] == {"production": "published", "multi-region": "inference"}
+    assert by_method["Lookup"]["links"] == ["https://github.com/googleapis/google-cloud-dotnet/issues/5333"]
+    assert by_method["BeginTransaction"]["whose"] == {"production": "inference", "multi-region": "inference"}
+    steps = got["tail"]["steps"]
+    assert steps[0] == {"quantile": 0.5, "ms": steps[0]["ms"], "ratio": 1.0}
+    assert [(s["quantile"], s["ratio"]) for s in steps[1:]] == [(q, round(r, 4)) for q, r in production_latency.SHAPE]
+    assert got["tail"]["links"] == ["https://github.com/googleapis/nodejs-firestore/issues/1994"]
+
+    html = client.get("/numbers").get_data(as_text=True)
+    for knob in got["knobs"]:
+        row = re.search(rf'<tr data-knob="{knob["name"]}">(.*?)</tr>', html, re.S)
+        assert row, knob["name"]
+        said = "production&#39;s, published" if knob["whose"] == "published" else "an inference"
+        assert f'data-value>{knob["value"]:g} {knob["unit"]}<' in row[1] and f"data-whose>{said}<" in row[1], row[1]
+        assert all(f'href="{link}"' in row[1] for link in knob["links"])
+    for trip in got["round_trips"]:
+        row = re.search(rf'<tr data-round-trip="{trip["method"]}">(.*?)</tr>', html, re.S)
+        assert row, trip["method"]
+        for profile in production_latency.PROFILES:
+            assert re.search(rf'data-profile-median="{profile}">{trip["median_ms"][profile]:g}\s', row[1]), row[1]
+    ratios = re.findall(r"data-ratio>([\d.]+)<", html)
+    assert [float(r) for r in ratios] == pytest.approx([s["ratio"] for s in steps], rel=1e-3)
+
+
+def test_the_stand_ins_figures_name_the_apps_profile(stack):
+    """Under a profile the figures say which one this app waits under."""
+    with running(make_app(stack, LATENCY="production", **stack.fresh())) as modelled:
+        assert modelled.test_client().get("/api/numbers/standin").get_json()["profile"] == "production"
