@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import billing
+from core import billing, production_latency
 from core.costs import plural
 from core.features import REPO
 from counters.growth import ContentionWindow
@@ -125,11 +125,20 @@ def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", pr
               f"{ContentionWindow.ATTEMPTS_PER_SHARD} x shards) attempts that collide: {plural(windows, 'window')} to "
               f"{plural(size, 'shard')}, {seconds:.1f} s at {per_second:.4g} {a_unit(per_second, 'attempts/s')} (a "
               "process's own attempts)")
+    # One bound on both backends: a shard past its sustained rate is refused (legacy: a transaction aborted; Firestore:
+    # a blind increment answered ABORTED for contention once its turn is too far away, as the stand-in answers it), so
+    # the adaptive counter's attempts collide, and it grows, until its shards take the writes: the shards above.
+    bound = plan.figure("longest a write waits for its turn at an entity", production_latency.ENTITY_TURN_MAX_WAIT_S,
+                        "s", "inference", "core/production_latency.py ENTITY_TURN_MAX_WAIT_S")
+    at_peak = f"{per_second:.4g} {a_unit(per_second, 'writes/s')}"
+    plan.line(f"its writers collide while a shard takes more than {rate:g} {a_unit(rate, 'writes/s')}: past that "
+              f"{'a transaction' if backend == 'legacy' else 'a blind increment'} waits its turn at the shard and is "
+              f"refused for contention once the turn is more than {bound:g} s away, so it grows "
+              + (f"until {plural(size, 'shard')} take the {at_peak}" if shards <= ADAPTIVE_MAX_SHARDS else
+                 f"to its cap of {ADAPTIVE_MAX_SHARDS} shards, which do not take the {at_peak}"))
     text = f"{plural(size, 'shard')} after {plural(windows, 'window')}, about {seconds:.1f} s into the peak"
     reached: float | None = round(seconds, 1)
     if shards > ADAPTIVE_MAX_SHARDS:
         text, reached = f"never: it stops at {ADAPTIVE_MAX_SHARDS} shards; give it a general counter of {shards}", None
-    elif backend == "firestore":
-        text += " (on Firestore its blind increments never collide on the emulator: give it fixed shards)"
     plan.answer("adaptive_seconds", "When the adaptive counter reaches that size, s", reached, text)
     return plan

@@ -10,14 +10,12 @@ from typing import Any
 
 from core import billing, production_latency
 from core.tables import markdown_tables
-from counters.production import CAVEATS as COUNTER_CAVEATS
 
-# About one sustained write a second to one entity: legacy Datastore's limit for an entity group, still in force in
-# OPTIMISTIC_WITH_ENTITY_GROUPS mode, and the one figure Google gives (the other modes lift it and name no rate; the
-# counters' caveat, with its source). It is a rate, so the planner divides by it rather than copying it into each
-# answer.
-SUSTAINED_WRITES_PER_ENTITY = 1
-SUSTAINED_WRITES_SOURCE = COUNTER_CAVEATS[0].source
+# About one sustained write a second to one entity, on both backends (Firestore: a document; legacy: an entity group),
+# as the stand-in holds every entity to it: the latency model's figure, with its sources
+# (core/production_latency.py ENTITY_WRITES_PER_S). It is a rate, so the planner divides by it rather than copying it
+# into each answer.
+SUSTAINED_WRITES = next(k for k in production_latency.STAND_IN_KNOBS if k.name == "ENTITY_WRITES_PER_S")
 
 # What each of the app's writes sends, by backend: on Firestore an increment is a blind server-side increment (one
 # Commit, no read); on legacy a transaction that reads its shard (counters/writes.py). A transaction on one entity
@@ -172,10 +170,11 @@ def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: s
 
 
 def sustained_rate(plan: Plan) -> float:
-    """Google's figure of about one sustained write a second to one entity (legacy Datastore's, see
-    SUSTAINED_WRITES_PER_ENTITY), listed among `plan`'s figures."""
-    return plan.figure("sustained writes a second to one entity", SUSTAINED_WRITES_PER_ENTITY, "writes/s",
-                       "production", SUSTAINED_WRITES_SOURCE)
+    """Google's figure of about one sustained write a second to one entity (SUSTAINED_WRITES), listed among `plan`'s
+    figures."""
+    firestore, _, legacy = SUSTAINED_WRITES.links  # Firestore's counters page, Firebase's extension, legacy's page
+    return plan.figure("sustained writes a second to one entity", SUSTAINED_WRITES.value, "writes/s", "production",
+                       legacy if plan.inputs.get("backend") == "legacy" else firestore)
 
 
 def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False) -> float:

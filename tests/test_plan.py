@@ -65,6 +65,27 @@ def test_adaptive_growth_by_hand():
     assert "never" in answers(counter.plan_counter(Rate(1000), 60))["adaptive_seconds"].text
 
 
+def test_the_adaptive_counter_on_firestore_grows_to_the_same_bound_as_on_legacy(monkeypatch):
+    """Production (and the stand-in) holds one entity to about one sustained write a second on Firestore as on legacy:
+    past it an adaptive counter's blind increments are refused for contention, so it grows as on legacy. The
+    planner's Firestore answer is legacy's, and both follow the model's figure (ENTITY_WRITES_PER_S), not one of the
+    planner's own: at 2 writes a second an entity, half the shards."""
+    firestore, legacy = (answers(counter.plan_counter(Rate(50), 600, backend=b)) for b in ("firestore", "legacy"))
+    assert firestore["adaptive_seconds"] == legacy["adaptive_seconds"]
+    assert firestore["adaptive_seconds"].text == "64 shards after 6 windows, about 3.0 s into the peak"
+    assert "collide" not in firestore["adaptive_seconds"].text
+    monkeypatch.setattr(production_latency, "ENTITY_WRITES_PER_S", 2.0)
+    for backend in ("firestore", "legacy"):
+        plan = counter.plan_counter(Rate(50), 600, backend=backend)
+        got = answers(plan)
+        assert got["shards"].value == 25, backend
+        assert got["adaptive_seconds"].text.startswith("32 shards after 5 windows"), backend
+        rate = next(f for f in plan.figures if f.name == "sustained writes a second to one entity")
+        assert rate.value == 2.0 and rate.whose == "production"
+        assert rate.source == ("https://cloud.google.com/firestore/docs/solutions/counters" if backend == "firestore"
+                               else "https://cloud.google.com/datastore/docs/concepts/structuring_for_strong_consistency")
+
+
 def test_blog_page_bills_and_hit_rate_by_hand():
     assert blog.page_reads(10_000, 0) == (11, 10)  # the page and the next one's first; the page alone
     assert blog.page_reads(10_000, 5_000) == (11, 5_010)
