@@ -54,9 +54,9 @@ guarantees: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
-## bench-beam: bench/mapper.py on the bare emulators, with Apache Beam's own pipeline timed beside its baseline (Beam
-## in .venv-beam, from bench/requirements-beam.txt: about 5 minutes to install the first time; the latency model does
-## not reach Beam's process, so it runs bare only)
+## bench-beam: bench/mapper.py on both backends, bare and under both profiles, with Apache Beam's own pipeline timed
+## beside its baseline in every column (under a profile through the same stand-in as the app, devstack/standin.py;
+## Beam in .venv-beam, from bench/requirements-beam.txt: about 5 minutes to install the first time)
 BEAM_STAMP := .venv-beam/.installed
 $(BEAM_STAMP): bench/requirements-beam.txt
 	test -x .venv-beam/bin/python || $(PYTHON) -m venv .venv-beam
@@ -64,7 +64,7 @@ $(BEAM_STAMP): bench/requirements-beam.txt
 	touch $(BEAM_STAMP)
 
 bench-beam: $(STAMP) $(BEAM_STAMP)
-	$(PY) -m bench.mapper --latency none --beam-python .venv-beam/bin/python $(BENCH_ARGS)
+	$(PY) -m bench.mapper --latency all --beam-python .venv-beam/bin/python $(BENCH_ARGS)
 
 ## load: Locust against URL (default: make run's http://127.0.0.1:8080), SCENARIO=counters|frontpage|comments|all,
 ## bounded (LOAD_ARGS="--users 16 --seconds 15 --rounds 3"); report in bench/results/load.md (bench/load.py)
