@@ -1,7 +1,9 @@
 """Apache Beam's own batch pipeline over the accounts, for bench/mapper.py to time beside its baseline: what a team on
 Google Cloud writes today (ReadFromDatastore, +1, WriteToDatastore; on Dataflow in production, here the
 DirectRunner). Run by Beam's virtualenv, not the app's (`make bench-beam` makes it from bench/requirements-beam.txt):
-it imports nothing of the app. It talks to the emulator named by DATASTORE_EMULATOR_HOST, as Beam's client does.
+it imports nothing of the app. It talks to the Datastore named by DATASTORE_EMULATOR_HOST, as Beam's client does:
+the bare emulator, or under a latency profile devstack's stand-in in front of it (devstack/standin.py), the address
+bench/mapper.py gives the app too, so that Beam waits production's round trips and takes its turns at each entity.
 
 Beam's ramp-up throttle is off: on by default, it holds a new job to 500 writes a second shared by
 `hint_num_workers` (500) workers for its first five minutes, Google's "500/50/5" advice for a cold production database
