@@ -311,3 +311,25 @@ def test_demo_seed_gives_pages_of_comments(app):
         assert len({c["author"] for c in first.items}) >= 3
         assert service.comment_counts([EntryRef("demo", top), EntryRef("demo", top - 1)]) == {
             EntryRef("demo", top): 45, EntryRef("demo", top - 1): 12}
+
+
+def test_an_authors_new_comment_is_merged_into_its_own_entrys_page_only(client, auth):
+    """The ids of a person's latest comments ride in their session and are merged into every entry page they open
+    (read-your-writes, comments/bookmarks.with_own): a comment just posted under one entry shows on that entry's page,
+    in the HTML and the JSON, and on no other entry's, though that page is given the same ids."""
+    auth.admin()
+    for i in range(2):
+        assert client.post("/api/blogs/news/entries", json={"title": f"Entry {i}", "body": "text"}).status_code == 201
+    auth.sign_in("ann@example.com")
+    posted = client.post("/api/blogs/news/entries/0/comments", json={"text": "said under entry zero"})
+    assert posted.status_code == 201, posted.get_data(as_text=True)
+    mine = posted.get_json()["id"]
+    assert client.post("/api/blogs/news/entries/1/comments", json={"text": "said under entry one"}).status_code == 201
+    for page in ("", "?page=last"):
+        listed = client.get(f"/api/blogs/news/entries/0/comments{page}").get_json()["comments"]
+        assert [c["text"] for c in listed] == ["said under entry zero"]
+        other = client.get(f"/api/blogs/news/entries/1/comments{page}").get_json()["comments"]
+        assert [c["text"] for c in other] == ["said under entry one"] and mine not in [c["id"] for c in other]
+        assert "said under entry zero" in client.get(f"/blog/news/0{page}").get_data(as_text=True)
+        html = client.get(f"/blog/news/1{page}").get_data(as_text=True)
+        assert "said under entry one" in html and "said under entry zero" not in html
