@@ -10,6 +10,9 @@ from google.cloud import ndb
 
 from core import clock
 
+# The credit is weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed
+# computations by external agents", ICDCS 1989; with the credit recovery of F. Mattern, "Global quiescence detection
+# based on credit distribution and recovery", Information Processing Letters 30(4), 1989. In whole numbers, so exact.
 TOTAL_CREDIT = 2 ** 62
 
 
