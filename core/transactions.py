@@ -1,9 +1,10 @@
 """Transactions as the app runs them: one retry loop for every commit that can collide, and one way to apply a write
 exactly once although a commit may answer UNKNOWN after it applied (docs/lessons/exactly-once.md).
 
-- `retried(attempt, on_collision)`: run `attempt` again when it collides (ABORTED, or the emulator's UNKNOWN), calling
-  `on_collision` before each new try: by default a jittered backoff; a sharded counter passes a policy that moves
-  to another shard instead (counters/writes.py).
+- `retried(attempt, on_collision)`: run `attempt` again when it collides (ABORTED, or the emulator's UNKNOWN) or
+  when its commit's fate is unknown (DEADLINE_EXCEEDED, UNAVAILABLE: a few times only), calling `on_collision` before
+  each new try: by default a jittered backoff; a sharded counter passes a policy that moves to another shard instead
+  (counters/writes.py).
 - `transact(fn)`: `fn` in a transaction through that loop, taking its turn at a hot entity first (core/hotspots.py);
   `transact_api(fn)` the same on the Datastore API itself, for bulk work (core/datastore.Bulk).
 - `Call`: the id of one call, written in the same commit as its effect (its *stamp*), so that the call's retry after
@@ -27,6 +28,12 @@ T = TypeVar("T")
 # What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN (which may have
 # applied: hence `Call`).
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
+# What a call answers when Datastore did not answer it in time or could not be reached: a commit sent may have applied
+# all the same (the request reached the server, the answer did not come back), as after UNKNOWN. So the call is tried
+# again, with the same `Call`, whose retry finds its own stamp if it did apply; but only a few times, since these also
+# mean a Datastore that is away, and the user should then have the 503 soon.
+MAYBE_APPLIED_ERRORS = (core_exceptions.DeadlineExceeded, core_exceptions.ServiceUnavailable)
+MAYBE_APPLIED_ATTEMPTS = 3
 BUSY = "This is too busy right now; try again."
 
 
@@ -39,6 +46,12 @@ def is_contention(error: BaseException) -> bool:
     return isinstance(error, CONTENTION_ERRORS)
 
 
+def maybe_applied(error: BaseException) -> bool:
+    """True when `error` is a call's own DEADLINE_EXCEEDED or UNAVAILABLE (not ndb's RetryError after its own
+    retries): a commit that answers so may have applied, and its retry must find out (`Call`)."""
+    return isinstance(error, MAYBE_APPLIED_ERRORS)
+
+
 def backoff(attempt: int, base: float, cap: float) -> None:
     """Sleep a random while up to base * 2**attempt, at most `cap` seconds ("full jitter"): writers that collided
     together must not all come back together."""
@@ -48,12 +61,19 @@ def backoff(attempt: int, base: float, cap: float) -> None:
 def retried(attempt: Callable[[], T], on_collision: Callable[[int], None], max_attempts: int = 30,
             busy_message: str = BUSY) -> T:
     """`attempt()`, tried again after `on_collision(n)` (n: collisions so far, from 0) each time it collides;
-    Unavailable (503) when contention outlasts `max_attempts`. Anything but contention is raised at once."""
+    Unavailable (503) when contention outlasts `max_attempts`. A commit whose fate is unknown (`maybe_applied`) is
+    tried again too, up to MAYBE_APPLIED_ATTEMPTS times in all, and then raised (a 503): the retry, the same call,
+    answers by what it finds. Anything else is raised at once."""
+    unknown_fates = 0
     for collisions in range(max_attempts):
         try:
             return attempt()
-        except Exception as e:  # noqa: BLE001 - only contention is retried; anything else is re-raised
-            if not is_contention(e):
+        except Exception as e:  # noqa: BLE001 - only contention and unknown fates are retried; the rest is re-raised
+            if maybe_applied(e):
+                unknown_fates += 1
+                if unknown_fates >= MAYBE_APPLIED_ATTEMPTS:
+                    raise
+            elif not is_contention(e):
                 raise
         if collisions + 1 == max_attempts:
             break  # no wait before the 503

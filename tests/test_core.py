@@ -604,14 +604,43 @@ def test_the_retry_loop_waits_between_attempts_only_and_raises_anything_but_cont
     with pytest.raises(ValueError):
         retried(lambda: int("x"), waits.append)
     assert waits == []
-    answers = iter([core_exceptions.Unknown("?"), "done"])
+    assert retried(_fails_then_commits(core_exceptions.Unknown("?")), waits.append) == "done" and waits == [0]
 
-    def then_commits():
+
+def _fails_then_commits(error):
+    """An attempt that raises `error` the first time and answers "done" the next."""
+    answers = iter([error, "done"])
+
+    def attempt():
         answer = next(answers)
         if isinstance(answer, Exception):
             raise answer
         return answer
-    assert retried(then_commits, waits.append) == "done" and waits == [0]
+    return attempt
+
+
+@pytest.mark.parametrize("error", [core_exceptions.DeadlineExceeded("not answered in time"),
+                                   core_exceptions.ServiceUnavailable("connection dropped")])
+def test_a_commit_whose_fate_is_unknown_is_tried_again_a_few_times_then_raised(error):
+    """DEADLINE_EXCEEDED and UNAVAILABLE may follow a commit that applied: the loop tries the same call again (whose
+    stamp tells it what it finds), up to MAYBE_APPLIED_ATTEMPTS in all, then raises the error (a 503), so a Datastore
+    that is away is a 503 after a few tries, not after the contention budget. ndb's RetryError (it retried already)
+    is raised at once."""
+    from core.transactions import MAYBE_APPLIED_ATTEMPTS, retried
+    waits, tries = [], []
+    assert retried(_fails_then_commits(error), waits.append) == "done" and waits == [0]
+
+    def never_answered():
+        tries.append(1)
+        raise error
+    waits.clear()
+    with pytest.raises(type(error)):
+        retried(never_answered, waits.append)
+    assert len(tries) == MAYBE_APPLIED_ATTEMPTS == 3 and waits == [0, 1]
+    waits.clear()
+    with pytest.raises(core_exceptions.RetryError):
+        retried(lambda: (_ for _ in ()).throw(core_exceptions.RetryError("3 retries", error)), waits.append)
+    assert waits == []
 
 
 def test_a_port_taken_before_the_bind_is_chosen_again(monkeypatch):
