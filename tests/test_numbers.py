@@ -174,14 +174,15 @@ def test_numbers_shows_every_figure_the_stand_in_waits_by(client):
         row = re.search(rf'<tr data-knob="{knob["name"]}">(.*?)</tr>', html, re.S)
         assert row, knob["name"]
         said = "production&#39;s, published" if knob["whose"] == "published" else "an inference"
-        assert f'data-value>{knob["value"]:g} {knob["unit"]}<' in row[1] and f"data-whose>{said}<" in row[1], row[1]
+        assert f'data-knob-value>{knob["value"]:g} {knob["unit"]}<' in row[1], row[1]
+        assert f"data-standin-whose>{said}<" in row[1], row[1]
         assert all(f'href="{link}"' in row[1] for link in knob["links"])
     for trip in got["round_trips"]:
         row = re.search(rf'<tr data-round-trip="{trip["method"]}">(.*?)</tr>', html, re.S)
         assert row, trip["method"]
         for profile in production_latency.PROFILES:
             assert re.search(rf'data-profile-median="{profile}">{trip["median_ms"][profile]:g}\s', row[1]), row[1]
-    ratios = re.findall(r"data-ratio>([\d.]+)<", html)
+    ratios = re.findall(r"data-tail-ratio>([\d.]+)<", html)
     assert [float(r) for r in ratios] == pytest.approx([s["ratio"] for s in steps], rel=1e-3)
 
 
