@@ -1,6 +1,8 @@
 """The mapper's demo kind, and the results of auditing the figures the app keeps about it."""
 from google.cloud import ndb
 
+from core import idempotency
+
 
 class Account(ndb.Model):
     """A customer account. Written in transactions of a chunk of accounts each (seeding, the mapper's credit); neither
@@ -29,3 +31,9 @@ class AccountsAudit(ndb.Model):
     @property
     def ok(self) -> bool:
         return (self.found_count, self.found_balance) == (self.kept_count, self.kept_balance)
+
+
+class SeedMarker(idempotency.Marker):
+    """A seed sent with an Idempotency-Key (core/idempotency.py): a root entity, key name the key's marker name, its
+    answer the seed's first answer (its id, count and tasks)."""
+    _use_global_cache = False

@@ -19,8 +19,8 @@ from typing import Any
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from accounts.models import Account, AccountsAudit
-from core import clock, runtime, validate
+from accounts.models import Account, AccountsAudit, SeedMarker
+from core import clock, idempotency, runtime
 from core.transactions import Call, transact
 from core.validate import text, whole_number
 from counters import service as counters
@@ -59,21 +59,42 @@ def keep_figures() -> None:
         COUNTERS.configure(short, KEPT_SHARDS)
 
 
-def seed(count: object, idempotency_key: str | None = None, user: str = "") -> dict[str, Any]:
-    """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH); the seed's id.
+SEED_ENDPOINT = "accounts.seed"  # what a seed's Idempotency-Key is scoped to, with its caller
 
-    With an idempotency key the seed's id is derived from `user` and the key: a resend enqueues tasks of the same
-    names, which the queue drops (core/tasks.py), and whose accounts' keys are the same (`account_key`), so it
-    creates no account twice, even once the queue has forgotten the names."""
+
+def seed(count: object, idempotency_key: str | None = None, user: str = "") -> tuple[dict[str, Any], bool]:
+    """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH): (the seed's answer,
+    replayed).
+
+    With an idempotency key (`user`'s own: core/idempotency.py) a SeedMarker keeps the first answer, and the seed's id
+    is derived from the key: a resend answers it again (replayed True), the key sent for another count is a 409, and
+    the resend enqueues tasks of the same names, which the queue drops (core/tasks.py), whose accounts' keys are the
+    same (`account_key`): it creates no account twice, even once the queue has forgotten the names, and it enqueues
+    what a first request that died after its marker's commit did not."""
     how_many = whole_number(count, "count", 1, MAX_SEED, from_json=True)
-    validate.idempotency_key(idempotency_key)
+    request = idempotency.keyed(idempotency_key, user or None, SEED_ENDPOINT, None, {"count": how_many})
     keep_figures()
-    seed_id = (validate.id_for_key(user, idempotency_key, 12) if idempotency_key
-               else secrets.token_hex(6))
+    seed_id = idempotency.derived_id(request, 12) if request else secrets.token_hex(6)
+    answer = {"seed": seed_id, "count": how_many, "tasks": -(-how_many // SEED_BATCH)}
+    replayed = request is not None and _mark_seed(request, answer)
     for start in range(0, how_many, SEED_BATCH):
         runtime.tasks().enqueue(SEED_HANDLER, {"seed": seed_id, "start": start,
                                                "stop": min(start + SEED_BATCH, how_many)}, f"seed-{seed_id}-{start}")
-    return {"seed": seed_id, "count": how_many, "tasks": -(-how_many // SEED_BATCH)}
+    return answer, replayed
+
+
+def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
+    """Write the seed's marker unless it exists: whether it did (a replay; a 409 when for another count). The seed's
+    effect is its tasks, named by the seed's id, so the marker needs no transaction with them; this one makes the
+    check and the write one step for two sends of the key at the same moment."""
+    key, call = ndb.Key(SeedMarker, request.name), Call()
+
+    def txn() -> bool:
+        outcome = idempotency.found(key.get(retries=0), request, call)
+        if outcome == idempotency.NEW:
+            SeedMarker(key=key, fingerprint=request.fingerprint, call=call.id, answer=answer).put()
+        return outcome == idempotency.REPLAY
+    return transact(txn, hot_key=key)
 
 
 def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:

@@ -5,7 +5,7 @@ from flask import Blueprint, flash, jsonify, redirect, render_template, request,
 from flask.typing import ResponseReturnValue
 
 from accounts import credit, service
-from core import identity, runtime, validate
+from core import idempotency, identity, runtime, validate
 from core.errors import AppError
 from core.web import form_refused, json_body
 from mapper import service as mapper
@@ -33,8 +33,8 @@ def seed_form() -> ResponseReturnValue:
     """Seed accounts in the background; the form's token makes a resend of it seed nothing more."""
     user = identity.require_admin()
     try:
-        seeded = service.seed(validate.form_number(request.form.get("count")), request.form.get("start_token") or None,
-                              user["id"])
+        seeded, _ = service.seed(validate.form_number(request.form.get("count")),
+                                 request.form.get("start_token") or None, user["id"])
     except AppError as e:
         return form_refused(e, _page)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
@@ -90,9 +90,10 @@ def api_audit() -> ResponseReturnValue:
 @bp.post("/api/accounts/seed")
 def api_seed() -> ResponseReturnValue:
     """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
-    the same accounts (none twice) and answers the same seed."""
+    the same accounts (none twice) and answers the first answer again, 202 (the key sent for another count: 409)."""
     user = identity.require_admin()
-    return jsonify(service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])), 202
+    seeded, replayed = service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])
+    return idempotency.marked(jsonify(seeded), replayed), 202
 
 
 @bp.get("/api/accounts/summary")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
+from core import idempotency
+
 
 class BlogIndex(ndb.Model):
     """A blog; key name is the blog's name. `max_index` is the highest entry index given out (the talk's name), and
@@ -62,12 +64,11 @@ class EntryRef:
         return f"{self.blog}.{self.index}" + (f".{suffix}" if suffix else "")
 
 
-class PostMarker(ndb.Model):
-    """A post that has been applied; child of the BlogIndex, key name the request's idempotency key (or the call's
-    id). Written in the post's transaction: a retry (the client's, or ours after an UNKNOWN commit) finds it and
-    answers with the entry instead of spending a second index. Read only in that transaction: not globally cached.
+class PostMarker(idempotency.Marker):
+    """A post that has been applied (core/idempotency.py): a root entity, key name the marker name of the caller's
+    Idempotency-Key (or the call's id), its answer the entry's index. Written in the post's transaction: a retry (the
+    client's, or ours after an UNKNOWN commit) finds it and answers with the entry instead of spending a second index.
+    Read only in that transaction: not globally cached.
     """
     _use_global_cache = False
-    index = ndb.IntegerProperty(required=True, indexed=False)
-    call = ndb.TextProperty(required=True)  # the stamp: the id of the Call that wrote it (core/transactions.py)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)

@@ -15,7 +15,7 @@ from blog.entries import entry_dict
 from blog.markup import render_markdown
 from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from blog.validate import validate_blog, validate_body, validate_index, validate_title
-from core import runtime, validate
+from core import idempotency, runtime, validate
 from core.errors import Conflict, found
 from core.paging import Page
 from core.transactions import Call, transact
@@ -29,42 +29,51 @@ PAGE_LIFETIME = 3600  # seconds; correctness never depends on it (the key is ver
 @dataclass
 class Posted:
     entry: dict[str, Any]
-    created: bool  # False: the request's idempotency key had already posted this entry
+    replayed: bool  # True: the request's idempotency key had posted this entry already; this is its answer again
 
 
-def post_entry(blog: str, title: object, body: object, author: str, idempotency_key: str | None = None) -> Posted:
+ENDPOINT = "blog.post"  # what a post's Idempotency-Key is scoped to, with its caller
+
+
+def post_entry(blog: str, title: object, body: object, author: str, idempotency_key: str | None = None,
+               caller: str | None = None) -> Posted:
     """Write an entry with the blog's next index (a blog is created by its first entry). The BlogIndex's bump, the
-    entry and a PostMarker (keyed by the Idempotency-Key, else by the call) commit together in the blog's entity
-    group: indexes dense and unique, each post applied once. Why and how on each emulator:
+    entry and a PostMarker (named by the caller's Idempotency-Key, core/idempotency.py, else by the call) commit
+    together: indexes dense and unique, each post applied once. Why and how on each emulator:
     docs/lessons/blog.md#why-posts-need-turns-the-two-emulators."""
     validate_blog(blog)
     title, body = validate_title(title), validate_body(body)
-    validate.idempotency_key(idempotency_key)
+    request = idempotency.keyed(idempotency_key, caller, ENDPOINT, blog, {"title": title, "body": body})
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key = ndb.Key(BlogIndex, blog)
     call = Call()
-    marker_key = ndb.Key(PostMarker, idempotency_key or call.id, parent=blog_key)
+    # A root entity, not a child of the blog: a key is its caller's across blogs, so the same key sent to another blog
+    # must find it (a 409). Two entity groups in one transaction (the blog's and the marker's): the marker still
+    # commits with the post or not at all, which is what makes the post happen once.
+    marker_key = ndb.Key(PostMarker, request.name if request else call.id)
     cache = runtime.cache()
 
     def txn() -> Posted:
         # retries=0: `transact` retries the whole transaction on a collision at the BlogIndex, not ndb this lookup.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
-        if marker is not None:  # posted already: by this call, whose commit answered UNKNOWN (created), or a resend
-            return Posted(_posted_entry(blog, marker.index), call.applied(marker.call))
+        outcome = idempotency.found(marker, request, call)
+        if outcome != idempotency.NEW:  # posted already: by this call, its commit answered UNKNOWN (MINE), or a resend
+            return Posted(_posted_entry(blog, idempotency.answer_of(marker)["index"]), outcome == idempotency.REPLAY)
         if blog_index is None:
             blog_index = BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1
         index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
                           body_html=body_html, author=author)
-        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, index=index, call=call.id)])
+        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, fingerprint=request and request.fingerprint,
+                                                     call=call.id, answer={"index": index})])
         if index > 0:  # the blog had front pages before this post
             def forget_old_front_pages() -> None:
                 # Not needed for correctness (the new max_index already retires these keys), only to free memory.
                 for size in (PAGE_SIZE, FEED_SIZE):
                     cache.delete(_page_cache_key(blog, index - 1, size))
             ndb.get_context().call_on_commit(forget_old_front_pages)
-        return Posted(entry_dict(entry), True)
+        return Posted(entry_dict(entry), False)
 
     return transact(txn, busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
 

@@ -7,7 +7,7 @@ from flask.typing import ResponseReturnValue
 
 from blog import entries, pages, service, view_counts
 from blog.validate import BODY_MAX, TITLE_MAX
-from core import budget, identity, runtime, validate
+from core import budget, idempotency, identity, runtime, validate
 from core.errors import AppError, BadInput
 from core.web import body_limit, form_refused, json_body, text_body_bytes
 
@@ -72,10 +72,10 @@ def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> Re
     author = identity.display_name(user["email"])
     try:
         posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
-                                    form.get("post_token") or None)
+                                    form.get("post_token") or None, user["id"])
     except AppError as e:
         return form_refused(e, lambda status: (render(form), status))
-    if posted.created:
+    if not posted.replayed:
         flash(f"Posted entry {posted.entry['index']}.", "info")
     return redirect(url_for("blog.entry", blog=blog, index=posted.entry["index"]))
 
@@ -107,15 +107,16 @@ def api_blogs() -> ResponseReturnValue:
 @bp.post("/api/blogs/<blog>/entries")
 @body_limit(ENTRY_BODY_BYTES)
 def api_post(blog: str) -> ResponseReturnValue:
-    """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
+    """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key (a resend
+    answers the first answer again, 201)."""
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     data = json_body()
     posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user["email"]),
-                                request.headers.get("Idempotency-Key"))
-    response = jsonify(posted.entry)
+                                request.headers.get("Idempotency-Key"), user["id"])
+    response = idempotency.marked(jsonify(posted.entry), posted.replayed)
     response.headers["Location"] = url_for("blog.api_entry", blog=blog, index=posted.entry["index"])
-    return response, 201 if posted.created else 200
+    return response, 201
 
 
 @bp.get("/api/blogs/<blog>/entries")

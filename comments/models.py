@@ -8,6 +8,7 @@ post ever touches. The order among all comments comes from the sort key `time|us
 """
 from google.cloud import ndb
 
+from core import idempotency
 from core.transactions import Call
 
 
@@ -16,9 +17,10 @@ class UserSequence(ndb.Model):
     comment's public id, so it must not say who wrote it). Written only by that user's own posts; read in
     transactions only, so in neither cache (the global one would make every comment wait on memcached).
 
-    `recent`: the user's last RECENT_REQUESTS posts as [request, comment, written_by]: the request's idempotency
-    key (None without one), the comment's id, and the id of the `Call` that wrote it (its stamp). Several, not one:
-    the user's other tab may post in between (docs/lessons/comments.md#a-resend-and-a-retry).
+    `recent`: the user's last RECENT_REQUESTS posts as [comment, written_by]: the comment's id and the id of the
+    `Call` that wrote it (its stamp), so that a post's own retry after a commit that answered UNKNOWN finds what it
+    wrote, with or without an idempotency key. Several, not one: the user's other tab may post in between
+    (docs/lessons/comments.md#a-resend-and-a-retry). A resend with a key finds its CommentMarker instead.
     """
     RECENT_REQUESTS = 8
     _use_cache = False
@@ -26,16 +28,22 @@ class UserSequence(ndb.Model):
     seq = ndb.IntegerProperty(default=0, indexed=False)
     recent = ndb.JsonProperty(default=[])
 
-    def post_of(self, request: str | None, call: Call) -> tuple[str, str] | None:
-        """(comment, written_by) of a recent post written by `call` itself, or sent with the idempotency key
-        `request`; None when neither is recent."""
-        for sent_with, comment_id, written_by in self.recent:
-            if call.applied(written_by) or (request is not None and sent_with == request):
-                return comment_id, written_by
+    def written_by(self, call: Call) -> str | None:
+        """The id of the recent comment `call` itself wrote; None when it wrote none of them."""
+        for comment_id, written_by in self.recent:
+            if call.applied(written_by):
+                return str(comment_id)
         return None
 
-    def remember(self, request: str | None, comment_id: str, written_by: str) -> None:
-        self.recent = [*self.recent, [request, comment_id, written_by]][-self.RECENT_REQUESTS:]
+    def remember(self, comment_id: str, written_by: str) -> None:
+        self.recent = [*self.recent, [comment_id, written_by]][-self.RECENT_REQUESTS:]
+
+
+class CommentMarker(idempotency.Marker):
+    """A comment sent with an Idempotency-Key (core/idempotency.py): a child of its author's UserSequence, key name
+    the key's marker name, its answer the comment's id. Written in the comment's transaction; read only there."""
+    _use_cache = False
+    _use_global_cache = False
 
 
 class Comment(ndb.Model):

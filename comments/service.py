@@ -15,8 +15,8 @@ from google.cloud import ndb
 from blog import service as blog_service
 from blog.models import EntryRef
 from comments import bookmarks
-from comments.models import Comment, UserSequence
-from core import clock, identity, validate
+from comments.models import Comment, CommentMarker, UserSequence
+from core import clock, idempotency, identity, validate
 from core.errors import BadInput, Conflict, SignInRequired
 from core.paging import Page
 from core.transactions import Call, transact
@@ -40,42 +40,63 @@ def sort_key(when: datetime.datetime, pseudonym: str, seq: int) -> str:
     return f"{time}{SEPARATOR}{pseudonym}{SEPARATOR}{seq:010d}"
 
 
+ENDPOINT = "comments.post"  # what a comment's Idempotency-Key is scoped to, with its caller
+
+
 def post_comment(ref: EntryRef, user: identity.User | None, text: object,
                  idempotency_key: str | None = None) -> dict[str, Any]:
-    """Write `user`'s comment on the entry `ref` names, then count it. `idempotency_key` (a form's token, the API's
-    header) makes a resend of the same request answer with the comment its first send wrote."""
+    """Write `user`'s comment on the entry `ref` names, then count it; the comment (`commented` says whether it was
+    a replay too)."""
+    return commented(ref, user, text, idempotency_key)[0]
+
+
+def commented(ref: EntryRef, user: identity.User | None, text: object,
+              idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+    """Write `user`'s comment on the entry `ref` names, then count it: (the comment, replayed). `idempotency_key` (a
+    form's token, the API's header; the user's own, core/idempotency.py) makes a resend of the same request answer
+    with the comment its first send wrote (replayed True), and the key sent for other text or another entry a 409."""
     if user is None:
         raise SignInRequired("Sign in to comment.")
     blog_service.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
-    request = validate.idempotency_key(idempotency_key)
+    request = idempotency.keyed(idempotency_key, user["id"], ENDPOINT, ref.path, {"text": text})
     pseudonym, author = identity.pseudonym(user), identity.display_name(user["email"])
     seq_key, call = ndb.Key(UserSequence, pseudonym), Call()
+    # The marker is a child of the user's sequence: in the group this transaction writes anyway, and where every
+    # comment of the user's is, whichever entry: the same key sent for another entry finds it (a 409).
+    marker_key = ndb.Key(UserSequence, pseudonym, CommentMarker, request.name) if request else None
 
-    # Only the user's own entity group: their sequence and the new comment. No other user's comment touches it, so
-    # users never contend; one user's tabs take turns at it (`hot_key`).
-    def txn() -> tuple[bool, dict[str, Any]]:
-        sequence = seq_key.get(retries=0) or UserSequence(key=seq_key)
-        sent = sequence.post_of(request, call)
-        if sent is not None:  # written already: by this call (its commit answered UNKNOWN) or by an earlier send
-            comment_id, written_by = sent
+    # Only the user's own entity group: their sequence, the new comment and its marker. No other user's comment
+    # touches it, so users never contend; one user's tabs take turns at it (`hot_key`).
+    def txn() -> tuple[bool, bool, dict[str, Any]]:
+        read = ndb.get_multi([seq_key, marker_key] if marker_key else [seq_key], retries=0)
+        sequence, marker = read[0] or UserSequence(key=seq_key), read[1] if marker_key else None
+        outcome = idempotency.found(marker, request, call)
+        comment_id = idempotency.answer_of(marker)["id"] if marker else sequence.written_by(call)
+        if comment_id is not None:  # written already: by this call (its commit answered UNKNOWN) or an earlier send
             written = ndb.Key(UserSequence, pseudonym, Comment, comment_id).get(retries=0)
             if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
                 raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
-            return call.applied(written_by), comment_dict(written)
+            replayed = outcome == idempotency.REPLAY
+            return not replayed, replayed, comment_dict(written)
         sequence.seq += 1
         now = clock.now()
         key_name = sort_key(now, pseudonym, sequence.seq)
-        sequence.remember(request, key_name, call.id)
+        sequence.remember(key_name, call.id)
         comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
-        ndb.put_multi([sequence, comment])
-        return True, comment_dict(comment)
+        writes = [sequence, comment]
+        if marker_key is not None:
+            writes.append(CommentMarker(key=marker_key, fingerprint=request and request.fingerprint, call=call.id,
+                                        answer={"id": key_name}))
+        ndb.put_multi(writes)
+        return True, False, comment_dict(comment)
 
-    to_count, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
+    to_count, replayed, comment = transact(txn, busy_message="You are commenting very fast; try again.",
+                                           hot_key=seq_key)
     if to_count:  # written by this call: counted once, after the commit (a resend was counted by its first send)
         count_comment(ref)
-    return comment
+    return comment, replayed
 
 
 def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,

@@ -16,7 +16,7 @@ from blog import pages as blog_pages
 from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
-from core import budget, identity
+from core import budget, idempotency, identity
 from core.errors import AppError
 from core.web import body_limit, form_refused, json_body, text_body_bytes
 
@@ -89,13 +89,14 @@ def post_form(blog: str, index: int) -> ResponseReturnValue:
 @bp.post("/api/blogs/<blog>/entries/<index>/comments")
 @body_limit(COMMENT_BODY_BYTES)
 def api_post(blog: str, index: str) -> ResponseReturnValue:
-    """Signed in: {"text": 1..2000 characters} comments on the entry."""
+    """Signed in: {"text": 1..2000 characters} comments on the entry; a resend with the same Idempotency-Key answers
+    the first answer again (201)."""
     user = identity.require_user()
     budget.spend(user["id"], "comments")
-    comment = service.post_comment(blog_service.entry_ref(blog, index), user, json_body().get("text"),
-                                   request.headers.get("Idempotency-Key"))
+    comment, replayed = service.commented(blog_service.entry_ref(blog, index), user, json_body().get("text"),
+                                          request.headers.get("Idempotency-Key"))
     _remember(comment)
-    return jsonify(comment), 201
+    return idempotency.marked(jsonify(comment), replayed), 201
 
 
 @bp.get("/api/blogs/<blog>/entries/<index>/comments")

@@ -1,6 +1,5 @@
 """Checks shared by every feature's input: bounded text, characters text may hold, whole numbers from URLs or JSON,
 idempotency keys."""
-import hashlib
 import re
 
 from core.errors import BadInput, Unprocessable
@@ -8,9 +7,9 @@ from core.errors import BadInput, Unprocessable
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
 # Datastore refuses a key name that matches __.*__ ("A name matching regex __.*__ is reserved/read-only", PathElement
 # in https://cloud.google.com/datastore/docs/reference/data/rest/v1/Key): a Lookup or Commit that names one fails with
-# InvalidArgument. Every key name the app builds from a caller's choice starts with that choice (a counter's config,
-# its shards "<name>|<i>" and markers "<name>|<key>"; a post's marker is the key itself), so a choice that does not
-# start with "__" never makes a reserved name, whatever is joined after it.
+# InvalidArgument. Every key name the app builds from a caller's chosen name starts with that name (a counter's config,
+# its shards "<name>|<i>"), so a name that does not start with "__" never makes a reserved one, whatever is joined
+# after it. An Idempotency-Key goes into no key name as it is: its marker's name is a digest (core/idempotency.py).
 RESERVED_PREFIX = "__"
 # What no text field holds: what XML 1.0 cannot carry (https://www.w3.org/TR/xml/#charsets: control characters but tab,
 # line feed and carriage return; lone surrogates; U+FFFE and U+FFFF), what UTF-8 cannot encode (a lone surrogate:
@@ -116,12 +115,12 @@ def _digits_as_int(value: object, most: int) -> object:
 
 
 def idempotency_key(value: str | None) -> str | None:
-    """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces, not
-    starting with "__" (RESERVED_PREFIX)."""
+    """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces
+    (`__k__` too: it never becomes a key name itself, core/idempotency.marker_name)."""
     if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
         raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
                        "bad_idempotency_key")
-    return not_reserved(value, "Idempotency-Key", "bad_idempotency_key") if value is not None else None
+    return value
 
 
 def not_reserved(value: str, field: str, code: str) -> str:
@@ -132,9 +131,3 @@ def not_reserved(value: str, field: str, code: str) -> str:
                        "__...__.", code)
     return value
 
-
-def id_for_key(user: str, idempotency_key: str, digits: int) -> str:
-    """An id of `digits` hex digits that a user's idempotency key names: what the key starts (a job, a seed) is stored
-    or enqueued under it, so a resend of the request finds it or is dropped by name instead of starting it again. The
-    key is the user's own: another user's same key names another id."""
-    return hashlib.sha256(f"{user}\n{idempotency_key}".encode()).hexdigest()[:digits]

@@ -9,7 +9,7 @@ import re
 
 from google.cloud import ndb
 
-from core import validate
+from core import idempotency, validate
 from core.errors import BadInput, Forbidden
 
 # --- names: public ones, a feature's own ("<owner>:<name>", kept by service.OwnedCounters), cache keys ---------
@@ -95,30 +95,32 @@ class CounterShard(ndb.Model):
         return ndb.Key(CounterShard, f"{name}{SEPARATOR}{index}")
 
 
-class AppliedIncrement(ndb.Model):
-    """Marks an Idempotency-Key as applied to a counter; key name "<counter>|<idempotency key>".
+class AppliedIncrement(idempotency.Marker):
+    """Marks an Idempotency-Key as applied (core/idempotency.py): key name `idempotency.marker_name(caller,
+    "counters.increment", key)`, its fingerprint the counter's name, its answer the first increment's attempts.
 
-    Written in the same transaction as the shard it increments, so the marker exists exactly when the increment does.
-    Each marker is its own root entity: only retries of the same key ever contend on it.
+    Written in the same commit as the shard it increments, so the marker exists exactly when the increment does.
+    Each marker is its own root entity, not in a counter's group: a key is its caller's across counters (the same key
+    on another counter is found, a 409), and only sends of the same key ever contend on it.
 
-    Markers expire after MARKER_LIFETIME at least (anyone may send fresh keys, so kept for ever they would grow
-    storage without bound): by a TTL policy on `expires` in production, and by the sweep (counters/markers.py)
+    Markers expire after MARKER_LIFETIME at least (anyone signed in may send fresh keys, so kept for ever they would
+    grow storage without bound): by a TTL policy on `expires` in production, and by the sweep (counters/markers.py)
     everywhere; docs/lessons/counters.md.
     """
     _use_global_cache = False
-    call = ndb.TextProperty()  # the stamp: the id of the call that applied it (core.transactions.Call)
     # Midnight UTC, a day or two ahead: indexed for the sweep's query, and coarse on purpose. Index rows sort by value
-    # then key, so one day's markers spread over their keys (random idempotency keys), where an exact timestamp would
-    # put every new row at the end of the index: the hotspot Firestore documents as a limit of 500 writes a second
-    # (https://cloud.google.com/firestore/docs/solutions/shard-timestamp; blog/production.py), while the counter's
-    # shards take far more.
+    # then key, so one day's markers spread over their keys (digests: core/idempotency.marker_name), where an exact
+    # timestamp would put every new row at the end of the index: the hotspot Firestore documents as a limit of 500
+    # writes a second (https://cloud.google.com/firestore/docs/solutions/shard-timestamp; blog/production.py), while
+    # the counter's shards take far more.
     expires = ndb.DateTimeProperty(required=True)
 
     @classmethod
-    def new(cls, key: ndb.Key, call: str, now: datetime.datetime) -> "AppliedIncrement":
+    def new(cls, request: idempotency.Keyed, call: str, answer: dict, now: datetime.datetime) -> "AppliedIncrement":
         day = (now + MARKER_LIFETIME).replace(hour=0, minute=0, second=0, microsecond=0)
-        return cls(key=key, call=call, expires=day + datetime.timedelta(days=1))
+        return cls(key=cls.key_for(request), fingerprint=request.fingerprint, call=call, answer=answer,
+                   expires=day + datetime.timedelta(days=1))
 
     @staticmethod
-    def key_for(name: str, idempotency_key: str) -> ndb.Key:
-        return ndb.Key(AppliedIncrement, f"{name}{SEPARATOR}{idempotency_key}")
+    def key_for(request: idempotency.Keyed) -> ndb.Key:
+        return ndb.Key(AppliedIncrement, request.name)

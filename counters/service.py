@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import runtime, validate
+from core import idempotency, runtime
 from core.errors import SignInRequired
 from counters import growth, markers
 from counters.growth import DEFAULT_SHARDS, configure, get_config
 from counters.models import (
     OWNER_SEPARATOR,
-    AppliedIncrement,
     CounterConfig,
     CounterShard,
     total_cache_key,
@@ -31,33 +30,39 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Increment:
-    applied: bool
+    applied: bool  # the +1 is counted (once): always, for an answer that is not an error
     attempts: int  # transactions tried; more than 1 means the increment met contention
     shard: int
+    replayed: bool = False  # the key's first request counted it: this is that request's answer again
+
+
+ENDPOINT = "counters.increment"  # what an increment's Idempotency-Key is scoped to, with its caller
 
 
 def increment(name: str, idempotency_key: str | None = None, mode: str = "general", listed: bool = True,
-              create: bool = True) -> Increment:
+              create: bool = True, caller: str | None = None) -> Increment:
     """Add 1 to counter `name`, created in `mode` (`listed` or not) on first use. With `create` False, a counter that
     does not exist is SignInRequired and nothing is written: anyone may add to a counter, but only a signed-in user
     create one (an anonymous path that creates entities is a storage flood).
 
-    With an idempotency key, applied at most once however often the client retries: a marker is written in the same
-    commit as the shard's +1, so both exist or neither does. Without one, a retry of a commit that answered UNKNOWN
-    yet applied counts twice (the talk's trade)."""
+    With an idempotency key (the signed-in `caller`'s own: core/idempotency.py), applied at most once however often
+    the client retries: a marker is written in the same commit as the shard's +1, so both exist or neither does, and
+    a resend answers the first increment's answer. Without one, a retry of a commit that answered UNKNOWN yet applied
+    counts twice (the talk's trade)."""
     validate_name(name)
-    validate.idempotency_key(idempotency_key)
+    request = idempotency.keyed(idempotency_key, caller, ENDPOINT, name, None)
     config = get_config(name)
     if config is None:
         if not create:
             raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
         config = configure(name, mode, listed=listed)
-    marker_key = AppliedIncrement.key_for(name, idempotency_key) if idempotency_key else None
     listener = growth.listener(name) if config.mode == "adaptive" else None
-    applied, attempts, shard = commit_on_a_shard(config.num_shards, shard_writer(name, marker_key), listener)
-    if marker_key is not None and applied:
+    first, attempts, shard = commit_on_a_shard(config.num_shards, shard_writer(name, request), listener)
+    if first is not None:  # a replay: the first increment's answer
+        return Increment(True, first.get("attempts", 1), first.get("shard", 0), replayed=True)
+    if request is not None:
         markers.sweep_this_hour()
-    return Increment(applied, attempts, shard)
+    return Increment(True, attempts, shard)
 
 
 class OwnedCounters:

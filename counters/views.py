@@ -4,7 +4,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import budget, identity, runtime, validate
+from core import budget, idempotency, identity, runtime, validate
 from core.errors import Unprocessable
 from core.web import json_body
 from counters import demo, growth, models, service, simple, totals
@@ -74,9 +74,11 @@ def increment_simple_form() -> ResponseReturnValue:
 
 
 def _increment(name: str, idempotency_key: str | None = None) -> service.Increment:
-    """+1 on a public counter; only a signed-in user's first increment creates it."""
+    """+1 on a public counter; only a signed-in user's first increment creates it, and only a signed-in user's
+    increment may carry an Idempotency-Key (their own: docs/api.md#idempotency-key)."""
     _spend_if_new(name)
-    return service.increment(name, idempotency_key, create=identity.current_user() is not None)
+    user = identity.current_user()
+    return service.increment(name, idempotency_key, create=user is not None, caller=user["id"] if user else None)
 
 
 @bp.post("/counters/<name>/increment")
@@ -157,9 +159,10 @@ def api_get(name: str) -> ResponseReturnValue:
 
 @bp.post("/api/counters/<name>/increment")
 def api_increment(name: str) -> ResponseReturnValue:
-    """+1, at most once per Idempotency-Key; creating a counter needs a signed-in user."""
+    """+1, at most once per Idempotency-Key (a signed-in caller's; a resend answers the first answer again);
+    creating a counter needs a signed-in user."""
     result = _increment(name, request.headers.get("Idempotency-Key"))
-    return jsonify(name=name, applied=result.applied, attempts=result.attempts)
+    return idempotency.marked(jsonify(name=name, applied=result.applied, attempts=result.attempts), result.replayed)
 
 
 @bp.put("/api/counters/<name>")

@@ -6,10 +6,14 @@ ending at once contend on nothing.
 """
 from google.cloud import ndb
 
+from core import idempotency
 
-class MapperJob(ndb.Model):
+
+class MapperJob(idempotency.Marker):
     """A run of a registered job (mapper.jobs.JobDefinition) over every entity of its kind; key name is the run's
-    id. Read by key by every task (the ndb global cache serves it from memcached)."""
+    id. Read by key by every task (the ndb global cache serves it from memcached). The job is its own start's
+    idempotency marker (core/idempotency.py): `call` the stamp of the start that inserted it, `fingerprint` what a
+    keyed start asked for."""
     name = ndb.StringProperty(required=True)
     params = ndb.JsonProperty(default={})
     kind = ndb.TextProperty(required=True)
@@ -20,7 +24,6 @@ class MapperJob(ndb.Model):
     kind_end = ndb.KeyProperty("last_key", indexed=False)
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
-    created_by = ndb.TextProperty()  # the stamp (core.transactions.Call) of the start that inserted it
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     # When it ended, set once by whoever first sees every credit returned. Indexed: the sweep (mapper/sweep.py) lists
     # the running jobs (ended == None).

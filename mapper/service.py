@@ -7,7 +7,7 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, runtime, validate
+from core import clock, idempotency, runtime, validate
 from core.errors import BadInput, Conflict, Unprocessable, found
 from core.transactions import Call, transact
 from core.validate import whole_number
@@ -22,27 +22,39 @@ MIN_FANOUT, MAX_FANOUT = 2, 16  # ranges a task splits the rest of its range int
 LIST_LIMIT = 20
 
 
+ENDPOINT = "mapper.start"  # what a start's Idempotency-Key is scoped to, with its caller
+
+
 def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None,
               idempotency_key: str | None = None, user: str = "") -> MapperJob:
-    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob.
+    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob
+    (`start` says whether it answers a replay too)."""
+    return start(name, params, page_size, fanout, idempotency_key, user)[0]
 
-    With an idempotency key (the API's Idempotency-Key header, a form's token), the job's id is derived from `user`
-    and the key, and the job is inserted only if that id is free: a resend of the request (a form sent twice, a
-    client's retry after a lost answer, the same request at the same moment from another process) answers the job the
-    first one started, and starts nothing. The job itself is the marker, as a PostMarker is a post's (blog)."""
+
+def start(name: object, params: object = None, page_size: object = None, fanout: object = None,
+          idempotency_key: str | None = None, user: str = "") -> tuple[MapperJob, bool]:
+    """`start_job`: (the job, replayed). With an idempotency key (the API's Idempotency-Key header, a form's token;
+    `user`'s own: core/idempotency.py), the job's id is derived from the key's marker name, and the job is inserted
+    only if that id is free: a resend of the request (a form sent twice, a client's retry after a lost answer, the
+    same request at the same moment from another process) answers the job the first one started (replayed True), and
+    starts nothing; the key sent for another job or other settings is a 409. The job itself is the marker."""
     validate.idempotency_key(idempotency_key)
     definition = jobs.definition_of(name)
-    job_id = validate.id_for_key(user, idempotency_key, 16) if idempotency_key else secrets.token_hex(8)
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise Unprocessable("params must be a JSON object.", "bad_params")
     page_size = whole_number(page_size, "page_size", 1, MAX_PAGE_SIZE, default=definition.page_size, from_json=True)
     fanout = whole_number(fanout, "fanout", MIN_FANOUT, MAX_FANOUT, default=definition.fanout, from_json=True)
     params = definition.parse_params(params)  # last: a job's parse_params may write what it needs, once all is valid
-    if idempotency_key:
+    request = idempotency.keyed(idempotency_key, user or None, ENDPOINT, None,
+                                {"name": definition.name, "params": params, "page_size": page_size, "fanout": fanout})
+    job_id = idempotency.derived_id(request, 16) if request else secrets.token_hex(8)
+    if request:
         first = MapperJob.get_by_id(job_id)
-        if first is not None:
-            return _resent(first, definition.name, params, page_size, fanout)
+        if first is not None:  # another call's job (a fresh call's stamp is on none): a replay, or a 409
+            idempotency.found(first, request, Call())
+            return _resent(first), True
 
     query = ndb.Query(kind=definition.kind)
     # The root range ends at the kind's largest key (none: the kind is empty). A descending key order needs a
@@ -51,7 +63,8 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
     samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
     job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
                     fanout=fanout, kind_end=last[0] if last else None,
-                    samples=sorted(samples, key=key_arithmetic.order))
+                    samples=sorted(samples, key=key_arithmetic.order),
+                    fingerprint=request.fingerprint if request else None)
     root = None
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
@@ -60,39 +73,38 @@ def start_job(name: object, params: object = None, page_size: object = None, fan
         root = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
         root.started = None  # its first delivery's begin, set by that delivery (tree.py)
         root.renew(runtime.current().settings.mapper_lease_seconds)
-    inserted = _insert(job, root)
+    inserted = _insert(job, root, request)
     if inserted is not job:  # the same key's other request, at the same moment, got there first
-        return _resent(inserted, definition.name, params, page_size, fanout)
+        return _resent(inserted), True
     if job.ended:
         completion.send_follow_up(job)
-        return job
+        return job, False
     completion.start_hints(job.id)
     _enqueue_root(job)
-    return job
+    return job, False
 
 
-def _insert(job: MapperJob, root: TaskRecord | None) -> MapperJob:
-    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id."""
+def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed | None) -> MapperJob:
+    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id (a 409 when
+    that one was started for another request)."""
     call = Call()
-    job.created_by = call.id
+    job.call = call.id
 
     def txn() -> MapperJob:
         existing = job.key.get(retries=0)
-        if existing is not None:  # another request's job, or this call's own, whose commit answered UNKNOWN
-            return job if call.applied(existing.created_by) else existing
-        ndb.put_multi([job, root] if root else [job])
+        outcome = idempotency.found(existing, request, call)
+        if outcome == idempotency.REPLAY:  # another request's job
+            return existing
+        if outcome == idempotency.NEW:  # (MINE: this call's own, whose commit answered UNKNOWN yet applied)
+            ndb.put_multi([job, root] if root else [job])
         return job
     return transact(txn, hot_key=job.key)
 
 
-def _resent(first: MapperJob, name: str, params: dict[str, Any], page_size: int, fanout: int) -> MapperJob:
-    """The answer to a resend: the job its key started, if it asked for the same job (else 409: a form brought back
-    by the browser's Back button and changed must not answer the old job). The root task is enqueued again while the
-    job runs (its name makes that one task), in case the first request died between the job's commit and its
-    enqueue."""
-    if (first.name, first.params, first.page_size, first.fanout) != (name, params, page_size, fanout):
-        raise Conflict(f"This idempotency key started a {first.name} job with other settings already.",
-                       "idempotency_key_reused")
+def _resent(first: MapperJob) -> MapperJob:
+    """The answer to a resend (its fingerprint found equal): the job its key started. The root task is enqueued
+    again while the job runs (its name makes that one task), in case the first request died between the job's commit
+    and its enqueue."""
     if not first.ended:
         _enqueue_root(first)
     return first

@@ -6,7 +6,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity, runtime, tasks, validate
+from core import idempotency, identity, runtime, tasks, validate
 from core.errors import AppError, Conflict, Forbidden
 from core.web import form_refused, json_body
 from mapper import jobs as job_definitions
@@ -114,12 +114,12 @@ def cancel_form(job_id: str) -> ResponseReturnValue:
 @bp.post("/api/jobs")
 def api_start() -> ResponseReturnValue:
     """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202; a resend with the same
-    Idempotency-Key answers the job the first one started, 202 again."""
+    Idempotency-Key answers the job the first one started, 202 again (the key sent for another job: 409)."""
     user = identity.require_admin()
     data = json_body()
-    job = service.start_job(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"),
-                            request.headers.get("Idempotency-Key"), user["id"])
-    return jsonify(service.job_dict(job)), 202
+    job, replayed = service.start(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"),
+                                  request.headers.get("Idempotency-Key"), user["id"])
+    return idempotency.marked(jsonify(service.job_dict(job)), replayed), 202
 
 
 @bp.get("/api/jobs/sweep")

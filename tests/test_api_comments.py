@@ -97,6 +97,7 @@ def test_a_resend_with_its_idempotency_key_answers_the_first_comment_or_409_once
     first = _comment(client, "once", headers={"Idempotency-Key": "k-1"})
     again = _comment(client, "once", headers={"Idempotency-Key": "k-1"})
     assert first.status_code == again.status_code == 201 and again.get_json() == first.get_json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
     [key] = _stored(Comment)
     with runtime.current().context():
         key.delete()  # by hand: no page deletes a comment

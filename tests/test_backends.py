@@ -9,7 +9,7 @@ import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import clock, runtime
+from core import clock, idempotency, runtime
 from core.datastore import ServerIncrements
 from counters.models import AppliedIncrement, CounterShard
 from main import create_app
@@ -33,14 +33,17 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
                 values = list(pool.map(lambda _: increments.commit(key, "count"), range(80)))
             assert sorted(values) == list(range(6, 86))  # each commit saw its own increment applied
             assert key.get(use_cache=False).count == 85
-            marker = AppliedIncrement.new(AppliedIncrement.key_for("blind", "k1"), "mine", clock.now())
+            request = idempotency.keyed("k1", "u1", "counters.increment", "blind", None)
+            marker = AppliedIncrement.new(request, "mine", {"attempts": 1, "shard": 0}, clock.now())
             assert increments.commit(key, "count", 1, insert=marker) == 86
             with pytest.raises(core_exceptions.AlreadyExists):
                 increments.commit(key, "count", 1, insert=marker)
             assert key.get(use_cache=False).count == 86  # the refused commit wrote nothing
-            stored = AppliedIncrement.key_for("blind", "k1").get(use_cache=False)
-            # stored as a put() of the model would store it: its call, and its expiry for the TTL policy and the sweep
+            stored = AppliedIncrement.key_for(request).get(use_cache=False)
+            # stored as a put() of the model would store it: its call, fingerprint and answer, and its expiry for the
+            # TTL policy and the sweep
             assert stored.call == "mine" and stored.expires == marker.expires
+            assert (stored.fingerprint, stored.answer) == (request.fingerprint, {"attempts": 1, "shard": 0})
             assert isinstance(stored.expires, datetime.datetime)
 
 

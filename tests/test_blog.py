@@ -28,7 +28,7 @@ def _post(n, blog="b", start=0):
 def test_first_post_creates_the_blog_with_index_zero(ndb_context):
     assert service.get_blog("b") is None
     posted = service.post_entry("b", "  Hello  ", "*hi*", "boss@example.com")
-    assert posted.created and posted.entry["index"] == 0 and posted.entry["title"] == "Hello"
+    assert not posted.replayed and posted.entry["index"] == 0 and posted.entry["title"] == "Hello"
     assert posted.entry["body_html"] == "<p><em>hi</em></p>"
     assert service.get_blog("b").max_index == 0
     assert service.require_entry(service.entry_ref("b", 0))["title"] == "Hello"
@@ -84,15 +84,15 @@ def test_a_post_overtaken_by_another_before_its_transaction_began_gets_the_next_
 def test_a_request_sent_twice_whose_two_posts_both_read_before_either_writes_posts_once(app, monkeypatch):
     """The Idempotency-Key's marker is read and written in the post's transaction: two sends of one request that
     both find no marker before either writes (forced, as above) still post one entry; the one that collides retries,
-    finds the marker and answers with the same entry, not created."""
+    finds the marker and answers with the same entry, as a replay."""
     with runtime.current().context():
         service.post_entry("b", "first", "body", "boss@example.com")
     writers_meet_before_writing(monkeypatch)
-    results = in_threads(2, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "sent-twice"))
-    assert sorted(r.created for r in results) == [False, True] and {r.entry["index"] for r in results} == {1}
+    results = in_threads(2, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "sent-twice", "u1"))
+    assert sorted(r.replayed for r in results) == [False, True] and {r.entry["index"] for r in results} == {1}
     with runtime.current().context():
         assert service.get_blog("b").max_index == 1
-        assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 2  # the first post's and this one
+        assert len(PostMarker.query().fetch()) == 2  # the first post's and this one
 
 
 @pytest.mark.parametrize("count,limit", [(0, 10), (1, 10), (9, 10), (10, 10), (11, 10), (20, 10), (21, 10), (7, 3),
@@ -168,43 +168,43 @@ def test_front_page_without_memcached_is_read_from_datastore(ndb_context, stack)
 
 
 def test_idempotency_key_posts_once(ndb_context):
-    first = service.post_entry("b", "t", "body", "boss@example.com", "req-1")
-    again = service.post_entry("b", "t", "body", "boss@example.com", "req-1")
-    assert first.created and not again.created and again.entry == first.entry
+    first = service.post_entry("b", "t", "body", "boss@example.com", "req-1", "u1")
+    again = service.post_entry("b", "t", "body", "boss@example.com", "req-1", "u1")
+    assert not first.replayed and again.replayed and again.entry == first.entry
     assert service.require_blog("b").max_index == 0
-    assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 1
+    assert len(PostMarker.query().fetch()) == 1
 
 
 def test_concurrent_retries_of_one_request_post_once(app):
-    results = in_threads(8, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "same-key"))
-    assert sum(r.created for r in results) == 1 and {r.entry["index"] for r in results} == {0}
+    results = in_threads(8, lambda i: service.post_entry("b", "t", "body", "boss@example.com", "same-key", "u1"))
+    assert sum(not r.replayed for r in results) == 1 and {r.entry["index"] for r in results} == {0}
 
 
 @pytest.mark.parametrize("idempotency_key", [None, "req-1"])
 def test_a_post_whose_commit_answered_unknown_but_applied_is_posted_once_and_says_created(ndb_context, monkeypatch,
                                                                                          idempotency_key):
     """A commit can answer UNKNOWN and yet have applied; `transact` runs the transaction again, which finds the
-    marker this very call wrote (its stamp, `call`): the same entry, still "created", no second index. A resend of
-    the request (another call, the same key) answers with that entry, not created."""
+    marker this very call wrote (its stamp, `call`): the same entry, still this call's (not a replay), no second
+    index. A resend of the request (another call, the same key) answers with that entry, as a replay."""
     answered = commit_answers_unknown(monkeypatch, "post_entry.<locals>.txn")
-    posted = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key)
+    posted = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key, "u1")
     monkeypatch.undo()
     assert answered  # the commit did answer UNKNOWN
-    assert posted.created and posted.entry["index"] == 0
+    assert not posted.replayed and posted.entry["index"] == 0
     assert service.require_blog("b").max_index == 0
-    assert len(PostMarker.query(ancestor=ndb.Key(BlogIndex, "b")).fetch()) == 1
+    assert len(PostMarker.query().fetch()) == 1
     if idempotency_key:
-        again = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key)
-        assert not again.created and again.entry == posted.entry
+        again = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key, "u1")
+        assert again.replayed and again.entry == posted.entry
 
 
 def test_a_resend_whose_posted_entry_is_gone_is_a_conflict_and_posts_nothing(ndb_context):
     """The marker outlives an entry deleted since (nothing in the app deletes one): a resend of its request is told
     so, rather than failing on the missing entry or posting it again under a new index."""
-    service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+    service.post_entry("b", "t", "body", "boss@example.com", "req-1", "u1")
     EntryRef("b", 0).key.delete()
     with pytest.raises(Conflict) as refused:
-        service.post_entry("b", "t", "body", "boss@example.com", "req-1")
+        service.post_entry("b", "t", "body", "boss@example.com", "req-1", "u1")
     assert refused.value.code == "posted_entry_gone" and refused.value.status == 409
     assert service.require_blog("b").max_index == 0
 

@@ -6,7 +6,7 @@ import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import clock, costs, runtime
+from core import clock, costs, idempotency, runtime
 from core.errors import BadInput, Conflict, Unprocessable
 from counters import growth, service, simple, totals, writes
 from counters.models import AppliedIncrement, CounterConfig, CounterShard
@@ -108,7 +108,7 @@ def _first_commit_fails(monkeypatch, backend, error):
         real = ndb.transaction
 
         def transaction(fn, **options):
-            if fn.__qualname__ != "TransactionalShardWriter.__call__.<locals>.txn" or failed:
+            if fn.__qualname__ != "TransactionalShardWriter.write.<locals>.txn" or failed:
                 return real(fn, **options)
 
             def body_then_refused():
@@ -131,21 +131,22 @@ def _first_commit_fails(monkeypatch, backend, error):
 
 
 @pytest.mark.parametrize("error", [core_exceptions.Aborted("collided"),
-                                   core_exceptions.ServiceUnavailable("Datastore is not answering")])
+                                   core_exceptions.ServiceUnavailable("Datastore is not answering"),
+                                   core_exceptions.PermissionDenied("refused")])
 def test_the_cached_total_moves_once_per_applied_commit_never_for_a_failed_one(ndb_context, backend, monkeypatch,
                                                                               error):
     """The cached total is `incr`ed after the commit, never before it nor inside the transaction: an increment whose
-    first commit collided (and was tried again on another shard) moves it exactly once; one whose commit failed
-    (and was raised) not at all. No threads: the failure is made at the commit."""
+    first commit collided, or did not answer (and was tried again), moves it exactly once; one whose commit was
+    refused (and raised) not at all. No threads: the failure is made at the commit."""
     growth.configure("once", "general", 4)
     service.increment("once")
     assert totals.get_total("once") == totals.Total(1, False)  # summed, then kept in the cache
     failed = _first_commit_fails(monkeypatch, backend, error)
-    if isinstance(error, core_exceptions.Aborted):
+    if not isinstance(error, core_exceptions.PermissionDenied):
         assert service.increment("once").attempts == 2
         expected = 2
     else:
-        with pytest.raises(core_exceptions.ServiceUnavailable):
+        with pytest.raises(core_exceptions.PermissionDenied):
             service.increment("once")
         expected = 1
     monkeypatch.undo()
@@ -231,28 +232,30 @@ def test_mode_is_fixed_at_creation(ndb_context):
 
 
 def test_idempotency_key_applies_once_however_often_retried(ndb_context):
-    results = [service.increment("idem", "order-42") for _ in range(5)]
-    assert [r.applied for r in results] == [True, False, False, False, False]
+    results = [service.increment("idem", "order-42", caller="u1") for _ in range(5)]
+    assert [r.replayed for r in results] == [False, True, True, True, True] and all(r.applied for r in results)
+    assert len({(r.attempts, r.shard) for r in results}) == 1  # the first answer, each time
     assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 1
-    assert service.increment("idem", "order-43").applied  # another key is another increment
+    assert not service.increment("idem", "order-43", caller="u1").replayed  # another key is another increment
     assert sum(totals.shard_counts_of(growth.get_config("idem"))) == 2
 
 
 def test_a_marker_without_a_stamp_is_another_calls_never_nothing_written(ndb_context):
-    """A marker written before markers carried their call's stamp (or by any writer that left it out) still says the
-    key was applied: the increment answers "not applied" and counts nothing, on either backend's writer."""
-    service.increment("unstamped", "first")
+    """A marker without its call's stamp (a writer that left it out) still says the key was applied: the increment
+    answers as a replay and counts nothing, on either backend's writer; it is never taken for this call's own."""
+    service.increment("unstamped", "first", caller="u1")
     before = sum(totals.shard_counts_of(growth.get_config("unstamped")))
-    marker = AppliedIncrement.key_for("unstamped", "old-key")
-    AppliedIncrement(key=marker, expires=clock.now() + datetime.timedelta(days=1)).put()  # no `call`
-    assert not service.increment("unstamped", "old-key").applied
+    request = idempotency.keyed("old-key", "u1", service.ENDPOINT, "unstamped", None)
+    AppliedIncrement(key=AppliedIncrement.key_for(request), fingerprint=request.fingerprint,
+                     expires=clock.now() + datetime.timedelta(days=1)).put()  # no `call`
+    assert service.increment("unstamped", "old-key", caller="u1").replayed
     assert sum(totals.shard_counts_of(growth.get_config("unstamped"))) == before
 
 
 def test_concurrent_retries_of_one_key_apply_once(ndb_context):
     growth.configure("idem2", "general")
-    results = in_threads(8, lambda i: service.increment("idem2", "same-key"))
-    assert sum(r.applied for r in results) == 1
+    results = in_threads(8, lambda i: service.increment("idem2", "same-key", caller="u1"))
+    assert sum(not r.replayed for r in results) == 1
     assert sum(totals.shard_counts_of(growth.get_config("idem2"))) == 1
 
 
@@ -264,15 +267,19 @@ def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_appl
     with runtime.current().context():
         growth.configure("idem3", "general", 1)
     writers_meet_before_writing(monkeypatch, at=(AppliedIncrement, "put"))
-    results = in_threads(2, lambda i: service.increment("idem3", "sent-twice"))
-    assert sorted(r.applied for r in results) == [False, True]
+    results = in_threads(2, lambda i: service.increment("idem3", "sent-twice", caller="u1"))
+    assert sorted(r.replayed for r in results) == [False, True]
     with runtime.current().context():
         assert totals.shard_counts_of(growth.get_config("idem3")) == [1]
 
 
-def test_idempotency_keys_are_per_counter(ndb_context):
-    assert service.increment("a", "k").applied
-    assert service.increment("b", "k").applied
+def test_an_idempotency_key_is_its_callers_across_counters(ndb_context):
+    """A caller's key on one counter, sent for another: a 409, nothing counted. Another caller's same key: theirs."""
+    assert not service.increment("a", "k", caller="u1").replayed
+    with pytest.raises(Conflict):
+        service.increment("b", "k", caller="u1")
+    assert not service.increment("b", "k", caller="u2").replayed
+    assert [sum(totals.shard_counts_of(growth.get_config(name))) for name in ("a", "b")] == [1, 1]
 
 
 @pytest.mark.parametrize("name", ["", "x" * 101, "has space", "slash/name", "pipe|name", "ünïcode", None, 7])
@@ -359,9 +366,14 @@ def test_adaptive_grow_is_one_step_per_verdict(ndb_context):
     assert growth.get_config("steps").num_shards == 8
 
 
-def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_cached_total(ndb_context, monkeypatch):
-    """A commit can answer UNKNOWN and yet have applied; what follows a commit (the cached total's incr) then never
-    ran. The retry finds this call's own marker: applied once, and the cached total still follows it."""
+@pytest.mark.parametrize("error", [core_exceptions.Unknown("the commit's outcome is unknown"),
+                                   core_exceptions.DeadlineExceeded("the commit was not answered in time"),
+                                   core_exceptions.ServiceUnavailable("the connection dropped before the answer")])
+def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_cached_total(ndb_context, monkeypatch,
+                                                                                            error):
+    """A commit can answer UNKNOWN, DEADLINE_EXCEEDED or UNAVAILABLE and yet have applied; what follows a commit (the
+    cached total's incr) then never ran. The retry, the same call, finds its own marker: applied once, answered as
+    applied (not a 503, not a replay), and the cached total still follows it."""
     growth.configure("unknown", "general", 1)
     service.increment("unknown")
     assert totals.get_total("unknown") == totals.Total(1, False)  # summed, then kept in the cache
@@ -370,12 +382,12 @@ def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_
     def answer_lost(writer):
         if not lost:  # the first commit applied; its answer is lost, so nothing after it runs
             lost.append(writer)
-            raise core_exceptions.Unknown("the commit's outcome is unknown")
+            raise error
         return real(writer)
 
     monkeypatch.setattr(writes.ShardWriter, "_counted", answer_lost)
-    result = service.increment("unknown", "k1")
-    assert lost and result.applied is True and result.attempts == 2
+    result = service.increment("unknown", "k1", caller="u1")
+    assert lost and result.applied is True and not result.replayed and result.attempts == 2
     assert totals.shard_counts_of(growth.get_config("unknown")) == [2]
     assert totals.get_total("unknown") == totals.Total(2, True)  # the cached total, moved on by the retry
 

@@ -405,7 +405,7 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
 
 def test_a_start_whose_commit_answered_unknown_but_applied_starts_its_own_job(app, client, auth, task_queue,
                                                                               monkeypatch):
-    """The start's retry finds the job its own commit put (the job's `created_by` stamp), not another request's: it
+    """The start's retry finds the job its own commit put (the job's `call` stamp), not another request's: it
     goes on to start the job's hints and its root task, once."""
     keys = seed_accounts(30)
     answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.txn")

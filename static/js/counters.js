@@ -1,8 +1,9 @@
 // Progressive enhancement for the counters page: +1 through the JSON API, then redraw the total and the shards.
 // Without JavaScript the same buttons post their forms and the page reloads.
 //
-// One click is one increment. Each click on a named counter carries a fresh Idempotency-Key: if the request's fate is
-// unknown (the network failed), the plain form is posted with that same key, and the server applies it at most once.
+// One click is one increment. A signed-in person's click on a named counter carries a fresh Idempotency-Key (the page
+// gives their forms a key field; a key is its caller's own, so an anonymous visitor's has none): if the request's fate
+// is unknown (the network failed), the plain form is posted with that same key, and the server applies it once.
 // Once the increment has succeeded nothing is posted again: a failed refresh only reloads the page (a GET).
 function newKey() {
   const bytes = crypto.getRandomValues(new Uint8Array(16));  // randomUUID needs a secure context; this does not
