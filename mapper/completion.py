@@ -160,11 +160,22 @@ def timeline(job: MapperJob) -> dict[str, Any]:
 
 def end_if_all_back(job: MapperJob, returned: int) -> None:
     """After a task returned credit: end the job if every credit is back. `returned`: what this delivery adds to the
-    cache's running sum (0 from any delivery but the one that ended the record). When the sum is missing or short
-    (the cache lost it, a delivery died before adding), the records are summed here, and then by check tasks."""
+    cache's running sum (0 from any delivery but the one that ended the record). Only the delivery whose add brings
+    the sum to the whole reads the records (`end_if_summed`): once a job. When there is no sum to add to (the cache
+    lost it: restarted, flushed, away) or nothing to add (a redelivery, whose first delivery may have died before
+    adding), check tasks sum the records, one read of them a check, however many tasks end meanwhile: a task end
+    that read them all itself would make a job's end quadratic in its tasks."""
     total = runtime.cache().incr(_key(job.id, "returned"), returned) if returned else None
     if total is not None and total < TOTAL_CREDIT:
         return  # ranges are still out, by a sum this delivery has just added its own credit to
+    if total is None:
+        _check_later(job.id, 1)  # named: every task end of the job queues this one check
+        return
+    end_if_summed(job)
+
+
+def end_if_summed(job: MapperJob) -> None:
+    """Sum the job's records (a read of every one) and end it if every credit is back, else check again later."""
     sums = _summed(job)
     if _outcome(job, sums):
         _end(job, sums)

@@ -15,7 +15,7 @@ def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
     Returns the record and the credit this call returned (0 when another delivery ended the record first).
 
     Idempotent by state, so no stamp: a retry after an UNKNOWN commit finds the record ended and returns 0, and the
-    job's end then sums the records, which hold this credit (completion.end_if_all_back)."""
+    job's checks then sum the records, which hold this credit (completion.end_if_all_back)."""
     def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":

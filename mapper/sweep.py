@@ -76,14 +76,14 @@ def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
     with each chunk, one whose lease ran out was taken up again above (a new lease), and an ended parent's children
     without a record were given one. Its last task's delivery may have died between its final commit and adding its
     credit to the cache's running sum, on its last allowed attempt, so no delivery comes back to end the job:
-    sum the records once here (end_if_all_back with no credit of its own), and the job finishes or its checks go on.
+    sum the records once here (completion.end_if_summed), and the job finishes or its checks go on.
     One keys-only query per running job a run; the records are read only when none is live. True when summed."""
     job = MapperJob.get_by_id(job_id)
     if job is None or job.ended is not None:
         return False
     if TaskRecord.query(TaskRecord.job == job_id, TaskRecord.lease > now).fetch(1, keys_only=True):
         return False
-    completion.end_if_all_back(job, 0)
+    completion.end_if_summed(job)
     return True
 
 
