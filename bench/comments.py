@@ -23,7 +23,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
-from core import clock, runtime
+from core import clock
 
 VARIANTS = ("designed", "shared", "ceiling")
 WRITERS = 32
@@ -175,7 +175,7 @@ twice), plus, where the count is kept, any difference between the comment count 
 def main(argv=None):
     return harness.main_per_column(
         "bench.comments", argv,
-        lambda args, stack, app: measure(args.rounds, args.seconds, f"{runtime.of(app).settings.latency}-"), report)
+        lambda args, stack, app: measure(args.rounds, args.seconds, harness.column_tag(app)), report)
 
 
 if __name__ == "__main__":

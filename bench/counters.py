@@ -310,7 +310,8 @@ def chart(meds):
 
 def measure(args, stack, app):
     latency = runtime.of(app).settings.latency
-    return (*measure_writes(args.rounds, args.seconds, WRITERS if latency == "none" else (32,), f"{latency}-"),
+    return (*measure_writes(args.rounds, args.seconds, WRITERS if latency == "none" else (32,),
+                            harness.column_tag(app)),
             measure_reads(args.rounds))
 
 

@@ -104,6 +104,14 @@ def _backends(args):
     return BACKENDS if args.backends == "both" else args.backends.split(",")
 
 
+def column_tag(app):
+    """A prefix that names this column's entities apart from every other column's of the same run: a process keeps
+    state per counter name (an adaptive counter's contention window, counters/growth.py), so a name that grew on the
+    legacy column's stack would never be judged again on Firestore's, where its counter starts at one shard anew."""
+    settings = runtime.of(app).settings
+    return f"{settings.backend}-{settings.latency}-"
+
+
 def column_name(column):
     backend, latency = column
     return f"{BACKEND_NAMES[backend]}, {LATENCY_NAMES[latency]}"
