@@ -4,19 +4,17 @@ from core.features import Caveat
 
 CAVEATS = (
     Caveat(
-        fact="About one sustained write a second to an entity group is legacy Datastore's limit, and it still holds "
-             "for a database upgraded into OPTIMISTIC_WITH_ENTITY_GROUPS mode; in the other modes Firestore in "
-             "Datastore mode lifts it and names no rate for one entity, only contention when it is written too often. "
-             "Neither emulator enforces any of it: the legacy one aborts colliding transactions, the Firestore one "
-             "queues them on locks, and both let one entity take far more.",
-        source="https://cloud.google.com/datastore/docs/upgrade-to-firestore",
-        app="Shards spread the writes, as in 2008. On Firestore an increment is a blind server-side increment that "
-            "the emulator never refuses, so an adaptive counter, which grows when its writers collide, stays at one "
-            "shard there (that is the shard count the counters page shows on that backend). Whether production "
-            "answers a document written past its sustained rate with a contention error (which the increment loop "
-            "counts as a collision, and grows on) or only slows it down, no emulator shows. So on Firestore, give a "
-            "busy counter fixed shards (a general counter: one shard per sustained write a second) rather than an "
-            "adaptive one. A stated limit, not code."),
+        fact="One entity takes only so many writes a second: about one commit a second to an entity group on legacy "
+             "Datastore, and on Firestore \u201cyou can't update a single document at an unlimited rate\u201d: a "
+             "document written too often answers with contention, and ten shards take ten times the writes. Neither "
+             "emulator enforces it: the legacy one aborts colliding transactions, the Firestore one queues them on "
+             "locks, and both let one entity take far more.",
+        source="https://cloud.google.com/firestore/docs/solutions/counters",
+        app="Shards spread the writes, as in 2008. On Firestore an increment is a blind server-side increment. Under "
+            "LATENCY=production the stand-in (devstack/standin.py) holds each entity to one write a second after a "
+            "burst of 3 and answers ABORTED past a 2 s wait, as production answers contention; the increment loop "
+            "counts that as a collision, and an adaptive counter grows on it on both backends. On the bare Firestore "
+            "emulator nothing refuses a blind increment, so there an adaptive counter stays at one shard."),
     Caveat(
         fact="Google recommends that new Python 3 apps use the Datastore mode client library (google-cloud-datastore) "
              "rather than Cloud NDB, which will not support Firestore's new features.",
