@@ -309,7 +309,7 @@ def test_a_job_finishes_exactly_when_the_cache_restarts_in_its_middle(fleet):
 
 
 def test_a_job_finishes_exactly_when_the_cache_is_frozen_in_its_middle(fleet):
-    """A frozen cache delays: every call times out (0.25 s) and counts as a miss, and the tasks sum the records."""
+    """A frozen cache delays: every call times out (0.25 s) and counts as a miss; the job's checks sum the records."""
     before = _balances(fleet)
 
     def freeze_a_while(job_id):

@@ -35,7 +35,7 @@ def _records(job_id):
         return completion.records(job), completion._hinted(job).returned
 
 
-@pytest.mark.parametrize("root_first", [False, True], ids=["children_first", "root_first"])
+@pytest.mark.parametrize("root_first", [True, False], ids=["root_first", "children_first"])
 @pytest.mark.parametrize("end", ["cancelled", "failed"])
 def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept(end, root_first, app, client, auth,
                                                                                 task_queue):
