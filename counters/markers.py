@@ -1,5 +1,5 @@
 """Idempotency markers (models.AppliedIncrement) expire, and a task sweeps the expired ones: neither emulator applies
-TTL policies, and anyone may send fresh keys (docs/lessons/counters.md)."""
+TTL policies, and anyone signed in may send fresh keys (docs/lessons/counters.md)."""
 import logging
 from typing import Any
 
