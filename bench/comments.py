@@ -24,6 +24,7 @@ from blog.models import EntryRef
 from comments import service
 from comments.models import Comment, UserSequence
 from core import clock
+from counters import growth
 
 VARIANTS = ("designed", "shared", "ceiling")
 WRITERS = 32
@@ -82,7 +83,7 @@ def measure(rounds, seconds, column=""):
     contention window is kept per process and name: counters/growth.py)."""
     results = {v: [] for v in VARIANTS}
     lost = dict.fromkeys(VARIANTS, 0)
-    bills = {}
+    bills, grown = {}, []
     for r in range(rounds):
         for variant in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
             op, refs = harness.in_context(_prepare)(variant, f"{column}r{r}-{variant}")
@@ -94,12 +95,15 @@ def measure(rounds, seconds, column=""):
                 counted = harness.in_context(_counted)(refs)
                 lost[variant] += abs(counted - stored)
             results[variant].append(load)
+            if variant == "designed":  # the one thing its writers share: the entry's comment counter, and its size
+                counter = service.COUNTERS.name(service.comments_counter(refs[0]))
+                grown.append(harness.in_context(growth.require_config)(counter).num_shards)
             if variant not in bills:  # one more comment, alone, after the counts were checked: its bill
                 bills[variant] = harness.billed(harness.in_context(op))(0)[1]
             print(f"round {r + 1} {variant:>8}: {load.per_second:7.1f} comments/s, p50 {load.pct(50) * 1000:7.1f} ms, "
                   f"p99 {load.pct(99) * 1000:7.1f} ms, errors {load.errors}, stored {stored} of {acknowledged}",
                   flush=True)
-    return results, lost, bills
+    return results, lost, (bills, grown)
 
 
 # Where production's waits are modelled. On the bare emulator one entity is held for microseconds, so the shared
@@ -109,8 +113,9 @@ def measure(rounds, seconds, column=""):
 TARGET_VS_SHARED = {"production": 3, "multi-region": 3}
 
 
-def _section(column, results, lost, bills, seconds, rounds):
+def _section(column, results, lost, measured, seconds, rounds):
     backend, latency = column
+    bills, grown = measured
     name = harness.column_name(column)
     med = {v: {"rate": harness.median([x.per_second for x in loads]),
                "p50": harness.median([x.pct(50) for x in loads]) * 1000,
@@ -137,6 +142,11 @@ def _section(column, results, lost, bills, seconds, rounds):
     bound = (f"The bound here: with nothing shared at all (ceiling), {WRITERS} writers on this machine's 2 cores made "
              f"{c['rate']:.1f} comments/s, {c['rate'] / s['rate']:.2f}x the shared sequence; the designed comments "
              f"made {d['rate'] / c['rate']:.2f} of that." if s["rate"] else "")
+    if latency != "none":  # through the stand-in neither bound is this machine's: say what bounds each
+        bound += (f" Through the stand-in each writer's own sequence takes one write a second, in both, and so does "
+                  f"each shard of an entry's comment counter: the ceiling's {WRITERS} entries have a counter each; "
+                  f"the designed comments share their entry's, which starts at one shard each round and grows while "
+                  f"measured (its shards at each round's end: {grown}).")
     text = f"""## {name}
 
 {chain} {bound}
