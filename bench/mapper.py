@@ -604,7 +604,7 @@ def _section(column, args, results, offset, query_costs):
         + f"), where the pipeline writes back what one query returned. On App Engine that CPU is the instances' "
         f"(billed by the instance-hour). Served by two gunicorn processes, the same tasks take "
         f"{figures['served_over_pipeline']:.2f}x the pipeline's time",
-        _made_of(fan, pipe, results["chunk"]),
+        *([_made_of(fan, pipe, results["chunk"])] if fan["seconds"] > pipe["seconds"] else []),
         *([_listings_line(results["listings"], fan, pipe, args.fanout)] if len(results["listings"]) == 2 else []),
         f"the same fan-out with pages of {BIG_PAGE} (the job's page_size; {results['chunk']} accounts a transaction "
         f"still): {big['tasks']:.0f} tasks, {big['queries']:.0f} queries, depth {big['depth']:.0f}, its critical path "
@@ -658,6 +658,10 @@ def _section(column, args, results, offset, query_costs):
                            "cursor walk": walk["seconds"]}
 
 
+def _times(n):
+    return "once" if n == 1 else f"{n} times in a row"
+
+
 def _stand_in_line(fan, big, chunk):
     """Where the fan-out's deliveries waited under a profile: the stand-in's round trips, and the turns its tasks'
     records take (each chunk's transaction writes its task's record; one entity takes so many writes a second)."""
@@ -666,7 +670,7 @@ def _stand_in_line(fan, big, chunk):
         return (f"pages of {page}: its {tasks:.0f} deliveries waited {figures['waited']:.1f} s at the stand-in in all, "
                 f"against {figures['medians']:.1f} s that their RPCs' median round trips add up to: "
                 f"{(figures['waited'] - figures['medians']) / tasks:.2f} s more a task, whose record is written "
-                f"{-(-page // chunk)} times in a row (a chunk of {chunk} accounts a transaction), "
+                f"{_times(-(-page // chunk))} (a chunk of {chunk} accounts a transaction), "
                 f"{figures['past burst'] / tasks:.1f} writes a task past the burst")
     return (f"where the fan-out waits under the stand-in (one entity takes {production_latency.ENTITY_WRITES_PER_S:g} "
             f"write a second after a burst of {production_latency.ENTITY_WRITE_BURST:g}): {waited(fan, PAGE)}; "
