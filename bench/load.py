@@ -2,7 +2,8 @@
 deployment of your own.
 
 The in-process benchmarks (bench/counters.py, bench/comments.py, bench/blog.py) measure the emulators on this machine;
-production costs differ (Firestore holds one document to about one sustained write a second, the emulator does not).
+bare, production costs differ (Firestore holds one document to about one sustained write a second, the emulator does
+not; `make run LATENCY=production` puts the stand-in, devstack/standin.py, in front of it, which does).
 This runs the same comparisons through the front door of a running app, each scenario's variants one after another in
 every round (side by side, so a noisy machine or network moves them alike), medians over rounds:
 
@@ -200,8 +201,10 @@ def _waits(target):
         raise LoadError(f"GET /healthz: HTTP {r.status_code}")
     profile = re.search(r'model;desc="(LATENCY=[a-z-]+)', r.headers.get("Server-Timing", ""))
     if profile:
-        return (f"The server waits the latency model's round trips ({profile[1]}, core/production_latency.py): its "
-                "times are the model's, waited on the server's machine.")
+        return (f"The server's Datastore is the stand-in ({profile[1]}, devstack/standin.py): every worker's RPCs wait "
+                "production's modelled round trips there (core/production_latency.py), and one entity takes one write "
+                "a second after a burst of 3 whoever writes it; its times are the model's, waited on the server's "
+                "machine.")
     return ("The server waits no modelled round trips: on the emulators, its times are its machine's alone; on App "
             "Engine, production's own.")
 
