@@ -24,15 +24,13 @@ PAGE_SIZE = 10
 PAGE_MAX = 50
 FEED_SIZE = 20
 PAGE_LIFETIME = 3600  # seconds; correctness never depends on it (the key is versioned), it only frees memory
+ENDPOINT = "blog.post"  # what a post's Idempotency-Key is scoped to, with its caller
 
 
 @dataclass
 class Posted:
     entry: dict[str, Any]
     replayed: bool  # True: the request's idempotency key had posted this entry already; this is its answer again
-
-
-ENDPOINT = "blog.post"  # what a post's Idempotency-Key is scoped to, with its caller
 
 
 def post_entry(blog: str, title: object, body: object, author: str, idempotency_key: str | None = None,
@@ -45,13 +43,10 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     title, body = validate_title(title), validate_body(body)
     request = idempotency.keyed(idempotency_key, caller, ENDPOINT, blog, {"title": title, "body": body})
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
-    blog_key = ndb.Key(BlogIndex, blog)
-    call = Call()
-    # A root entity, not a child of the blog: a key is its caller's across blogs, so the same key sent to another blog
-    # must find it (a 409). Two entity groups in one transaction (the blog's and the marker's): the marker still
+    blog_key, call = ndb.Key(BlogIndex, blog), Call()
+    # Two entity groups in one transaction (the blog's, and the marker's, a root: blog/models.py says why): the marker
     # commits with the post or not at all, which is what makes the post happen once.
     marker_key = ndb.Key(PostMarker, request.name if request else call.id)
-    cache = runtime.cache()
 
     def txn() -> Posted:
         # retries=0: `transact` retries the whole transaction on a collision at the BlogIndex, not ndb this lookup.
@@ -59,8 +54,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
         outcome = idempotency.found(marker, request, call)
         if outcome != idempotency.NEW:  # posted already: by this call, its commit answered UNKNOWN (MINE), or a resend
             return Posted(_posted_entry(blog, idempotency.answer_of(marker)["index"]), outcome == idempotency.REPLAY)
-        if blog_index is None:
-            blog_index = BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
+        blog_index = blog_index or BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1
         index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
@@ -71,7 +65,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
             def forget_old_front_pages() -> None:
                 # Not needed for correctness (the new max_index already retires these keys), only to free memory.
                 for size in (PAGE_SIZE, FEED_SIZE):
-                    cache.delete(_page_cache_key(blog, index - 1, size))
+                    runtime.cache().delete(_page_cache_key(blog, index - 1, size))
             ndb.get_context().call_on_commit(forget_old_front_pages)
         return Posted(entry_dict(entry), False)
 

@@ -1,10 +1,9 @@
 """Comments, the talk's third lesson: many users write at once with nothing shared to serialize them, and yet pages
 come in posting order (docs/lessons/comments.md).
 
-A comment's id, and its place in the order, is `<UTC time>|<user's pseudonym>|<user's sequence>`. Time alone is not
-unique, time|user is not either (one user, two tabs); all three are. The sequence is the user's own, in the user's
-own entity group, so no two users' comments ever touch one entity. Pages move both ways by that sort key (an indexed
-copy of the key name), never an offset.
+A comment's id, and its place in the order, is `<UTC time>|<user's pseudonym>|<user's sequence>`: time alone is not
+unique, nor time|user (one user, two tabs); all three are. The sequence is the user's own, in their own entity group,
+so no two users' comments ever touch one entity. Pages move both ways by that sort key, never an offset.
 """
 import datetime
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ TEXT_MAX = 2000
 PAGE_SIZE = 20
 PAGE_MAX = 100
 COUNTERS = counters.owned("comments")  # the comments' own counters (an entry's comment count): only they write them
+ENDPOINT = "comments.post"  # what a comment's Idempotency-Key is scoped to, with its caller
 
 
 def sort_key(when: datetime.datetime, pseudonym: str, seq: int) -> str:
@@ -40,21 +40,16 @@ def sort_key(when: datetime.datetime, pseudonym: str, seq: int) -> str:
     return f"{time}{SEPARATOR}{pseudonym}{SEPARATOR}{seq:010d}"
 
 
-ENDPOINT = "comments.post"  # what a comment's Idempotency-Key is scoped to, with its caller
-
-
 def post_comment(ref: EntryRef, user: identity.User | None, text: object,
                  idempotency_key: str | None = None) -> dict[str, Any]:
-    """Write `user`'s comment on the entry `ref` names, then count it; the comment (`commented` says whether it was
-    a replay too)."""
+    """`commented`'s comment: `user`'s on the entry `ref` names, written, then counted."""
     return commented(ref, user, text, idempotency_key)[0]
 
 
 def commented(ref: EntryRef, user: identity.User | None, text: object,
               idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
-    """Write `user`'s comment on the entry `ref` names, then count it: (the comment, replayed). `idempotency_key` (a
-    form's token, the API's header; the user's own, core/idempotency.py) makes a resend of the same request answer
-    with the comment its first send wrote (replayed True), and the key sent for other text or another entry a 409."""
+    """Write `user`'s comment on the entry `ref` names, then count it: (the comment, replayed). `idempotency_key` (the
+    user's own, core/idempotency.py): a resend answers the first send's comment, replayed; other text or entry, 409."""
     if user is None:
         raise SignInRequired("Sign in to comment.")
     blog_service.require_entry(ref)  # the entry exists (404 otherwise)
@@ -62,12 +57,10 @@ def commented(ref: EntryRef, user: identity.User | None, text: object,
     request = idempotency.keyed(idempotency_key, user["id"], ENDPOINT, ref.path, {"text": text})
     pseudonym, author = identity.pseudonym(user), identity.display_name(user["email"])
     seq_key, call = ndb.Key(UserSequence, pseudonym), Call()
-    # The marker is a child of the user's sequence: in the group this transaction writes anyway, and where every
-    # comment of the user's is, whichever entry: the same key sent for another entry finds it (a 409).
+    # A child of the user's sequence: in the group written anyway, whichever entry (the key sent for another: a 409).
     marker_key = ndb.Key(UserSequence, pseudonym, CommentMarker, request.name) if request else None
 
-    # Only the user's own entity group: their sequence, the new comment and its marker. No other user's comment
-    # touches it, so users never contend; one user's tabs take turns at it (`hot_key`).
+    # Only the user's own entity group (sequence, comment, marker): users never contend; their tabs take turns.
     def txn() -> tuple[bool, bool, dict[str, Any]]:
         read = ndb.get_multi([seq_key, marker_key] if marker_key else [seq_key], retries=0)
         sequence, marker = read[0] or UserSequence(key=seq_key), read[1] if marker_key else None
@@ -77,24 +70,19 @@ def commented(ref: EntryRef, user: identity.User | None, text: object,
             written = ndb.Key(UserSequence, pseudonym, Comment, comment_id).get(retries=0)
             if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
                 raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
-            replayed = outcome == idempotency.REPLAY
-            return not replayed, replayed, comment_dict(written)
-        sequence.seq += 1
-        now = clock.now()
+            return outcome != idempotency.REPLAY, outcome == idempotency.REPLAY, comment_dict(written)
+        sequence.seq, now = sequence.seq + 1, clock.now()
         key_name = sort_key(now, pseudonym, sequence.seq)
         sequence.remember(key_name, call.id)
         comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
-        writes = [sequence, comment]
-        if marker_key is not None:
-            writes.append(CommentMarker(key=marker_key, fingerprint=request and request.fingerprint, call=call.id,
-                                        answer={"id": key_name}))
-        ndb.put_multi(writes)
+        marker = request and CommentMarker(key=marker_key, fingerprint=request.fingerprint, call=call.id,
+                                           answer={"id": key_name})
+        ndb.put_multi([sequence, comment, marker] if marker else [sequence, comment])
         return True, False, comment_dict(comment)
 
-    to_count, replayed, comment = transact(txn, busy_message="You are commenting very fast; try again.",
-                                           hot_key=seq_key)
-    if to_count:  # written by this call: counted once, after the commit (a resend was counted by its first send)
+    new, replayed, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
+    if new:  # written by this call: counted once, after the commit (a resend was counted by its first send)
         count_comment(ref)
     return comment, replayed
 
@@ -102,16 +90,14 @@ def commented(ref: EntryRef, user: identity.User | None, text: object,
 def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,
                  own: Iterable[str] = ()) -> Page:
     """A page of an entry's comments, oldest first: the first, the one after `after`, the one before `before`, or with
-    `last` the newest. Each fetches one more than it shows, to know whether there is a further page.
-
-    The query spans many users' entity groups, so it is eventually consistent: `own` (the ids of the reader's latest
-    comments) are read by key and merged in, so a person always sees what they just posted."""
+    `last` the newest; each fetches one more than it shows, to know whether there is a further page. The query spans
+    many users' entity groups, so it is eventually consistent: `own` (the ids of the reader's latest comments) are read
+    by key and merged in, so a person always sees what they just posted."""
     blog_service.require_entry(ref)
     limit = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     if after is not None and before is not None:
         raise BadInput("Give after or before, not both.", "bad_bookmark")
-    after_id = bookmarks.checked(after, ref, "after")
-    before_id = bookmarks.checked(before, ref, "before")
+    after_id, before_id = bookmarks.checked(after, ref, "after"), bookmarks.checked(before, ref, "before")
     query = Comment.query(Comment.entry == ref.path)
     if before_id is not None or last:  # backwards: `sort_key < before DESC`, shown reversed
         if before_id is not None:
