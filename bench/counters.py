@@ -228,7 +228,7 @@ def _section(column, measured, rounds, seconds):
         f"machine's CPU, as the emulator and the cache answer from it; under the latency model the cached total is "
         f"what production gains, one cache round trip against a Datastore read.\n")
     general = at["general"]
-    how = ("its increments blind, never colliding" if backend == "firestore"
+    how = ("its increments blind, never colliding" if backend == "firestore" and latency == "none"
            else f"{general['attempts']:.2f} attempts a commit")
     general_line = (f"The general counter (20 shards whatever the load) at 32 writers: "
                     f"{general['rate'] / one_rate if one_rate else float('nan'):.2f}x one entity's best, "
