@@ -12,12 +12,14 @@ Writers of one hot entity queue across processes on a lease in the cache (core/t
 `local lock` serves an app without the lease (`local_lock()`): writers then queue only within their own process, as
 before, and the other processes' transactions meet theirs in the datastore.
 
-Under the production latency model (LATENCY=production or multi-region, core/production_latency.py: every RPC waits a
-modelled round trip, so a post holds the blog's index for tens of milliseconds, as in production) the lease variant
-runs at 2 processes, the shape of app.yaml's two workers. There the posts of a burst take turns by design, so the
-target is the serial bound, not a number of seconds: the slowest post within 1.25 x (posts x one post's critical path
-under the model), one post being a lone post's RPCs and cache calls as timed in the same round (the model's waits and
-this stack's own time in them; the bound at the model's medians alone, stricter, is reported beside it).
+Through the stand-in for production (LATENCY=production or multi-region, devstack/standin.py: every RPC waits a
+modelled round trip, so a post holds the blog's index for tens of milliseconds, and the index, one entity, takes one
+write a second after a burst of 3, as in production) the lease variant runs at 2 processes, the shape of app.yaml's
+two workers. There the posts of a burst take turns by design, so the target is the serial bound, not a number of
+seconds: the slowest post within 1.25 x the longer of (posts x one post's critical path) and (the posts past the
+entity's burst at its rate, then one post), one post being a lone post's RPCs and cache calls as timed in the same
+round (the stand-in's waits and this stack's own time in them; the bound at the model's medians alone is reported
+beside it).
 
 Run: `make bench` (all benchmarks) or `.venv/bin/python -m bench.posts [--rounds 3 --seconds 5 --backends both]`.
 """
@@ -28,7 +30,7 @@ import time
 import uuid
 
 from bench import harness
-from core import billing, hotspots, runtime
+from core import billing, hotspots, production_latency, runtime
 from core.settings import Settings
 from devstack.serving import app_env, instances, signed_in
 
@@ -248,15 +250,20 @@ def report(args, measured):
             paths = [harness.modelled_path(run["one_post"], column[1]) for run in lease[2]]
             rpcs, calls, modelled = (harness.median([p[i] for p in paths]) for i in range(3))
             one = harness.median([harness.timed_path(run["one_post"]) for run in lease[2]])
-            bound = 1.25 * BURST * one
+            # One entity's rate bounds the burst too: past its first writes, one post a turn at the index's rate.
+            rate_s = ((BURST - production_latency.ENTITY_WRITE_BURST) / production_latency.ENTITY_WRITES_PER_S)
+            serial, at_medians = max(BURST * one, rate_s + one), max(BURST * modelled, rate_s + modelled)
+            bound = 1.25 * serial
             dense = all(run["burst"]["dense"] and not run["burst"]["failed"] for run in lease[2])
             checks += [harness.target(
                 f"{backend}: {BURST} posts at once to one blog over 2 processes, the slowest post (median of rounds; "
                 f"worst of any round {worst:.2f} s), against the serial bound: {BURST} posts x one lone post's "
                 f"calls as timed here, {BURST * rpcs:.0f} RPCs in turn ({rpcs:.0f} RPCs and {calls:.0f} cache calls "
-                f"a post: {modelled * 1000:.0f} ms at the model's medians, {one * 1000:.0f} ms as timed here; at the "
-                f"medians alone the bound is {1.25 * BURST * modelled:.2f} s)",
-                f"{slowest:.2f} s", f"<= 1.25 x {BURST} x {one:.3f} s = {bound:.2f} s", slowest <= bound),
+                f"a post: {modelled * 1000:.0f} ms at the model's medians, {one * 1000:.0f} ms as timed here), or the "
+                f"index's rate, {BURST - production_latency.ENTITY_WRITE_BURST} posts past its burst at "
+                f"{production_latency.ENTITY_WRITES_PER_S:g} a second, whichever is longer (at the medians alone the "
+                f"bound is {1.25 * at_medians:.2f} s)",
+                f"{slowest:.2f} s", f"<= 1.25 x {serial:.2f} s = {bound:.2f} s", slowest <= bound),
                        harness.target(f"{backend}: every burst dense 0..19, every post answered", "yes" if dense
                                       else "no", "yes", dense)]
             continue
