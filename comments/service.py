@@ -76,9 +76,9 @@ def commented(ref: EntryRef, user: identity.User | None, text: object,
         sequence.remember(key_name, call.id)
         comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
-        marker = request and CommentMarker(key=marker_key, fingerprint=request.fingerprint, call=call.id,
-                                           answer={"id": key_name})
-        ndb.put_multi([sequence, comment, marker] if marker else [sequence, comment])
+        mark = marker_key and CommentMarker(key=marker_key, fingerprint=request and request.fingerprint, call=call.id,
+                                            answer={"id": key_name})
+        ndb.put_multi([sequence, comment, mark] if mark else [sequence, comment])
         return True, False, comment_dict(comment)
 
     new, replayed, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
