@@ -14,7 +14,7 @@ from counters import markers as counters_markers
 from counters import simple as counters_simple
 from counters import totals as counters_totals
 from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
-from tests.support import billed, csrf_token, make_app, running
+from tests.support import Auth, billed, csrf_token, make_app, running
 
 
 def _stored(kind):
@@ -116,34 +116,36 @@ def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(clie
     assert client.get("/api/counters/views").get_json()["count"] == 2
 
 
-def test_an_increment_whose_commit_is_not_answered_in_time_is_tried_again_and_counted_once(client, auth, stack,
-                                                                                            backend):
+def test_an_increment_whose_commit_is_not_answered_in_time_is_tried_again_and_counted_once(firestore_stack):
     """A commit that answers DEADLINE_EXCEEDED may have applied all the same. Provoked for real: the emulator frozen
     (SIGSTOP) past the blind increment's 10 s deadline (core/datastore.ServerIncrements), then thawed. The increment is
     tried again, the same call with the same marker, and answered by what the retry finds (its own marker, or
-    nothing yet): 200, counted once. It was a 503, though the commit might have applied."""
-    if backend != "firestore":
-        pytest.skip("legacy's increments are ndb transactions, whose commits carry no deadline: a frozen emulator "
-                    "makes them wait, not fail (tests/test_crashes.py)")
-    auth.sign_in()
-    assert client.post("/api/counters/frozen/increment").status_code == 200  # created
-    assert client.get("/api/counters/frozen").status_code == 200  # its config now in the global cache: the only
-    # Datastore call of the next increment is its commit
-    thaw = threading.Timer(12, stack.emulator.resume)
-    stack.emulator.pause()
-    thaw.start()
-    try:
-        r = client.post("/api/counters/frozen/increment", headers={"Idempotency-Key": "through-the-freeze"})
-    finally:
-        thaw.cancel()
-        stack.emulator.resume()
-    assert r.status_code == 200 and r.get_json()["applied"] is True, r.get_json()
-    assert r.get_json()["attempts"] >= 2  # the first commit did time out
-    with runtime.current().context():
-        assert counters_totals.exact_totals(["frozen"])["frozen"] == 2
-        assert len(AppliedIncrement.query().fetch(keys_only=True)) == 1
-    again = client.post("/api/counters/frozen/increment", headers={"Idempotency-Key": "through-the-freeze"})
-    assert again.get_json() == r.get_json() and again.headers.get("Idempotent-Replayed") == "true"
+    nothing yet): 200, counted once. It was a 503, though the commit might have applied. On Firestore's emulator in
+    every suite: legacy's increments are ndb transactions, whose commits carry no deadline (a frozen emulator makes
+    them wait, not fail: tests/test_crashes.py)."""
+    stack = firestore_stack
+    with running(make_app(stack, **stack.fresh()), flush=True) as app:
+        client = app.test_client()
+        auth = Auth(client)
+        auth.sign_in()
+        assert client.post("/api/counters/frozen/increment").status_code == 200  # created
+        assert client.get("/api/counters/frozen").status_code == 200  # its config now in the global cache: the only
+        # Datastore call of the next increment is its commit
+        thaw = threading.Timer(12, stack.emulator.resume)
+        stack.emulator.pause()
+        thaw.start()
+        try:
+            r = client.post("/api/counters/frozen/increment", headers={"Idempotency-Key": "through-the-freeze"})
+        finally:
+            thaw.cancel()
+            stack.emulator.resume()
+        assert r.status_code == 200 and r.get_json()["applied"] is True, r.get_json()
+        assert r.get_json()["attempts"] >= 2  # the first commit did time out
+        with runtime.current().context():
+            assert counters_totals.exact_totals(["frozen"])["frozen"] == 2
+            assert len(AppliedIncrement.query().fetch(keys_only=True)) == 1
+        again = client.post("/api/counters/frozen/increment", headers={"Idempotency-Key": "through-the-freeze"})
+        assert again.get_json() == r.get_json() and again.headers.get("Idempotent-Replayed") == "true"
 
 
 @pytest.mark.parametrize("key", ["", "x" * 101, "has space", "tab\tkey"])
