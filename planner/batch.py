@@ -1,20 +1,27 @@
 """A batch job over a kind: the mapper's fan-out (mapper/tree.py) against one cursor walk and a non-transactional
 batch pipeline: tree depth, tasks, critical path, wall time and bill."""
+import contextlib
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import ndb
 
 from accounts.credit import ADD_CREDIT
 from core import billing, production_latency
 from core.costs import plural
 from core.features import REPO
-from mapper.handoff import HANDED_BYTES, listing_limit
+from mapper.handoff import HANDED_BYTES, scan_limit
 from mapper.jobs import MAX_GROUPS
+from mapper.models import MapperJob
 from mapper.service import SAMPLES
+from mapper.task import TOTAL_WEIGHT, TaskPayload
+from mapper.tree import _split as split_children  # private in mapper/tree.py: the split the mapper's tasks run
 from planner import figures
 from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_trip
 
@@ -167,13 +174,54 @@ def queries_for(listed: int, limit: int, backend: str) -> int:
     return math.ceil(listed / LEGACY_BATCH) if listed == limit else listed // LEGACY_BATCH + 1
 
 
+# The keys a modelled range holds: add_credit's kind, spread evenly, consecutive ids from where Datastore's scattered
+# ids begin (mapper/key_arithmetic.py), in the demo's project, so that a handed-out page's keys take the bytes the
+# demo's accounts' take (mapper/handoff.py HANDED_BYTES).
+KEYS_FROM, KEYS_PROJECT = 2 ** 52, "scalable-demo"
+
+
+def _key(number: int) -> ndb.Key:
+    return ndb.Key(ADD_CREDIT.kind, KEYS_FROM + number, project=KEYS_PROJECT, namespace=None, database=None)
+
+
+@functools.cache
+def _offline_client() -> ndb.Client:
+    return ndb.Client(project=KEYS_PROJECT, credentials=AnonymousCredentials())
+
+
+@contextlib.contextmanager
+def _key_context() -> Iterator[None]:
+    """ndb makes some keys only inside a client's context (key arithmetic asks it for the database): the request's, or
+    else an offline client's, which sends no RPC."""
+    if ndb.get_context(raise_context_error=False) is not None:
+        yield
+    else:
+        with _offline_client().context():
+            yield
+
+
+@functools.cache
+def split_sizes(entities: int, page: int, fanout: int) -> tuple[list[int], list[int]]:
+    """What mapper/tree.py's own split makes of a range task's range of `entities` evenly spread keys, more than a page:
+    (the sizes of the pages it hands out whole, the sizes of the ranges it splits the rest into)."""
+    job = MapperJob(page_size=page, fanout=fanout, samples=[])  # evenly spread: no __scatter__ samples needed
+    with _key_context():
+        listed = [_key(i) for i in range(1, min(entities, scan_limit(page, fanout)) + 1)]
+        payload = TaskPayload("plan", "0", None, _key(entities).urlsafe().decode(), TOTAL_WEIGHT)
+        children = split_children(job, payload, listed, TOTAL_WEIGHT)
+        pages = [len(c.keys) for c in children if c.keys is not None]
+        ranges = [(c.lo_key, c.hi_key) for c in children if c.keys is None]
+        return pages, [hi.id() - lo.id() for lo, hi in ranges if lo and hi]
+
+
 def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "firestore") -> Tree:
-    """The job's tree over `entities`, from the shape of mapper/tree.py's _split (exact for evenly spread keys; on
-    legacy the ranges are cut at __scatter__ samples, which are not even), and its critical path: the job's start, then
-    the longest chain of tasks (a child starts once its parent has listed its range and committed its first chunk;
-    the chain's last task does all its work), then the job's end, which follows the last task. Memoised by range size:
-    the ranges of one level differ by one entity at most, so a tree of 10**10 entities is a few dozen distinct sizes."""
-    listed_most = listing_limit(page, fanout)
+    """The job's tree over `entities`, each range task's children from the mapper's own split (`split_sizes`: exact for
+    evenly spread keys; on legacy the ranges are cut at __scatter__ samples, which are not even), and its critical
+    path: the job's start, then the longest chain of tasks (a child starts once its parent has listed its range and
+    committed its first chunk; the chain's last task does all its work), then the job's end, which follows the last
+    task. Memoised by range size: the ranges of one level differ by one entity at most, so a tree of 10**10 entities is
+    a few dozen distinct sizes."""
+    listed_most = scan_limit(page, fanout)
 
     def page_task(n: int) -> Tree:
         t = transactions_for(n, chunk)
@@ -182,13 +230,8 @@ def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "f
     @functools.cache
     def range_task(n: int) -> Tree:
         own = min(page, n)
-        handed_keys = min(n - own, page * fanout)
-        handed = [page] * (handed_keys // page) + ([handed_keys % page] if handed_keys % page else [])
-        rest = n - own - handed_keys
-        children = [page_task(size) for size in handed]
-        if rest:
-            parts = max(1, min(fanout, math.ceil(2 * rest / (listed_most - 1))))
-            children += [range_task(rest // parts + (i < rest % parts)) for i in range(parts)]
+        handed, ranges = split_sizes(n, page, fanout) if n > own else ([], [])
+        children = [page_task(size) for size in handed] + [range_task(size) for size in ranges]
         t = transactions_for(own, chunk)
         listing = Calls(queries=queries_for(min(n, listed_most), listed_most, backend), hops=1)
         # Its children start once its listing and its first chunk's transaction are done.
@@ -237,10 +280,11 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                         "the task's record" if backend == "legacy" else "accounts/credit.py ACCOUNTS_CHUNK_FIRESTORE")
     chunk = int(chunk)
     tree = fan_out(entities, page_size, fanout, chunk, backend)
-    plan.line(f"the tree: each range task lists its page and {fanout} pages more, hands those out and splits the "
-              f"rest {fanout} ways: {tree.tasks} tasks ({tree.range_tasks} listing a range), depth {tree.depth} "
-              f"(if the {fanout * page_size} keys handed out fit a task's {HANDED_BYTES:,} bytes, mapper/handoff.py; "
-              "fewer pages handed out make a deeper tree)")
+    handed = len(split_sizes(entities, page_size, fanout)[0]) if entities > page_size else 0
+    plan.line(f"the tree, cut by the mapper's own split over evenly spread keys: each range task lists its page and "
+              f"{fanout} pages more, hands out as many of those as {HANDED_BYTES:,} bytes of keys hold (the root "
+              f"{handed}, mapper/handoff.py) and splits the rest up to {fanout} ways: {tree.tasks} tasks "
+              f"({tree.range_tasks} listing a range), depth {tree.depth}")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
     path, start = tree.path, job_start(entities, backend)

@@ -599,6 +599,43 @@ def test_the_mapper_tree_by_hand():
     assert batch.walk_critical_path(150, 100, 100, "legacy") == (2 + 3 * 2, 2)
 
 
+@pytest.mark.parametrize("entities, page, fanout", [(750, 100, 4), (10_000, 100, 4), (10_000, 500, 4),
+                                                   (30_000, 1000, 8), (2_000, 10, 3)])
+def test_the_planners_tree_is_the_mappers_own_split(entities, page, fanout):
+    """The planner's tree is the one mapper/tree.py's split cuts, here run task by task on evenly spread keys
+    (consecutive ids, no __scatter__ samples). Among the shapes: a rest just over half a listing, which the mapper
+    splits in two (750 in pages of 100), and pages whose keys exceed mapper/handoff.py's HANDED_BYTES, of which the
+    mapper hands out fewer (pages of 500 and of 1,000)."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from mapper.handoff import scan_limit
+    from mapper.models import MapperJob
+    from mapper.task import TOTAL_WEIGHT, TaskPayload
+    from mapper.tree import _split
+
+    job = MapperJob(page_size=page, fanout=fanout, samples=[])
+
+    def key(i):
+        return ndb.Key("Account", 2 ** 52 + i, project="scalable-demo", namespace=None)
+
+    def mappers_tree(lo, hi):
+        """(tasks, depth, range tasks, range tasks that handed out pages) of a range task over ids (lo, hi]."""
+        listed = [key(i) for i in range(lo + 1, min(hi, lo + scan_limit(page, fanout)) + 1)]
+        if len(listed) <= page:
+            return 1, 1, 1, 0
+        payload = TaskPayload("t", "0", key(lo).urlsafe().decode(), key(hi).urlsafe().decode(), TOTAL_WEIGHT)
+        children = _split(job, payload, listed, TOTAL_WEIGHT)
+        pages = [c for c in children if c.keys is not None]
+        ranges = [mappers_tree(c.lo_key.id() - 2 ** 52, c.hi_key.id() - 2 ** 52) for c in children if c.keys is None]
+        return (1 + len(pages) + sum(r[0] for r in ranges), 1 + max([1 if pages else 0] + [r[1] for r in ranges]),
+                1 + sum(r[2] for r in ranges), (1 if pages else 0) + sum(r[3] for r in ranges))
+
+    with ndb.Client(project="scalable-demo", credentials=AnonymousCredentials()).context():
+        expected = mappers_tree(0, entities)
+    tree = batch.fan_out(entities, page, fanout, 24)
+    assert (tree.tasks, tree.depth, tree.range_tasks, tree.handing) == expected
+
+
 def test_the_batch_planner_on_a_new_kind_with_the_queue_and_money_a_job():
     """The wall time as the 500/50/5 rule holds a new kind (500 operations a second for 5 minutes, 50% more every 5
     minutes), with queue.yaml's dispatch rate and concurrency as devstack's own reader reads them, and each bill in
