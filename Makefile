@@ -18,7 +18,7 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-beam load screenshots deploy clean seed guarantees
+.PHONY: run test lint bench bench-beam load screenshots deploy clean seed guarantees mutants
 
 $(RUN_STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ lint: $(STAMP)
 ## tests, report killed / survived (tests/mutations/run.py; ARGS="--write" fills docs/guarantees.md's last column)
 guarantees: $(STAMP)
 	$(PY) -m tests.mutations.run $(ARGS)
+
+## mutants: mutmut (requirements-dev.txt) over the modules devstack/mutants.py lists, or MODULES="comments/bookmarks.py
+## ..." (TESTS="tests/..." for other test files), on DATASTORE's emulator (started once, shared by every mutant) and
+## CACHE, one worker, in a scratch copy (.devstack/mutants/); docs/mutants.md written from it. Not part of test or CI
+mutants: $(STAMP)
+	$(PY) -m devstack.mutants $(if $(MODULES),--modules "$(MODULES)") $(if $(TESTS),--tests "$(TESTS)") $(ARGS)
 
 ## bench: every benchmark under bench/, results in bench/results/
 bench: $(STAMP)

@@ -1,0 +1,360 @@
+"""`make mutants`: mutmut (pinned in requirements-dev.txt) over named modules of the app, on one backend, and
+docs/mutants.md written from the outcome.
+
+    make mutants                                    # every module of MODULES below, legacy emulator, memcached
+    make mutants MODULES="comments/bookmarks.py"    # a subset (paths as below, space-separated)
+    make mutants MODULES="..." TESTS="tests/test_comments.py"   # other test files for mutmut's stats run
+
+What it does, in order:
+1. extracts HEAD (`git archive`; ARGS=--working-tree: the files git knows as the working tree has them now) to a
+   fresh scratch tree, .devstack/mutants/ (git-ignored), so that edits made in the working tree meanwhile change
+   nothing, and the report names the commit it ran on;
+2. writes mutmut's settings there (setup.cfg's [mutmut]: the modules, the test files, the fork server, this plugin);
+3. starts one emulator (DATASTORE's, at consistency 1.0, as tests/conftest.py's `stack`) that every mutant's pytest
+   session borrows (devstack/mutants_plugin.py): the Java emulator starts once, not once per mutant;
+4. runs `mutmut run --max-children 1 <mutant globs>`: mutmut's stats run first runs the named test files once,
+   recording which tests reach each function; then each mutant runs only the tests that reached its function (-x);
+5. writes docs/mutants.md: the date, the commit, mutmut's version, per module mutants / killed / survived / timeout
+   / score, the time per mutant, and each survivor's diff with a column for people to say why it survives (kept
+   across runs for a survivor whose change is the same). A run over a subset replaces that subset's rows only.
+
+Not part of `make test` or CI: a full run takes long (see docs/mutants.md's projection).
+"""
+import argparse
+import ast
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devstack.services import Stack, backend_from_env, cache_from_env
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / ".devstack" / "mutants"
+DOC = REPO / "docs" / "mutants.md"
+PACKAGES = ["accounts", "appstats", "blog", "comments", "core", "counters", "latency", "mapper", "planner", "tour"]
+
+COUNTERS = ["tests/test_counters.py", "tests/test_api_counters.py"]
+COMMENTS = ["tests/test_comments.py", "tests/test_api_comments.py"]
+MAPPER = ["tests/test_mapper.py", "tests/test_api_jobs.py"]
+# Each module: the functions to mutate (None: all of them) and the test files of mutmut's stats run, the ones that
+# exercise it (found by what imports it or drives it through the API); mutmut then picks, per function, the tests
+# among them that reached it.
+MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
+    "counters/simple.py": (None, COUNTERS),
+    "counters/service.py": (None, COUNTERS),
+    "counters/writes.py": (None, COUNTERS),
+    "blog/service.py": (None, ["tests/test_blog.py", "tests/test_api_blog.py"]),
+    "comments/service.py": (None, COMMENTS),
+    "comments/bookmarks.py": (None, COMMENTS),
+    "mapper/tree.py": (None, MAPPER),
+    "mapper/handback.py": (None, MAPPER),
+    "mapper/completion.py": (None, [*MAPPER, "tests/test_termination.py"]),
+    "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py"]),
+    # the session code only: the generation that sign-out renews, the cookie's checks, sign-in's and sign-out's
+    # session (not the Google token checks nor the names shown)
+    "core/identity.py": (["_generation_key", "generation", "_renew_generation", "_session_is_current", "current_user",
+                          "_keep", "sign_out"],
+                         ["tests/test_sessions.py", "tests/test_core.py", "tests/test_api_comments.py"]),
+}
+# mutmut's exit codes, as its stats module names them; "score" below is mutmut's own (its badge): killed and timed
+# out over all mutants but the skipped ones, so a mutant no test reaches ("no tests") counts against it.
+COLUMNS = ["mutants", "killed", "survived", "timeout", "no tests", "other", "score"]
+
+
+def module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def globs(modules: list[str]) -> list[str]:
+    """mutmut's mutant names to run: `pkg.mod.x_func__mutmut_N`, every function's or the listed ones'."""
+    found = []
+    for path in modules:
+        functions = MODULES[path][0]
+        found += [f"{module_name(path)}.x_{f}__mutmut_*" for f in functions] if functions else [
+            f"{module_name(path)}.*"]
+    return found
+
+
+def scratch_tree(working: bool) -> None:
+    """WORK, fresh: the tree of HEAD (git archive), or with `working` the files git knows as the working tree has
+    them now (uncommitted edits, others' too); the virtualenv linked."""
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    if not working:
+        archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(WORK)], input=archive, check=True)
+    else:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                                capture_output=True).stdout.decode().split("\0")
+        for name in filter(None, listed):
+            source = REPO / name
+            if source.is_file():
+                (WORK / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, WORK / name)
+    (WORK / ".venv").symlink_to(REPO / ".venv")
+
+
+def write_settings(modules: list[str], tests: list[str]) -> None:
+    top = sorted({path.name for path in WORK.iterdir()} - set(PACKAGES)
+                 - {".ci", ".venv", "tests", "setup.cfg", "pyproject.toml", ".gitignore"})
+
+    def lines(values: list[str]) -> str:
+        return "".join(f"\n    {v}" for v in values)
+
+    (WORK / "setup.cfg").write_text(
+        "# Written by devstack/mutants.py for this run; see that file.\n[mutmut]\n"
+        f"source_paths ={lines(PACKAGES)}\n"
+        f"only_mutate ={lines(modules)}\n"
+        f"also_copy ={lines(top)}\n"
+        f"pytest_add_cli_args ={lines(['-p', 'devstack.mutants_plugin', '-p', 'no:cacheprovider'])}\n"
+        f"pytest_add_cli_args_test_selection ={lines(tests)}\n"
+        # grpc (ndb's transport) is not fork-safe once used: mutmut's parent stays clean and forks each mutant from
+        # a server that has only collected the tests
+        "process_isolation = forkserver\n"
+        # a mutant's wall limit is (its tests' measured time + this) x 15: room for fixtures' setup, which mutmut's
+        # measure leaves out, on a machine other suites share
+        "timeout_constant = 5\n")
+
+
+def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, list[str]]:
+    """mutmut's run, its output passed through and kept; its exit code and its last lines as printed."""
+    command = [str(REPO / ".venv" / "bin" / "mutmut"), "run", "--max-children", "1", *names]
+    print(f"$ cd {WORK.relative_to(REPO)} && mutmut {' '.join(command[1:])}", flush=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=WORK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+            out.write(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        code = proc.wait()
+    printed = [line.strip() for line in re.split(r"[\r\n]", log.read_text(errors="replace")) if line.strip()]
+    summary = [line for line in printed if "mutations/second" in line]
+    stats = [line for line in printed if re.match(r"^\d+/\d+\s", line)]
+    return code, (stats[-1:] + summary[-1:])
+
+
+def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
+    """Each mutant's status by module, from mutmut's meta files, restricted to the functions asked for."""
+    from mutmut.stats import status_by_exit_code
+    found = {}
+    for path in modules:
+        meta = json.loads((WORK / "mutants" / f"{path}.meta").read_text())
+        functions = MODULES[path][0]
+        keep = {f"{module_name(path)}.x_{f}__mutmut_" for f in functions} if functions else None
+        found[path] = {name: status_by_exit_code[code] for name, code in meta["exit_code_by_key"].items()
+                       if keep is None or any(name.startswith(prefix) for prefix in keep)}
+    return found
+
+
+def counts(statuses: dict[str, str]) -> dict[str, str]:
+    tally = dict.fromkeys(COLUMNS[:-1], 0)
+    for status in statuses.values():
+        tally[status if status in tally else "other"] += 1
+    tally["mutants"] = len(statuses)
+    tested = len(statuses) - sum(s == "skipped" for s in statuses.values())
+    score = f"{100 * (tally['killed'] + tally['timeout']) / tested:.1f}%" if tested else "-"
+    return {**{k: str(v) for k, v in tally.items()}, "score": score}
+
+
+def show(name: str) -> str:
+    """mutmut's diff of one mutant (its function before and after)."""
+    return subprocess.run([str(REPO / ".venv" / "bin" / "mutmut"), "show", name], cwd=WORK, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def change_and_line(path: str, name: str, diff: str) -> tuple[str, int | None]:
+    """The changed lines of a mutant, `- before` / `+ after`, and the line of the file the first one is on."""
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    change = " / ".join([f"- {r.strip()}" for r in removed] + [f"+ {a.strip()}" for a in added])
+    source = (WORK / path).read_text().splitlines()
+    function = name.rpartition(".")[2].split("__mutmut_")[0]
+    function = function.rpartition("ǁ")[2] if "ǁ" in function else function.removeprefix("x_")
+    start = next((node.lineno for node in ast.walk(ast.parse("\n".join(source)))
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function), 1)
+    line = next((i + 1 for i in range(start - 1, len(source)) if removed and source[i].strip() == removed[0].strip()),
+                None)
+    return change, line
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def code(text: str) -> str:
+    text = cell(text)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def existing_rows(heading: str) -> list[str]:
+    """The table rows of docs/mutants.md's section `heading` (none when there is no such file or section)."""
+    if not DOC.exists():
+        return []
+    rows, inside = [], False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].strip() == heading
+        elif inside and line.startswith("| ") and not line.startswith(("| module", "|---")):
+            rows.append(line)
+    return rows
+
+
+def first_cell(row: str) -> str:
+    return row.split(" | ", 1)[0].removeprefix("| ").strip("` ")
+
+
+def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[str, str], timing: list[str],
+              note: str | None) -> None:
+    kept_modules = [row for row in existing_rows("Per module") if first_cell(row) not in modules]
+    kept_survivors = [row for row in existing_rows("Survivors") if first_cell(row) not in modules]
+    said = {}  # (mutant, change) -> what a person wrote in the last column
+    for row in existing_rows("Survivors"):
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        if len(cells) == 6 and cells[5]:
+            said[(cells[2].strip("`"), cells[4])] = cells[5]
+    stamp = f"{run['date']}, {run['commit'][:12]}"
+    rows = [f"| `{path}` | " + " | ".join(counts(found[path]).values()) + f" | {stamp} |" for path in modules]
+    survivors = []
+    for path in modules:
+        for name, status in sorted(found[path].items(), key=lambda item: int(item[0].rpartition("_")[2])):
+            if status != "survived":
+                continue
+            change, line = change_and_line(path, name, show(name))
+            short = name.removeprefix(module_name(path) + ".")
+            changed = code(change)
+            survivors.append(f"| `{path}` | {line or '?'} | `{short}` | {stamp} | {changed} | "
+                             f"{said.get((short, changed), '')} |")
+    order = {path: i for i, path in enumerate(MODULES)}
+    table = sorted(kept_modules + rows, key=lambda row: order.get(first_cell(row), len(order)))
+    survivor_rows = sorted(kept_survivors + survivors, key=lambda row: order.get(first_cell(row), len(order)))
+    text = [
+        "# Mutants",
+        "",
+        "Written by `make mutants` ([devstack/mutants.py](../devstack/mutants.py), whose docstring says how to run it",
+        "and what it does; linked from [testing.md](testing.md)). Each mutant is one small change mutmut makes to one",
+        "function; the tests that reached that function in mutmut's stats run are run against it, up to the first",
+        "failure.",
+        "",
+        "## Last run",
+        "",
+        f"- date: {run['date']}",
+        f"- commit: {run['commit']}" + (f" ({run['dirty']})" if run.get("dirty") else ""),
+        f"- tool: mutmut {run['version']}, one worker (`--max-children 1`), fork server isolation",
+        f"- backend: DATASTORE={run['backend']} CACHE={run['cache']}",
+        f"- modules: {', '.join(f'`{m}`' for m in modules)}",
+        f"- stats run's test files: {', '.join(f'`{t}`' for t in run['tests'])}",
+        f"- mutmut's summary as printed: {'; '.join(f'`{line}`' for line in run['summary']) or '(none)'}",
+        *[f"- {line}" for line in timing],
+        *([f"- {note}"] if note else []),
+        "",
+        "## Per module",
+        "",
+        "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",
+        "reaches (\"no tests\") counts against it. \"other\": suspicious, segfault, not checked. Each row says the run",
+        "(date, commit) it comes from: a run over some modules replaces their rows only.",
+        "",
+        "| module | " + " | ".join(COLUMNS) + " | run |",
+        "|---" * (len(COLUMNS) + 2) + "|",
+        *table,
+        "",
+        "## Survivors",
+        "",
+        "Each mutant the tests let through: the module, the line it changes, mutmut's name for it (`mutmut show",
+        "<module>.<name>` in .devstack/mutants/ prints its whole diff), the change, and for people to fill: whether it",
+        "is equivalent (no behaviour can tell it apart) and why, or the test that now kills it.",
+        "",
+        "| module | line | mutant | run | change | why it survives / killed by |",
+        "|---|---|---|---|---|---|",
+        *survivor_rows,
+        "",
+    ]
+    DOC.write_text("\n".join(text))
+
+
+def timing_lines(path: Path, started: float, finished: float, stats_tests: list[str]) -> list[str]:
+    sessions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    per_mutant = [s["seconds"] for s in sessions if s["mutant"] not in ("", "stats", "fail", "list_all_tests",
+                                                                         "mutant_generation")]
+    lines = [f"wall time: {finished - started:.0f} s in all (mutant generation, the stats run over "
+             f"{len(stats_tests)} test files, the clean run, the forced failure, then the mutants)"]
+    if per_mutant:
+        lines.append(f"per mutant (its pytest session, as devstack/mutants_plugin.py timed it): "
+                     f"{len(per_mutant)} sessions, mean {statistics.mean(per_mutant):.1f} s, median "
+                     f"{statistics.median(per_mutant):.1f} s, longest {max(per_mutant):.1f} s, "
+                     f"sum {sum(per_mutant):.0f} s")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modules", default="", help="space-separated paths among MODULES (default: all of them)")
+    parser.add_argument("--tests", default="", help="space-separated test files for the stats run (default: each "
+                                                    "module's own, as MODULES lists them)")
+    parser.add_argument("--note", help="a line added to docs/mutants.md's 'Last run' (e.g. that it was a trial)")
+    parser.add_argument("--no-doc", action="store_true", help="leave docs/mutants.md as it is")
+    parser.add_argument("--working-tree", action="store_true",
+                        help="mutate the working tree as it is now, uncommitted edits included (default: HEAD)")
+    args = parser.parse_args()
+    modules = args.modules.split() or list(MODULES)
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        print(f"not among devstack/mutants.py's MODULES: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    tests = args.tests.split() or sorted({t for m in modules for t in MODULES[m][1]})
+    backend, cache = backend_from_env(), cache_from_env()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, check=True, capture_output=True,
+                            text=True).stdout.splitlines() if args.working_tree else []
+    dirty = [line[3:] for line in status if line.strip()]
+    run = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+           "dirty": f"the working tree, with uncommitted changes to {', '.join(dirty)}" if dirty else "",
+           "version": importlib.metadata.version("mutmut"), "backend": backend, "cache": cache, "tests": tests}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the emulator is still stopped
+    started = time.monotonic()
+    scratch_tree(args.working_tree)
+    write_settings(modules, tests)
+    timings = WORK / "sessions.jsonl"
+    emulator = Stack(consistency=1.0, backend=backend).emulator
+    emulator.start()
+    try:
+        env = {**os.environ, "DATASTORE": backend, "CACHE": cache, "MUTANTS_TIMINGS": str(timings),
+               "MUTANTS_SHARED_EMULATOR": json.dumps({"backend": backend, "port": emulator.port,
+                                                      "pid": emulator.proc.pid})}
+        code, summary = run_mutmut(globs(modules), env, WORK / "mutmut.log")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(emulator.proc.pid, signal.SIGCONT)
+        emulator.stop()
+    finished = time.monotonic()
+    if code != 0:
+        print(f"mutmut exited {code}: see {WORK / 'mutmut.log'}", file=sys.stderr)
+        return code
+    found = outcomes(modules)
+    run["summary"] = summary  # type: ignore[assignment]
+    timing = timing_lines(timings, started, finished, tests)
+    print()
+    for path in modules:
+        print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in counts(found[path]).items()))
+    for line in timing:
+        print(line)
+    if not args.no_doc:
+        write_doc(modules, found, run, timing, args.note)
+        print(f"written: {DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A pytest plugin for `make mutants` (devstack/mutants.py): each mutant's pytest session borrows the emulator the
+driver started, instead of starting one of its own.
+
+mutmut runs a fresh pytest session for each mutant (forked from its fork server). tests/conftest.py's session fixture
+`stack` would start a Java emulator every time: 3-5 s of start and stop per mutant, more than most mutants' tests take.
+Under `MUTANTS_SHARED_EMULATOR` (set by the driver, JSON: backend, port, pid), the Stack that fixture builds takes that
+running emulator instead: same code path, same emulator flags, its data reset before each test as always
+(`stack.fresh()`). Only the `stack` fixture's own Stack borrows (a hook around that fixture's setup says which one);
+any other Stack a test starts (weak_stack at consistency 0.9, firestore_stack) is its own, as in `make test`. The cache
+is still the session's own (memcached starts in a few ms), so the fault tests that stop and restart it work unchanged;
+the emulator's pause and resume reach the borrowed process by its process group, and its stop is left to the driver.
+
+A session that finds the shared emulator not answering ends with exit code 35, which mutmut reports as "suspicious",
+never as a kill. `MUTANTS_TIMINGS` names a file where each session appends one JSON line: the mutant (mutmut's
+MUTANT_UNDER_TEST), its wall time and pytest's exit status.
+"""
+import contextlib
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from devstack import services
+
+SHARED = json.loads(os.environ["MUTANTS_SHARED_EMULATOR"]) if os.environ.get("MUTANTS_SHARED_EMULATOR") else None
+_borrowing = {"next": False}
+_started = {"at": 0.0}
+
+
+class _Borrowed:
+    """Stands for the Popen of an emulator this process did not start: its pid (a process group's leader, as devstack
+    starts emulators in their own session), alive or not. Enough for pause() and resume(), which signal the group."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self):
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0
+        return None
+
+
+_original_start = services.Stack.start
+
+
+def _start(self):
+    if not (SHARED and _borrowing["next"] and self.backend == SHARED["backend"]):
+        return _original_start(self)
+    _borrowing["next"] = False
+    emulator = self.emulator
+    emulator.port, emulator.proc = SHARED["port"], _Borrowed(SHARED["pid"])
+    emulator.stop = lambda: None  # the driver's to stop, after the last mutant
+    with contextlib.suppress(ProcessLookupError):  # a mutant killed while a fault test froze it must not leave it so
+        os.killpg(SHARED["pid"], signal.SIGCONT)
+    if not emulator.healthy():
+        pytest.exit(f"the shared {emulator.name} on port {emulator.port} does not answer", returncode=35)
+    try:
+        self.cache.start()
+    except BaseException:
+        self.stop()
+        raise
+    return self
+
+
+services.Stack.start = _start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.argname != "stack" or SHARED is None:
+        return (yield)
+    _borrowing["next"] = True
+    try:
+        return (yield)
+    finally:
+        _borrowing["next"] = False
+
+
+def pytest_configure(config):
+    _started["at"] = time.monotonic()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("MUTANTS_TIMINGS")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"mutant": os.environ.get("MUTANT_UNDER_TEST", ""), "exit": int(exitstatus),
+                                  "seconds": round(time.monotonic() - _started["at"], 3)}) + "\n")
