@@ -35,10 +35,6 @@ class HandedPages(ndb.Model):
     pages = ndb.JsonProperty(default={})
 
     @classmethod
-    def _get_kind(cls) -> str:
-        return "TaskListing"  # its stored kind, from before it was renamed: pages already handed out stay found
-
-    @classmethod
     def key_for(cls, record_key: ndb.Key) -> ndb.Key:
         return ndb.Key(cls, "pages", parent=record_key)
 
@@ -70,9 +66,8 @@ def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
 
 
 def keys_apart(child: dict) -> bool:
-    """Whether a recorded child's page keys are kept in its parent's HandedPages ("listed" in records stored before
-    the flag was renamed)."""
-    return bool(child.get("keys_apart", child.get("listed")))
+    """Whether a recorded child's page keys are kept in its parent's HandedPages."""
+    return bool(child.get("keys_apart"))
 
 
 def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:

@@ -19,16 +19,14 @@ class MapperJob(idempotency.Marker):
     kind = ndb.TextProperty(required=True)
     page_size = ndb.IntegerProperty(required=True, indexed=False)
     fanout = ndb.IntegerProperty(required=True, indexed=False)
-    # Stored under their first names ("last_key", "finished", "finished_by"): jobs stored before the renames keep
-    # their meaning. kind_end: the kind's largest key when the job started, the root range's end.
-    kind_end = ndb.KeyProperty("last_key", indexed=False)
+    kind_end = ndb.KeyProperty(indexed=False)  # the kind's largest key when the job started, the root range's end
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
     # When it ended, set once by whoever first sees every credit returned. Indexed: the sweep (mapper/sweep.py) lists
     # the running jobs (ended == None).
-    ended = ndb.DateTimeProperty("finished")
-    ended_by = ndb.TextProperty("finished_by")  # the stamp of the call that ended it
+    ended = ndb.DateTimeProperty()
+    ended_by = ndb.TextProperty()  # the stamp of the call that ended it
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `ended`
     summary = ndb.JsonProperty()  # the job's figures when it ended: processed, tasks, depth, tally, revived
     # Its follow-up (JobDefinition.on_done), run exactly once by a task of its own: "pending" is written in the commit

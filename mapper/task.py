@@ -89,7 +89,7 @@ class TaskRecord(ndb.Model):
     page_end = ndb.KeyProperty(indexed=False)  # its last,
     more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
-    last_chunk_by = ndb.TextProperty("last_chunk")  # the stamp of the chunk committed last (stored: its first name)
+    last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     # The payloads of the tasks it split into; a handed page's keys are kept apart (mapper/handoff.py).
