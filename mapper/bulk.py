@@ -48,20 +48,21 @@ class IncrementChunks:
     def __init__(self, kind: str, blind: bool) -> None:
         self.kind, self.blind = kind, blind
         self.transaction: Any = None
-        self.reads_all = False  # whether this attempt reads the chunk's entities too (set by each attempt)
+        self.reads_all = False  # whether this transaction reads the chunk's entities too (set by each attempt)
 
     def transact(self, fn: Callable[[], Any]) -> Any:
-        def attempt(reads_all: bool) -> Any:
+        def chunk_transaction(reads_all: bool) -> Any:
             def run(transaction: Any) -> Any:
                 self.transaction, self.reads_all = transaction, reads_all
                 return fn()
             return transact_api(run)
         try:
-            return attempt(reads_all=not self.blind)
+            return chunk_transaction(reads_all=not self.blind)
         except core_exceptions.NotFound:  # an update found an entity deleted since the page's query
             if not self.blind:
                 raise
-            return attempt(reads_all=True)  # the chunk again, reading its entities: the missing ones are skipped
+            # the chunk again, reading its entities: the missing ones are skipped
+            return chunk_transaction(reads_all=True)
 
     def get_multi(self, keys: list[ndb.Key]) -> list[Any]:
         """Each key's entity as the transaction reads it: of the job's kind a ChunkEntity (not read where blind:

@@ -9,19 +9,19 @@ from mapper.task import TaskPayload, TaskRecord
 
 def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
               error: str | None = None) -> tuple[TaskRecord, int]:
-    """End the task's record without visiting the rest of its page: `state`, and the credit it kept for its page
+    """End the task's record without visiting the rest of its page: `state`, and the weight it kept for its page
     returned, so that the job still ends when every other task has. What its chunks committed stays in its tally; the
-    children it recorded are enqueued (again: a delivery may have died before it did) and return their own credit.
-    Returns the record and the credit this call returned (0 when another delivery ended the record first).
+    children it recorded are enqueued (again: a delivery may have died before it did) and return their own weight.
+    Returns the record and the weight this hand-back returned (0 when another delivery ended the record first).
 
-    Idempotent by state, so no stamp: a retry after an UNKNOWN commit finds the record ended and returns 0, and the
-    job's checks then sum the records, which hold this credit (completion.end_if_all_back)."""
+    Idempotent by state, so no stamp: the next attempt after an UNKNOWN commit finds the record ended and returns 0,
+    and the job's checks then sum the records, which hold this weight (completion.end_if_all_back)."""
     def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
             return record, 0
         record.state, record.error, record.updated = state, error, clock.now()
-        record.returned = record.kept_credit
+        record.returned = record.kept_weight
         record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
         record.put()
         return record, record.returned

@@ -1,7 +1,7 @@
 """Handing a mapper task's children to the queue, and the pages it hands out.
 
-A task lists its page and the pages after it in one query; each page after its own goes whole to a child, whose task
-carries the page's keys and so runs no query. The keys must fit a task, and a retry or the sweep must be able to
+A task scans its page and the pages after it in one query; each page after its own goes whole to a child, whose task
+carries the page's keys and so runs no query. The keys must fit a task, and a redelivery or the sweep must be able to
 enqueue the same children again: so the task keeps them beside its record (HandedPages), not in it (the job's
 records are read whole when it ends, and stay small).
 """
@@ -9,7 +9,7 @@ from google.cloud import ndb
 
 from core import runtime
 from mapper.models import MapperJob
-from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
+from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 
 TASK_HANDLER = "mapper.run"
 # At most this many bytes of urlsafe keys go into the pages one task hands out, all its pages together: so that each
@@ -20,10 +20,14 @@ TASK_HANDLER = "mapper.run"
 HANDED_BYTES = 90_000
 
 
-def listing_limit(page_size: int, fanout: int) -> int:
-    """The most keys a range task lists in one query: its own page, up to `fanout` pages after it to hand out whole,
-    and one key more, which says whether any remain."""
+def scan_limit(page_size: int, fanout: int) -> int:
+    """The most keys a range task's scan reads: its own page, up to `fanout` pages after it to hand out whole, and one
+    key more, which says whether any remain."""
     return page_size * (fanout + 1) + 1
+
+
+# Its old name, until mapper/tree.py, tests/test_plan.py and bench/mapper.py say scan_limit (issue #72): delete then.
+listing_limit = scan_limit
 
 
 class HandedPages(ndb.Model):
@@ -40,8 +44,8 @@ class HandedPages(ndb.Model):
 
 
 def root_payload(job: MapperJob) -> TaskPayload:
-    """The root task's: the kind's whole range, up to its largest key when the job started, and every credit."""
-    return TaskPayload(job.id, "0", None, job.kind_end.urlsafe().decode(), TOTAL_CREDIT)
+    """The root task's: the kind's whole range, up to its largest key when the job started, and all the weight."""
+    return TaskPayload(job.id, "0", None, job.kind_end.urlsafe().decode(), TOTAL_WEIGHT)
 
 
 def enqueue(payload: TaskPayload) -> None:
@@ -77,7 +81,7 @@ def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
 
 def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
     """Enqueue the tasks `record` split into, a handed page's keys from `pages` (else from the task's HandedPages); a
-    repeat (a retry's) is dropped by the queue, which knows their names."""
+    repeat (a redelivery's) is dropped by the queue, which knows their names."""
     if pages is None:
         apart = any(map(keys_apart, record.children))
         kept_pages = HandedPages.key_for(record.key).get() if apart else None

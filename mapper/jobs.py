@@ -36,7 +36,7 @@ class JobDefinition:
     `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
     to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
     sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
-    `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job finished (done,
+    `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job ended (done,
     failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
     committed, instead of each chunk writing one shared entity.
     `parse_params(params)` checks the job's params (Unprocessable when wrong: a 422) and returns them as the job keeps
@@ -50,7 +50,7 @@ class JobDefinition:
     increments: Callable[[dict], dict[str, int]] | None = None
     parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
-    # After the job finished, by a task of its own: returns entities to write (or None), committed with the mark that
+    # After the job ended, by a task of its own: returns entities to write (or None), committed with the mark that
     # it ran, so they land exactly once; it may itself run more than once (completion.run_follow_up).
     on_done: Callable[[MapperJob], list | None] | None = None
     tally: Callable[[list, dict], dict] | None = None

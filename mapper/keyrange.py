@@ -13,7 +13,7 @@ from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
 
 def parts_needed(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int, per_task: int, k: int,
                  samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (page_end, hi] is worth: about twice the `per_task`s (keys one task lists) it holds, at
+    """How many ranges the rest (page_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, at
     most k (a few entities split k ways make k tasks that each pay a task's fixed costs). Its size is judged by the
     samples' density over the `page_len` keys just read (page_start, page_end], else by its ids' density (the
     Firestore emulator keeps no samples); unknown: k."""

@@ -23,8 +23,8 @@ class MapperJob(idempotency.Marker):
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
-    # When it ended, set once by whoever first sees every credit returned. Indexed: the sweep (mapper/sweep.py) lists
-    # the running jobs (ended == None).
+    # When it ended, set once by whoever first sees every weight returned. Indexed: the sweep (mapper/sweep.py)
+    # queries the running jobs (ended == None).
     ended = ndb.DateTimeProperty()
     ended_by = ndb.TextProperty()  # the stamp of the call that ended it
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `ended`
@@ -35,7 +35,9 @@ class MapperJob(idempotency.Marker):
     follow_up = ndb.StringProperty(choices=("pending", "ran"))
     follow_up_due = ndb.DateTimeProperty(indexed=False)
     follow_up_sent = ndb.IntegerProperty(default=0, indexed=False)
-    follow_up_by = ndb.TextProperty()  # the stamp of the call that wrote it last (a sweep's send, or the run)
+    # One stamp field per writer (core.transactions.once): the sweep's latest send, and the run's commit.
+    resent_by = ndb.TextProperty()
+    ran_by = ndb.TextProperty()
 
     @property
     def id(self) -> str:

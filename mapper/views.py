@@ -25,8 +25,8 @@ def jobs() -> ResponseReturnValue:
 
 
 def _jobs_page(status: int = 200) -> tuple[str, int]:
-    listed = [service.job_dict(job) for job in service.list_jobs()]
-    return render_template("mapper/jobs.html", jobs=listed, registered=job_definitions.registered(),
+    recent = [service.job_dict(job) for job in service.list_jobs()]
+    return render_template("mapper/jobs.html", jobs=recent, registered=job_definitions.registered(),
                            max_page_size=service.MAX_PAGE_SIZE), status
 
 

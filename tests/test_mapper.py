@@ -17,7 +17,7 @@ from core import runtime, tasks
 from mapper import bulk, completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
 from mapper.handoff import HandedPages
 from mapper.models import MapperJob
-from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord
+from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 from tests.support import api_commit_answers_unknown, billed, commit_answers_unknown, writers_meet_before_writing
 
 
@@ -360,8 +360,9 @@ def test_a_task_that_dies_half_way_is_retried_without_crediting_twice(job, extra
 @pytest.mark.parametrize("job", FLAKY_JOBS)
 def test_a_retry_visits_its_whole_page_though_more_entities_were_put_in_it_since(job, extra_jobs, client, auth,
                                                                                  task_queue):
-    """A retry lists the rest of the page its first delivery fixed, up to the page's last key: 60 accounts put inside
-    the page while its task was down (more than the 50 its first delivery had done) push none of the page's own out."""
+    """A redelivery scans the rest of the page its first delivery fixed, up to the page's last key: 60 accounts put
+    inside the page while its task was down (more than the 50 its first delivery had done) push none of the page's own
+    out."""
     keys = seed_accounts(300)
     assert keys[50].id() - keys[49].id() > 61  # room for 60 ids between the 50th and 51st accounts
 
@@ -382,7 +383,7 @@ def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_
     seed_accounts(30)
     DONE.clear()
     job_id = start(client, auth, "test_flaky_credit")
-    answered = commit_answers_unknown(monkeypatch, "_end.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_end.<locals>.end")
     task_queue.drain()
     monkeypatch.undo()
     assert answered and job_status(client, job_id)["state"] == "done"
@@ -395,7 +396,7 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
     delivery's chunk (not by another delivery) and goes on with the next chunk, crediting every account once."""
     keys = seed_accounts(60)  # the root's page holds all 60: three chunks of 24 (the job's chunk)
     job_id = start(client, auth, "test_flaky_credit", page_size=100)
-    answered = commit_answers_unknown(monkeypatch, "_process.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_process.<locals>.commit_chunk.<locals>.write")
     task_queue.drain()
     monkeypatch.undo()
     root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
@@ -408,7 +409,7 @@ def test_a_start_whose_commit_answered_unknown_but_applied_starts_its_own_job(ap
     """The start's retry finds the job its own commit put (the job's `call` stamp), not another request's: it
     goes on to start the job's hints and its root task, once."""
     keys = seed_accounts(30)
-    answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.insert")
     job_id = start(client, auth)
     monkeypatch.undo()
     hinted = runtime.cache().get_many([completion._key(job_id, "processed")])
@@ -425,7 +426,7 @@ def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_aga
     job_id = start(client, auth)
     assert task_queue.queue.take().name == f"{job_id}-0"  # the root's every delivery lost: only its record is left
     run_out_lease(f"{job_id}-0")
-    answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.take_up")
     revived = swept()["revived"]
     monkeypatch.undo()
     assert answered and revived == [f"{job_id}-0"]
@@ -435,10 +436,10 @@ def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_aga
 
 def test_a_follow_up_whose_commit_answered_unknown_but_applied_says_it_ran(extra_jobs, client, auth, task_queue,
                                                                           monkeypatch):
-    """The on_done's retry finds "ran" written by its own commit (`follow_up_by`): it ran, its writes landed once."""
+    """The on_done's retry finds "ran" written by its own commit (`ran_by`): it ran, its writes landed once."""
     seed_accounts(30)
     job_id = start(client, auth, "test_flaky_credit")
-    answered = commit_answers_unknown(monkeypatch, "run_follow_up.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "run_follow_up.<locals>.mark_ran")
     task_queue.drain()
     monkeypatch.undo()
     ran = [body for task, _, body in task_queue.responses if task.handler == completion.DONE_HANDLER]
@@ -448,7 +449,7 @@ def test_a_follow_up_whose_commit_answered_unknown_but_applied_says_it_ran(extra
 def test_ending_a_job_deleted_meanwhile_ends_nothing(ndb_context):
     """The job is read again in the transaction that ends it: gone since, nothing is ended (not an AttributeError)."""
     job = MapperJob(id="gone", name="add_credit", kind="Account", page_size=10, fanout=2)  # never stored
-    assert completion._end(job, completion.Figures("running", returned=TOTAL_CREDIT)) is None
+    assert completion._end(job, completion.Figures("running", returned=TOTAL_WEIGHT)) is None
 
 
 def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
@@ -458,8 +459,8 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
     assert sweep.payload_of(job, ndb.Key(TaskRecord, "j-0")) == handoff.root_payload(job)
     with pytest.raises(RuntimeError, match="parent's record is gone"):
         sweep.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
-    parent = TaskRecord(id="j-0", job="j", depth=0, credit=4,
-                        children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "credit": 2, "keys": None,
+    parent = TaskRecord(id="j-0", job="j", depth=0, weight=4,
+                        children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
     with pytest.raises(RuntimeError, match="pages its parent handed out are gone"):
@@ -474,26 +475,26 @@ def test_accounts_ids_lie_where_the_key_arithmetic_aims(ndb_context):
     assert max(ids) > key_arithmetic.ID_CEILING // 2  # ids below 2**52 would leave the upper half of the aim empty
 
 
-def test_a_split_never_hands_out_more_credit_than_it_has(ndb_context):
-    """Equal shares while the credit divides; one child re-listing the rest with half when it does not; a task whose
-    credit is spent fails rather than leave its range unvisited with the job done."""
+def test_a_split_never_hands_out_more_weight_than_it_has(ndb_context):
+    """Equal shares while the weight divides; one child scanning the rest with half when it does not; a task whose
+    weight is spent fails rather than leave its range unvisited with the job done."""
     job = MapperJob(id="j", name="t", kind="Account", page_size=2, fanout=2, samples=[])
-    listed = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
+    scanned = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
     payload = TaskPayload("j", "0", None, ndb.Key(Account, 99).urlsafe().decode(), 100)
-    children = tree._split(job, payload, listed, 100)
+    children = tree._split(job, payload, scanned, 100)
     assert [bool(c.keys) for c in children].count(True) == 2 and len(children) >= 3
-    assert len({c.credit for c in children}) == 1 and sum(c.credit for c in children) < 100
-    tight = tree._split(job, payload, listed, 3)
-    assert len(tight) == 1 and tight[0].keys is None and tight[0].credit == 1 and tight[0].lo_key == listed[1]
-    with pytest.raises(RuntimeError, match="credit is spent"):
-        tree._split(job, payload, listed, 1)
+    assert len({c.weight for c in children}) == 1 and sum(c.weight for c in children) < 100
+    tight = tree._split(job, payload, scanned, 3)
+    assert len(tight) == 1 and tight[0].keys is None and tight[0].weight == 1 and tight[0].lo_key == scanned[1]
+    with pytest.raises(RuntimeError, match="credit is spent"):  # tree.py's message, until it says "weight"
+        tree._split(job, payload, scanned, 1)
 
 
 @pytest.mark.parametrize("job", FLAKY_JOBS)
-def test_a_listed_page_that_dies_half_way_resumes_from_its_record(job, extra_jobs, client, auth, task_queue):
+def test_a_handed_page_that_dies_half_way_resumes_from_its_record(job, extra_jobs, client, auth, task_queue):
     """A page handed out with its keys resumes, on its next delivery, after the last key its record committed."""
     keys = seed_accounts(300)
-    FAULTS.update(fail_at=keys[70], failures=0)  # in the first listed page (keys 40-79): its first chunk commits first
+    FAULTS.update(fail_at=keys[70], failures=0)  # in the first handed page (keys 40-79): its first chunk commits first
     job_id = start(client, auth, job, page_size=40, fanout=4)
     task_queue.drain()
     assert FAULTS["failures"] == 1
@@ -531,8 +532,8 @@ def test_duplicate_deliveries_at_once_credit_once_and_finish_once(job, extra_job
 
 
 def test_a_finished_task_delivered_again_and_again_returns_its_credit_once(extra_jobs, client, auth, task_queue):
-    """The running sum of returned credit counts each task once, however often the queue delivers it: counted per
-    delivery, one leaf's quarter of the credit delivered 14 times, then its three siblings', pass 2**64, memcached's
+    """The running sum of returned weight counts each task once, however often the queue delivers it: counted per
+    delivery, one leaf's quarter of the weight delivered 14 times, then its three siblings', pass 2**64, memcached's
     incr wraps to a small number, and the real last task sees less than everything and leaves the job unfinished
     (seen in CI, where every task was delivered twice at once and each 409 brought it back)."""
     keys = seed_accounts(200)
@@ -615,7 +616,7 @@ def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(
     task_queue.drain()
     final = job_status(client, job_id)
     assert (final["state"], final["processed"]) == ("done", 49)
-    # in the same delivery: not a failed one that the queue's redelivery (listing the page again, without it) mends
+    # in the same delivery: not a failed one that the queue's redelivery (scanning the page again, without it) mends
     assert {status for _, status, _ in task_queue.responses} == {200}
     with runtime.current().context():
         assert gone.get() is None
@@ -646,15 +647,15 @@ def test_an_increments_job_on_firestore_reads_only_its_records(app, client, auth
     assert job_status(client, job_id)["state"] == "done"
     reads = sum(billed_from_header(timing).reads for timing in task_queue.timings)
     if runtime.current().settings.backend == "firestore":
-        assert reads < 40, reads  # records, the job, the listing's batches: not the 200 accounts
+        assert reads < 40, reads  # records, the job, the scan's batches: not the 200 accounts
     else:
         assert reads >= 200, reads
 
 
-def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, auth, task_queue):
-    """A range task lists fanout + 1 pages in one query and hands the pages after its own to children that carry
+def test_a_job_runs_one_query_per_scan_and_a_handed_page_none(app, client, auth, task_queue):
+    """A range task scans fanout + 1 pages in one query and hands the pages after its own to children that carry
     their keys: those run no query, and each visits exactly its keys. 1,000 accounts in pages of 40 with fanout 4: a
-    listing covers 200 accounts, so about 5 range tasks query (and the job's start, its one query for the kind's last
+    scan covers 200 accounts, so about 5 range tasks query (and the job's start, its one query for the kind's last
     key), against 25 pages."""
     keys = seed_accounts(1000)
     job_id = start(client, auth, page_size=40, fanout=4)
@@ -662,22 +663,22 @@ def test_a_job_runs_one_query_per_listing_and_a_listed_page_none(app, client, au
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 1000
     queries = {task.name: re.search(r"(\d+) RunQuery", timing) for (task, _, _), timing in
                zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == handoff.TASK_HANDLER}
-    listed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
+    handed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
               if task.handler == handoff.TASK_HANDLER and task.payload.get("keys")}
-    assert listed and all(queries[name] is None for name in listed)  # a listed page runs no query
-    ranges = [name for name in queries if name not in listed]
+    assert handed and all(queries[name] is None for name in handed)  # a handed page runs no query
+    ranges = [name for name in queries if name not in handed]
     assert all(queries[name] and queries[name][1] == "1" for name in ranges)  # a range task runs one
-    assert len(ranges) <= 1000 // 200 + 4 and len(listed) >= 1000 // 40 - len(ranges)
+    assert len(ranges) <= 1000 // 200 + 4 and len(handed) >= 1000 // 40 - len(ranges)
     with runtime.current().context():
-        for name, urlsafe in listed.items():
+        for name, urlsafe in handed.items():
             record = TaskRecord.get_by_id(name)
             assert record.processed == len(urlsafe) <= 40
             assert record.last_key == ndb.Key(urlsafe=urlsafe[-1].encode())
 
 
 def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_queue, monkeypatch):
-    """A task hands out only as many listed pages as HANDED_BYTES of keys hold (a record keeps them, a task carries
-    them); the rest of its listing it splits as ranges, and still every account is credited once."""
+    """A task hands out only as many scanned pages as HANDED_BYTES of keys hold (a record keeps them, a task carries
+    them); the rest of its scan it splits as ranges, and still every account is credited once."""
     keys = seed_accounts(600)
     one_page = sum(len(k.urlsafe()) for k in keys[40:80])
     monkeypatch.setattr(handoff, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
@@ -686,21 +687,21 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600
     with runtime.current().context():
         records = TaskRecord.query(TaskRecord.job == job_id).fetch()
-        listings = {r.key.id(): HandedPages.key_for(r.key).get() for r in records}
+        kept_pages = {r.key.id(): HandedPages.key_for(r.key).get() for r in records}
     for record in records:
-        listed = [child for child in record.children if child["keys_apart"]]
+        apart = [child for child in record.children if child["keys_apart"]]
         assert all(child["keys"] is None for child in record.children)  # the record keeps no keys
-        pages = listings[record.key.id()].pages if listed else {}
-        assert sorted(pages) == sorted(child["task"] for child in listed)
-        assert len(listed) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
-    # a task that listed more than it could hand out split the rest as ranges
+        pages = kept_pages[record.key.id()].pages if apart else {}
+        assert sorted(pages) == sorted(child["task"] for child in apart)
+        assert len(apart) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
+    # a task that scanned more than it could hand out split the rest as ranges
     assert any(any(c["keys_apart"] for c in r.children) and any(not c["keys_apart"] for c in r.children)
                for r in records)
 
 
 def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, auth, task_queue):
     """The kept balance moves in the transaction that marks the job finished, by the sum of its records' tallies:
-    not before (a running job's credit is in its records), and not again however often the end is reached."""
+    not before (a running job's tally is in its records), and not again however often the end is reached."""
     keys = seed_accounts(120)
     job_id = start(client, auth, page_size=40, fanout=2)
     task_queue.drain(max_deliveries=1)  # the root's page credited, its children still queued
@@ -713,8 +714,8 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
         assert service.finish_job(job_id).ended == job.ended  # finished already: nothing settles twice
         for _ in range(2):
             completion.run_check({"job": job_id, "check": 1})
-        # A finisher that read the job before it was marked ended (two last deliveries at once, each seeing every
-        # credit back): the end's transaction reads the job again, finds it ended, and settles nothing.
+        # A finisher that read the job before it was marked ended (two last deliveries at once, each seeing all the
+        # weight back): the end's transaction reads the job again, finds it ended, and settles nothing.
         stale = MapperJob.get_by_id(job_id)
         stale.ended = None
         assert completion._end(stale, completion._summed(stale)) is None
@@ -800,8 +801,8 @@ def test_a_task_whose_deliveries_stopped_half_way_is_taken_up_by_the_sweep_and_g
 
 def test_a_job_whose_last_task_died_before_adding_its_credit_is_ended_by_the_sweep(extra_jobs, client, auth,
                                                                                   task_queue, monkeypatch):
-    """A last task's delivery that died between its final commit and adding its credit to the running sum leaves a
-    job no task will end: the sweep finds none of its records leased, sums them, and the job ends (its credit
+    """A last task's delivery that died between its final commit and adding its weight to the running sum leaves a
+    job no task will end: the sweep finds none of its records leased, sums them, and the job ends (its tally
     settled, its on_done run once)."""
     keys = seed_accounts(30)
     DONE.clear()
