@@ -103,7 +103,6 @@ class TaskRecord(ndb.Model):
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
     revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
-    recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began
     updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 
