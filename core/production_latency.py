@@ -1,17 +1,11 @@
-"""LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits.
-
-Both emulators and the cache answer here in well under a millisecond, so the lessons about waiting would not show.
-With a profile on, every call waits a round trip drawn from published figures (each cited beside it; INF: an
-inference, to measure in production). Where each wait lives:
-- Datastore RPCs: in the stand-in (devstack/standin.py), one gRPC proxy in front of the emulator that every client
-  reaches through DATASTORE_EMULATOR_HOST. Only there can calls in flight together wait together, and many
-  processes' writes to one entity take turns as production makes them (ENTITY_WRITES_PER_S below). An RPC waits its
-  round trip less the emulator's own time for it, half before it is forwarded and half after, so a transaction's
-  window on the server stays production's. The app's processes do not wait: they count what the stand-in reports
-  waiting (core/datastore.py, RpcCounter).
-- Cache calls, Cloud Tasks create and delivery: in the app's process, on the thread that makes the call (Model).
-This is the one place the model is defined; its figures, sources and tail: docs/lessons/numbers.md, "Where production
-waits".
+"""LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits, every call a round
+trip drawn from published figures (each cited beside it; INF: an inference, to measure in production).
+- Datastore RPCs wait in the stand-in (devstack/standin.py), one gRPC proxy in front of the emulator: only there can
+  calls in flight together wait together, and many processes' writes to one entity take turns as production makes
+  them. An RPC waits its round trip less the emulator's own time, half before it is forwarded and half after, so a
+  transaction's window on the server stays production's. The app's processes count what the stand-in reports.
+- Cache calls, Cloud Tasks create and delivery wait in the app's process, on the calling thread (Model).
+The one place the model is defined; its figures and sources: docs/lessons/numbers.md, "Where production waits".
 """
 import contextvars
 import math
@@ -90,23 +84,17 @@ COMMIT = RoundTrip(47)  # 1 entity, non-transactional insert: 24-55 ms, median ~
 # INF: one small RPC, as a Lookup (10-20 ms, latency-reference); python-datastore PR#499 (2023-11-28) lets a client skip
 # it (begin_later), python-ndb still sends it. No source measures it.
 BEGIN_TRANSACTION = LOOKUP
-# RunAggregationQuery (COUNT, SUM): no latency figure anywhere. Officially Count.up_to bounds "the number of entities
-# to scan, limiting latency, and cost" (Datastore v1 API reference, AggregationQuery.Aggregation.Count), so it grows
-# with the index entries scanned. INF: a small query's round trip (RUN_QUERY), then SCAN_MS_PER_1000_ENTRIES for each
-# 1,000 entries its COUNT counted (billed as one read, https://cloud.google.com/datastore/pricing: the server's work
-# for 1,000 entries priced as one entity read). The rate is a hypothesis: the one figure near it, python-ndb#360
-# (2020), a client-side count of ~200 entities in 0.1 s, paid for sending every key back, which an aggregation does not.
+# RunAggregationQuery (COUNT, SUM): no latency figure anywhere; it grows with the index entries scanned. INF: a small
+# query's round trip, then SCAN_MS_PER_1000_ENTRIES for each 1,000 entries its COUNT counted (sources: STAND_IN_KNOBS).
+# The rate is a hypothesis: the one figure near it, python-ndb#360 (2020), a client-side count of ~200 entities in
+# 0.1 s, paid for sending every key back, which an aggregation does not.
 RUN_AGGREGATION_QUERY = RUN_QUERY
 SCAN_MS_PER_1000_ENTRIES = 5.0
 # The multi-region profile's Commit: "Select a regional location if your application is more sensitive to write latency"
-# (https://cloud.google.com/datastore/docs/locations; Firestore's best practices: "for lower write latency",
-# https://cloud.google.com/firestore/docs/best-practices); a multi-region Commit waits for replicas in other regions. No
-# source measures a Datastore-mode Commit in nam5 or eur3. INF: the lower end of Megastore's cross-datacenter writes,
-# "100-400 ms" (Baker et al., CIDR 2011, Paxos across datacenters, "depending on the distance"). Reads: the nearest
-# replica answers, as in a regional database (INF). The one published figure for a multi-region database is a READ, and
-# it does not fit that inference: 100-120 ms for a get by key from us-central to a us-central multi-region database
-# (google-cloud-python#4925 / google-cloud-go#890, 2018, with client artefacts such as a client made per call). It is
-# not used here.
+# (https://cloud.google.com/datastore/docs/locations; https://cloud.google.com/firestore/docs/best-practices): it waits
+# for replicas in other regions, and no source measures one in nam5 or eur3. INF: the lower end of Megastore's
+# cross-datacenter writes, "100-400 ms" (Baker et al., CIDR 2011). Reads: the nearest replica answers (INF). Not used:
+# the one published multi-region figure, a read of 100-120 ms with client artefacts (google-cloud-python#4925, 2018).
 MULTI_REGION_COMMIT = RoundTrip(100)
 
 DATASTORE = {
@@ -119,33 +107,18 @@ DATASTORE = {
     "AllocateIds": LOOKUP,  # INF: one small RPC; sai-pullabhotla/catatumbo#12 (2016): "taking quite a while", no number
     "ReserveIds": LOOKUP,  # INF: as AllocateIds
 }
-# A batch's size. No source measures a Lookup of many keys or a Commit of many mutations: batching performs "multiple
-# operations with the same overhead as a single operation" (https://cloud.google.com/datastore/docs/best-practices), so
-# one round trip, plus the server's work for each entity. INF: the one published figure for a big batch, a get and
-# update of 1,000 entities in ~1.5 s (blog.famzah.net, 2014-05-02, legacy App Engine Java on an F1), is 1.5 ms for
-# each entity read and written; split as reads and writes were timed then, 20 ms against 40 ms
-# (dbaspects.blogspot.com, 2010-01-24), 0.5 ms a key read and 1.0 ms an entity written. Each after the first.
+# A batch's size: no source measures a Lookup of many keys or a Commit of many mutations. INF: one round trip, plus the
+# server's work for each key or mutation after the first, from the one published big batch (sources: STAND_IN_KNOBS).
 LOOKUP_MS_PER_KEY = 0.5
 COMMIT_MS_PER_MUTATION = 1.0
 
 # One entity's writes, whoever writes: the stand-in makes every client's Commits that write one entity (Firestore in
 # Datastore mode: the entity; legacy Datastore: its entity group, the root key) take turns, each holding it for its
-# modelled commit. Firestore: "you can't update a single document at an unlimited rate"
-# (https://cloud.google.com/firestore/docs/solutions/counters); "Cloud Firestore has a limit of one sustained write per
-# second, per document" (the Firebase counter extension,
-# https://firebase.google.com/products/extensions/firebase-firestore-counter). Legacy: "the write throughput for any
-# single entity group is limited to about one commit per second"
-# (https://cloud.google.com/datastore/docs/concepts/structuring_for_strong_consistency).
+# modelled commit, at production's published rate after a short burst; a commit whose turn cannot come within
+# ENTITY_TURN_MAX_WAIT_S is answered at once, ABORTED with production's words. Each figure's source: STAND_IN_KNOBS.
 ENTITY_WRITES_PER_S = 1.0
-# INF: "sustained" leaves room for a short burst above the rate, and no source says how large. The figure comes from
-# Megastore: "Limiting that rate to a few writes per second per entity group yields insignificant conflict rates"
-# (Baker et al., CIDR 2011): a burst of a few, 3, after which the rate applies.
-ENTITY_WRITE_BURST = 3
-# INF: how long a commit waits for its turn before production gives up; no source gives it. Contention "costs seconds,
-# not milliseconds" (python-ndb backs off from 1 s; nodejs-firestore#827 logs a backoff of 3.9 s after ABORTED), and
-# the Firestore emulator's own lock timeout is ~2.3 s: 2 s. A commit whose turn cannot come within it is answered at
-# once, ABORTED with production's words (https://cloud.google.com/firestore/native/docs/understand-error-codes).
-ENTITY_TURN_MAX_WAIT_S = 2.0
+ENTITY_WRITE_BURST = 3  # INF: "sustained" leaves room for a burst, and no source says how large
+ENTITY_TURN_MAX_WAIT_S = 2.0  # INF: no source gives it
 CONTENTION = "Too much contention on these datastore entities. Please try again."
 # Where the stand-in says, in each answer's gRPC trailing metadata, what it waited (ms) and under which profile.
 WAIT_HEADER, PROFILE_HEADER = "x-standin-wait-ms", "x-standin-profile"
@@ -161,8 +134,8 @@ _BATCH_URLS = ("https://cloud.google.com/datastore/docs/best-practices",
 
 @dataclass(frozen=True)
 class Knob:
-    """One of the stand-in's knobs as /numbers shows it: what it is, whether it is production's published figure or an
-    inference, and where it comes from. Its value is this module's, read when asked."""
+    """One of the stand-in's knobs as /numbers shows it, published or an inference, with its sources; its value is
+    this module's, read when asked."""
     name: str  # the figure's name above
     label: str
     unit: str
@@ -236,9 +209,8 @@ def label() -> str:
 
 
 class Model:
-    """The waits of one app's stack: none (the default), or a profile's (`LATENCY=production` or
-    `LATENCY=multi-region`, local stacks only). The app's processes wait their cache calls and Cloud Tasks with it; the
-    stand-in draws Datastore RPCs' round trips from it. Thread-safe: one per process, used by every request thread."""
+    """The waits of one app's stack: none (the default), or a profile's. The app's processes wait their cache calls
+    and Cloud Tasks with it; the stand-in draws Datastore RPCs' round trips from it. One per process, thread-safe."""
 
     def __init__(self, name: str = "none", seed: int | None = None) -> None:
         if name not in NAMES:
@@ -251,8 +223,7 @@ class Model:
 
     def datastore_round_trip(self, method: str, keys: int = 1, mutations: int = 1) -> float:
         """A Datastore RPC's round trip in seconds, drawn (nothing when off): its method's, plus the server's work for
-        each key a Lookup reads and each mutation a Commit writes after the first (the stand-in waits it, less the
-        emulator's own time)."""
+        each key a Lookup reads and each mutation a Commit writes after the first."""
         if not self.on:
             return 0.0
         with self._lock:
@@ -260,13 +231,11 @@ class Model:
         return seconds + (max(keys - 1, 0) * LOOKUP_MS_PER_KEY + max(mutations - 1, 0) * COMMIT_MS_PER_MUTATION) / 1000
 
     def scan(self, entries: int) -> float:
-        """The seconds an aggregation's scan of `entries` index entries adds to its round trip (nothing when off): the
-        server's share of its time, which grows with them (INF: SCAN_MS_PER_1000_ENTRIES)."""
+        """The seconds an aggregation's scan of `entries` index entries adds to its round trip (nothing when off)."""
         return entries / 1000 * SCAN_MS_PER_1000_ENTRIES / 1000 if self.on else 0.0
 
     def names_the_request(self) -> None:
-        """The current request waits under this profile (its footer names it): called where a Datastore RPC is sent,
-        whose wait is the stand-in's."""
+        """The current request waits under this profile (its footer names it)."""
         if self.on:
             _waited_under.set(self.name)
 
@@ -301,8 +270,7 @@ class Model:
         calls = [*self.datastore.items(), ("cache call (through the VPC connector)", CACHE),
                  ("Cloud Tasks create", TASK_CREATE), ("Cloud Tasks delivery", TASK_DELIVERY)]
         return [{"call": name, "median_ms": round(trip.median_ms, 1), "p99_ms": round(trip.p99_ms, 1),
-                 "p999_ms": round(trip.p999_ms, 1), "cap_ms": round(trip.cap_ms, 1),
-                 "source": SOURCES_MULTI_REGION_COMMIT if trip is MULTI_REGION_COMMIT else SOURCES[name]}
+                 "p999_ms": round(trip.p999_ms, 1), "cap_ms": round(trip.cap_ms, 1), "source": cited(name, trip)[0]}
                 for name, trip in calls]
 
 
@@ -333,6 +301,14 @@ SOURCE_LINKS = {
 LINKS_MULTI_REGION_COMMIT = ("https://cloud.google.com/datastore/docs/locations",
                              "https://cloud.google.com/firestore/docs/best-practices", _MEGASTORE_URL)
 TAIL_LINKS = ("https://github.com/googleapis/nodejs-firestore/issues/1994",)
+
+
+def cited(call: str, trip: RoundTrip) -> tuple[str, tuple[str, ...]]:
+    """(its source in words, its links) of a call's modelled round trip; an unknown RPC's is a RunQuery's."""
+    if trip is MULTI_REGION_COMMIT:
+        return SOURCES_MULTI_REGION_COMMIT, LINKS_MULTI_REGION_COMMIT
+    call = call if call in SOURCES else "RunQuery"
+    return SOURCES[call], SOURCE_LINKS[call]
 
 
 def tail_steps() -> list[tuple[float, float, float]]:

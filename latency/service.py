@@ -1,8 +1,6 @@
 """Numbers everyone should know (the /numbers page), measured on the running stack beside the talk's 2008 rules of
-thumb. The package is not called `numbers`: that would shadow Python's standard module of the name.
-
-Bounded work: RUNS timed calls of each operation (plus one untimed warm-up), each operation cut short after
-TIME_LIMIT seconds, one measurement at a time; the probes are overwritten by the next measurement, never added to.
+thumb (not `numbers`: that would shadow Python's module). Bounded work: RUNS timed calls of each operation, each cut
+short after TIME_LIMIT seconds, one measurement at a time; the probes are overwritten, never added to.
 """
 import statistics
 import time
@@ -104,9 +102,8 @@ BACKEND_NAMES = {"legacy": "the legacy Datastore emulator", "firestore": "the Fi
 
 
 def measure(by: str) -> dict[str, Any]:
-    """Time every operation now (`by`: the admin's display name, shown to everyone), keep the result as the latest
-    measurement and return it. 409 while another measurement runs (memcached holds the claim; when memcached is
-    away, measurements are not kept apart)."""
+    """Time every operation now (`by`: the admin's display name), keep the result as the latest measurement and
+    return it; 409 while another measurement runs (the cache holds the claim)."""
     cache = runtime.cache()
     if cache.add(LOCK_KEY, 1, LOCK_SECONDS) is False:  # None (the cache away) cannot keep measurements apart
         raise Conflict("A measurement is running already; its figures will be here in a few seconds.", "measuring")
@@ -131,8 +128,7 @@ def measure(by: str) -> dict[str, Any]:
 
 
 def page() -> dict[str, Any]:
-    """What the numbers page shows: the latest measurement (a get by key), the runs a measurement makes, the model and
-    the stand-in's figures."""
+    """What the numbers page shows: the latest measurement, the model and the stand-in's figures."""
     return {"numbers": latest(), "runs": RUNS, "model": runtime.current().latency, "standin": standin()}
 
 
@@ -141,10 +137,8 @@ def _whose(published: bool) -> str:
 
 
 def standin() -> dict[str, Any]:
-    """Every figure the stand-in (devstack/standin.py) waits by, as core/production_latency.py defines and cites it:
-    its knobs, each Datastore RPC's median round trip under each profile, and the tail's steps that every draw
-    follows; each says whether it is production's published figure (a Google page, or a published measurement of
-    production) or an inference, and where it comes from."""
+    """Every figure the stand-in waits by, as core/production_latency.py defines and cites it (its knobs, each RPC's
+    median round trip under each profile, the tail's steps), each published or an inference, with its sources."""
     knobs = [{"name": k.name, "label": k.label, "value": k.value, "unit": k.unit, "whose": _whose(k.published),
               "source": k.source, "links": list(k.links)} for k in production_latency.STAND_IN_KNOBS]
     round_trips = []
@@ -152,14 +146,10 @@ def standin() -> dict[str, Any]:
         median_ms, whose, sources = {}, {}, {}
         for profile in production_latency.PROFILES:
             trip = production_latency.PROFILE_DATASTORE[profile][method]
-            source: tuple[str, tuple[str, ...]]
-            if trip is production_latency.MULTI_REGION_COMMIT:
-                source = (f"{profile}: {production_latency.SOURCES_MULTI_REGION_COMMIT}",
-                          production_latency.LINKS_MULTI_REGION_COMMIT)
-            else:
-                source = (production_latency.SOURCES[method], production_latency.SOURCE_LINKS[method])
-            median_ms[profile], whose[profile] = trip.median_ms, _whose(production_latency.INFERENCE not in source[0])
-            sources[source[0]] = source[1]  # a figure both profiles share is cited once
+            said, links = production_latency.cited(method, trip)
+            said = f"{profile}: {said}" if trip is production_latency.MULTI_REGION_COMMIT else said
+            median_ms[profile], whose[profile] = trip.median_ms, _whose(production_latency.INFERENCE not in said)
+            sources[said] = links  # a figure both profiles share is cited once
         round_trips.append({"method": method, "median_ms": median_ms, "whose": whose, "source": "; ".join(sources),
                             "links": [link for links in sources.values() for link in links]})
     steps = [{"quantile": q, "ms": ms, "ratio": round(ratio, 4)} for q, ms, ratio in production_latency.tail_steps()]

@@ -1,7 +1,6 @@
 """What every planner shares: a `Plan` (its figures, each saying whose it is; its answers; its arithmetic as lines a
-person can follow), the latency model's round trips added up in turn, the bill priced, and the few figures more than
-one planner divides by. Every figure is imported from where the app keeps it: core/production_latency.py for the
-model's round trips, core/billing.py for the prices, Google's guidance as the features' caveats cite it.
+person can follow), the model's round trips added up in turn, the bill priced. Every figure is imported from where
+the app keeps it, never copied.
 """
 import re
 from dataclasses import dataclass, field
@@ -11,10 +10,7 @@ from typing import Any
 from core import billing, production_latency
 from core.tables import markdown_tables
 
-# About one sustained write a second to one entity, on both backends (Firestore: a document; legacy: an entity group),
-# as the stand-in holds every entity to it: the latency model's figure, with its sources
-# (core/production_latency.py ENTITY_WRITES_PER_S). It is a rate, so the planner divides by it rather than copying it
-# into each answer.
+# About one sustained write a second to one entity, on both backends: the latency model's figure, with its sources.
 SUSTAINED_WRITES = next(k for k in production_latency.STAND_IN_KNOBS if k.name == "ENTITY_WRITES_PER_S")
 
 # What each of the app's writes sends, by backend: on Firestore an increment is a blind server-side increment (one
@@ -36,8 +32,7 @@ WHOSE = {
 }
 
 
-# A rate in the unit its person thinks in: 50 posts a minute is 50 posts a minute, not 0.83 a second. The planners
-# divide by seconds; the figures say what was given.
+# A rate in the unit its person thinks in (50 posts a minute, not 0.83 a second); the planners divide by seconds.
 PER = {"second": 1, "minute": 60, "hour": 3600}
 PER_SHORT = {"second": "s", "minute": "min", "hour": "h"}
 
@@ -62,8 +57,7 @@ class Rate:
 
 
 def a_unit(value: float, unit: str) -> str:
-    """`unit` as it reads after `value`: "1 write/s", "1 shard", "1 entity", "2 writes/s" (ms, s, USD as they
-    are)."""
+    """`unit` as it reads after `value`: "1 write/s", "1 entity", "2 writes/s" (ms, s, USD as they are)."""
     noun, slash, rest = unit.partition("/")
     if value != 1 or noun in ("ms", "s", "USD") or not noun.endswith("s"):
         return unit
@@ -134,12 +128,8 @@ def round_trip(method: str, profile: str) -> production_latency.RoundTrip:
 
 def trip_source(method: str, profile: str) -> tuple[str, str]:
     """(whose, source) of a round trip's figure: the model's published measurement, or an inference."""
-    if method == "cache":
-        source = production_latency.SOURCES["cache call (through the VPC connector)"]
-    elif round_trip(method, profile) is production_latency.MULTI_REGION_COMMIT:
-        source = production_latency.SOURCES_MULTI_REGION_COMMIT
-    else:
-        source = production_latency.SOURCES.get(method, production_latency.SOURCES["RunQuery"])
+    call = "cache call (through the VPC connector)" if method == "cache" else method
+    source, _ = production_latency.cited(call, round_trip(method, profile))
     return ("inference" if "inference" in source else "model"), source
 
 
@@ -170,16 +160,14 @@ def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: s
 
 
 def sustained_rate(plan: Plan) -> float:
-    """Google's figure of about one sustained write a second to one entity (SUSTAINED_WRITES), listed among `plan`'s
-    figures."""
+    """SUSTAINED_WRITES, listed among `plan`'s figures with the backend's source."""
     firestore, _, legacy = SUSTAINED_WRITES.links  # Firestore's counters page, Firebase's extension, legacy's page
     return plan.figure("sustained writes a second to one entity", SUSTAINED_WRITES.value, "writes/s", "production",
                        legacy if plan.inputs.get("backend") == "legacy" else firestore)
 
 
 def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False) -> float:
-    """`billed` priced a million times (`once`: one time, for a job run once), with the prices as figures of
-    `plan`."""
+    """`billed` priced a million times (`once`: one time, for a job), the prices among `plan`'s figures."""
     for kind, n in (("reads", billed.reads), ("writes", billed.writes), ("deletes", billed.deletes)):
         if n:
             plan.figure(f"price of 100,000 {kind}", billing.USD_PER_100K[kind], "USD", "production",
@@ -195,9 +183,8 @@ def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False) ->
 # --- this machine's benchmarks ---------------------------------------------------------------------------------------
 
 def bench_tables(path: Path) -> tuple[str, dict[tuple[str, str], list[dict[str, str]]]]:
-    """(the date it ran, {(backend, profile): its table's rows}) of a benchmark's results under the latency model's
-    profiles (its bare-emulator tables left out: no planner profile is bare); ("", {}) where the file is absent, as
-    where the app is deployed (bench/ is not: .gcloudignore)."""
+    """(the date it ran, {(backend, profile): its table's rows}) of a benchmark's results under the model's profiles;
+    ("", {}) where the file is absent (bench/ is not deployed)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
