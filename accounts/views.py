@@ -43,28 +43,26 @@ def seed_form() -> ResponseReturnValue:
     return redirect(url_for("accounts.index"))
 
 
-@bp.post("/accounts/credit")
-def credit_form() -> ResponseReturnValue:
-    """Start the add_credit job over every account; the form's token makes a resend of it answer the first job."""
+def _start_job(name: str, params: dict[str, Any]) -> ResponseReturnValue:
+    """Admin: start job `name` from its form; the form's token makes a resend of it answer the first job."""
     user = identity.require_admin()
     try:
-        job = mapper.start_job(credit.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))},
-                               idempotency_key=request.form.get("start_token") or None, user=user["id"])
+        job = mapper.start_job(name, params, idempotency_key=request.form.get("start_token") or None, user=user["id"])
     except AppError as e:
         return form_refused(e, _page)
     return redirect(url_for("mapper.job", job_id=job.id))
+
+
+@bp.post("/accounts/credit")
+def credit_form() -> ResponseReturnValue:
+    """Start the add_credit job over every account."""
+    return _start_job(credit.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))})
 
 
 @bp.post("/accounts/audit")
 def audit_form() -> ResponseReturnValue:
-    """Start the audit_accounts job; the form's token makes a resend of it answer the first job."""
-    user = identity.require_admin()
-    try:
-        job = mapper.start_job(service.AUDIT.name, {}, idempotency_key=request.form.get("start_token") or None,
-                               user=user["id"])
-    except AppError as e:
-        return form_refused(e, _page)
-    return redirect(url_for("mapper.job", job_id=job.id))
+    """Start the audit_accounts job."""
+    return _start_job(service.AUDIT.name, {})
 
 
 @bp.post("/accounts/aggregation")
@@ -90,7 +88,7 @@ def api_audit() -> ResponseReturnValue:
 @bp.post("/api/accounts/seed")
 def api_seed() -> ResponseReturnValue:
     """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
-    the same accounts (none twice) and answers the first answer again, 202 (the key sent for another count: 409)."""
+    nothing more and answers the first answer again (for another count: 409)."""
     user = identity.require_admin()
     seeded, replayed = service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])
     return idempotency.marked(jsonify(seeded), replayed), 202
