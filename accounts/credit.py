@@ -1,8 +1,5 @@
-"""The add_credit job: every account credited once, by the mapper's tasks (mapper/tree.py runs it).
-
-A chunk's accounts are credited in its transaction, with the task's record and tally: once each however often a task
-is delivered or dies (on Firestore as server-side increments, unread). The job's credit lands on the kept balance
-once, when it ends (`settle`): no shared entity.
+"""The add_credit job: every account credited once, in its chunk's transaction with the task's record, however often a
+task is delivered or dies. The job's credit lands on the kept balance once, when it ends (`settle`): no shared entity.
 """
 from typing import Any
 
@@ -18,9 +15,8 @@ CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1  # legacy's 25 entity groups: 24 accou
 
 
 def _credit(params: dict[str, Any]) -> dict[str, int]:
-    """What the job adds to each account: the amount to its balance (BALANCE, Account.balance's stored name, is also
-    the kept figure's). An increment: the mapper writes it in each chunk's transaction with the task's record, without
-    reading the accounts on Firestore (mapper/bulk.py), and tallies it on the record as {BALANCE: amount x accounts}."""
+    """What the job adds to each account: the amount to its balance, an increment the mapper writes in each chunk's
+    transaction with the task's record (on Firestore without reading the accounts) and tallies on the record."""
     return {BALANCE: params["amount"]}
 
 

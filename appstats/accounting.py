@@ -1,6 +1,5 @@
-"""The accounting's Flask side: every response gets its request's costs (core/costs.py counts them) in its
-`Server-Timing` header, pages get them in their footer, each request gets one log line, and a record in the cache
-every process shares, for /appstats (records.py). Installed on every app by create_app, whichever features it has.
+"""The accounting's Flask side: every response gets its request's costs in its `Server-Timing` header, pages in their
+footer, and each request one log line and a record for /appstats (records.py).
 """
 import json
 import logging
@@ -71,9 +70,8 @@ def init_app(app: Flask) -> None:
 
 
 def _process() -> str:
-    """Which process served the request: its instance (App Engine's GAE_INSTANCE, its last 8 characters:
-    https://cloud.google.com/appengine/docs/standard/python3/runtime#environment_variables) and its pid (a gunicorn
-    worker forks after the app is built, so the pid is read when the request is served)."""
+    """Which process served the request: its instance (GAE_INSTANCE's last 8 characters) and its pid (read per
+    request: a gunicorn worker forks after the app is built)."""
     return f"{os.environ.get('GAE_INSTANCE', 'local')[-8:]}/{os.getpid()}"
 
 
@@ -102,9 +100,8 @@ def _line(record: dict[str, Any], billed: billing.Billed, cache_name: str) -> st
 
 
 def _entry(record: dict[str, Any], billed: billing.Billed, served: float, project: str) -> dict[str, Any]:
-    """The request's Cloud Logging entry: its message, its time (`timestamp`, so that it is dated when it was
-    served), its httpRequest, its figures, and the trace it belongs to, so that it sits under its request in Logs
-    Explorer (special fields: https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)."""
+    """The request's Cloud Logging entry, with the trace it belongs to, so that it sits under its request in Logs
+    Explorer (https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)."""
     message = (f"{record['method']} {record['path']} {record['status']}: "
                f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed")
     entry: dict[str, Any] = {

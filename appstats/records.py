@@ -1,9 +1,7 @@
-"""Appstats' records, kept where the original Appstats kept them: in the cache every process shares (memcached or
-Redis), so /appstats lists the last requests of every process and opens each from whichever answers.
-
-Each record is numbered by one counter in the cache (`Cache.next_number`) and written with one `set` into slot
-`id % RING` of a ring of keys: no shared list to read, change and write back, and a bounded share of the cache however
-busy the app is. Why, and what each case answers: docs/lessons/costs.md, "The records, shared by every process".
+"""Appstats' records, kept where the original Appstats kept them: in the cache every process shares, so /appstats lists
+the last requests of every process. Each is numbered by one counter in the cache and written with one `set` into slot
+`id % RING` of a ring of keys: no shared list to read, change and write back, and a bounded share of the cache
+(docs/lessons/costs.md, "The records, shared by every process").
 """
 import json
 import time
@@ -40,8 +38,8 @@ class Gone(Exception):
 
 
 def keep(cache: Cache, record: dict[str, Any], calls: list[costs.TimedCall]) -> int | None:
-    """Number `record` and write it with its calls into its slot; its id, or None when the cache is away. The calls
-    made here are Appstats' own, not the request's: they are not counted in its figures (already given)."""
+    """Number `record` and write it with its calls into its slot; its id, or None when the cache is away. These calls
+    are Appstats' own, not counted in the request's figures."""
     with costs.measuring(None):
         request_id = cache.next_number(NEXT, start=time.time_ns() // 1000)
         if not request_id:  # away (None); or False from a memcached node that failed a moment ago (HashClient)
@@ -82,8 +80,7 @@ AWAY = ("The cache is not answering (or none is set up): Appstats keeps its reco
 
 
 def kept_request(cache: Cache, request_id: int) -> tuple[dict[str, Any], list[costs.TimedCall]]:
-    """find(), its failures as the errors a person reads: 503 while the cache is away, 404 saying why a request is
-    not kept (expired, evicted or written over; or an id never given)."""
+    """find(), its failures as the errors a person reads: 503 while the cache is away, 404 saying why."""
     try:
         return find(cache, request_id)
     except Away:

@@ -33,8 +33,8 @@ def _signin_url() -> str:
 
 @bp.get("/appstats")
 def index() -> ResponseReturnValue:
-    """The last requests' costs of every process, newest first. Anyone else gets the page without the list (it says
-    who asked for what), with the refusal's status and what to do (a visitor: the sign-in, back here after)."""
+    """The last requests' costs of every process, newest first; anyone but an admin gets the page without the list
+    (it says who asked for what), with the refusal's status and what to do."""
     shown = {"size": records.LISTED, "billing": billing, "signin": _signin_url()}
     try:
         identity.require_admin()

@@ -1,9 +1,6 @@
-"""The blog's HTML pages, and the hook through which other features add to its entries without the blog knowing them.
-
-The entry page is the blog's. A feature that has something to say about every entry (comments: a count on each
-entry's meta line, a section under the entry on its page, a field in the entry's JSON) describes it as an
-`EntryAddon` and registers it from its own init_app (`add_entry_addon`). The blog calls its addons; it never imports
-them, so dependencies run one way: comments -> blog -> counters.
+"""The blog's HTML pages, and the hook through which other features add to its entries: a feature that has something
+to say about every entry (comments: a count, a section under the entry, a field in its JSON) registers an `EntryAddon`
+from its own init_app. The blog never imports them: dependencies run one way, comments -> blog -> counters.
 """
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass

@@ -16,9 +16,8 @@ ENTRY_BODY_BYTES = text_body_bytes(TITLE_MAX, BODY_MAX)  # the routes that post 
 
 
 def _cache_or_not() -> contextlib.AbstractContextManager[None]:
-    """The block a page is read in: as usual, or for `?cache=bypass`, which only an admin may ask for, as if there
-    were no cache at all (make load's front-page scenario compares the two on one deployment). Any other value is
-    refused."""
+    """The block a page is read in: as usual, or for `?cache=bypass` (admins only: make load compares the two) as if
+    there were no cache."""
     value = request.args.get("cache")
     if value is None:
         return contextlib.nullcontext()
@@ -45,8 +44,7 @@ def index(blog: str) -> ResponseReturnValue:
 
 @bp.get("/blog/<blog>/<int:index>")
 def entry(blog: str, index: int) -> ResponseReturnValue:
-    """One entry by its permalink, with what the entry addons show under it (comments: a page of them, paged by
-    `?after=`/`?before=<id>`, `?page=last`); the page's script counts the view (POST .../views)."""
+    """One entry by its permalink, with what the entry addons show under it; the page's script counts the view."""
     return pages.render_entry(service.entry_ref(blog, index))
 
 
@@ -54,9 +52,8 @@ def entry(blog: str, index: int) -> ResponseReturnValue:
 def feed(blog: str) -> ResponseReturnValue:
     """The newest entries as an Atom feed."""
     page = service.get_page(blog, None, service.FEED_SIZE)
-    # Well-formed XML whatever the entries hold: one stored before its text was checked (validate.text) may carry a
-    # character XML 1.0 has no place for (U+FFFF, a control character), which would make a reader refuse the whole
-    # feed. Such characters are never markup, so removing them from the document drops nothing but themselves.
+    # Well-formed XML whatever the entries hold: one stored before its text was checked may carry a character XML 1.0
+    # has no place for, which would make a reader refuse the whole feed. Such characters are never markup.
     feed_xml = validate.without_unsafe_characters(render_template("blog/feed.xml", blog=blog, page=page))
     response = make_response(feed_xml)
     response.mimetype = "application/atom+xml"
@@ -64,8 +61,7 @@ def feed(blog: str) -> ResponseReturnValue:
 
 
 def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> ResponseReturnValue:
-    """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in, with
-    the reason."""
+    """Admin: post the form's entry to `blog`; on bad input `render(form)` the page again, the form filled in."""
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     form = request.form
@@ -107,8 +103,7 @@ def api_blogs() -> ResponseReturnValue:
 @bp.post("/api/blogs/<blog>/entries")
 @body_limit(ENTRY_BODY_BYTES)
 def api_post(blog: str) -> ResponseReturnValue:
-    """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key (a resend
-    answers the first answer again, 201)."""
+    """Admin: {"title", "body"} posts an entry with the blog's next index; at most once per Idempotency-Key."""
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     data = json_body()

@@ -1,8 +1,5 @@
-"""Comments: their section under each entry, the comment form and the /api/blogs/<blog>/entries/<index>/comments
-routes.
-
-The entry page is the blog's (blog/pages.py); comments add to it through the `ENTRY_ADDON` registered in init_app:
-the count on each entry's meta line and in its JSON, and the section below the entry.
+"""Comments: their section under each entry (through the blog's `ENTRY_ADDON` hook, blog/pages.py), the comment form
+and the /api/blogs/<blog>/entries/<index>/comments routes.
 """
 import re
 from collections.abc import Mapping
@@ -30,9 +27,8 @@ COMMENT_BODY_BYTES = text_body_bytes(service.TEXT_MAX)
 
 @bp.app_template_filter()
 def linkify(text: str) -> Markup:
-    """Plain comment text as HTML: everything escaped, http(s) URLs made links that cannot run script or pass on the
-    page's authority (rel=nofollow noopener noreferrer). Only those two schemes match, so a `javascript:` URL stays
-    text."""
+    """Plain comment text as HTML: everything escaped, http(s) URLs (only those: `javascript:` stays text) made links
+    that cannot pass on the page's authority."""
     out: list[Markup] = []
     last = 0
     for match in URL.finditer(text):
@@ -89,8 +85,7 @@ def post_form(blog: str, index: int) -> ResponseReturnValue:
 @bp.post("/api/blogs/<blog>/entries/<index>/comments")
 @body_limit(COMMENT_BODY_BYTES)
 def api_post(blog: str, index: str) -> ResponseReturnValue:
-    """Signed in: {"text": 1..2000 characters} comments on the entry; a resend with the same Idempotency-Key answers
-    the first answer again (201)."""
+    """Signed in: {"text": 1..2000 characters} comments on the entry, at most once per Idempotency-Key."""
     user = identity.require_user()
     budget.spend(user["id"], "comments")
     comment, replayed = service.commented(blog_service.entry_ref(blog, index), user, json_body().get("text"),

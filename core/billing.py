@@ -1,9 +1,6 @@
-"""What each Datastore RPC is billed in production, read from the RPC itself: its request and its answer.
-
-Emulator time does not carry over to production; the bill does: an emulator reads, skips, writes and counts the same
-entities as production, so these counts, priced by Firestore in Datastore mode's rules, are what the same request
-costs on App Engine. core/costs.py calls `of()` for every RPC a request makes. The rules as Google's pages state
-them, their sources and the prices: docs/lessons/costs.md, "The billing rules".
+"""What each Datastore RPC is billed in production, read from the RPC itself: its request and its answer. Emulator
+time does not carry over to production; the bill does: an emulator reads, skips, writes and counts the same entities.
+The rules, their sources and the prices: docs/lessons/costs.md, "The billing rules".
 """
 import math
 from dataclasses import dataclass

@@ -1,16 +1,10 @@
 """Each signed-in person's write budget: how many comments, new counters and blog entries one person may create in a
-window (Settings.write_budget), counted in the cache; past it a 429 with Retry-After.
+window (Settings.write_budget); past it a 429 with Retry-After. Anyone with a Google account can sign in, and what they
+create shows to everyone: without a cap one script posted 30 comments and 20 counters in two seconds.
 
-Why: anyone with a Google account can sign in, and what they create shows to everyone (/counters lists every counter,
-comments sit under entries). Without a cap one script posted 30 comments and 20 counters in two seconds.
-
-A fixed window counted by the cache's `incr`, not a sliding log or a token bucket (pyrate_limiter, installed, keeps its
-buckets in process memory, SQLite, Redis or Postgres, none of them memcached): one round trip per write, on either
-cache, shared by every process. The price of a fixed window: a burst at the end of one window and the start of the
-next can reach twice the figure, once.
-
-The cache is an accelerator, never a source of truth (core/cache.py): when it is away, frozen or evicted the count,
-the write goes on uncounted. A cap that took writes down with the cache would turn a cache outage into a write outage.
+A fixed window counted by the cache's `incr`: one round trip per write, shared by every process (a burst across two
+windows can reach twice the figure, once). When the cache is away the write goes on uncounted: a cap that took writes
+down with the cache would turn a cache outage into a write outage.
 """
 import time
 

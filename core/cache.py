@@ -1,11 +1,9 @@
 """The cache: memcached (pymemcache, the talk's) or Redis/Valkey (redis-py), one client per process shared by ndb's
-global cache and the app's own caching, behind one interface (`Cache`).
+global cache and the app's own caching (`Cache`). Memorystore for Memcached takes no new instances after 2027-02-01
+and shuts down 2029-01-31; Memorystore for Valkey speaks the Redis protocol, so the app runs on either.
 
-Memorystore for Memcached takes no new instances after 2027-02-01 and shuts down 2029-01-31; Memorystore for Valkey
-speaks the Redis protocol, so the same app runs on either (settings: MEMCACHED_HOSTS or REDIS_URL).
-
-The cache is an accelerator, never a source of truth: every helper here treats an unreachable or frozen server as a
-miss (bounded by the timeouts below), so a cache outage slows the site down instead of taking it down.
+The cache is an accelerator, never a source of truth: an unreachable or frozen server is a miss (bounded by the
+timeouts below), so a cache outage slows the site down instead of taking it down.
 """
 import contextvars
 import json
@@ -30,9 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class CacheUnreachable(ConnectionError):
-    """An OSError (refused, reset, timed out) from a call to the cache server, raised as itself so that it is told from
-    any other OSError (a missing file) where it reaches a view: core/web.py's 503. A ConnectionError, which ndb's
-    global caches count as transient (a miss on a read)."""
+    """An OSError from a call to the cache server, told from any other OSError where it reaches a view (core/web.py's
+    503). A ConnectionError, which ndb's global caches count as transient (a miss on a read)."""
 
 
 # What a cache call raises when the server is down, frozen or refuses: CacheUnreachable for memcached's refused
@@ -49,9 +46,8 @@ CacheValue = bytes | str | int  # what the app stores: numbers, leases' tokens, 
 
 
 class CacheClient(Protocol):
-    """What the app asks of a cache server, whichever it is: memcached's operations and answers (the talk's cache),
-    `name` for the pages and logs, and ndb's global cache on the same server, its calls waiting under the production
-    latency `model`. A failure raises one of CACHE_DOWN; `Cache` turns those into misses."""
+    """What the app asks of a cache server, whichever it is: memcached's operations and answers, and ndb's global cache
+    on the same server. A failure raises one of CACHE_DOWN; `Cache` turns those into misses."""
     name: str
 
     def get(self, key: str) -> bytes | None: ...
@@ -77,10 +73,9 @@ def make_client(settings: Settings) -> CacheClient:
 
 
 class CountedClient:
-    """A cache client with every call counted for the current request (core/costs.py), whatever the client
-    (pymemcache, redis-py, the app's Redis adapter), its OSErrors raised as CacheUnreachable. redis-py pipelines
-    (ndb's RedisCache compare-and-swap) are counted by their round trips, and each round trip first waits its modelled
-    time under a production latency model."""
+    """A cache client with every call counted for the current request (core/costs.py), each first waiting its modelled
+    time under a LATENCY profile, its OSErrors raised as CacheUnreachable. redis-py pipelines (ndb's RedisCache
+    compare-and-swap) are counted by their round trips."""
 
     PIPELINE_ROUND_TRIPS = frozenset({"watch", "unwatch", "get", "execute"})  # multi, set... only queue commands
 
@@ -120,15 +115,13 @@ class CountedClient:
 # strict_write=True: before ndb writes an entity of a cached kind it must lock (and afterwards clear) the entity's
 # cache entry. If it cannot, the write fails with the cache error and Datastore is not written, so no reader can ever
 # find an old copy in the cache once the server answers again (a server that was frozen rather than restarted still
-# holds its old entries). Writes of cached kinds fail while the cache is unreachable; reads and writes of uncached
-# kinds (counter shards, sequences: `_use_global_cache = False`) go on as normal.
-# Their calls are counted per request (core/costs.py), like the app's own.
+# holds its old entries). Writes of cached kinds fail while the cache is unreachable; uncached kinds (counter shards,
+# sequences: `_use_global_cache = False`) go on as normal.
 _STRICTNESS = {"strict_read": False, "strict_write": True}
 
 
 class MemcachedCacheClient:
-    """memcached (pymemcache): one server and a pool of connections, or several with keys spread by rendezvous
-    hash (a dead one retried after 5 s)."""
+    """memcached: one server and a pool of connections, or several by rendezvous hash (a dead one retried after 5 s)."""
     name = "memcached"
 
     def __init__(self, hosts: tuple[str, ...]) -> None:
@@ -325,28 +318,23 @@ class Cache:
         return self._safely({}, lambda c: c.get_many(keys)) if keys else {}
 
     def read_many(self, keys: list[str]) -> dict[str, bytes] | None:
-        """As get_many, but None when the cache did not answer (away, frozen, bypassed or none): for a caller that must
-        tell a miss from an outage."""
+        """As get_many, but None when the cache did not answer: for a caller that must tell a miss from an outage."""
         return self._safely(None, lambda c: c.get_many(keys))
 
     def add(self, key: str, value: CacheValue, expire: int) -> bool | None:
-        """Store `value` only if `key` is absent (memcached `add`, Redis `SET NX`), kept `expire` seconds (0: until
-        evicted). True: this call stored it; False: the key was there (another caller added it first: a lease held, a
-        lock taken); None: no cache answered (away, frozen, bypassed or none). A caller that must not be stopped by a
-        cache it cannot ask tests `is False`."""
+        """Store `value` only if `key` is absent, kept `expire` seconds (0: until evicted). True: this call stored it;
+        False: another caller added it first (a lease held); None: no cache answered. A caller that must not be
+        stopped by a cache it cannot ask tests `is False`."""
         return self._safely(None, lambda c: c.add(key, value, expire))
 
     def set(self, key: str, value: CacheValue, expire: int) -> bool:
-        """Store whatever is there (a value that must replace an older one: core/identity.py's sign-out, appstats'
-        records); False when not stored or the cache is away. Most callers want `add`: a blind store can put back what a
-        writer replaced."""
+        """Store over whatever is there. Most callers want `add`: a blind store can put back what a writer replaced."""
         return bool(self._safely(False, lambda c: c.set(key, value, expire)))
 
     def kept_copy(self, key: str, lifetime: int, read: Callable[[], Any]) -> Any:
-        """What `read()` returns (a JSON value), from a copy kept `lifetime` seconds: for reads that anyone may repeat
-        as often as they like and that each bill many entities. The first reader after the copy expires reads and
-        keeps it (`add`: a copy another reader kept meanwhile stays); with the cache away, `read()` every time. The
-        copy may lack the writes of those seconds."""
+        """What `read()` returns (a JSON value), from a copy kept `lifetime` seconds (`add`: a copy another reader
+        kept meanwhile stays): for reads anyone may repeat that each bill many entities. It may lack those seconds'
+        writes."""
         kept = self.get(key)
         if kept is not None:
             return json.loads(kept)
@@ -356,10 +344,8 @@ class Cache:
 
     def next_number(self, key: str, start: int, expire: int = 0) -> int | None:
         """The next number of a counter every process shares (one `incr`), started at `start` + 1 when the key is
-        missing (never set, flushed or evicted), kept `expire` seconds (0: until evicted); None when the cache is
-        away. Two processes that both find it missing
-        both `add` it, one wins, and both then `incr` the same counter: no number is given twice while it lives. A
-        server that does not answer costs one timeout, not three: the first failure ends the call."""
+        missing, kept `expire` seconds (0: until evicted); None when the cache is away. Two processes that both find
+        it missing both `add` it, one wins, and both then `incr` the same counter: no number is given twice."""
         def numbered(c: CacheClient) -> int | None:
             # `not number`: None for a missing key; False from pymemcache's HashClient for a node that failed within
             # its retry_timeout (it answers instead of raising): the next number is then unknown, as when away
@@ -384,8 +370,7 @@ class Cache:
         return bool(self._safely(False, lambda c: c.replace_if(key, expected, value, expire)))
 
     def release(self, key: str, token: CacheValue) -> bool:
-        """Delete `key` while it still holds `token` (a lease this caller `add`ed): one that expired and was added
-        again by another caller stays."""
+        """Delete `key` while it still holds `token` (a lease this caller `add`ed, not another caller's since)."""
         return bool(self._safely(False, lambda c: c.delete_if(key, token)))
 
     def ping(self) -> str:

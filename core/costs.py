@@ -1,11 +1,8 @@
-"""What one request cost (Appstats for today), counted where each call leaves the process:
-- every Datastore RPC, by a gRPC interceptor on ndb's channel (core.datastore.RpcCounter), ndb's batches and retries
-  included, with what production bills for it (core/billing.py: read from the RPC's answer, so the same on an emulator);
-- every cache call, by the wrapped client that the app and ndb's global cache both use (core.cache.CountedClient).
-Each request gets a `Cost` (core.runtime.RequestMiddleware), found through a contextvar (`current()`); the threads a
-request starts through core.runtime.Runtime.map_in_threads carry it (a new thread starts with an empty context), so
-their calls are the request's too, every change under the Cost's lock. appstats/accounting.py puts it on the response.
-No Flask here, so benchmarks count costs too.
+"""What one request cost (Appstats for today), counted where each call leaves the process: every Datastore RPC by a
+gRPC interceptor on ndb's channel (core.datastore.RpcCounter), with what production bills for it (core/billing.py, read
+from the RPC's answer, so the same on an emulator); every cache call by the wrapped client the app and ndb's global
+cache share (core.cache.CountedClient). Each request's `Cost` is found through a contextvar (`current()`). No Flask
+here, so benchmarks count costs too.
 """
 import contextlib
 import contextvars
@@ -60,8 +57,7 @@ class Cost:
 
     def add_rpc(self, method: str, started: float, billed: billing.Billed | None = None,
                 billed_from: dict[str, int] | None = None, waited: float = 0.0) -> None:
-        """An RPC made at `started` (time.perf_counter()) and answered now, `waited` seconds of it production's wait as
-        the stand-in reported it; a failed one has no bill."""
+        """An RPC made at `started` and answered now, `waited` seconds of it the stand-in's; a failed one: no bill."""
         with self.lock:
             self.datastore[method] += 1
             self.waited_s += waited
@@ -145,8 +141,7 @@ class Cost:
 
 
 def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
-    """`calls` (in the order they were made) with the critical path among them marked, and how many of the `counted`
-    were not kept (`cut`)."""
+    """`calls` with the critical path among them marked, and how many of the `counted` were not kept (`cut`)."""
     critical = critical_path(calls)
     return {"calls": [{**dataclasses.asdict(call), "machine_ms": round(call.machine_ms, 3), "critical": i in critical}
                       for i, call in enumerate(calls)],
@@ -155,8 +150,7 @@ def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
 
 def critical_path(calls: list[TimedCall]) -> set[int]:
     """The indexes (in `calls`, sorted by start) of the longest chain, in summed time, of calls each made after the one
-    before it was answered: the calls the request waited for one after another (its own work between them is not in
-    it). Of calls in flight together (ndb's batches, a parallel fetch), one is on it."""
+    before it was answered: the calls the request waited for one after another."""
     longest: list[tuple[float, int]] = []  # for each call: the longest chain's time ending with it, the call before
     for i, call in enumerate(calls):
         before = [(longest[j][0], j) for j in range(i) if calls[j].end_ms <= call.start_ms]

@@ -1,8 +1,6 @@
-"""Writers of one hot entity take turns: within a process on a lock, across processes on a lease in the cache.
-
-A transaction that reads an entity and then writes it collides with every other one on that entity; writers that take
-turns do better than writers that collide. The lease only orders writers and guards nothing: the transaction stays
-the only source of truth (docs/lessons/blog.md, "Turns at a hot entity").
+"""Writers of one hot entity take turns: within a process on a lock, across processes on a lease in the cache. Writers
+that take turns do better than transactions that collide; the lease only orders writers and guards nothing: the
+transaction stays the only source of truth (docs/lessons/blog.md, "Turns at a hot entity").
 """
 import contextlib
 import hashlib
@@ -19,13 +17,11 @@ from google.cloud import ndb
 if TYPE_CHECKING:
     from core.cache import Cache
 
-# How long a lease lives if its holder never gives it back (a process that died): what its death can cost the others.
-# Longer than one transaction with a retry or two, even one that met a Firestore emulator lock timeout (2.3 s).
-# memcached counts expiry in whole seconds from a clock that ticks once a second: a lease of 3 lives 2 to 3 s.
+# How long a lease lives if its holder died: longer than one transaction with a retry or two, even one that met a
+# Firestore emulator lock timeout (2.3 s). memcached counts expiry in whole seconds: a lease of 3 lives 2 to 3 s.
 LEASE_SECONDS = 3
-# A waiter asks again after a short jittered sleep, doubling up to POLL_MAX: a turn (BeginTransaction, Lookup, Commit)
-# takes about 80 ms at production's medians (core/production_latency.py), under 20 ms on an emulator, so a waiter
-# asks a few times a turn, and only the first of each process's waiters asks (the others wait on its local lock).
+# A waiter asks again after a short jittered sleep, doubling up to POLL_MAX: a turn takes about 80 ms at production's
+# medians, so it asks a few times a turn; only the first of each process's waiters asks (the others wait locally).
 POLL_FIRST, POLL_MAX = 0.002, 0.025
 
 

@@ -1,11 +1,6 @@
-"""The OpenAPI 3.1 document of the JSON API, merged once per process from core/openapi.yaml (what every feature
-shares) and the openapi.yaml beside each registered blueprint (the paths that feature serves), and served at
-GET /api/openapi.json.
-
-Written as YAML beside the code it describes rather than generated from the views: the routes take their input
-from Flask's request and validate it in the services, so there is nothing for a generator (apispec, flask-smorest)
-to read the schemas from without rewriting every view around marshmallow. The tests keep the document honest: every
-/api response the suite sees is validated against it, every /api route must be in it, and schemathesis fuzzes it.
+"""The OpenAPI 3.1 document of the JSON API, merged once per process from core/openapi.yaml and the openapi.yaml beside
+each registered blueprint, served at GET /api/openapi.json. Written by hand beside the code it describes (the views
+validate in the services: nothing for a generator to read); the tests validate every /api response against it.
 """
 from pathlib import Path
 from typing import Any

@@ -1,10 +1,7 @@
 """What a process builds once and every request reuses: settings, the ndb client, the cache client, the task queue,
-and the registries the features fill when the app is built (task handlers, mapper jobs).
-
-`create_app` builds one `Runtime` and keeps it on the app (`of(app)` finds it); each request makes it current
-(`RequestMiddleware`), and service modules reach it through `current()`, so they stay free of Flask. Scripts and tests
-make one current with `Runtime.activated()` / `Runtime.context()`. Nothing here is process-wide: two apps in one
-process (the tests build several) each keep their own.
+and the registries the features fill when the app is built. `create_app` keeps one `Runtime` on the app (`of(app)`);
+each request makes it current (`RequestMiddleware`), and services reach it through `current()`, free of Flask. Nothing
+here is process-wide: two apps in one process (the tests build several) each keep their own.
 """
 import concurrent.futures
 import contextlib
@@ -88,10 +85,8 @@ class Runtime:
         return wrapped
 
     def map_in_threads(self, fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
-        """fn(item) for every item, all at once on threads of their own, each in its own context; the results.
-        Their RPCs and cache calls are counted in the cost of the request (or step) that started them (core/costs.py):
-        a new thread starts with an empty context, so the Cost is handed over here. Only the Cost: the caller's ndb
-        context stays its own (ndb refuses a second context on a thread that has one, and contexts are not shared)."""
+        """fn(item) for every item, all at once on threads of their own, each in its own ndb context; the results.
+        A new thread starts with an empty context, so the caller's Cost is handed over: their calls count in it."""
         items = list(items)
         cost, in_context = costs.current(), self.in_context(fn)
 
@@ -128,14 +123,9 @@ def tasks() -> tasks_module.TaskRouter:
 
 class RequestMiddleware:
     """WSGI middleware: every request runs with its app's runtime current, inside its own ndb context (one per
-    request, as The Blue Alliance does), and with its cost counted (core/costs.py).
-
-    The view runs inside all three; the body is handed back as it comes (a streamed body is not buffered), each chunk
-    produced, and `close()` run, in the request's own context again: the contextvars (the runtime, the cost, the ndb
-    context) as the view left them, so a generator or a `call_on_close` callback can still use them. Between chunks
-    nothing is left behind on the thread, so a server that reads the body late, or never closes it, cannot make the
-    thread's next request find a context already there.
-    """
+    request, as The Blue Alliance does), and with its cost counted (core/costs.py). Each chunk of the body, and
+    `close()`, runs in the request's context again, as the view left it; between chunks nothing is left on the thread,
+    so a server that reads the body late, or never closes it, cannot hand the thread's next request a context."""
 
     def __init__(self, wsgi_app: Callable, rt: Runtime) -> None:
         self.wsgi_app = wsgi_app

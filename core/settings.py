@@ -16,11 +16,9 @@ DEV_SECRET = "dev-only-secret-not-for-app-engine"
 # attacker can read, so a short key can be searched for offline from one cookie, then sign any session. Local
 # development (an emulator) is exempt: its data is the developer's own, and its default key (DEV_SECRET) is public.
 SECRET_MIN_BYTES = 32
-# The names a local app answers to. A page of another site whose name the attacker points at 127.0.0.1 (DNS
-# rebinding) reaches a local app as a same-origin request with that name in Host: refused, as every other name.
-# "localhost" is also the Werkzeug test client's Host, and devstack serves on 127.0.0.1 (devstack/serving.py). No IPv6
-# literal: Werkzeug 3.1 compares a listed name only up to its first ':' (so "[::1]" never matches), and nothing here
-# listens on ::1.
+# The names a local app answers to: a page of another site whose name the attacker points at 127.0.0.1 (DNS
+# rebinding) comes with that name in Host, refused. No IPv6 literal: Werkzeug 3.1 compares a listed name only up to its
+# first ':' (so "[::1]" never matches), and nothing here listens on ::1.
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 HOST_NAME = re.compile(r"\.?[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*")  # a DNS name or an IPv4 address, no port
 
@@ -30,9 +28,8 @@ MAX_CACHE_EXPIRE = 30 * 24 * 3600  # memcached: "up to 30 days", else a Unix tim
 
 @dataclass(frozen=True)
 class WriteBudget:
-    """How much one signed-in person may create in a window of `window` seconds (core/budget.py): comments, counters
-    created, blog entries posted. A person at a keyboard stays far below; a script flooding the pages everyone reads
-    meets a 429. WRITE_BUDGET="comments=20,counters=10,posts=20,window=600" (any of them; the rest keep these)."""
+    """How much one signed-in person may create in `window` seconds (core/budget.py); a script flooding the pages
+    everyone reads meets a 429. WRITE_BUDGET="comments=20,counters=10,posts=20,window=600" (any of them)."""
     comments: int = 20
     counters: int = 10
     posts: int = 20
@@ -71,17 +68,14 @@ class Settings:
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
     on_app_engine: bool = False
-    # The dev sign-in (an email and an admin box, no password) lets anyone in as an admin: it exists only in local
-    # development: on exactly when the database is an emulator (DATASTORE_EMULATOR_HOST set), the environment asks for
-    # it (DEV_SIGNIN=on: devstack's stacks set it) and the app is not on App Engine standard (GAE_ENV=standard). The
-    # emulator is what makes it safe, on any platform: a deployment on Cloud Run (K_SERVICE), flex or a VM against the
-    # real Datastore has no emulator host, so no dev sign-in whatever else is set (docs/security.md).
+    # The dev sign-in (an email and an admin box, no password) lets anyone in as an admin: on only against an emulator
+    # (DATASTORE_EMULATOR_HOST), off App Engine standard, and when DEV_SIGNIN=on. The emulator is what makes it safe on
+    # any platform: a deployment against the real Datastore has none, whatever else is set (docs/security.md).
     dev_signin: bool = False
     # Sign in with Google (core/identity.py): the OAuth web client's id, whose ID tokens the app accepts. Required on
     # App Engine, where it is the only way in; optional locally, beside the dev sign-in.
     google_client_id: str | None = None
-    # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address
-    # (`make run`; most tests hand create_app a queue of their own instead).
+    # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address.
     tasks_emulator_host: str | None = None
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
@@ -91,18 +85,14 @@ class Settings:
     # the keys of the pages kept whole in the cache are built from it, never from a request's Host.
     trusted_hosts: tuple = LOCAL_HOSTS
     canonical_host: str = LOCAL_HOSTS[0]
-    # LATENCY=production (a regional database) or multi-region (nam5-like Commits): every Datastore RPC, cache call,
-    # task creation and delivery waits a modelled production round trip (core/production_latency.py; Datastore RPCs in
-    # the stand-in at the emulator address devstack gives, devstack/standin.py). Only against a local emulator:
-    # production waits by itself.
+    # LATENCY=production or multi-region: every call waits a modelled production round trip
+    # (core/production_latency.py). Only against a local emulator: production waits by itself.
     latency: str = "none"
     latency_seed: int | None = None  # LATENCY_SEED: the model's draws the same run after run (None: fresh)
-    # Each signed-in person's write budget (core/budget.py); tests and benchmarks that write a lot as one person raise
-    # it with WRITE_BUDGET where they build their app.
+    # Each signed-in person's write budget (core/budget.py).
     write_budget: WriteBudget = field(default_factory=WriteBudget)
-    # The mapper's sweep (mapper/sweep.py): a running task's record is leased for `mapper_lease_seconds` from each of
-    # its chunks' commits; the sweep, every `mapper_sweep_seconds` (cron.yaml on App Engine, the local task server
-    # off it), queues again the tasks whose lease ran out and the on_done of finished jobs not yet run.
+    # The mapper's sweep (mapper/sweep.py): a running task's record is leased for `mapper_lease_seconds` from each
+    # chunk's commit; every `mapper_sweep_seconds` the sweep queues again the tasks whose lease ran out.
     mapper_lease_seconds: int = 120
     mapper_sweep_seconds: int = 60
 
@@ -119,7 +109,6 @@ class Settings:
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
         if secret and not local and len(secret.encode()) < SECRET_MIN_BYTES:
-            # A short key can be guessed offline from one cookie (an HMAC of known content), then sign any session.
             raise RuntimeError(f"SECRET_KEY holds {len(secret.encode())} bytes: a session key needs at least "
                                f"{SECRET_MIN_BYTES} (`python -c 'import secrets; print(secrets.token_hex(32))'` makes "
                                "one).")
@@ -239,12 +228,10 @@ CA_COMMAND = ("gcloud memorystore instances get-certificate-authority INSTANCE -
 
 
 def cache_ca_pem(name: str, redis_url: str | None) -> str | None:
-    """The CA certificates CACHE_CA_FILE names, as PEM text, when REDIS_URL is rediss://. Memorystore for Valkey's
-    in-transit encryption signs the server's certificate with a certificate authority of the instance's own, which
-    a client must download and trust ("About in-transit encryption",
-    https://cloud.google.com/memorystore/docs/valkey/about-in-transit-encryption): no public CA vouches for it, so
-    rediss:// without it fails every connection, and the app refuses to start rather than run with every cache call
-    a miss."""
+    """The CA certificates CACHE_CA_FILE names, as PEM text, when REDIS_URL is rediss://. Memorystore for Valkey signs
+    the server's certificate with a CA of the instance's own, which a client must download and trust
+    (https://cloud.google.com/memorystore/docs/valkey/about-in-transit-encryption): without it every connection fails,
+    so the app refuses to start rather than run with every cache call a miss."""
     tls = bool(redis_url and redis_url.startswith("rediss://"))
     if not name:
         if tls:
@@ -288,11 +275,10 @@ def secret_version(env: Mapping[str, str]) -> str | None:
 
 
 def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, str]:
-    """`env` with SECRET_KEY read from Secret Manager when SECRET_KEY_SECRET names a secret: once per process, when
-    it starts (main.py), never in a request. A key in app.yaml's env_variables would be shown to anyone who may view
-    the version's configuration; a secret's payload only to those granted it
-    (https://cloud.google.com/appengine/docs/standard/reference/app-yaml#env_variables,
-    https://cloud.google.com/secret-manager/docs/access-secret-version). `client`: a SecretManagerServiceClient."""
+    """`env` with SECRET_KEY read from Secret Manager when SECRET_KEY_SECRET names a secret, once per process. A key in
+    app.yaml's env_variables would be shown to anyone who may view the version's configuration
+    (https://cloud.google.com/appengine/docs/standard/reference/app-yaml#env_variables); a secret only to those granted
+    it. `client`: a SecretManagerServiceClient."""
     wanted = secret_version(env)
     if wanted is None:
         return env
@@ -320,15 +306,13 @@ def local_development(env: Mapping[str, str]) -> bool:
 
 
 def dev_signin_on(env: Mapping[str, str]) -> bool:
-    """Whether the environment turns the dev sign-in on (Settings.dev_signin): in local development, when asked for.
-    Read alone, it needs none of what Settings requires elsewhere (App Engine's SECRET_KEY)."""
+    """Whether the environment turns the dev sign-in on (Settings.dev_signin): in local development, when asked for."""
     return local_development(env) and env.get("DEV_SIGNIN") == "on"
 
 
 def refuse_dev_signin_off_loopback(dev_signin: bool, binds: list[str]) -> None:
-    """A RuntimeError naming the fix when the dev sign-in (anyone in as an admin) would be served on an address other
-    than loopback. TRUSTED_HOSTS does not guard that: a client elsewhere on the network can send `Host: 127.0.0.1`.
-    `binds` are gunicorn's `bind` addresses (host:port, [v6]:port, unix:path); an empty host is every interface."""
+    """A RuntimeError naming the fix when the dev sign-in would be served on gunicorn `binds` other than loopback.
+    TRUSTED_HOSTS does not guard that: a client elsewhere on the network can send `Host: 127.0.0.1`."""
     if not dev_signin:
         return
     for bind in binds:

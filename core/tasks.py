@@ -1,19 +1,10 @@
-"""Task dispatch: one interface, one route every task arrives at, Cloud Tasks behind it everywhere but the tests.
+"""Task dispatch: one interface, and one route every task arrives at, `/api/tasks/<name>` (core/views.py).
 
-A feature registers its handlers by name when the app is built (`runtime.tasks.register("mapper.run", fn)` in its
-`init_app`) and enqueues named tasks (`runtime.current().tasks.enqueue(name, payload, task_name)`). Every queue
-delivers a task as an HTTP POST of its JSON payload to `/api/tasks/<name>` (core/views.py), so the code a task runs is
-the same everywhere:
-
-- `CloudTasksQueue`: google-cloud-tasks with an App Engine HTTP target. On App Engine it speaks to Cloud Tasks; under
-  `make run` and in the served tests, the same class speaks to devstack's local Cloud Tasks
-  (devstack/cloudtasks.py, CLOUD_TASKS_EMULATOR_HOST), which keeps the tasks outside the app's processes, as Cloud
-  Tasks does, so a worker that dies loses nothing it enqueued. The task name makes enqueueing idempotent
-  (ALREADY_EXISTS is success), and a delivery is retried until it answers 2xx (queue.yaml's retry_parameters).
-- in most tests and the benchmarks, `devstack.taskqueue.DrainedQueue`, handed to `create_app`: tasks wait in a list
-  until the test delivers them through the same route, one at a time or on threads.
-
-Handlers must be idempotent: every queue delivers at least once, and twice at the same time now and then.
+A feature registers its handlers by name in its `init_app` and enqueues named tasks. `CloudTasksQueue` speaks to Cloud
+Tasks on App Engine, and under `make run` to devstack's local Cloud Tasks (devstack/cloudtasks.py), which keeps the
+tasks outside the app's processes, so a worker that dies loses nothing it enqueued; most tests and the benchmarks hand
+`create_app` a `devstack.taskqueue.DrainedQueue` and deliver through the same route. The task name makes enqueueing
+idempotent. Handlers must be idempotent too: every queue delivers at least once, now and then twice at the same time.
 """
 import collections
 import contextlib
@@ -40,10 +31,9 @@ TASK_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,400}")  # what Cloud Tasks acce
 # larger task as Cloud Tasks does (devstack/cloudtasks.py).
 MAX_TASK_BYTES = 100 * 1024
 TOKEN_HEADER = "X-Tasks-Token"
-# What Cloud Tasks sends an App Engine task handler (https://cloud.google.com/tasks/docs/creating-appengine-handlers,
-# "Reading App Engine task request headers"); the X-CloudTasks-* headers are for HTTP targets, which this app is not.
+# What Cloud Tasks sends an App Engine task handler (https://cloud.google.com/tasks/docs/creating-appengine-handlers).
 # App Engine replaces X-AppEngine-* headers on outside requests, so a request with the queue header came from a queue
-# of this app. RetryCount counts every earlier attempt from 0, including those that never reached an instance.
+# of this app. RetryCount counts every earlier attempt from 0.
 QUEUE_HEADER = "X-AppEngine-QueueName"
 RETRY_HEADER = "X-AppEngine-TaskRetryCount"
 NAME_HEADER = "X-AppEngine-TaskName"
@@ -60,9 +50,8 @@ API_TOKEN_METADATA = "x-tasks-token"  # gRPC metadata keys are lower case
 
 
 def local_channel(host: str, token: str) -> Any:
-    """A gRPC channel to devstack's local Cloud Tasks at `host`, every call carrying the app's task token: that
-    server adds the token to every task it delivers, so it takes tasks only from whoever holds the token already
-    (the app), not from any process that can reach a loopback port."""
+    """A gRPC channel to devstack's local Cloud Tasks at `host`, every call carrying the app's task token: it takes
+    tasks only from whoever holds the token already, not from any process that can reach a loopback port."""
     import grpc
 
     class WithToken(grpc.UnaryUnaryClientInterceptor):
@@ -87,8 +76,7 @@ def is_from_queue(headers: "Mapping[str, str] | Headers", settings: Settings) ->
 
 
 class Queue(Protocol):
-    """What delivers the app's tasks: Cloud Tasks (CloudTasksQueue, on App Engine and locally), a test's
-    DrainedQueue, or NoQueue."""
+    """What delivers the app's tasks: CloudTasksQueue (on App Engine and locally), a test's DrainedQueue, or NoQueue."""
 
     def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None: ...
 
@@ -133,9 +121,7 @@ class TaskRouter:
 
 
 class CloudTasksQueue:
-    """Cloud Tasks, App Engine HTTP target; the client (a gRPC channel) is built once per process. With
-    `emulator_host`, the channel goes to devstack's local Cloud Tasks instead (plain gRPC on loopback, each call
-    carrying `emulator_token`, the app's task token: local_channel)."""
+    """Cloud Tasks, App Engine HTTP target; with `emulator_host`, devstack's local Cloud Tasks (local_channel)."""
 
     def __init__(self, project: str, location: str, queue: str, client: Any = None,
                  emulator_host: str | None = None, emulator_token: str = "") -> None:

@@ -5,11 +5,9 @@ import re
 from core.errors import BadInput, Unprocessable
 
 IDEMPOTENCY_KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,100}")  # printable ASCII, no spaces
-# Datastore refuses a key name that matches __.*__ ("A name matching regex __.*__ is reserved/read-only", PathElement
-# in https://cloud.google.com/datastore/docs/reference/data/rest/v1/Key): a Lookup or Commit that names one fails with
-# InvalidArgument. Every key name the app builds from a caller's chosen name starts with that name (a counter's config,
-# its shards "<name>|<i>"), so a name that does not start with "__" never makes a reserved one, whatever is joined
-# after it. An Idempotency-Key goes into no key name as it is: its marker's name is a digest (core/idempotency.py).
+# Datastore refuses a key name that matches __.*__ (PathElement in
+# https://cloud.google.com/datastore/docs/reference/data/rest/v1/Key): InvalidArgument. Every key name the app builds
+# from a caller's chosen name starts with that name, so a name that does not start with "__" never makes one.
 RESERVED_PREFIX = "__"
 # What no text field holds: what XML 1.0 cannot carry (https://www.w3.org/TR/xml/#charsets: control characters but tab,
 # line feed and carriage return; lone surrogates; U+FFFE and U+FFFF), what UTF-8 cannot encode (a lone surrogate:
@@ -36,9 +34,8 @@ def plain_characters(value: str, field: str) -> str:
 
 
 def plain_json(body: dict) -> dict:
-    """`body` (a parsed JSON object), unless a key or string anywhere in it holds an unsafe character: a 422 naming the
-    top-level field it is under. Checked when the body is parsed, so no route writes such text, whichever fields it
-    reads, and none is met first by the datastore's encoder (a 500)."""
+    """`body`, unless a key or string anywhere in it holds an unsafe character: a 422 naming the top-level field it is
+    under. Checked when the body is parsed, so no route writes such text, whichever fields it reads."""
     for key, value in body.items():
         plain_characters(key, "field_name")
         inside = [value]  # a stack, not recursion: a body may nest as deep as the JSON parser goes
@@ -74,12 +71,9 @@ def text(value: object, field: str, high: int, strip: bool = False) -> str:
 
 def whole_number(value: object, field: str, low: int, high: int, default: int | None = None,
                  from_json: bool = False) -> int:
-    """An int within low..high, else an error naming `field`. None gives `default` when there is one.
-
-    From a URL (the default) a string of digits counts, and a wrong value is a 400: the request itself is malformed.
-    `from_json`: a value in a request's body must be a JSON number, as the OpenAPI document says (not a bool, not
-    "12"), and a wrong one, of type or range, is a 422 on every route: the body parsed, its content is what cannot be
-    done. A form sends its numbers as text: its view hands them over through form_number."""
+    """An int within low..high, else an error naming `field`; None gives `default` when there is one. From a URL (the
+    default) a string of digits counts, and a wrong value is a 400. `from_json`: a JSON number (not a bool, not "12"),
+    and a wrong one is a 422: the body parsed, its content is what cannot be done."""
     if value is None and default is not None:
         return default
     if not from_json:
@@ -91,8 +85,7 @@ def whole_number(value: object, field: str, low: int, high: int, default: int | 
 
 
 def flag(value: str | None, field: str) -> bool:
-    """A query string's yes or no, as the OpenAPI document lists them: absent, "0" or "false" no, "1" or "true" yes;
-    anything else (an empty value, "yes") a 400 naming `field`, rather than a silent no."""
+    """A query string's yes or no: absent, "0" or "false" no, "1" or "true" yes; anything else a 400 naming `field`."""
     if value in (None, "0", "false"):
         return False
     if value in ("1", "true"):
@@ -101,8 +94,7 @@ def flag(value: str | None, field: str) -> bool:
 
 
 def form_number(value: str | None) -> object:
-    """A form's field as whole_number(from_json=True) takes it: a string of digits as its int, anything else as it
-    is, for that check to refuse with its own message."""
+    """A form's field as whole_number(from_json=True) takes it: a string of digits as its int, anything else as is."""
     return _digits_as_int(value, 18)
 
 
@@ -116,7 +108,7 @@ def _digits_as_int(value: object, most: int) -> object:
 
 def idempotency_key(value: str | None) -> str | None:
     """An Idempotency-Key header (or a form's token): None, or 1 to 100 printable ASCII characters without spaces
-    (`__k__` too: it never becomes a key name itself, core/idempotency.marker_name)."""
+    (`__k__` too: its marker's name is a digest, core/idempotency.py)."""
     if value is not None and not IDEMPOTENCY_KEY_PATTERN.fullmatch(value):
         raise BadInput("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces.",
                        "bad_idempotency_key")

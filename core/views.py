@@ -34,20 +34,16 @@ def _datastore_answers() -> bool:
 
 @bp.get("/_ah/warmup")
 def warmup() -> ResponseReturnValue:
-    """App Engine's warmup request (app.yaml: inbound_services: warmup), sent to a new instance before it takes
-    traffic, when App Engine manages to: it reaches one worker, and that worker has warmed itself already (warm,
-    below); this does it again. It answers 200 even if the lookup fails: the instance serves anyway."""
+    """App Engine's warmup request (app.yaml: inbound_services: warmup): 200 even if the lookup fails."""
     _warm_up()
     return "", 200
 
 
 def warm(app: Any) -> str:
-    """What a new process does before its first request, said in one line for the log: one Datastore lookup by key
-    (the gRPC channel opened, and on App Engine the service account's token fetched) and one cache call (a pooled
-    connection made). Each gunicorn worker runs it at start (gunicorn.conf.py's post_worker_init), because App
-    Engine's warmup request reaches one worker of an instance at most, and Google says its warmup does "not work in
-    every case" ("Configuring warmup requests",
-    https://cloud.google.com/appengine/docs/standard/configuring-warmup-requests). Never raises."""
+    """What a new process does before its first request (one Datastore lookup, one cache call), said in one line for
+    the log. Each gunicorn worker runs it at start, because App Engine's warmup request reaches one worker of an
+    instance at most, and does "not work in every case"
+    (https://cloud.google.com/appengine/docs/standard/configuring-warmup-requests). Never raises."""
     started = time.perf_counter()
     with runtime.of(app).context():
         said = _warm_up()
@@ -109,9 +105,8 @@ def signout() -> ResponseReturnValue:
 
 
 def _safe_next(target: str | None) -> str:
-    """Only a path on this site: an open redirect would turn sign-in into a phishing aid. No whitespace or control
-    character anywhere: werkzeug drops a tab from a Location header, so "/\t/evil.example" would leave as
-    "//evil.example", another host."""
+    """Only a path on this site (an open redirect would make sign-in a phishing aid), with no whitespace or control
+    character: werkzeug drops a tab from a Location header, so "/\t/evil.example" would leave as "//evil.example"."""
     if (target and target.startswith("/") and not target.startswith("//") and "\\" not in target
             and not any(c.isspace() or not c.isprintable() for c in target)):
         return target
@@ -161,10 +156,9 @@ RETRY_THIS_TASK = {"unavailable", "index_not_ready"}
 
 @bp.after_app_request
 def _retry_without_throttling(response: Response) -> Response:
-    """A task that met contention, or an index still building, answers 503 as any request would. Cloud Tasks reads a
-    503 from an App Engine target as an overloaded target and slows the whole queue
-    (https://cloud.google.com/tasks/docs/common-pitfalls), so these become a 500, which it retries on the queue's
-    backoff. Datastore or the cache away stays a 503: then slowing the queue is what helps."""
+    """A task that met contention, or an index still building, answers 500, not 503: Cloud Tasks reads a 503 as an
+    overloaded target and slows the whole queue (https://cloud.google.com/tasks/docs/common-pitfalls). Datastore or
+    the cache away stays a 503: then slowing the queue is what helps."""
     if request.endpoint == f"{bp.name}.run_task" and response.status_code == 503:
         error = (response.get_json(silent=True) or {}).get("error", {})
         if error.get("code") in RETRY_THIS_TASK:

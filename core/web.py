@@ -45,17 +45,14 @@ def is_api() -> bool:
     return request.path == "/api" or request.path.startswith("/api/")
 
 
-# What a request's body may hold: refused with a 413 before a byte of it is parsed (werkzeug compares Content-Length
-# with the limit, and stops a chunked body at it). Most routes take a few small fields; anyone may send a body, and a
-# large one costs a worker's CPU to parse and walk (validate.plain_json) before any route looks at it. The routes that
-# take long text name their own limit with `body_limit`.
+# What a request's body may hold, refused with a 413 before a byte of it is parsed: anyone may send a body, and a large
+# one costs a worker's CPU to parse and walk before any route looks at it. Routes that take long text say `body_limit`.
 BODY_BYTES = 8 * 1024
 
 
 def text_body_bytes(*most_characters: int) -> int:
-    """The largest body that carries text fields of these most characters, with room for the rest of the body: each
-    character 12 bytes at worst, a character outside the BMP as JSON's surrogate-pair escape ("\\ud83d\\ude00") or
-    as a form's percent-encoded UTF-8 ("%F0%9F%98%80")."""
+    """The largest body that carries text fields of these most characters, with room for the rest: 12 bytes a
+    character at worst (JSON's surrogate-pair escape "\\ud83d\\ude00", or a form's "%F0%9F%98%80")."""
     return 12 * sum(most_characters) + 1024
 
 
@@ -68,9 +65,9 @@ def body_limit(max_bytes: int) -> Callable[[Callable], Callable]:
 
 
 def _limit_body() -> None:
-    """The matched route's body limit (body_limit): a larger Content-Length is a 413 at once, whether or not the route
-    reads a body. A body sent without one (chunked) is read here, one byte past the limit at most, and refused if it
-    goes past: werkzeug's stream stops at the limit without a word, and the route would parse the cut body."""
+    """The matched route's body limit: a larger Content-Length is a 413 at once. A body sent without one (chunked) is
+    read here, one byte past the limit at most: werkzeug's stream stops at the limit without a word, and the route
+    would parse the cut body."""
     view = current_app.view_functions.get(request.endpoint or "")
     limit = getattr(view, "body_limit", BODY_BYTES)
     request.max_form_memory_size = limit  # an entry form's body field may then fill it (Flask's default: 500 KB)
@@ -84,10 +81,8 @@ def _limit_body() -> None:
 
 
 def json_body() -> dict:
-    """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object (bytes
-    that are not UTF-8 included), 422 when a string in it holds what no text field may (validate.plain_json: a lone
-    surrogate, which JSON's "\\ud800" escape gives, and so do its bytes ED A0 80, Python's json decoding with
-    "surrogatepass"; a noncharacter; a control character)."""
+    """The request's JSON object; 415 without the JSON content type, 400 when it does not parse to an object, 422 when
+    a string in it holds what no text field may (validate.plain_json)."""
     if not request.is_json:
         raise _not_json()
     try:
@@ -107,9 +102,8 @@ def error_response(status: int, code: str, message: str) -> ResponseReturnValue:
 
 
 def _bind_urls() -> None:
-    """Lets the error page build its links when Flask has no URL adapter for the request: a Host that is not trusted
-    (TRUSTED_HOSTS) or not a name (BadHost: a label of 64 characters) is refused before routing, and `url_for` would
-    fail on the page that says so. Its links are paths, built on the app's own name, never on the refused one."""
+    """Lets the error page build its links for a Host refused before routing (untrusted, or not a name), on the app's
+    own name, never on the refused one."""
     if request_ctx.url_adapter is None:
         request_ctx.url_adapter = current_app.url_map.bind(
             runtime.current().settings.canonical_host, script_name=request.script_root or None,
@@ -127,8 +121,7 @@ def _same_site_referrer() -> str | None:
 
 
 def canonical_url(endpoint: str, **values: Any) -> str:
-    """The page's URL on the app's own name (Settings.canonical_host), whatever Host the request came with: for what
-    must not change with it (Atom ids)."""
+    """The page's URL on the app's own name, whatever Host the request came with (for Atom ids, which must not move)."""
     return runtime.current().settings.canonical_url_root + url_for(endpoint, **values)
 
 
@@ -147,9 +140,8 @@ def _cross_site() -> bool:
 
 def _check_unsafe_request() -> None:
     """Forms need a CSRF token. The API needs none: a request another site's page makes a browser send is refused
-    here (403) by what the browser says of it (`_cross_site`), whatever its body; a body a form can send has a
-    non-JSON Content-Type, refused (415); and a JSON one needs a CORS preflight that this app never grants. The session
-    cookie is also SameSite=Lax. A bodyless POST used to pass all of these: only the first refuses it."""
+    (403) by what the browser says of it (`_cross_site`), even a bodyless one; a body a form can send has a non-JSON
+    Content-Type (415); a JSON one needs a CORS preflight that this app never grants."""
     if request.method not in UNSAFE:
         return
     if is_api():
@@ -207,10 +199,9 @@ def init_app(app: Flask) -> None:
     # another site's page cannot rebind its own name to 127.0.0.1 and act as same-origin (Settings.trusted_hosts).
     app.config["TRUSTED_HOSTS"] = list(runtime.of(app).settings.trusted_hosts) or None
     on_app_engine = runtime.of(app).settings.on_app_engine
-    # Security headers on every response (pages, JSON, errors). HSTS only on App Engine, where every request is HTTPS:
-    # app.yaml's `secure: always` redirects there, so the app itself never redirects (a Cloud Tasks delivery must not
-    # be bounced). Locally the site is plain HTTP on loopback, and HSTS would pin the browser to HTTPS for 127.0.0.1.
-    # One Talisman per app: it keeps its options (HSTS or not) on itself, and a process may build several apps.
+    # Security headers on every response. HSTS only on App Engine, where app.yaml's `secure: always` redirects (the app
+    # never does: a Cloud Tasks delivery must not be bounced); locally HSTS would pin the browser to HTTPS for
+    # 127.0.0.1. One Talisman per app: it keeps its options on itself, and a process may build several apps.
     app.extensions["talisman"] = Talisman(
         app, force_https=False, frame_options="DENY", content_security_policy=CONTENT_SECURITY_POLICY,
         referrer_policy="strict-origin-when-cross-origin", strict_transport_security=on_app_engine,
@@ -278,10 +269,8 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(core_exceptions.FailedPrecondition)
     def index_not_ready(e: core_exceptions.FailedPrecondition) -> ResponseReturnValue:
-        # A query whose composite index is missing or still building (after a first deploy, for minutes: `gcloud
-        # datastore indexes list` shows it CREATING) fails with FailedPrecondition. A building index is worth a retry;
-        # a missing one is a bug that the log says loudly either way. The status carries no reason code for it, so
-        # the message is what tells it from another failed precondition, which stays a 500.
+        # A query whose composite index is missing or still building (for minutes after a first deploy) fails with
+        # FailedPrecondition, with no reason code: the message tells it from another failed precondition (a 500).
         if "index" not in str(e).lower():
             return unexpected(e)
         log.error("a query's index is building or missing: %s", e)

@@ -1,7 +1,5 @@
-"""A counter's config (CounterConfig: its mode and its number of shards), created and grown: by an admin
-(`increase_shards`), or by an adaptive counter itself. Each process watches its own attempts at an adaptive counter
-(`listener`, ContentionWindow) and multiplies its shards (`grow`) while they keep colliding, up to
-ADAPTIVE_MAX_SHARDS."""
+"""A counter's config, created and grown: by an admin (`increase_shards`), or by an adaptive counter itself: each
+process watches its own attempts at it (`listener`) and multiplies its shards (`grow`) while they keep colliding."""
 import logging
 import threading
 from collections.abc import Callable
@@ -26,9 +24,8 @@ def require_config(name: str) -> CounterConfig:
 
 
 def configure(name: str, mode: object, num_shards: object = None, listed: bool = True) -> CounterConfig:
-    """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`; its mode never changes
-    (Conflict). In a transaction, so that two racing first uses cannot both create it. `listed=False` keeps a counter
-    that another feature keeps (an entry's views) off the counters page and list."""
+    """Create a counter in `mode`, or, when it exists in that mode, grow it to `num_shards`; its mode never changes.
+    In a transaction, so that two racing first uses cannot both create it. `listed=False`: another feature's."""
     validate_name(name)
     if not isinstance(mode, str) or mode not in DEFAULT_SHARDS:
         raise Unprocessable("mode must be 'general' or 'adaptive'.", "bad_mode")
@@ -47,10 +44,8 @@ def configure(name: str, mode: object, num_shards: object = None, listed: bool =
             config.num_shards = shards
             config.put()
         return config
-    # Many first uses of one counter race to create it (every commenter on a new entry): on Firestore, transactions
-    # creating one entity at once wait on each other's locks, so they take turns across processes (core/hotspots.py).
-    # A first use whose turn comes once the counter exists finds it with one lookup, not a transaction, so the many
-    # first users of a new counter do not each wait for the others' transactions.
+    # Many first uses of one counter race to create it: on Firestore, transactions creating one entity wait on each
+    # other's locks, so they take turns (core/hotspots.py), and one whose turn comes once it exists reads it instead.
     if num_shards is None:
         with in_turn(key):
             existing = key.get(use_global_cache=False)
@@ -60,10 +55,8 @@ def configure(name: str, mode: object, num_shards: object = None, listed: bool =
 
 
 def increase_shards(name: str, num_shards: object) -> CounterConfig:
-    """Raise a counter's shard count to `num_shards`; never lowers it.
-
-    Lowering would strand the counts in the dropped shards: a total sums only shards below num_shards.
-    """
+    """Raise a counter's shard count to `num_shards`; never lowers it: a total sums only the shards below
+    num_shards, so lowering would strand the counts in the dropped ones."""
     shards = validate_num_shards(num_shards)
     config = require_config(name)
     if shards <= config.num_shards:
@@ -72,10 +65,9 @@ def increase_shards(name: str, num_shards: object) -> CounterConfig:
 
 
 class ContentionWindow:
-    """Per process and per adaptive counter: how many of the last attempts collided. It asks to grow when at least
-    GROW_AT of the last WINDOW collided, by as much as the rate says (k times GROW_AT: k times the shards, rounded up
-    to a power of two), then starts afresh at the new size. Kept in the process: no shared entity to contend on; why
-    this rule, in docs/lessons/counters.md ("When an adaptive counter grows")."""
+    """Per process and per adaptive counter: how many of the last attempts collided. At least GROW_AT of the last
+    WINDOW collided asks to grow, by as much as the rate says. Kept in the process: no shared entity to contend on;
+    why this rule: docs/lessons/counters.md ("When an adaptive counter grows")."""
     WINDOW = 32
     # A counter of few shards is judged sooner: growing it wrongly costs a shard or two, and on one shard every retry
     # also waits its backoff, so 32 attempts there took seconds.
@@ -111,8 +103,7 @@ class ContentionWindow:
             return factor
 
     def restart(self, name: str, num_shards: int) -> None:
-        """A fresh window at the size the counter has after a verdict's `grow`: the size asked for, another process's,
-        or the old one when the growth did not apply (a collision, the cache away), which a later window asks again."""
+        """A fresh window at the size the counter has after a verdict's `grow` (the old one when it did not apply)."""
         with self._lock:
             self._seen[name] = (num_shards, 0, 0)
 
@@ -141,10 +132,9 @@ def listener(name: str) -> Callable[[int, bool], int]:
 
 
 def grow(name: str, seen_shards: int, factor: int) -> int:
-    """Multiply an adaptive counter's shards by `factor`, up to the cap; never lowers them. Returns the shard count
-    to go on with. Only the first process to ask at a given size grows it (the check on `seen_shards`). Best effort:
-    one attempt; if it collides or the config cannot be written (memcached away: a globally cached kind), a later
-    window asks again."""
+    """Multiply an adaptive counter's shards by `factor`, up to the cap; the shard count to go on with. Only the first
+    process to ask at a given size grows it (`seen_shards`). Best effort: one attempt; if it collides or the config
+    cannot be written (the cache away: a globally cached kind), a later window asks again."""
     current = require_config(name).num_shards  # a cheap look first: another process may have grown it already
     if current != seen_shards or seen_shards >= ADAPTIVE_MAX_SHARDS:
         return current

@@ -46,13 +46,10 @@ def shard_counts_of(config: CounterConfig) -> list[int]:
 def cached_totals(names: list[str], configs: dict | None = None, with_shards: bool = False,
                   shards_from_cache: bool = False) -> dict[str, tuple[Total, list[int] | None]]:
     """{name: (Total, shard counts or None)}, the one reader of cached totals: the cached ones in one cache round
-    trip, the rest summed from their shards in one Datastore batch by key and then cached (`add`, not `set`: never
-    overwrite a total that incrs have moved on), for simple.TOTAL_LIFETIME. A counter never created counts 0, cached
-    too. `configs` ({name: config or None}) when the caller has them. `with_shards` reads every counter's shards;
-    `shards_from_cache` (everyone but an admin) takes them from a copy cached for SHARD_VIEW_LIFETIME, since anyone
-    may ask and each shard is a billed read. Exact readers use `shard_counts_of` or `exact_totals`. The trade-offs:
-    docs/lessons/counters.md ("Caching trade-offs").
-    """
+    trip, the rest summed from their shards in one Datastore batch and then cached (`add`, not `set`: never overwrite
+    a total that incrs have moved on). A counter never created counts 0. `with_shards` reads every counter's shards;
+    `shards_from_cache` (everyone but an admin) takes them from a copy cached SHARD_VIEW_LIFETIME, since each shard is
+    a billed read. The trade-offs: docs/lessons/counters.md ("Caching trade-offs")."""
     cache = runtime.cache()
     keys = {name: total_cache_key(name) for name in names}
     views = {}  # name -> the key of its cached shard view, when the shards may come from one
@@ -83,24 +80,21 @@ def cached_totals(names: list[str], configs: dict | None = None, with_shards: bo
 
 
 def simple_shard_counts(exactly: bool) -> list[int]:
-    """The simple counter's twenty shards: read (an admin's view), or else from a copy kept SHARD_VIEW_LIFETIME, so a
-    view anyone may repeat bills its 20 reads once in those seconds, not each time."""
+    """The simple counter's twenty shards: read (an admin's view), or else from a copy kept SHARD_VIEW_LIFETIME."""
     if exactly:
         return simple.shard_counts()
     return runtime.cache().kept_copy(SIMPLE_VIEW_KEY, SHARD_VIEW_LIFETIME, simple.shard_counts)
 
 
 def total_and_shards(config: CounterConfig, shards_from_cache: bool = False) -> tuple[Total, list[int]]:
-    """A counter's cached total and each shard's count, in one cache round trip and at most one Datastore batch; the
-    shards from a short-lived cached copy with `shards_from_cache` (see `cached_totals`)."""
+    """A counter's cached total and each shard's count (`cached_totals`)."""
     total, counts = cached_totals([config.name], {config.name: config}, True, shards_from_cache)[config.name]
     return total, counts or []
 
 
 def get_total(name: str, config: CounterConfig | None = None) -> Total:
-    """The counter's total: from the cache when cached, else the sum of its shards (then cached for a minute).
-    Without `config`, the config is read only when the total is not cached (and then, like any counter a total is
-    asked of, one that was never created counts 0)."""
+    """The counter's total (`cached_totals`); without `config`, the config is read only when the total is not
+    cached."""
     return cached_totals([validate_name(name)], None if config is None else {name: config})[name][0]
 
 
@@ -113,10 +107,9 @@ def exact_totals(names: list[str]) -> dict[str, int]:
 
 
 def _listed_configs(limit: int, after: str | None = None) -> list[CounterConfig]:
-    """The first `limit` public counters' configs by name (after the name `after`). A query, eventually consistent: a
-    counter created a moment ago may be missing for a moment. Equality on one property ordered by key, with a key
-    range, needs no composite index: the property's built-in index is sorted that way. A feature's own counters are
-    created unlisted; the name check keeps them out even if one ever were not."""
+    """The first `limit` public counters' configs by name (after `after`). A query, eventually consistent: a counter
+    created a moment ago may be missing for a moment. Equality on one property ordered by key needs no composite
+    index: the property's built-in index is sorted that way."""
     query = CounterConfig.query(CounterConfig.listed == True)  # noqa: E712
     if after is not None:
         query = query.filter(CounterConfig.key > ndb.Key(CounterConfig, after))
@@ -124,8 +117,7 @@ def _listed_configs(limit: int, after: str | None = None) -> list[CounterConfig]
 
 
 def list_counters(limit: int = LIST_LIMIT, with_shards: bool = False) -> list[tuple]:
-    """The first `limit` public counters by name as (config, total, shard counts or None), totals as
-    `cached_totals` reads them."""
+    """The first `limit` public counters by name as (config, total, shard counts or None)."""
     configs = _listed_configs(limit)
     totals = cached_totals([c.name for c in configs], {c.name: c for c in configs}, with_shards)
     return [(c, *totals[c.name]) for c in configs]
@@ -140,11 +132,10 @@ class CountersPage:
 
 def counters_page(after: str | None = None, shards_from_cache: bool = False) -> CountersPage:
     """What the counters page shows: public counters by name after `after`, each with every shard drawn, and the
-    simple counter's twenty shards. Bounded, since anyone may load it: at most PAGE_COUNTERS counters and PAGE_SHARDS
-    of their shards (a counter that would pass that starts the next page; a page always shows one). An admin's view
-    reads every shard in one Datastore batch: the simple shards are asked for (not awaited) after the configs' query,
-    so ndb sends them in the same Lookup as the counters' shards (nothing between runs its event loop). Anyone else's
-    (`shards_from_cache`) takes every counter's shards, the simple counter's too, from copies seconds old."""
+    simple counter's shards. Bounded, since anyone may load it: PAGE_COUNTERS counters and PAGE_SHARDS of their shards
+    at most (a page always shows one). An admin's view reads every shard in one Datastore batch: the simple shards are
+    asked for (not awaited) after the configs' query, so ndb sends them in the same Lookup as the counters' shards.
+    Anyone else's (`shards_from_cache`) takes them from copies seconds old."""
     if after is not None:
         validate_name(after)
     configs = _listed_configs(PAGE_COUNTERS + 1, after)

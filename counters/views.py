@@ -15,8 +15,8 @@ bp = Blueprint("counters", __name__)
 
 @bp.url_value_preprocessor
 def public_names_only(endpoint: str | None, values: dict[str, Any] | None) -> None:
-    """Every route with a counter name in its URL takes public names only: a feature's own counter (an entry's
-    views, its comments) is a 403 for everyone, before any other check, so nobody can forge or even probe one."""
+    """Every route with a counter name in its URL takes public names only: a feature's own counter is a 403 for
+    everyone, before any other check."""
     if values and "name" in values:
         models.public_name(values["name"])
 
@@ -30,17 +30,14 @@ def _counter_json(config: CounterConfig, total: totals.Total, shards: list[int] 
 
 
 def _shards_from_cache() -> bool:
-    """Anyone's views of shards but an admin's come from a copy cached for a few seconds (identity.reads_exactly), so
-    the bill a GET can cause is bounded (a counter's every shard is one billed read, up to 256 of them:
-    counters.totals.cached_totals), whoever asks and however often."""
+    """Anyone's views of shards but an admin's come from a copy cached a few seconds, so the bill a GET can cause (a
+    billed read a shard) is bounded, whoever asks and however often."""
     return not identity.reads_exactly()
 
 
 def _spend_if_new(name: str) -> None:
-    """A signed-in person's write that creates counter `name` is one of their budget's new counters
-    (core/budget.py): every counter is listed on /counters for everyone. Adding to one that exists spends nothing.
-    The config is read by key (a hit in ndb's global cache; CounterConfig skips the request's context cache, so the
-    write after reads it once more)."""
+    """A signed-in person's write that creates counter `name` spends one of their budget's new counters
+    (core/budget.py): every counter is listed for everyone. Adding to one that exists spends nothing."""
     user = identity.current_user()
     if user is not None and growth.get_config(name) is None:
         budget.spend(user["id"], "counters")
@@ -58,8 +55,7 @@ def _form_int(field: str) -> int:
 
 @bp.get("/counters")
 def index() -> ResponseReturnValue:
-    """The counters by name, a page at a time (`?after=<name>`), each with its total, its shards drawn, and buttons
-    to increment."""
+    """The counters by name, a page at a time (`?after=<name>`), each with its total and its shards drawn."""
     page = totals.counters_page(request.args.get("after"), _shards_from_cache())
     return render_template("counters/index.html", counters=page.counters, next=page.next,
                            first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
@@ -74,8 +70,7 @@ def increment_simple_form() -> ResponseReturnValue:
 
 
 def _increment(name: str, idempotency_key: str | None = None) -> service.Increment:
-    """+1 on a public counter; only a signed-in user's first increment creates it, and only a signed-in user's
-    increment may carry an Idempotency-Key (their own: docs/api.md#idempotency-key)."""
+    """+1 on a public counter; only a signed-in user's increment creates it, or carries an Idempotency-Key."""
     _spend_if_new(name)
     user = identity.current_user()
     return service.increment(name, idempotency_key, create=user is not None, caller=user["id"] if user else None)
@@ -113,8 +108,7 @@ def shards_form(name: str) -> ResponseReturnValue:
 def burst_form(name: str) -> ResponseReturnValue:
     """Admin: many concurrent increments at once, to watch contention and growth."""
     identity.require_admin()
-    done, attempts, num_shards = demo.burst(name, _form_int("writers"),
-                                               _form_int("increments"))
+    done, attempts, num_shards = demo.burst(name, _form_int("writers"), _form_int("increments"))
     flash(f"{name}: {done} increments from {request.form['writers']} writers took {attempts / done:.2f} attempts "
           f"each; it has {num_shards} shards now.", "info")
     return redirect(url_for("counters.index") + f"#counter-{name}")
@@ -194,9 +188,8 @@ def api_burst(name: str) -> ResponseReturnValue:
 
 @bp.get("/api/simple-counter")
 def api_simple() -> ResponseReturnValue:
-    """The talk's twenty-shard counter (counters/simple.py): its cached total, and with `shards=1` every shard: read
-    for an admin (the count their sum), from a copy seconds old for anyone else (beside the cached total, which has
-    the increments of those seconds)."""
+    """The talk's twenty-shard counter: its cached total, and with `shards=1` every shard (read for an admin, the count
+    their sum; from a copy seconds old for anyone else)."""
     if validate.flag(request.args.get("shards"), "shards"):
         exactly = not _shards_from_cache()
         shards = totals.simple_shard_counts(exactly)

@@ -12,9 +12,8 @@ class Probe(ndb.Model):
 
 
 class Measurement(ndb.Model):
-    """The last measurement (one root entity, id "latest"): the page reads it by key instead of measuring again.
-    Not in ndb's global cache: its writes would then fail while memcached is down, and measuring is most telling
-    then."""
+    """The last measurement (id "latest"), read by key. Not in ndb's global cache: its writes would then fail while
+    the cache is down, when measuring is most telling."""
     _use_global_cache = False
 
     measured = ndb.DateTimeProperty(indexed=False)

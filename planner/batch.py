@@ -37,32 +37,25 @@ CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or
 PIPELINE_SPLITS, SCATTER_PER_SPLIT = 12, 32
 PIPELINE_SAMPLES = (PIPELINE_SPLITS - 1) * SCATTER_PER_SPLIT  # the split query's limit
 
-# The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs):
-# - its start (mapper/service.py start_job), before the root task is enqueued: its params checked (accounts/credit.py:
-#   keep_figures configures the job's two kept counters, a transaction each, even when they exist), the kind's last
-#   key and its __scatter__ samples (two queries), and the job with its root's record inserted in one transaction;
-# - the root's first read of the job (start_job has just written it: the ndb global cache has no copy yet; every later
-#   task reads it from the cache);
-# - its end (mapper/completion.py end_if_all_back), after the last task's last commit: the task records read one
-#   get_multi a level, then the transaction that ends the job, reading it and settling the credit onto a kept counter
-#   (its config and a shard: two lookups more).
+# The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs): its start
+# (mapper/service.py start_job: its two kept counters configured, a transaction each; the kind's last key and its
+# __scatter__ samples, two queries; the job and its root's record in one transaction); the root's first read of the job
+# (not in the ndb global cache yet); its end (mapper/completion.py): the records read one get_multi a level, then the
+# transaction that ends the job and settles the credit onto a kept counter (its config and a shard: two lookups).
 START_TRANSACTIONS = 2 + 1
 SETTLE_LOOKUPS = 2
 # The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
 # was reached (measured here: 300 keys one RunQuery, 301 to 600 two; Firestore's emulator answers 1,000 in one).
 LEGACY_BATCH = 300
 
-# The queue the mapper's tasks go through, as queue.yaml sets it (deployed with the app; `make deploy` sets the Cloud
-# Tasks queue from it, and devstack's local queue dispatches by it): no more tasks dispatched a second than its rate,
-# no more running at once than its max_concurrent_requests, whatever the instances could take.
+# The mapper's queue as queue.yaml sets it (Cloud Tasks and devstack's local queue alike): no more tasks dispatched a
+# second than its rate, no more running at once than its max_concurrent_requests, whatever the instances could take.
 QUEUE_YAML = REPO / "queue.yaml"
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}  # queue.yaml's "50/s": https://cloud.google.com/tasks/docs/queue-yaml
 
 # A new kind's traffic ramps up: Google's 500/50/5 rule, "starting with a maximum of 500 operations per second ... then
-# increasing traffic by 50% every 5 minutes" (Firestore's wording of the rule, "to a new collection"; Datastore mode's
-# page states the same rule for a new kind, and its troubleshooting page names it "the 500-50-5 rule"). The planner
-# counts the operations on the kind itself (its entities written, and read where the job reads them), as Beam's
-# ramp-up throttle counts a job's writes; the job's own bookkeeping kinds are left out.
+# increasing traffic by 50% every 5 minutes" (Datastore mode's page states it for a new kind). The planner counts the
+# operations on the kind itself, as Beam's ramp-up throttle counts a job's writes, not the job's bookkeeping.
 RAMP_SOURCE = "https://cloud.google.com/datastore/docs/best-practices#ramping_up_traffic"
 RAMP_START, RAMP_GROWTH, RAMP_STEP_SECONDS = 500, 1.5, 300
 
@@ -116,8 +109,7 @@ def _wall(rows: list[dict[str, str]], variant: str, page: int) -> float | None:
 
 @functools.cache
 def measured_walls(path: Path) -> dict[tuple[str, str, int], MeasuredWall]:
-    """{(backend, profile, page size): the fan-out's wall time as bench/results/mapper.md measured it}, read once per
-    process; {} where the file is absent (a deployment)."""
+    """{(backend, profile, page size): the fan-out's measured wall time}, once per process; {} without the file."""
     date, tables = bench_tables(path)
     found = {}
     for (backend, profile), rows in tables.items():
@@ -148,8 +140,7 @@ class Calls:
 
 @dataclass(frozen=True)
 class Tree:
-    """The mapper's tree over evenly spread keys, as mapper/tree.py cuts it (each range task lists its page and
-    `fanout` pages more, hands those out whole, and splits what lies beyond into up to `fanout` ranges)."""
+    """The mapper's tree over evenly spread keys, as mapper/tree.py cuts it (`fan_out`)."""
     tasks: int
     range_tasks: int  # tasks that list their range (a keys-only query each)
     handing: int  # range tasks that handed pages out (each keeps them in a HandedPages entity)
@@ -215,12 +206,10 @@ def split_sizes(entities: int, page: int, fanout: int) -> tuple[list[int], list[
 
 
 def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "firestore") -> Tree:
-    """The job's tree over `entities`, each range task's children from the mapper's own split (`split_sizes`: exact for
-    evenly spread keys; on legacy the ranges are cut at __scatter__ samples, which are not even), and its critical
-    path: the job's start, then the longest chain of tasks (a child starts once its parent has listed its range and
-    committed its first chunk; the chain's last task does all its work), then the job's end, which follows the last
-    task. Memoised by range size: the ranges of one level differ by one entity at most, so a tree of 10**10 entities is
-    a few dozen distinct sizes."""
+    """The job's tree over `entities`, cut by the mapper's own split (`split_sizes`: exact for evenly spread keys; on
+    legacy the ranges are cut at __scatter__ samples, which are not even), and its critical path: the job's start, the
+    longest chain of tasks (a child starts once its parent has listed its range and committed its first chunk), the
+    job's end. Memoised by range size: a tree of 10**10 entities is a few dozen distinct sizes."""
     listed_most = scan_limit(page, fanout)
 
     def page_task(n: int) -> Tree:
@@ -248,17 +237,15 @@ def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "f
 
 
 def job_start(entities: int, backend: str) -> Calls:
-    """A job's start (mapper/service.py start_job): the kind's last key, its __scatter__ samples (up to SAMPLES), and
-    its transactions. The legacy emulator gives about half a kind's entities a __scatter__ value (measured here: 3
-    start queries from 600 accounts, 2 below 590: the samples come 300 to a batch); Firestore's gives none."""
+    """A job's start (mapper/service.py start_job): the kind's last key, its __scatter__ samples, its transactions. The
+    legacy emulator gives about half a kind's entities a __scatter__ value (measured here); Firestore's gives none."""
     samples = min(entities // 2, SAMPLES)
     return Calls(queries=1 + queries_for(samples, SAMPLES, backend), transactions=START_TRANSACTIONS)
 
 
 def walk_critical_path(entities: int, page: int, chunk: int, backend: str) -> tuple[int, int]:
-    """(RPCs of one cursor walk, all in turn; its queries): a keys-only query a page, and a transaction of 3 RPCs a
-    chunk. The legacy emulator answers a full last page "maybe more", so there the walk asks once more (an empty
-    page); Firestore's says it was the last."""
+    """(RPCs of one cursor walk, all in turn; its queries): a keys-only query a page, a transaction a chunk. The legacy
+    emulator answers a full last page "maybe more", so the walk asks once more; Firestore's says it is the last."""
     full, left = divmod(entities, page)
     queries = math.ceil(entities / page) + (1 if backend == "legacy" and not left else 0)
     transactions = full * math.ceil(page / chunk) + math.ceil(left / chunk)
@@ -267,9 +254,8 @@ def walk_critical_path(entities: int, page: int, chunk: int, backend: str) -> tu
 
 def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backend: str = "firestore",
                profile: str = "production") -> Plan:
-    """A job visiting `entities` of a kind (add_credit's chunks) in pages of `page_size`: the mapper's tree (depth,
-    tasks, critical path, wall time with `instances` tasks at once, bill) against one cursor walk and a
-    non-transactional batch pipeline."""
+    """A job visiting `entities` of a kind (add_credit's chunks) in pages of `page_size`: the mapper's tree, with
+    `instances` tasks at once, against one cursor walk and a non-transactional batch pipeline."""
     plan = Plan("batch", {"entities": entities, "page_size": page_size, "fanout": fanout, "instances": instances,
                           "backend": backend, "profile": profile})
     for name, value, unit in (("entities", entities, "entities"), ("page size", page_size, "entities"),

@@ -8,10 +8,9 @@ from core.costs import plural
 from planner import figures
 from planner.figures import Plan, Rate, a_unit, calls_in_turn, priced, sustained_rate
 
-# A miss after a post, as the app makes it: the BlogIndex by key (the post changed it, so ndb's global cache holds it
-# no more), the page's query, and the comment counter of the one new entry (the other entries' counts are still
-# cached). When the poster's own form comes first, its redirect to the new entry's page has read those two back into
-# the caches, and the miss is the query alone. tests/test_plan.py measures both on the real stack.
+# A miss after a post: the BlogIndex by key (the post changed it: not in ndb's global cache), the page's query, and the
+# new entry's comment counter. After the poster's own form, its redirect has read those two back into the caches, and
+# the miss is the query alone. tests/test_plan.py measures both on the real stack.
 AFTER_POST_RPCS = {"Lookup": 2, "RunQuery": 1}
 AFTER_FORM_POST_RPCS = {"RunQuery": 1}
 
@@ -24,9 +23,8 @@ def front_page_reads(entries: int, page: int = BLOG_PAGE) -> int:
 
 
 def after_post_reads(entries: int, page: int = BLOG_PAGE, after_the_form: bool = False) -> int:
-    """Billed reads of the front page's first view after a post (a miss as the running app pays it): the BlogIndex,
-    the page and one entry more, and the new entry's comment counter; the page alone `after_the_form` (its redirect
-    to the entry read the other two first)."""
+    """Billed reads of the front page's first view after a post (AFTER_POST_RPCS; AFTER_FORM_POST_RPCS
+    `after_the_form`)."""
     return page_reads(entries, 0, page)[0] + (0 if after_the_form else 2)
 
 
@@ -45,9 +43,7 @@ def hit_rate_needed(views: float, reads_a_miss: int, budget: float) -> float:
 
 def plan_blog(entries: int, depth: int, readers: Rate, read_budget: Rate, posts: Rate,
               profile: str = "production") -> Plan:
-    """A blog of `entries` whose front page is viewed at the `readers` rate: a page's bill by index and by offset at
-    `depth`, the front page's cache hit rate that keeps its reads within `read_budget`, the hit rate the `posts` rate
-    lets it reach (every post makes the cached page a miss), and the posts one blog can take in turn."""
+    """A blog of `entries` whose front page is viewed at the `readers` rate (the module's question)."""
     plan = Plan("blog", {"entries": entries, "depth": depth, **readers.as_input("readers"),
                          **read_budget.as_input("read_budget"), **posts.as_input("posts"), "profile": profile})
     plan.figure("entries", entries, "entries", "yours", "")

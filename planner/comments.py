@@ -21,8 +21,7 @@ def comment_bills(backend: str) -> tuple[billing.Billed, billing.Billed]:
 
 
 def plan_comments(comments: Rate, writers: int, backend: str = "firestore", profile: str = "production") -> Plan:
-    """`comments` on one entry from `writers` people: each writer's own group's headroom against one shared parent,
-    the per-person write budget each writer meets first, the entry's counter shards, and each design's bill."""
+    """`comments` on one entry from `writers` people (the module's question, with the write budget each meets)."""
     plan = Plan("comments", {**comments.as_input("comments"), "writers": writers, "backend": backend,
                              "profile": profile})
     comments_per_second = plan.rate("comments on one entry", comments, "comments")
@@ -60,8 +59,8 @@ def plan_comments(comments: Rate, writers: int, backend: str = "firestore", prof
 
 
 def write_budget(plan: Plan, per_writer: float, writers: int, budget: WriteBudget = BUDGET) -> None:
-    """The per-person write budget (core/budget.py): each signed-in person may post so many comments a window, then
-    gets 429 until it ends. A writer faster than budget / window meets it before any entity's limit."""
+    """The per-person write budget (core/budget.py): a writer faster than budget / window meets its 429 before any
+    entity's limit."""
     most = plan.figure("comments one person may post a window", budget.comments, "comments", "app",
                        "core/settings.py WriteBudget, enforced by core/budget.py spend (WRITE_BUDGET overrides it)")
     window = plan.figure("the write budget's window", budget.window, "s", "app", "core/settings.py WriteBudget")

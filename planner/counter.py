@@ -13,18 +13,12 @@ from counters.models import ADAPTIVE_MAX_SHARDS, MAX_SHARDS
 from planner import figures
 from planner.figures import Plan, Rate, a_unit, bench_tables, calls_in_turn, priced, sustained_rate
 
-# What an increment sends, by backend: on Firestore a blind server-side increment (one Commit, no read); on legacy a
-# transaction that reads its shard (counters/writes.py).
 INCREMENT_RPCS = {"firestore": {"Commit": 1}, "legacy": figures.TRANSACTION}
 
-# What this machine's counters benchmark measured one shard take: its `single` row (a general counter of one shard,
-# written the app's way: a transaction on legacy, a blind increment on Firestore) under each profile of the latency
-# model. bench/ is not deployed (.gcloudignore): there the file is absent, and the answer says so.
+# One shard's rate as this machine's counters benchmark measured it (absent where bench/ is not deployed): its
+# `ceiling` row, where each writer has a one-shard counter of its own, so each entity is written as fast as the
+# stand-in lets one entity be written. Not its `single` row (32 writers on one shard), which measures contention.
 COUNTERS_RESULTS = REPO / "bench" / "results" / "counters.md"
-# One shard's rate as measured: the benchmark's `ceiling` row, where each writer has a one-shard counter of its own,
-# so each entity is written as fast as the stand-in lets one entity be written (its rate divided by its writers). The
-# `single` row (32 writers on one shard) measures contention instead: most of its commits wait out their turn and are
-# refused, so one shard there commits far less than its rate (bench/results/counters.md).
 ONE_SHARD = "ceiling"
 
 
@@ -37,8 +31,8 @@ class Measured:
 
 @functools.cache
 def measured_per_shard(path: Path) -> dict[tuple[str, str], Measured]:
-    """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process, not
-    once per request (the talk's first lesson); {} where there is no such file (a deployment)."""
+    """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process; {} where
+    there is no such file."""
     date, tables = bench_tables(path)
     found = {}
     for key, rows in tables.items():
@@ -61,8 +55,7 @@ def adaptive_growth(shards: int, attempts_per_second: float) -> tuple[int, int, 
 
 
 def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", profile: str = "production") -> Plan:
-    """A counter written at the `writes` rate at peak for `peak_seconds`: the shards it needs, what an increment and a
-    total read cost, and when the adaptive counter would reach that size."""
+    """A counter written at the `writes` rate at peak for `peak_seconds` (the module's question)."""
     plan = Plan("counter", {**writes.as_input("writes"), "peak_seconds": peak_seconds, "backend": backend,
                             "profile": profile})
     per_second = plan.rate("peak writes", writes, "writes")

@@ -15,8 +15,7 @@ NOT_LISTED = ("/numbers/plan", "/api/plan", "/signin", "/signout", "/api/session
 def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, writes: int = 0, deletes: int = 0,
                  profile: str = "production", whose: str = "yours", source: str = "") -> Plan:
     """A request's RPCs by method and its cache calls, made one after another: its time at the model's medians and
-    p99s, and its bill (`reads`, `writes`, `deletes`: what those RPCs bill, as /appstats shows them). `whose` and
-    `source` say whose those figures are: your input, or a recorded request's."""
+    p99s, and its bill (`reads`, `writes`, `deletes`); `whose` and `source`: your input, or a recorded request's."""
     plan = Plan("request", {"rpcs": rpcs, "cache_calls": cache_calls, "reads": reads, "writes": writes,
                             "deletes": deletes, "profile": profile})
     for method, n in sorted(rpcs.items()):
@@ -36,8 +35,7 @@ def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, wri
 
 
 def recent_requests() -> list[dict[str, Any]] | None:
-    """The requests /appstats lists (the last of every process, newest first) that a person may pick to plan: not the
-    planner's own, nor signing in or out. Read from the shared cache (two cache calls, no Datastore RPC); None while
+    """The requests /appstats lists that a person may pick to plan (not NOT_LISTED), from the shared cache; None while
     the cache does not answer."""
     try:
         listed = records.recent(runtime.current().cache)
@@ -47,8 +45,8 @@ def recent_requests() -> list[dict[str, Any]] | None:
 
 
 def plan_recorded(request_id: int, profile: str = "production") -> Plan:
-    """A request /appstats recorded (read from the shared cache, never from Datastore), as if served in production:
-    the calls on its critical path as the request planner's input, and its bill as counted."""
+    """A request /appstats recorded, as if served in production: the calls on its critical path as the request
+    planner's input, and its bill as counted."""
     record, calls = records.kept_request(runtime.current().cache, request_id)
     critical = [calls[i] for i in sorted(costs.critical_path(calls))]
     rpcs = Counter(call.name for call in critical if call.kind == "datastore")

@@ -1,7 +1,5 @@
 """The planner: "Numbers Everyone Should Know" turned into answers before a design is built. Each planner is a plain
-function from a few whole numbers to a `Plan` (planner/figures.py): its answers, every figure it used with whose
-figure it is (your input, production's bill and guidance, the latency model's, this app's code or its benchmark), and
-its arithmetic as lines a person can follow. One module a planner:
+function from a few whole numbers to a `Plan` (planner/figures.py). One module a planner:
 
     planner/counter.py    a counter's shards, an increment's and a total's cost, the adaptive counter's growth
     planner/blog.py       a page's bill by index and by offset, the front page's hit rate, posts in turn
@@ -9,9 +7,7 @@ its arithmetic as lines a person can follow. One module a planner:
     planner/batch.py      the mapper's fan-out against one cursor walk and a batch pipeline
     planner/request.py    a request's calls in turn (or an /appstats record's), its time and its bill
 
-Here: what each planner takes, every number with its bound (so that no input makes a planner loop or allocate much),
-and `plan`, which checks the inputs and answers. Nothing here reads or writes Datastore (a recorded request is read
-from the shared cache, as /appstats reads it).
+Here: what each planner takes, every number with its bound, and `plan`, which checks the inputs and answers.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,7 +152,6 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
 
 
 def plan(planner: object, inputs: object) -> dict[str, Any]:
-    """The answer of the planner `planner` names to `inputs` (checked first: 422 naming what is wrong). Writes
-    nothing; reads nothing but a recorded request's record, from the shared cache."""
+    """The answer of the planner `planner` names to `inputs` (checked first: 422 naming what is wrong)."""
     spec, args = checked_inputs(planner, inputs)
     return FUNCTIONS[spec.name](**args).as_dict()

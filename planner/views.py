@@ -34,8 +34,7 @@ def _form_inputs(spec: service.Planner) -> dict[str, Any]:
 
 
 def _answer(planner: object, inputs: object) -> dict[str, Any]:
-    """The planner's answer; an /appstats record as input is for admins only, as /appstats is (it says who asked for
-    what)."""
+    """The planner's answer; an /appstats record as input is for admins only, as /appstats is."""
     if isinstance(inputs, dict) and "appstats" in inputs:
         identity.require_admin()
     return service.plan(planner, inputs)
@@ -56,8 +55,7 @@ def plan_form() -> ResponseReturnValue:
 
 @bp.post("/api/plan")
 def api_plan() -> ResponseReturnValue:
-    """{"planner", "inputs"} -> the planner's answer: its figures with whose each is, its arithmetic, its answers.
-    Computes; writes nothing."""
+    """{"planner", "inputs"} -> the planner's answer: its figures, its arithmetic, its answers. Writes nothing."""
     body = json_body()
     unknown = sorted(set(body) - {"planner", "inputs"})
     if unknown:

@@ -32,10 +32,8 @@ NODE_PROPERTIES = re.compile(r"(?:[&!]\S*\s+)*")
 
 def without_deployment_values(app_yaml: str) -> str | None:
     """app.yaml as a visitor may read it: every value under env_variables replaced by a note, or None when that cannot
-    be done surely (the text is not one YAML document). The file in the repo has them empty, but a deployment's copy
-    holds its admins' emails, its cache's address, perhaps its SECRET_KEY (which would let anyone forge an admin's
-    session): so the file is parsed as gcloud parses it, and each value is found by where the parser read it, however
-    the YAML spells it (a quoted key, flow style, a block scalar, a comment after it, a merge key, an alias)."""
+    be done surely. A deployment's copy may hold its SECRET_KEY: so the file is parsed as gcloud parses it, and each
+    value is found where the parser read it, however the YAML spells it (flow style, a block scalar, a merge key...)."""
     try:
         root = yaml.compose(app_yaml, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
