@@ -1,8 +1,6 @@
-"""Counter entities.
-
-Every shard is a root entity, its own entity group: Datastore serializes transactions per entity group (about one
-commit per second per group sustained in production), so a counter written by many clients at once must spread its
-writes over many groups. A shard is never a child of its counter's config, which would put them all back in one group.
+"""Counter entities. Every shard is a root entity, its own entity group: Datastore serializes transactions per entity
+group (about one commit a second per group sustained in production), so a counter written by many clients at once
+spreads its writes over many groups. A shard is never a child of its config, which would put them back in one group.
 """
 import datetime
 import re
@@ -18,10 +16,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 # anyone can create through the public API is ever one of them, whatever features are added later.
 OWNER_SEPARATOR = ":"
 OWNER_PATTERN = re.compile(r"[a-z]{1,20}")
-# The two shard caps. An admin may give a counter up to MAX_SHARDS: the counters page reads at most that many shards a
-# view (totals.PAGE_SHARDS), so every counter can be drawn. An adaptive counter grows itself, unattended, so its cap
-# is lower: a total not cached reads every shard, and about ten shards per writer in flight settle its collisions (the
-# demo's 16 writers reach 128 to 256; docs/lessons/counters.md).
+# The two shard caps: an admin's counter up to MAX_SHARDS, what the counters page draws at most in a view. An adaptive
+# counter grows itself, unattended, so its cap is lower: a total not cached reads every shard, and about ten shards per
+# writer in flight settle its collisions (docs/lessons/counters.md).
 MAX_SHARDS = 1000
 ADAPTIVE_MAX_SHARDS = 256
 
@@ -65,14 +62,10 @@ MARKER_LIFETIME = datetime.timedelta(days=1)
 
 
 class CounterConfig(ndb.Model):
-    """A named counter; key name is the counter's name.
-
-    Read (by key) on every increment and total, written only when the counter is created or grows: the ndb global
-    cache serves it from memcached. Never read inside an increment's transaction, so that growing the counter does not
-    abort every increment in flight.
-    No in-context cache: a long-lived context (a worker thread, a task) would keep the shard count it saw first and
-    never spread over shards added since. memcached serves the repeat reads instead.
-    """
+    """A named counter; key name is the counter's name. Read by key on every increment and total (from the ndb global
+    cache), written only when it is created or grows. Never read inside an increment's transaction, so that growing
+    the counter does not abort every increment in flight. No in-context cache: a long-lived context (a worker thread)
+    would keep the shard count it saw first and never spread over shards added since."""
     _use_cache = False
     mode = ndb.StringProperty(choices=("general", "adaptive"), required=True)
     num_shards = ndb.IntegerProperty(required=True, indexed=False)
