@@ -72,12 +72,10 @@ class RoundTrip:
         return self.quantile_ms(rng.random()) / 1000
 
 
-# Datastore RPCs by gRPC method (google.datastore.v1.Datastore), as App Engine sees Firestore in Datastore mode in its
-# own region. The three medians measured: googleapis/google-cloud-dotnet#5333 "Datastore latency", Jon Skeet (the
-# .NET client's maintainer), 2020-09-24: .NET client on Cloud Run europe-west1, warm, 10 samples each; the database
-# apparently in europe-west2 ("Run isn't supported in europe-west2 yet"), so probably CROSS-REGION (Belgium to London):
-# a same-region call may be a few ms faster, which no source measures. (The report that opened the thread measured
-# 60-70 ms for a RunQuery in one region, us-central1; Skeet could not reproduce it.)
+# Datastore RPCs by gRPC method, as App Engine sees Firestore in Datastore mode in its own region. The three medians
+# measured: googleapis/google-cloud-dotnet#5333, Jon Skeet, 2020-09-24: .NET client on Cloud Run europe-west1, warm, 10
+# samples each, the database apparently in europe-west2, so probably CROSS-REGION: a same-region call may be a few ms
+# faster, which no source measures (the thread's first report, 60-70 ms for a RunQuery, Skeet could not reproduce).
 LOOKUP = RoundTrip(14.5)  # 1 key: 14-21 ms, median ~14.5 (dotnet#5333, cross-region)
 RUN_QUERY = RoundTrip(19)  # small result: 14-24 ms, median ~19 (dotnet#5333, cross-region)
 COMMIT = RoundTrip(47)  # 1 entity, non-transactional insert: 24-55 ms, median ~47 (dotnet#5333, cross-region)

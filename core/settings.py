@@ -79,10 +79,9 @@ class Settings:
     tasks_emulator_host: str | None = None
     tasks_location: str | None = None
     tasks_queue: str = "mapper"
-    # The host names the app answers to (Flask's TRUSTED_HOSTS: a request with another Host is a 400), a leading "."
-    # taking a name's subdomains; empty: any (App Engine's front end routes only this app's names here, but any
-    # number of them: every `<anything>-dot-PROJECT.appspot.com`). The canonical name is the app's own: Atom ids and
-    # the keys of the pages kept whole in the cache are built from it, never from a request's Host.
+    # The host names the app answers to (another Host is a 400), a leading "." taking subdomains; empty: any (App
+    # Engine routes only this app's names here, but any number: `<anything>-dot-PROJECT.appspot.com`). Atom ids and
+    # cached pages' keys are built from the canonical name, never from a request's Host.
     trusted_hosts: tuple = LOCAL_HOSTS
     canonical_host: str = LOCAL_HOSTS[0]
     # LATENCY=production or multi-region: every call waits a modelled production round trip

@@ -181,7 +181,6 @@ def measurement_dict(measurement: Measurement) -> dict[str, Any]:
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],
             "runs": measurement.runs, "operations": operations,
             # a profile ("production", "multi-region"): each figure includes its modelled round trips
-            # (core/production_latency.py)
             "latency": measurement.latency or "none",
             # The talk's lesson in one figure: how many reads one transactional write costs (the talk: about 40).
             "write_read_ratio": round(write / read, 1) if write and read else None}

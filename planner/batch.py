@@ -326,9 +326,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
                 f"{wall_s:.2f} s on a kind already taking traffic; {ramped:.2f} s on a new kind (500/50/5)" + bench)
 
     # add_credit is an increments job (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
-    # The job's own: its start's queries (a read each RunQuery: keys only) and its 3 transactions' reads, the root's
-    # read of it, its end's read of it and of the counters it settles into; the job and the root's record written at
-    # its start, the job and the credit's shard at its end.
+    # The job's own: its start's queries and transactions, the root's read of it, its end's reads; the job and the
+    # root's record written at its start, the job and the credit's shard at its end.
     job_reads, job_writes = start.queries + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2
     fan_bill = billing.Billed(reads=read + tree.transactions + tree.range_tasks + tree.tasks + job_reads,
                               writes=entities + tree.transactions + tree.handing + job_writes)
