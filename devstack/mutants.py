@@ -6,9 +6,9 @@ docs/mutants.md written from the outcome.
     make mutants MODULES="..." TESTS="tests/test_comments.py"   # other test files for mutmut's stats run
 
 What it does, in order:
-1. extracts HEAD (`git archive`; ARGS=--working-tree: the files git knows as the working tree has them now) to a
-   fresh scratch tree, .devstack/mutants/ (git-ignored), so that edits made in the working tree meanwhile change
-   nothing, and the report names the commit it ran on;
+1. extracts HEAD (`git archive`; ARGS="--commit REV": another commit; ARGS=--working-tree: the files git knows as
+   the working tree has them now) to a fresh scratch tree, .devstack/mutants/ (git-ignored), so that edits made in
+   the working tree meanwhile change nothing, and the report names the commit it ran on;
 2. writes mutmut's settings there (setup.cfg's [mutmut]: the modules, the test files, the fork server, this plugin);
 3. starts one emulator (DATASTORE's, at consistency 1.0, as tests/conftest.py's `stack`) that every mutant's pytest
    session borrows (devstack/mutants_plugin.py): the Java emulator starts once, not once per mutant;
@@ -24,6 +24,7 @@ import argparse
 import ast
 import contextlib
 import datetime
+import fnmatch
 import importlib.metadata
 import json
 import os
@@ -44,6 +45,7 @@ DOC = REPO / "docs" / "mutants.md"
 PACKAGES = ["accounts", "appstats", "blog", "comments", "core", "counters", "latency", "mapper", "planner", "tour"]
 
 COUNTERS = ["tests/test_counters.py", "tests/test_api_counters.py"]
+KILLERS = "tests/test_mutants_bookmarks_handback.py"  # written to kill the trial's survivors (docs/mutants.md)
 COMMENTS = ["tests/test_comments.py", "tests/test_api_comments.py"]
 MAPPER = ["tests/test_mapper.py", "tests/test_api_jobs.py"]
 # Each module: the functions to mutate (None: all of them) and the test files of mutmut's stats run, the ones that
@@ -55,9 +57,9 @@ MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
     "counters/writes.py": (None, COUNTERS),
     "blog/service.py": (None, ["tests/test_blog.py", "tests/test_api_blog.py"]),
     "comments/service.py": (None, COMMENTS),
-    "comments/bookmarks.py": (None, COMMENTS),
+    "comments/bookmarks.py": (None, [*COMMENTS, KILLERS]),
     "mapper/tree.py": (None, MAPPER),
-    "mapper/handback.py": (None, MAPPER),
+    "mapper/handback.py": (None, [*MAPPER, KILLERS]),
     "mapper/completion.py": (None, [*MAPPER, "tests/test_termination.py"]),
     "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py"]),
     # the session code only: the generation that sign-out renews, the cookie's checks, sign-in's and sign-out's
@@ -69,6 +71,7 @@ MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
 # mutmut's exit codes, as its stats module names them; "score" below is mutmut's own (its badge): killed and timed
 # out over all mutants but the skipped ones, so a mutant no test reaches ("no tests") counts against it.
 COLUMNS = ["mutants", "killed", "survived", "timeout", "no tests", "other", "score"]
+TABLE = ["lines", *COLUMNS, "s / mutant"]
 
 
 def module_name(path: str) -> str:
@@ -85,13 +88,14 @@ def globs(modules: list[str]) -> list[str]:
     return found
 
 
-def scratch_tree(working: bool) -> None:
-    """WORK, fresh: the tree of HEAD (git archive), or with `working` the files git knows as the working tree has
-    them now (uncommitted edits, others' too); the virtualenv linked."""
+def scratch_tree(commit: str | None) -> None:
+    """WORK, fresh: the tree of `commit` (git archive), or with None the files git knows as the working tree has
+    them now (uncommitted edits, others' too); this tool's pytest plugin as it is here (an older commit may predate
+    it); the virtualenv linked."""
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    if not working:
-        archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=REPO, check=True,
+    if commit is not None:
+        archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO, check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(WORK)], input=archive, check=True)
     else:
@@ -102,6 +106,7 @@ def scratch_tree(working: bool) -> None:
             if source.is_file():
                 (WORK / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, WORK / name)
+    shutil.copy2(Path(__file__).with_name("mutants_plugin.py"), WORK / "devstack" / "mutants_plugin.py")
     (WORK / ".venv").symlink_to(REPO / ".venv")
 
 
@@ -139,10 +144,15 @@ def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, l
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
         code = proc.wait()
+    return code, printed_summary(log)
+
+
+def printed_summary(log: Path) -> list[str]:
+    """mutmut's last status line (done/all and its counts by status, after its spinner) and its speed, as printed."""
     printed = [line.strip() for line in re.split(r"[\r\n]", log.read_text(errors="replace")) if line.strip()]
-    summary = [line for line in printed if "mutations/second" in line]
-    stats = [line for line in printed if re.match(r"^\d+/\d+\s", line)]
-    return code, (stats[-1:] + summary[-1:])
+    stats = [m.group(1) for m in (re.search(r"(\d+/\d+\s+🎉.*)$", line) for line in printed) if m]
+    speed = [line for line in printed if "mutations/second" in line]
+    return stats[-1:] + speed[-1:]
 
 
 def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
@@ -225,7 +235,12 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         if len(cells) == 6 and cells[5]:
             said[(cells[2].strip("`"), cells[4])] = cells[5]
     stamp = f"{run['date']}, {run['commit'][:12]}"
-    rows = [f"| `{path}` | " + " | ".join(counts(found[path]).values()) + f" | {stamp} |" for path in modules]
+    rows = []
+    for path in modules:
+        times = per_mutant(path)
+        rows.append(f"| `{path}` | {len((WORK / path).read_text().splitlines())} | "
+                    + " | ".join(counts(found[path]).values())
+                    + f" | {statistics.mean(times) if times else 0:.1f} | {stamp} |")
     survivors = []
     for path in modules:
         for name, status in sorted(found[path].items(), key=lambda item: int(item[0].rpartition("_")[2])):
@@ -262,11 +277,13 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "## Per module",
         "",
         "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",
-        "reaches (\"no tests\") counts against it. \"other\": suspicious, segfault, not checked. Each row says the run",
-        "(date, commit) it comes from: a run over some modules replaces their rows only.",
+        "reaches (\"no tests\") counts against it. \"other\": suspicious, segfault, not checked. Lines: the module's",
+        "(the mutants of core/identity.py are its session code's only). s / mutant: the mean wall time of one",
+        "mutant's pytest session. Each row names the run (date, commit) it comes from: a run over some modules",
+        "replaces their rows only.",
         "",
-        "| module | " + " | ".join(COLUMNS) + " | run |",
-        "|---" * (len(COLUMNS) + 2) + "|",
+        "| module | " + " | ".join(TABLE) + " | run |",
+        "|---" * (len(TABLE) + 2) + "|",
         *table,
         "",
         "## Survivors",
@@ -283,17 +300,35 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
     DOC.write_text("\n".join(text))
 
 
-def timing_lines(path: Path, started: float, finished: float, stats_tests: list[str]) -> list[str]:
-    sessions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    per_mutant = [s["seconds"] for s in sessions if s["mutant"] not in ("", "stats", "fail", "list_all_tests",
-                                                                         "mutant_generation")]
-    lines = [f"wall time: {finished - started:.0f} s in all (mutant generation, the stats run over "
-             f"{len(stats_tests)} test files, the clean run, the forced failure, then the mutants)"]
-    if per_mutant:
-        lines.append(f"per mutant (its pytest session, as devstack/mutants_plugin.py timed it): "
-                     f"{len(per_mutant)} sessions, mean {statistics.mean(per_mutant):.1f} s, median "
-                     f"{statistics.median(per_mutant):.1f} s, longest {max(per_mutant):.1f} s, "
-                     f"sum {sum(per_mutant):.0f} s")
+def sessions() -> list[dict]:
+    """Each pytest session of the run, as devstack/mutants_plugin.py timed it: mutant ("stats", "" for the clean run,
+    "fail" for the forced failure, else a mutant's name), exit status, seconds."""
+    path = WORK / "sessions.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def per_mutant(module: str | None = None) -> list[float]:
+    return [s["seconds"] for s in sessions() if "__mutmut_" in s["mutant"]
+            and (module is None or s["mutant"].startswith(module_name(module) + ".x"))]
+
+
+def timing_lines(seconds: float, stats_tests: list[str]) -> list[str]:
+    by_kind: dict[str, float] = {}  # "" twice: the clean run, and the fork server's collection (the longer is the run)
+    for s in sessions():
+        if "__mutmut_" not in s["mutant"]:
+            by_kind[s["mutant"]] = max(by_kind.get(s["mutant"], 0), s["seconds"])
+    lines = [f"wall time: {seconds:.0f} s in all: mutant generation, mutmut's stats run over {len(stats_tests)} test "
+             f"files ({by_kind.get('stats', 0):.0f} s), the clean run of the tests it found "
+             f"({by_kind.get('', 0):.0f} s), the forced failure, then the mutants"]
+    times = per_mutant()
+    if times:
+        survived = [s["seconds"] for s in sessions() if "__mutmut_" in s["mutant"] and s["exit"] == 0]
+        lines.append(f"per mutant (its pytest session, as devstack/mutants_plugin.py timed it): {len(times)} "
+                     f"mutants, mean {statistics.mean(times):.1f} s, median {statistics.median(times):.1f} s, "
+                     f"longest {max(times):.1f} s, sum {sum(times):.0f} s"
+                     + (f"; survivors (every test reaching the function run) mean {statistics.mean(survived):.1f} s"
+                        if survived else "")
+                     + "; a mutant stopped at mutmut's wall limit (a timeout) ends no session, so is not in these")
     return lines
 
 
@@ -302,11 +337,20 @@ def main() -> int:
     parser.add_argument("--modules", default="", help="space-separated paths among MODULES (default: all of them)")
     parser.add_argument("--tests", default="", help="space-separated test files for the stats run (default: each "
                                                     "module's own, as MODULES lists them)")
+    parser.add_argument("--mutants", default="", help="space-separated mutmut names (globs) to run instead of every "
+                                                      "mutant of the modules, e.g. survivors after new tests")
     parser.add_argument("--note", help="a line added to docs/mutants.md's 'Last run' (e.g. that it was a trial)")
     parser.add_argument("--no-doc", action="store_true", help="leave docs/mutants.md as it is")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write docs/mutants.md from the last run's results in .devstack/mutants/")
+    parser.add_argument("--commit", default="HEAD", help="the commit to mutate (default: HEAD)")
     parser.add_argument("--working-tree", action="store_true",
-                        help="mutate the working tree as it is now, uncommitted edits included (default: HEAD)")
+                        help="mutate the working tree as it is now, uncommitted edits included, instead of a commit")
     args = parser.parse_args()
+    if args.report_only:
+        run = json.loads((WORK / "run.json").read_text())
+        run["summary"] = printed_summary(WORK / "mutmut.log")
+        return report(run, args.note or run.get("note"), write=True)
     modules = args.modules.split() or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
@@ -314,44 +358,53 @@ def main() -> int:
         return 2
     tests = args.tests.split() or sorted({t for m in modules for t in MODULES[m][1]})
     backend, cache = backend_from_env(), cache_from_env()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, check=True, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout.strip()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, check=True, capture_output=True,
                             text=True).stdout.splitlines() if args.working_tree else []
     dirty = [line[3:] for line in status if line.strip()]
     run = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
            "dirty": f"the working tree, with uncommitted changes to {', '.join(dirty)}" if dirty else "",
-           "version": importlib.metadata.version("mutmut"), "backend": backend, "cache": cache, "tests": tests}
+           "version": importlib.metadata.version("mutmut"), "backend": backend, "cache": cache, "tests": tests,
+           "modules": modules, "note": args.note, "mutants": args.mutants.split()}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the emulator is still stopped
     started = time.monotonic()
-    scratch_tree(args.working_tree)
+    scratch_tree(None if args.working_tree else commit)
     write_settings(modules, tests)
-    timings = WORK / "sessions.jsonl"
     emulator = Stack(consistency=1.0, backend=backend).emulator
     emulator.start()
     try:
-        env = {**os.environ, "DATASTORE": backend, "CACHE": cache, "MUTANTS_TIMINGS": str(timings),
+        env = {**os.environ, "DATASTORE": backend, "CACHE": cache, "MUTANTS_TIMINGS": str(WORK / "sessions.jsonl"),
                "MUTANTS_SHARED_EMULATOR": json.dumps({"backend": backend, "port": emulator.port,
                                                       "pid": emulator.proc.pid})}
-        code, summary = run_mutmut(globs(modules), env, WORK / "mutmut.log")
+        code, summary = run_mutmut(args.mutants.split() or globs(modules), env, WORK / "mutmut.log")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(emulator.proc.pid, signal.SIGCONT)
         emulator.stop()
-    finished = time.monotonic()
+    run |= {"summary": summary, "seconds": round(time.monotonic() - started)}
+    (WORK / "run.json").write_text(json.dumps(run, indent=1))
     if code != 0:
         print(f"mutmut exited {code}: see {WORK / 'mutmut.log'}", file=sys.stderr)
         return code
+    return report(run, args.note, write=not args.no_doc)
+
+
+def report(run: dict, note: str | None, write: bool) -> int:
+    modules = run["modules"]
     found = outcomes(modules)
-    run["summary"] = summary  # type: ignore[assignment]
-    timing = timing_lines(timings, started, finished, tests)
+    if run.get("mutants"):  # a run over some mutants: those only
+        found = {path: {name: status for name, status in statuses.items()
+                        if any(fnmatch.fnmatch(name, pattern) for pattern in run["mutants"])}
+                 for path, statuses in found.items()}
+    timing = timing_lines(run["seconds"], run["tests"])
     print()
     for path in modules:
         print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in counts(found[path]).items()))
     for line in timing:
         print(line)
-    if not args.no_doc:
-        write_doc(modules, found, run, timing, args.note)
+    if write:
+        write_doc(modules, found, run, timing, note)
         print(f"written: {DOC.relative_to(REPO)}")
     return 0
 
