@@ -221,6 +221,22 @@ def existing_rows(heading: str) -> list[str]:
     return rows
 
 
+def earlier_runs(keep: int = 9) -> list[str]:
+    """The `keep` newest run entries ("### ...") of docs/mutants.md's "Runs", as they are written there."""
+    if not DOC.exists():
+        return []
+    entries: list[list[str]] = []
+    inside = False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].strip() == "Runs"
+        elif inside and line.startswith("### "):
+            entries.append([line])
+        elif inside and entries:
+            entries[-1].append(line)
+    return [line for entry in entries[:keep] for line in entry]
+
+
 def first_cell(row: str) -> str:
     return row.split(" | ", 1)[0].removeprefix("| ").strip("` ")
 
@@ -262,7 +278,11 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "function; the tests that reached that function in mutmut's stats run are run against it, up to the first",
         "failure.",
         "",
-        "## Last run",
+        "## Runs",
+        "",
+        "Newest first; the rows below name the run they come from.",
+        "",
+        f"### {run['date']}: {', '.join(f'`{m}`' for m in modules)}",
         "",
         f"- date: {run['date']}",
         f"- commit: {run['commit']}" + (f" ({run['dirty']})" if run.get("dirty") else ""),
@@ -274,6 +294,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         *[f"- {line}" for line in timing],
         *([f"- {note}"] if note else []),
         "",
+        *earlier_runs(),
         "## Per module",
         "",
         "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",

@@ -1,5 +1,7 @@
-"""Tests written to kill the mutants `make mutants` found surviving in comments/bookmarks.py and mapper/handback.py
-(docs/mutants.md, "Survivors"): each pins a behaviour no other test pinned."""
+"""Tests written after `make mutants`' trial on comments/bookmarks.py and mapper/handback.py (docs/mutants.md,
+"Survivors"): the bookmark type test, the second hand-back's 0 and the lease with children kill survivors; the failed
+hand-back's error and end time, and the record made for a task handed back before its first chunk, pin at once what
+the trial's mutants there were caught by only through slow timeouts or not at all (mutmut made no mutant of them)."""
 import datetime
 
 import pytest
