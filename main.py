@@ -17,7 +17,7 @@ import latency
 import mapper
 import planner
 import tour
-from core import features, identity, openapi, runtime, web
+from core import features, identity, markers, openapi, runtime, web
 from core import views as core_views
 from core.settings import Settings, with_secret_key
 from core.tasks import Queue
@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None, *, task_queue: Queue | None = N
     app.wsgi_app = runtime.RequestMiddleware(app.wsgi_app, rt)  # type: ignore[method-assign]
 
     web.init_app(app)
+    rt.tasks.register(markers.PURGE_HANDLER, markers.purge)  # every feature's expired idempotency markers
     appstats.accounting.init_app(app)  # every app's, whichever features it has: its page is the appstats feature
     app.register_blueprint(core_views.bp)
     for feature in features_list:

@@ -1,7 +1,7 @@
 """The mapper's demo kind, and the results of auditing the figures the app keeps about it."""
 from google.cloud import ndb
 
-from core import idempotency
+from core.markers import ExpiringMarker
 
 
 class Account(ndb.Model):
@@ -33,7 +33,7 @@ class AccountsAudit(ndb.Model):
         return (self.found_count, self.found_balance) == (self.kept_count, self.kept_balance)
 
 
-class SeedMarker(idempotency.Marker):
+class SeedMarker(ExpiringMarker):
     """A seed sent with an Idempotency-Key (core/idempotency.py): a root entity, key name the key's marker name, its
     answer the seed's first answer (its id, count and tasks)."""
     _use_global_cache = False

@@ -9,7 +9,6 @@ exactly once, whatever a retried or duplicated task does:
 Reading them is a get of the counters' shards: the same cost at a hundred accounts as at a hundred thousand. The audit
 job recounts the accounts (a mapper job: in parallel, no offset) and says whether the kept figures hold.
 """
-import functools
 import hashlib
 import math
 import secrets
@@ -21,7 +20,7 @@ from google.cloud import ndb
 
 from accounts.models import Account, AccountsAudit, SeedMarker
 from core import clock, idempotency, runtime
-from core.transactions import Call, transact
+from core.exactly_once import Written, once
 from core.validate import text, whole_number
 from counters import service as counters
 from mapper import jobs as mapper_jobs
@@ -54,9 +53,11 @@ def account_key(seed_id: str, number: int) -> ndb.Key:
 
 
 def keep_figures() -> None:
-    """Create the kept figures' counters when they do not exist yet (before anything adds to them)."""
-    for short in (COUNT, BALANCE):
-        COUNTERS.configure(short, KEPT_SHARDS)
+    """Create the kept figures' counters when they do not exist yet (before anything adds to them): a transaction
+    each only then; once they exist (every later seed and job start), one batched get, from the global cache."""
+    for short, config in zip((COUNT, BALANCE), COUNTERS.configs((COUNT, BALANCE)), strict=True):
+        if config is None or config.num_shards < KEPT_SHARDS:
+            COUNTERS.configure(short, KEPT_SHARDS)
 
 
 SEED_ENDPOINT = "accounts.seed"  # what a seed's Idempotency-Key is scoped to, with its caller
@@ -87,14 +88,10 @@ def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
     """Write the seed's marker unless it exists: whether it did (a replay; a 409 when for another count). The seed's
     effect is its tasks, named by the seed's id, so the marker needs no transaction with them; this one makes the
     check and the write one step for two sends of the key at the same moment."""
-    key, call = ndb.Key(SeedMarker, request.name), Call()
-
-    def txn() -> bool:
-        outcome = idempotency.found(key.get(retries=0), request, call)
-        if outcome == idempotency.NEW:
-            SeedMarker(key=key, fingerprint=request.fingerprint, call=call.id, answer=answer).put()
-        return outcome == idempotency.REPLAY
-    return transact(txn, hot_key=key)
+    key = ndb.Key(SeedMarker, request.name)
+    return once(lambda: idempotency.written(key.get(retries=0), request),
+                lambda _, stamp: SeedMarker.new(key, request, stamp, answer).put(),
+                hot_key=key).replayed
 
 
 def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
@@ -106,25 +103,27 @@ def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
     start = whole_number(payload.get("start"), "start", 0, MAX_SEED - 1, from_json=True)
     stop = whole_number(payload.get("stop"), "stop", start + 1, min(start + SEED_BATCH, MAX_SEED), from_json=True)
     keys = [account_key(seed_id, n) for n in range(start, stop)]
-    created = sum(transact(functools.partial(_create_missing, keys[i:i + SEED_CHUNK], Call()))
-                  for i in range(0, len(keys), SEED_CHUNK))
+    created = sum(_create_missing(keys[i:i + SEED_CHUNK]) for i in range(0, len(keys), SEED_CHUNK))
     return {"created": created}
 
 
-def _create_missing(keys: list[ndb.Key], call: Call) -> int:
+def _create_missing(keys: list[ndb.Key]) -> int:
     """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count; how many
-    this call created. A retried task finds the accounts its earlier delivery created, and neither zeroes them (they
-    may be credited since) nor counts them again. This call's own retry, after its commit answered UNKNOWN and yet
-    applied, finds the accounts it created marked with `call`: it writes nothing and reports them as its own."""
-    found = ndb.get_multi(keys, retries=0)
-    mine = sum(1 for a in found if a is not None and call.applied(a.created_by))
-    if mine:
-        return mine
-    missing = [k for k, a in zip(keys, found, strict=True) if a is None]
-    if missing:
-        ndb.put_multi([Account(key=k, balance=0, created_by=call.id) for k in missing]
+    this call created. A chunk's accounts are created together, by one commit (a task's chunks are the same keys at
+    every delivery), each stamped with its call: a retried task finds them created, by another call, and neither
+    zeroes them (they may be credited since) nor counts them again; this call's own retry, after its commit answered
+    UNKNOWN and yet applied, finds its own stamp and reports them as its own."""
+    def look() -> Written | list[ndb.Key]:
+        found = ndb.get_multi(keys, retries=0)
+        missing = [k for k, a in zip(keys, found, strict=True) if a is None]
+        return missing or Written(found[-1].created_by, len(keys))
+
+    def create(missing: list[ndb.Key], stamp: str) -> int:
+        ndb.put_multi([Account(key=k, balance=0, created_by=stamp) for k in missing]
                       + COUNTERS.add_in_transaction(COUNT, len(missing)))
-    return len(missing)
+        return len(missing)
+    created = once(look, create)
+    return 0 if created.replayed else created.value
 
 
 def summary(exactly: bool = True) -> dict[str, int]:

@@ -69,7 +69,7 @@ from mapper import bulk as mapper_bulk
 from mapper import completion
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
-from mapper.handoff import listing_limit
+from mapper.handoff import scan_limit
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 from planner.batch import PIPELINE_SAMPLES, PIPELINE_SPLITS
@@ -422,10 +422,10 @@ def machine_busy():
 
 
 def listing_cost(stack, keys, fanout, samples=9, warm=3):
-    """A range task's listing as it asks for it (core/datastore.Bulk.keys: a keys-only query of `listing_limit` keys in
+    """A range task's listing as it asks for it (core/datastore.Bulk.keys: a keys-only query of `scan_limit` keys in
     (lo, hi]) at `samples` places among `keys`, after `warm` unmeasured: (its ms, the emulator's CPU ms, its RunQuery
     RPCs), medians."""
-    ordered, span = sorted(keys, key=lambda key: key.id()), listing_limit(PAGE, fanout)
+    ordered, span = sorted(keys, key=lambda key: key.id()), scan_limit(PAGE, fanout)
     walls, cpus, rpcs = [], [], []
     for i in [*range(warm), *range(samples)]:
         lo = ordered[i * (len(ordered) - span - 1) // samples]
@@ -451,7 +451,7 @@ def measure(args, stack, app):
     with rt.context():
         print(f"seeding {args.accounts} accounts...", flush=True)
         keys = seed(args.accounts // 10)  # a tenth first: a listing's cost among them (and among all, at the end)
-        listed = bare and len(keys) > listing_limit(PAGE, args.fanout) + 1
+        listed = bare and len(keys) > scan_limit(PAGE, args.fanout) + 1
         listings = [(len(keys), listing_cost(stack, keys, args.fanout))] if listed else []
         keys += seed(args.accounts - len(keys))
     # Beam runs in a process of its own, given the same Datastore address as the app (the stand-in's under a profile)
@@ -706,7 +706,7 @@ def _listings_line(listings, fan, pipe, fanout):
     (few, (few_ms, few_cpu, few_rpcs)), (many, (many_ms, many_cpu, many_rpcs)) = listings
     per_rpc, more = many_cpu / many_rpcs, fan["queries"] - pipe["queries"]
     return (f"the emulators' queries cost more as the kind grows: a task's listing (a keys-only query of "
-            f"{listing_limit(PAGE, fanout)} keys in a key range, {many_rpcs:.0f} RunQuery) took {few_ms:.0f} ms "
+            f"{scan_limit(PAGE, fanout)} keys in a key range, {many_rpcs:.0f} RunQuery) took {few_ms:.0f} ms "
             f"({few_cpu:.0f} ms of the emulator's CPU) among {few:,} accounts, right after they were written, and "
             f"{many_ms:.0f} ms ({many_cpu:.0f} ms) among {many:,}, after every variant: {many_cpu / few_cpu:.1f}x the "
             f"CPU for {many / few:.0f}x the kind. In production a query's time grows with the rows it returns, not "

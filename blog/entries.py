@@ -1,8 +1,9 @@
 """Entries and blogs as the pages, the feed and the API show them."""
 from typing import Any
 
-from blog.models import BlogEntry, BlogIndex
+from blog.models import BlogEntry, BlogIndex, EntryRef
 from core import clock
+from core.errors import found
 
 LIST_LIMIT = 100
 
@@ -16,3 +17,8 @@ def list_blogs(limit: int = LIST_LIMIT) -> list[tuple[str, int]]:
     """The blogs by name, with their entry counts. A kind query: eventually consistent on legacy Datastore (a blog
     created a moment ago may be missing for a moment), strongly consistent on Firestore in Datastore mode."""
     return [(b.name, b.max_index + 1) for b in BlogIndex.query().order(BlogIndex.key).fetch(limit)]
+
+
+def require_entry(ref: EntryRef) -> dict[str, Any]:
+    """The entry `ref` names, by key: no query, strongly consistent. NotFound if there is none."""
+    return entry_dict(found(ref.key.get(), f"Blog {ref.blog!r} has no entry {ref.index}.", "no_such_entry"))

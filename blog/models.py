@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from google.cloud import ndb
 
-from core import idempotency
+from core.markers import ExpiringMarker
 
 
 class BlogIndex(ndb.Model):
@@ -32,7 +32,7 @@ class BlogEntry(ndb.Model):
     title = ndb.TextProperty(required=True)
     body = ndb.TextProperty(required=True)
     body_html = ndb.TextProperty(required=True)
-    author = ndb.TextProperty(required=True)  # the display name (core.identity.display_name), never an email
+    author = ndb.TextProperty(required=True)  # the display name (core.people.display_name), never an email
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
 
 
@@ -64,11 +64,10 @@ class EntryRef:
         return f"{self.blog}.{self.index}" + (f".{suffix}" if suffix else "")
 
 
-class PostMarker(idempotency.Marker):
+class PostMarker(ExpiringMarker):
     """A post that has been applied (core/idempotency.py): a root entity, key name the marker name of the caller's
     Idempotency-Key (or the call's id), its answer the entry's index. Written in the post's transaction: a retry (the
     client's, or ours after an UNKNOWN commit) finds it and answers with the entry instead of spending a second index.
-    Read only in that transaction: not globally cached.
+    Read only in that transaction: not globally cached. Purged once expired (core/markers.py).
     """
     _use_global_cache = False
-    created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)

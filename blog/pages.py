@@ -9,7 +9,7 @@ from typing import Any
 from flask import Flask, current_app, render_template
 from markupsafe import Markup
 
-from blog import service, view_counts
+from blog import entries, service, view_counts
 from blog.models import EntryRef
 from core.fragments import Fragments
 
@@ -65,7 +65,7 @@ def render_index(blog: str, page: service.BlogPage, form: Mapping[str, str] | No
 def render_entry(ref: EntryRef, status: int = 200, state: dict[str, Any] | None = None) -> tuple[str, int]:
     """The entry page, with each addon's section below the entry; `state` ({addon name: its state}) lets an addon's
     own route show the page again after refusing its input, with `status`."""
-    entry = service.require_entry(ref)
+    entry = entries.require_entry(ref)
     summary = summaries([ref])[ref]
     sections = [addon.section(ref, summary, (state or {}).get(addon.name)) for addon in _addons() if addon.section]
     return render_template("blog/entry.html", blog=ref.blog, entry=entry, ref=ref, views=view_counts.view_count(ref),

@@ -17,8 +17,8 @@ from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from blog.validate import validate_blog, validate_body, validate_index, validate_title
 from core import idempotency, runtime, validate
 from core.errors import Conflict, found
+from core.exactly_once import Call, Written, once
 from core.paging import Page
-from core.transactions import Call, transact
 
 PAGE_SIZE = 10
 PAGE_MAX = 50
@@ -45,31 +45,29 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key, call = ndb.Key(BlogIndex, blog), Call()
     # Two entity groups in one transaction (the blog's, and the marker's, a root: blog/models.py says why): the marker
-    # commits with the post or not at all, which is what makes the post happen once.
+    # holds the call's stamp and commits with the post or not at all, which is what makes the post happen once.
     marker_key = ndb.Key(PostMarker, request.name if request else call.id)
 
-    def txn() -> Posted:
-        # retries=0: `transact` retries the whole transaction on a collision at the BlogIndex, not ndb this lookup.
+    def look() -> Written | BlogIndex | None:
+        # retries=0: on a collision at the BlogIndex the whole transaction is tried again (`transact`), not this lookup.
         blog_index, marker = ndb.get_multi([blog_key, marker_key], retries=0)
-        outcome = idempotency.found(marker, request, call)
-        if outcome != idempotency.NEW:  # posted already: by this call, its commit answered UNKNOWN (MINE), or a resend
-            return Posted(_posted_entry(blog, idempotency.answer_of(marker)["index"]), outcome == idempotency.REPLAY)
+        return idempotency.written(marker, request) or blog_index
+
+    def post(blog_index: BlogIndex | None, stamp: str) -> dict[str, Any]:
         blog_index = blog_index or BlogIndex(key=blog_key, max_index=-1)  # a new blog: its first entry gets index 0
         blog_index.max_index += 1
         index = blog_index.max_index
         entry = BlogEntry(key=EntryRef(blog, index).key, index=index, title=title, body=body,
                           body_html=body_html, author=author)
-        ndb.put_multi([blog_index, entry, PostMarker(key=marker_key, fingerprint=request and request.fingerprint,
-                                                     call=call.id, answer={"index": index})])
-        if index > 0:  # the blog had front pages before this post
-            def forget_old_front_pages() -> None:
-                # Not needed for correctness (the new max_index already retires these keys), only to free memory.
-                for size in (PAGE_SIZE, FEED_SIZE):
-                    runtime.cache().delete(_page_cache_key(blog, index - 1, size))
-            ndb.get_context().call_on_commit(forget_old_front_pages)
-        return Posted(entry_dict(entry), False)
+        ndb.put_multi([blog_index, entry, PostMarker.new(marker_key, request, stamp, {"index": index})])
+        return entry_dict(entry)
 
-    return transact(txn, busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
+    posted = once(look, post, then=lambda entry: _forget_front_pages(blog, entry["index"]), call=call,
+                  busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
+    if posted.wrote:
+        return Posted(posted.value, False)
+    # written already: by this call, whose commit answered UNKNOWN (MINE), or by the key's first request (a replay)
+    return Posted(_posted_entry(blog, posted.value["index"]), posted.replayed)
 
 
 def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntry], int | None]:
@@ -97,7 +95,7 @@ class BlogPage(Page):
 
 def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> BlogPage:
     """Entries with index <= start, newest first (`start` None or past the newest entry: the front page, the only
-    page cached), and the markers of the pages around."""
+    page cached), and the bookmarks of the pages around."""
     blog_index = require_blog(blog)  # by key, strongly consistent: its max_index versions the cached front page
     size = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     top = blog_index.max_index
@@ -131,18 +129,21 @@ def require_blog(blog: object) -> BlogIndex:
 
 def entry_ref(blog: object, index: object) -> EntryRef:
     """The reference of entry `index` of `blog` as they come in a URL or a request: 400 when either is malformed
-    (whether the entry exists is `require_entry`'s question)."""
+    (whether the entry exists is `entries.require_entry`'s question)."""
     return EntryRef(validate_blog(blog), validate_index(index))
 
 
-def require_entry(ref: EntryRef) -> dict[str, Any]:
-    """The entry `ref` names, by key: no query, strongly consistent. NotFound if there is none."""
-    return entry_dict(found(ref.key.get(), f"Blog {ref.blog!r} has no entry {ref.index}.", "no_such_entry"))
+def _forget_front_pages(blog: str, index: int) -> None:
+    """After post `index` committed: the front pages cached before it. Not needed for correctness (the new max_index
+    already retires their keys), only to free memory."""
+    if index > 0:
+        for size in (PAGE_SIZE, FEED_SIZE):
+            runtime.cache().delete(_page_cache_key(blog, index - 1, size))
 
 
 def _posted_entry(blog: str, index: int) -> dict[str, Any]:
-    """The entry a PostMarker says its request posted, read in the post's transaction; a Conflict if it is gone."""
-    entry = EntryRef(blog, index).key.get(retries=0)
+    """The entry a PostMarker says its request posted (a get by key: strongly consistent); a Conflict if it is gone."""
+    entry = EntryRef(blog, index).key.get()
     if entry is None:
         raise Conflict(f"This request posted entry {index} of {blog!r}, which no longer exists.", "posted_entry_gone")
     return entry_dict(entry)

@@ -1,5 +1,5 @@
 """Each entry's page views, on an adaptive sharded counter of its own (lesson 1's), kept off the public counters."""
-from blog import service
+from blog import entries
 from blog.models import EntryRef
 from counters import service as counters
 
@@ -16,7 +16,7 @@ def record_view(ref: EntryRef) -> int:
     """Count a view of an existing entry (best effort: a view that cannot be counted costs the reader nothing); the
     total afterwards, cached, so it may trail a little. Sent as a POST by the entry page's script: a GET never writes
     (prefetchers, crawlers and retries repeat GETs), and only entries that exist get a counter."""
-    service.require_entry(ref)
+    entries.require_entry(ref)
     COUNTERS.increment(ref.counter_name("views"))
     return view_count(ref)
 

@@ -7,7 +7,7 @@ from flask.typing import ResponseReturnValue
 
 from blog import entries, pages, service, view_counts
 from blog.validate import BODY_MAX, TITLE_MAX
-from core import budget, idempotency, identity, runtime, validate
+from core import budget, idempotency, identity, people, runtime, validate
 from core.errors import AppError, BadInput
 from core.web import body_limit, form_refused, json_body, text_body_bytes
 
@@ -65,7 +65,7 @@ def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> Re
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     form = request.form
-    author = identity.display_name(user["email"])
+    author = people.display_name(user["email"])
     try:
         posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
                                     form.get("post_token") or None, user["id"])
@@ -107,7 +107,7 @@ def api_post(blog: str) -> ResponseReturnValue:
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     data = json_body()
-    posted = service.post_entry(blog, data.get("title"), data.get("body"), identity.display_name(user["email"]),
+    posted = service.post_entry(blog, data.get("title"), data.get("body"), people.display_name(user["email"]),
                                 request.headers.get("Idempotency-Key"), user["id"])
     response = idempotency.marked(jsonify(posted.entry), posted.replayed)
     response.headers["Location"] = url_for("blog.api_entry", blog=blog, index=posted.entry["index"])
@@ -133,5 +133,5 @@ def api_view(blog: str, index: str) -> ResponseReturnValue:
 def api_entry(blog: str, index: str) -> ResponseReturnValue:
     """One entry by index, with its view count and what the entry addons add (comments: its comment count)."""
     ref = service.entry_ref(blog, index)
-    entry = service.require_entry(ref)
+    entry = entries.require_entry(ref)
     return jsonify({**entry, "views": view_counts.view_count(ref), **pages.summaries([ref])[ref]})

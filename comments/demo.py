@@ -6,7 +6,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service
 from comments.models import Comment
-from core.identity import User
+from core.people import User
 
 DEMO_USERS = ("ann", "bo", "chen", "dara", "eli")
 _DEMO_LINES = [

@@ -8,41 +8,23 @@ post ever touches. The order among all comments comes from the sort key `time|us
 """
 from google.cloud import ndb
 
-from core import idempotency
-from core.transactions import Call
+from core.markers import ExpiringMarker
 
 
 class UserSequence(ndb.Model):
-    """A user's comment sequence; key name is the user's pseudonym (core.identity.pseudonym: the key is in every
+    """A user's comment sequence; key name is the user's pseudonym (core.people.pseudonym: the key is in every
     comment's public id, so it must not say who wrote it). Written only by that user's own posts; read in
-    transactions only, so in neither cache (the global one would make every comment wait on memcached).
-
-    `recent`: the user's last RECENT_REQUESTS posts as [comment, written_by]: the comment's id and the id of the
-    `Call` that wrote it (its stamp), so that a post's own retry after a commit that answered UNKNOWN finds what it
-    wrote, with or without an idempotency key. Several, not one: the user's other tab may post in between
-    (docs/lessons/comments.md#a-resend-and-a-retry). A resend with a key finds its CommentMarker instead.
-    """
-    RECENT_REQUESTS = 8
+    transactions only, so in neither cache (the global one would make every comment wait on memcached)."""
     _use_cache = False
     _use_global_cache = False
     seq = ndb.IntegerProperty(default=0, indexed=False)
-    recent = ndb.JsonProperty(default=[])
-
-    def written_by(self, call: Call) -> str | None:
-        """The id of the recent comment `call` itself wrote; None when it wrote none of them."""
-        for post in self.recent:
-            comment_id, written_by = post[-2:]  # (a sequence written before #72 kept its request first: still read)
-            if call.applied(written_by):
-                return str(comment_id)
-        return None
-
-    def remember(self, comment_id: str, written_by: str) -> None:
-        self.recent = [*self.recent, [comment_id, written_by]][-self.RECENT_REQUESTS:]
 
 
-class CommentMarker(idempotency.Marker):
-    """A comment sent with an Idempotency-Key (core/idempotency.py): a child of its author's UserSequence, key name
-    the key's marker name, its answer the comment's id. Written in the comment's transaction; read only there."""
+class CommentMarker(ExpiringMarker):
+    """A comment that has been applied (core/idempotency.py): a child of its author's UserSequence, key name the
+    marker name of the author's Idempotency-Key (or the posting call's id), its answer the comment's id. Written in the
+    comment's transaction, so a retry (the client's with its key, or ours after an UNKNOWN commit) finds it; read only
+    there. Purged once expired (core/markers.py)."""
     _use_cache = False
     _use_global_cache = False
 

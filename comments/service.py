@@ -11,14 +11,14 @@ from typing import Any
 
 from google.cloud import ndb
 
-from blog import service as blog_service
+from blog import entries
 from blog.models import EntryRef
 from comments import bookmarks
 from comments.models import Comment, CommentMarker, UserSequence
-from core import clock, idempotency, identity, validate
+from core import clock, idempotency, people, validate
 from core.errors import BadInput, Conflict, SignInRequired
+from core.exactly_once import Call, Written, once
 from core.paging import Page
-from core.transactions import Call, transact
 from counters import service as counters
 
 SEPARATOR = "|"
@@ -40,51 +40,51 @@ def sort_key(when: datetime.datetime, pseudonym: str, seq: int) -> str:
     return f"{time}{SEPARATOR}{pseudonym}{SEPARATOR}{seq:010d}"
 
 
-def post_comment(ref: EntryRef, user: identity.User | None, text: object,
+def post_comment(ref: EntryRef, user: people.User | None, text: object,
                  idempotency_key: str | None = None) -> dict[str, Any]:
-    """`commented`'s comment: `user`'s on the entry `ref` names, written, then counted."""
+    """Post `user`'s comment on the entry `ref` names, exactly once, then count it; the comment (`commented`)."""
     return commented(ref, user, text, idempotency_key)[0]
 
 
-def commented(ref: EntryRef, user: identity.User | None, text: object,
+def commented(ref: EntryRef, user: people.User | None, text: object,
               idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
     """Write `user`'s comment on the entry `ref` names, then count it: (the comment, replayed). `idempotency_key` (the
     user's own, core/idempotency.py): a resend answers the first send's comment, replayed; other text or entry, 409."""
     if user is None:
         raise SignInRequired("Sign in to comment.")
-    blog_service.require_entry(ref)  # the entry exists (404 otherwise)
+    entries.require_entry(ref)  # the entry exists (404 otherwise)
     text = validate.text(text, "text", TEXT_MAX)
     request = idempotency.keyed(idempotency_key, user["id"], ENDPOINT, ref.path, {"text": text})
-    pseudonym, author = identity.pseudonym(user), identity.display_name(user["email"])
+    pseudonym, author = people.pseudonym(user), people.display_name(user["email"])
     seq_key, call = ndb.Key(UserSequence, pseudonym), Call()
-    # A child of the user's sequence: in the group written anyway, whichever entry (the key sent for another: a 409).
-    marker_key = ndb.Key(UserSequence, pseudonym, CommentMarker, request.name) if request else None
+    # The marker is a child of the user's sequence, in the group this transaction writes anyway; one key names one
+    # comment whatever the entry (the same key sent for another entry is a 409).
+    marker_key = ndb.Key(UserSequence, pseudonym, CommentMarker, request.name if request else call.id)
 
     # Only the user's own entity group (sequence, comment, marker): users never contend; their tabs take turns.
-    def txn() -> tuple[bool, bool, dict[str, Any]]:
-        read = ndb.get_multi([seq_key, marker_key] if marker_key else [seq_key], retries=0)
-        sequence, marker = read[0] or UserSequence(key=seq_key), read[1] if marker_key else None
-        outcome = idempotency.found(marker, request, call)
-        comment_id = idempotency.answer_of(marker)["id"] if marker else sequence.written_by(call)
-        if comment_id is not None:  # written already: by this call (its commit answered UNKNOWN) or an earlier send
-            written = ndb.Key(UserSequence, pseudonym, Comment, comment_id).get(retries=0)
-            if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
-                raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
-            return outcome != idempotency.REPLAY, outcome == idempotency.REPLAY, comment_dict(written)
+    def look() -> Written | UserSequence | None:
+        sequence, marker = ndb.get_multi([seq_key, marker_key], retries=0)
+        return idempotency.written(marker, request) or sequence
+
+    def post(sequence: UserSequence | None, stamp: str) -> dict[str, Any]:
+        sequence = sequence or UserSequence(key=seq_key)
         sequence.seq, now = sequence.seq + 1, clock.now()
         key_name = sort_key(now, pseudonym, sequence.seq)
-        sequence.remember(key_name, call.id)
         comment = Comment(key=ndb.Key(UserSequence, pseudonym, Comment, key_name), entry=ref.path,
                           sort_key=key_name, text=text, author=author, created=now)
-        mark = marker_key and CommentMarker(key=marker_key, fingerprint=request and request.fingerprint, call=call.id,
-                                            answer={"id": key_name})
-        ndb.put_multi([sequence, comment, mark] if mark else [sequence, comment])
-        return True, False, comment_dict(comment)
+        ndb.put_multi([sequence, comment, CommentMarker.new(marker_key, request, stamp, {"id": key_name})])
+        return comment_dict(comment)
 
-    new, replayed, comment = transact(txn, busy_message="You are commenting very fast; try again.", hot_key=seq_key)
-    if new:  # written by this call: counted once, after the commit (a resend was counted by its first send)
-        count_comment(ref)
-    return comment, replayed
+    # Counted once, after the commit of this call (WROTE, or MINE: its commit answered UNKNOWN yet applied); a
+    # resend (ANOTHERS) was counted by its first send.
+    posted = once(look, post, then=lambda _: count_comment(ref), call=call,
+                  busy_message="You are commenting very fast; try again.", hot_key=seq_key)
+    if posted.wrote:
+        return posted.value, False
+    written = ndb.Key(UserSequence, pseudonym, Comment, posted.value["id"]).get()
+    if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
+        raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
+    return comment_dict(written), posted.replayed
 
 
 def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,
@@ -93,7 +93,7 @@ def get_comments(ref: EntryRef, after: object = None, before: object = None, lim
     `last` the newest; each fetches one more than it shows, to know whether there is a further page. The query spans
     many users' entity groups, so it is eventually consistent: `own` (the ids of the reader's latest comments) are read
     by key and merged in, so a person always sees what they just posted."""
-    blog_service.require_entry(ref)
+    entries.require_entry(ref)
     limit = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     if after is not None and before is not None:
         raise BadInput("Give after or before, not both.", "bad_bookmark")

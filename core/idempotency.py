@@ -9,9 +9,8 @@ comments, job starts, seeds; docs/api.md#idempotency-key):
 
 A feature keeps its markers in a kind of its own (a `Marker` subclass) and writes one in the same transaction as the
 effect it marks, in the effect's commit: both exist or neither does, which is what makes the effect happen once.
-Inside that transaction `found` says which of three it is: nothing written yet (`NEW`: apply it, with the marker),
-this very call's own write, whose commit answered UNKNOWN or timed out and yet applied (`MINE`: write nothing again,
-but do what follows the commit), or another call's (`REPLAY`: answer what the marker kept).
+The marker is where the call's stamp lives (`core.exactly_once.once`): `written(marker, request)` is the feature's
+`look` at it, and a replay is `once`'s ANOTHERS, answered with what the marker kept.
 """
 import hashlib
 import json
@@ -22,9 +21,8 @@ from google.cloud import ndb
 
 from core import validate
 from core.errors import Conflict, SignInRequired
-from core.transactions import Call
+from core.exactly_once import Written
 
-NEW, MINE, REPLAY = "new", "mine", "replay"
 # The header a replay carries (as Stripe's API does): the body and status are the first answer's; this says it is one.
 REPLAYED_HEADER = "Idempotent-Replayed"
 
@@ -80,21 +78,16 @@ class Marker(ndb.Model):
     answer = ndb.JsonProperty()  # what the first answer is rebuilt from (the feature's own)
 
 
-def found(marker: Marker | None, request: Keyed | None, call: Call) -> str:
-    """Read in the transaction that would write the effect: NEW (no marker), MINE (this call's own, from a commit
-    that answered UNKNOWN yet applied), REPLAY (another call's, for the same request); Conflict (409) when the marker
-    was written for other content or another target. A marker without a stamp is another call's, never this one's."""
+def written(marker: Marker | None, request: Keyed | None) -> Written | None:
+    """A feature's `look` at its marker, read in the transaction that would write the effect: None when there is
+    none, else the marker's stamp and what it kept of the first answer; Conflict (409) when it was written for other
+    content or another target."""
     if marker is None:
-        return NEW
+        return None
     if request is not None and marker.fingerprint != request.fingerprint:
         raise Conflict("This Idempotency-Key was used for another request (other content or another target); "
                        "use a new key for a new request.", "idempotency_key_reused")
-    return MINE if call.applied(marker.call) else REPLAY
-
-
-def answer_of(marker: Marker | None) -> dict[str, Any]:
-    """What the marker kept of the first answer (nothing without a marker)."""
-    return dict(marker.answer or {}) if marker is not None else {}
+    return Written(marker.call, dict(marker.answer or {}))
 
 
 def marked(response: Any, replayed: bool) -> Any:

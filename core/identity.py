@@ -23,7 +23,7 @@ import re
 import secrets
 import threading
 import time
-from typing import Any, TypedDict
+from typing import Any
 
 import requests
 from flask import g, session
@@ -31,7 +31,7 @@ from google.auth import exceptions as auth_exceptions
 from google.auth import jwt
 from google.cloud import ndb
 
-from core import runtime, validate
+from core import people, runtime, validate
 from core.errors import AppError, Forbidden, NotFound, SignInRequired, Unavailable, Unprocessable
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,6 @@ GENERATION_LIFETIME = 600
 NEVER_SIGNED_OUT = "0"  # the generation of a person who never signed out (no entity)
 GENERATION_LEASE = b"lease:"  # a cached value that is a reader's lease (`generation`), never a generation (hex digits)
 GENERATION_LEASE_SECONDS = 10  # a reader that dies holding one leaves the others reading Datastore for this long
-
-
-class User(TypedDict):
-    """A signed-in person as the session, the pages and the API carry them."""
-    id: str  # stable (Google's `sub`, or derived from the dev sign-in's email); never contains "|"
-    email: str
-    admin: bool
 
 
 EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,24}")
@@ -133,7 +126,7 @@ def email_is_the_accounts(claims: dict[str, Any]) -> bool:
     return domain == "gmail.com" or domain.endswith(".gserviceaccount.com") or claims.get("hd", "").lower() == domain
 
 
-def make_user(user_id: str, email: str, admin: bool) -> User:
+def make_user(user_id: str, email: str, admin: bool) -> people.User:
     email = email.lower()
     # Ids go into composite keys joined by '|' (comments): they must never contain it.
     return {"id": user_id.replace("|", ":"), "email": email, "admin": bool(admin)}
@@ -141,20 +134,6 @@ def make_user(user_id: str, email: str, admin: bool) -> User:
 
 def dev_user_id(email: str) -> str:
     return "dev-" + hashlib.sha256(email.lower().encode()).hexdigest()[:20]
-
-
-def pseudonym(user: User) -> str:
-    """The user's id where others can see it (in a comment's id): keyed by the app's secret, so nobody can tell whose
-    it is from an email (the dev id is a plain hash of one) or from Google's `sub` (a Google account id). Stable while
-    SECRET_KEY is: rotating it starts a user's new comments in a new group; old ones keep their ids."""
-    secret = runtime.current().settings.secret_key.encode()
-    return "u" + hmac.new(secret, b"pseudonym\0" + user["id"].encode(), hashlib.sha256).hexdigest()[:24]
-
-
-def display_name(email: str) -> str:
-    """What a page shows of a person: the part of the email before the '@', never the address itself: anyone can read
-    the pages, and an address is a way in for phishing and a key to the admins' accounts (ADMIN_EMAILS)."""
-    return email.split("@", 1)[0]
 
 
 class SessionGeneration(ndb.Model):
@@ -202,7 +181,7 @@ def _renew_generation(user_id: str) -> None:
     runtime.cache().set(_generation_key(user_id), value, expire=GENERATION_LIFETIME)
 
 
-def _session_is_current(user: User) -> bool:
+def _session_is_current(user: people.User) -> bool:
     """Whether this cookie's sign-in is still good: made less than SESSION_HOURS ago, by the clock of the sign-in's
     time stored in the cookie (Flask's own age check counts from the cookie's last re-issue, which every change to
     the session moves on), and of the person's current session generation."""
@@ -213,7 +192,7 @@ def _session_is_current(user: User) -> bool:
     return -60 <= age < SESSION_HOURS * 3600 and hmac.compare_digest(carried, generation(user["id"]))
 
 
-def current_user() -> User | None:
+def current_user() -> people.User | None:
     """The signed-in user for this request, or None. Worked out once per request. Whether a Google user is an admin
     is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy. A
     cookie whose sign-in has ended (SESSION_HOURS, or signed out elsewhere) is nobody's, and is cleared."""
@@ -241,21 +220,21 @@ def reads_exactly() -> bool:
     return user is not None and user["admin"]
 
 
-def require_user() -> User:
+def require_user() -> people.User:
     user = current_user()
     if user is None:
         raise SignInRequired("Sign in first.")
     return user
 
 
-def require_admin() -> User:
+def require_admin() -> people.User:
     user = require_user()
     if not user["admin"]:
         raise Forbidden("Only an admin may do this.")
     return user
 
 
-def dev_sign_in(email: object, admin: object) -> User:
+def dev_sign_in(email: object, admin: object) -> people.User:
     """Sign in locally as `email`; refused wherever the settings did not turn it on (Settings.dev_signin: against a
     Datastore emulator, with DEV_SIGNIN=on, never on App Engine standard)."""
     if not runtime.current().settings.dev_signin:
@@ -269,7 +248,7 @@ def dev_sign_in(email: object, admin: object) -> User:
     return _keep(make_user(dev_user_id(email), email, admin))
 
 
-def google_sign_in(credential: object, keys: GoogleKeys) -> User:
+def google_sign_in(credential: object, keys: GoogleKeys) -> people.User:
     """Sign in with the ID token Sign in with Google gave the browser (its `credential`)."""
     settings = runtime.current().settings
     if not settings.google_client_id:
@@ -288,7 +267,7 @@ def google_sign_in(credential: object, keys: GoogleKeys) -> User:
     return _keep(make_user(f"google:{claims['sub']}", claims["email"], admin), vouched)
 
 
-def _keep(user: User, vouched: bool = False) -> User:
+def _keep(user: people.User, vouched: bool = False) -> people.User:
     """The session now holds `user` and nothing from before: a fresh session at each sign-in. `vouched`: whether the
     email is the account's own (email_is_the_accounts), which an admin's must be. The sign-in's time and the
     person's session generation go into the cookie, and nothing changes them afterwards (`_session_is_current`)."""

@@ -1,5 +1,5 @@
-"""Transactions as the app runs them: one retry loop for every commit that can collide, and one way to apply a write
-exactly once although a commit may answer UNKNOWN after it applied (docs/lessons/exactly-once.md).
+"""Transactions as the app runs them: one retry loop for every commit that can collide. A commit may answer UNKNOWN
+(or time out) after it applied: core/exactly_once.py is how a write still happens once.
 
 - `retried(attempt, on_collision)`: run `attempt` again when it collides (ABORTED, or the emulator's UNKNOWN) or
   when its commit's fate is unknown (DEADLINE_EXCEEDED, UNAVAILABLE: a few times only), calling `on_collision` before
@@ -7,13 +7,10 @@ exactly once although a commit may answer UNKNOWN after it applied (docs/lessons
   (counters/writes.py).
 - `transact(fn)`: `fn` in a transaction through that loop, taking its turn at a hot entity first (core/hotspots.py);
   `transact_api(fn)` the same on the Datastore API itself, for bulk work (core/datastore.Bulk).
-- `Call`: the id of one call, written in the same commit as its effect (its *stamp*), so that the call's retry after
-  an UNKNOWN commit, finding the effect written, can ask `call.applied(stamp)`: was it mine?
 """
 import contextlib
 import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,12 +23,12 @@ from core.errors import Unavailable
 T = TypeVar("T")
 
 # What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN (which may have
-# applied: hence `Call`).
+# applied: hence core/exactly_once.py).
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 # What a call answers when Datastore did not answer it in time or could not be reached: a commit sent may have applied
-# all the same (the request reached the server, the answer did not come back), as after UNKNOWN. So the call is tried
-# again, with the same `Call`, whose retry finds its own stamp if it did apply; but only a few times, since these also
-# mean a Datastore that is away, and the user should then have the 503 soon.
+# all the same (the request reached the server, the answer did not come back), as after UNKNOWN. So it is tried again
+# (core/exactly_once.py: its retry finds its own stamp if it did apply); but only a few times, since these also mean a
+# Datastore that is away, and the user should then have the 503 soon.
 MAYBE_APPLIED_ERRORS = (core_exceptions.DeadlineExceeded, core_exceptions.ServiceUnavailable)
 MAYBE_APPLIED_ATTEMPTS = 3
 BUSY = "This is too busy right now; try again."
@@ -48,7 +45,7 @@ def is_contention(error: BaseException) -> bool:
 
 def maybe_applied(error: BaseException) -> bool:
     """True when `error` is a call's own DEADLINE_EXCEEDED or UNAVAILABLE (not ndb's RetryError after its own
-    retries): a commit that answers so may have applied, and its retry must find out (`Call`)."""
+    retries): a commit that answers so may have applied, and its retry must find out (core/exactly_once.py)."""
     return isinstance(error, MAYBE_APPLIED_ERRORS)
 
 
@@ -89,9 +86,8 @@ def transact(fn: Callable[[], T], max_attempts: int = 30, base: float = 0.02, ca
     """fn() in a transaction, tried again on contention after a jittered backoff. ndb's own retry waits from 1 s, a
     poor tail for a short transaction on a busy group. `hot_key`: the entity many requests write at once (a blog's
     index, a user's sequence, a counter's config, a job): each attempt first waits for its turn at it (`in_turn`).
-    A commit can answer UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: it
-    writes a `Call`'s stamp with its effect and looks for it first, or is idempotent by state
-    (docs/lessons/exactly-once.md)."""
+    A commit can answer UNKNOWN and yet have applied, so `fn` must be safe to run again after its own success: it goes
+    through core/exactly_once.py, or is idempotent by state (docs/lessons/exactly-once.md)."""
     def attempt() -> T:
         with in_turn(hot_key):
             return ndb.transaction(fn, retries=0)
@@ -112,23 +108,3 @@ def in_turn(hot_key: ndb.Key | None) -> contextlib.AbstractContextManager:
     if hot_key is None:
         return contextlib.nullcontext()
     return runtime.current().hot_entities.turn(hot_key)
-
-
-class Call:
-    """One call that must take effect once. Its `id` is written in the same commit as the effect (the stamp: a marker
-    entity's field, the written entity's own field, an entry in a list); a retry of the commit reads it first.
-
-    Inside the transaction, the retry finds the effect written or not (the marker, the record moved on):
-    - not written: apply it, writing `id` with it;
-    - written and `applied(stamp)`: by this very call, whose commit answered UNKNOWN but applied: write nothing again,
-      but still do what was to follow the commit (a cached total's incr, a task to enqueue), which never ran;
-    - written and not `applied(stamp)`: by another call (a resend of the same request, another delivery of the same
-      task), or before stamps were written: write nothing, and answer with what was written.
-    """
-
-    def __init__(self) -> None:
-        self.id = uuid.uuid4().hex
-
-    def applied(self, stamp: str | None) -> bool:
-        """Whether `stamp`, read beside an effect already written, is this call's own."""
-        return stamp == self.id

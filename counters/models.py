@@ -2,13 +2,13 @@
 group (about one commit a second per group sustained in production), so a counter written by many clients at once
 spreads its writes over many groups. A shard is never a child of its config, which would put them back in one group.
 """
-import datetime
 import re
 
 from google.cloud import ndb
 
 from core import idempotency, validate
 from core.errors import BadInput, Forbidden
+from core.markers import ExpiringMarker
 
 # --- names: public ones, a feature's own ("<owner>:<name>", kept by service.OwnedCounters), cache keys ---------
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
@@ -56,9 +56,6 @@ def shard_view_cache_key(name: str, num_shards: int) -> str:
 
 
 SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is unambiguous
-# How long an Idempotency-Key is honoured at least (Stripe keeps its keys 24 hours:
-# https://docs.stripe.com/api/idempotent_requests).
-MARKER_LIFETIME = datetime.timedelta(days=1)
 
 
 class CounterConfig(ndb.Model):
@@ -88,31 +85,11 @@ class CounterShard(ndb.Model):
         return ndb.Key(CounterShard, f"{name}{SEPARATOR}{index}")
 
 
-class AppliedIncrement(idempotency.Marker):
-    """Marks an Idempotency-Key as applied (core/idempotency.py): key name `idempotency.marker_name(caller,
-    "counters.increment", key)`, its fingerprint the counter's name, its answer the first increment's attempts.
-
-    Written in the same commit as the shard it increments, so the marker exists exactly when the increment does.
-    Each marker is its own root entity, not in a counter's group: a key is its caller's across counters (the same key
-    on another counter is found, a 409), and only sends of the same key ever contend on it.
-
-    Markers expire after MARKER_LIFETIME at least (anyone signed in may send fresh keys, so kept for ever they would
-    grow storage without bound): by a TTL policy on `expires` in production, and by the sweep (counters/markers.py)
-    everywhere; docs/lessons/counters.md.
-    """
+class AppliedIncrement(ExpiringMarker):
+    """Marks an Idempotency-Key as applied (core/idempotency.py), its fingerprint the counter's name. Written in the
+    same commit as the shard it increments, so the marker exists exactly when the increment does. Its own root entity,
+    not in a counter's group: a key is its caller's across counters, and only sends of that key ever contend on it."""
     _use_global_cache = False
-    # Midnight UTC, a day or two ahead: indexed for the sweep's query, and coarse on purpose. Index rows sort by value
-    # then key, so one day's markers spread over their keys (digests: core/idempotency.marker_name), where an exact
-    # timestamp would put every new row at the end of the index: the hotspot Firestore documents as a limit of 500
-    # writes a second (https://cloud.google.com/firestore/docs/solutions/shard-timestamp; blog/production.py), while
-    # the counter's shards take far more.
-    expires = ndb.DateTimeProperty(required=True)
-
-    @classmethod
-    def new(cls, request: idempotency.Keyed, call: str, answer: dict, now: datetime.datetime) -> "AppliedIncrement":
-        day = (now + MARKER_LIFETIME).replace(hour=0, minute=0, second=0, microsecond=0)
-        return cls(key=cls.key_for(request), fingerprint=request.fingerprint, call=call, answer=answer,
-                   expires=day + datetime.timedelta(days=1))
 
     @staticmethod
     def key_for(request: idempotency.Keyed) -> ndb.Key:

@@ -26,8 +26,9 @@ CAVEATS = (
         fact="A TTL policy deletes an entity some time after the date in its TTL property, typically within 24 hours; "
              "expired entities still answer lookups and queries until then. Neither emulator applies TTL policies.",
         source="https://cloud.google.com/datastore/docs/ttl",
-        app="An increment's Idempotency-Key marker carries `expires` (midnight UTC, 24 to 48 hours ahead). Deploy "
-            "with `gcloud firestore fields ttls update expires --collection-group=AppliedIncrement --enable-ttl`; "
-            "the hourly sweep task (counters.markers.sweep_markers) deletes expired markers everywhere, and is what "
+        app="Every idempotency marker that is only a marker (AppliedIncrement, PostMarker, CommentMarker, SeedMarker) "
+            "carries `expires` (midnight UTC, 24 to 48 hours ahead). Deploy with `gcloud firestore fields ttls update "
+            "expires --collection-group=KIND --enable-ttl` for each of those kinds; "
+            "the hourly purge task (core.markers.purge) deletes expired markers everywhere, and is what "
             "deletes them on the emulators. An expired marker that is still there still counts as applied."),
 )

@@ -1,19 +1,24 @@
-"""Named counters, beyond the talk's (counters/simple.py: read it first). Two kinds, both through `increment`:
-- `general`: a CounterConfig with `num_shards` (20 by default), the total cached;
-- `adaptive`: one shard at first, multiplied while its increments keep colliding (growth.py), up to a cap.
-An increment may carry an idempotency key: then it is applied at most once. Other features keep their own counters
-through `owned` and import this module only. The write itself, per backend: writes.py.
+"""Named counters: the talk's general counter (counters/simple.py: read it first) grown into a feature, its four parts:
+- its config, a CounterConfig (`growth.configure`): `general`, 20 shards by default, or `adaptive`, one shard at
+  first, multiplied while its increments keep colliding (growth.py);
+- `increment` (below): +1 on a random shard in one commit by the backend's writer (writes.py), on another shard at
+  once after a collision; at most once with an idempotency key;
+- its total: `totals.get_total` (the cached total, else its shards summed);
+- more shards: `growth.increase_shards` (the count only grows).
+Other features keep their own counters through `owned` and import this module only.
 """
 import logging
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
 from core import idempotency, runtime
-from core.errors import SignInRequired
-from counters import growth, markers
+from core.cache import CACHE_DOWN
+from core.errors import SignInRequired, Unavailable
+from counters import growth
 from counters.growth import DEFAULT_SHARDS, configure, get_config
 from counters.models import (
     OWNER_SEPARATOR,
@@ -43,7 +48,7 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
               create: bool = True, caller: str | None = None) -> Increment:
     """Add 1 to counter `name`, created in `mode` (`listed` or not) on first use. With `create` False, a counter that
     does not exist is SignInRequired and nothing is written: anyone may add to a counter, but only a signed-in user
-    create one (an anonymous path that creates entities is a storage flood).
+    may create one (an anonymous path that creates entities is a storage flood).
 
     With an idempotency key (the signed-in `caller`'s own: core/idempotency.py), applied at most once however often
     the client retries: a marker is written in the same commit as the shard's +1, so both exist or neither does, and
@@ -57,12 +62,10 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
             raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
         config = configure(name, mode, listed=listed)
     listener = growth.listener(name) if config.mode == "adaptive" else None
-    first, attempts, shard = commit_on_a_shard(config.num_shards, shard_writer(name, request), listener)
-    if first is not None:  # a replay: the first increment's answer
-        return Increment(True, first.get("attempts", 1), first.get("shard", 0), replayed=True)
-    if request is not None:
-        markers.sweep_this_hour()
-    return Increment(True, attempts, shard)
+    outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request), listener)
+    if outcome.replayed:  # the key's first request counted it: its answer
+        return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=True)
+    return Increment(True, attempts, outcome.value["shard"])  # the shard of the commit that counted
 
 
 class OwnedCounters:
@@ -89,7 +92,8 @@ class OwnedCounters:
         try:
             increment(name, mode="adaptive", listed=False)
             return True
-        except Exception:  # noqa: BLE001 - whatever failed, the request it rides on has done its own work
+        except (Unavailable, core_exceptions.GoogleAPICallError, core_exceptions.RetryError, *CACHE_DOWN):
+            # what "cannot be made now" raises; anything else is a bug, and is raised
             log.warning("counter %s not incremented", name, exc_info=True)
             return False
 
@@ -105,6 +109,10 @@ class OwnedCounters:
         totals = exact_totals(list(names.values()))
         return {short: totals[name] for short, name in names.items()}
 
+    def configs(self, shorts: Iterable[str]) -> list[CounterConfig | None]:
+        """Each counter's config (None: not created), in one batched get by key."""
+        return ndb.get_multi([ndb.Key(CounterConfig, self.name(short)) for short in shorts])
+
     def configure(self, short: str, num_shards: int) -> CounterConfig:
         """Create the counter with `num_shards` shards when it does not exist (or grow it to that many): for one
         that many transactions will add to at once (`add_in_transaction`), which must not race to create it."""
@@ -116,7 +124,7 @@ class OwnedCounters:
         own, so the add commits or aborts with them; the cached total is dropped after the commit. Two entity groups
         (config and shard): the caller's transaction must have room for them."""
         name = self.name(short)
-        # ndb's lookup retry kept (see mapper.tree._process: the chunk this rides on costs more when aborted).
+        # ndb's lookup retry kept (see mapper.tree.process: the chunk this rides on costs more when aborted).
         config = ndb.Key(CounterConfig, name).get()
         writes: list[ndb.Model] = []
         if config is None:

@@ -53,7 +53,8 @@ def increment() -> int:
     lock instead, and takes 1.
 
     A commit that fails as UNKNOWN may have applied, and its retry then counts twice: the talk's counter accepts that.
-    Beyond it, counters/service.py takes an idempotency key and writes a marker in the same commit."""
+    Beyond it, counters/service.py takes an idempotency key, and its writer (counters/writes.py) writes a marker in the
+    same commit."""
     attempts = 0
 
     def add_one() -> None:

@@ -14,10 +14,11 @@ from typing import TypeVar
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import clock, idempotency, runtime
+from core import idempotency, runtime
 from core.datastore import ServerIncrements
 from core.errors import Conflict
-from core.transactions import Call, backoff, retried
+from core.exactly_once import Call, Outcome, Written, once
+from core.transactions import backoff, retried
 from counters.models import AppliedIncrement, CounterShard, total_cache_key
 
 T = TypeVar("T")
@@ -29,16 +30,17 @@ SINGLE_SHARD_BACKOFF_CAP = 4.0
 
 
 def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
-                      on_attempt: Callable[[int, bool], int] | None = None) -> tuple[T, int, int]:
+                      on_attempt: Callable[[int, bool], int] | None = None) -> tuple[T, int]:
     """`attempt(shard)` (one commit: a ShardWriter) on a random shard, through the app's one retry loop, whose
     collision policy here is: another shard at once. Any other shard is as good a place for the +1 and probably free,
     where ndb's retry would wait from 1 s and try the same one (the writers read with `retries=0` for that reason).
     With one shard there is nowhere to go, and an immediate retry meets the same writers: a jittered backoff.
     `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with
-    (growth.listener). Returns (attempt's result, attempts made, shard used)."""
+    (growth.listener). Returns (attempt's result, attempts made): which shard counted is the result's to say (after
+    a commit that answered UNKNOWN yet applied, an earlier attempt's shard)."""
     shard, attempts = random.randrange(num_shards), 0
 
-    def once() -> T:
+    def on_this_shard() -> T:
         nonlocal attempts
         attempts += 1
         return attempt(shard)
@@ -52,84 +54,92 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
         else:
             backoff(collisions + 1, SINGLE_SHARD_BACKOFF, SINGLE_SHARD_BACKOFF_CAP)
 
-    result = retried(once, another_shard, MAX_ATTEMPTS, "The counter is too contended right now; try again.")
+    result = retried(on_this_shard, another_shard, MAX_ATTEMPTS, "The counter is too contended right now; try again.")
     if on_attempt:  # outside `retried`: if growing fails, the +1 that already committed is not tried again
         on_attempt(num_shards, False)
-    return result, attempts, shard
+    return result, attempts
 
 
 class ShardWriter:
-    """`writer(index)`: +1 on the counter's shard `index` in one commit, with the Idempotency-Key's marker when the
-    request has one; None when this call counted, else the answer the key's first request kept (a replay: nothing
-    counted). What was found under the key is `idempotency.found`'s to say, so this call's own retry after an
-    UNKNOWN commit still counts as applied. Then, only after the commit and only once, the cached total is `incr`ed
+    """`writer(index)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
+    Idempotency-Key (its marker, written with the +1, is where the call's stamp lives: core/exactly_once.py says which
+    of three it found, WROTE, MINE or ANOTHERS). The
+    `Outcome`'s value is the answer (attempts, shard) of the commit that counted: this attempt's (WROTE), this call's
+    earlier one that answered UNKNOWN yet applied (MINE: its shard, not this attempt's), or the key's first request's
+    (ANOTHERS: a replay, nothing counted). After a commit that counted, and only once, the cached total is `incr`ed
     (which never creates it: a missing total is summed on the next read)."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None) -> None:
         self.name, self.request, self.call, self.attempts = name, request, Call(), 0
         self.marker_key = AppliedIncrement.key_for(request) if request else None
 
-    def __call__(self, index: int) -> dict | None:
+    def __call__(self, index: int) -> Outcome[dict]:
         self.attempts += 1
         return self.write(index)
 
-    def write(self, index: int) -> dict | None:
+    def write(self, index: int) -> Outcome[dict]:
         raise NotImplementedError
 
-    def _marker(self, index: int) -> AppliedIncrement:
-        assert self.request is not None
-        return AppliedIncrement.new(self.request, self.call.id, {"attempts": self.attempts, "shard": index},
-                                    clock.now())
+    def _look(self) -> Written | None:
+        if self.marker_key is None:  # no key: nothing to look for (a retry after UNKNOWN counts again: the trade)
+            return None
+        return idempotency.written(self.marker_key.get(retries=0, use_cache=False, use_global_cache=False),
+                                   self.request)
 
-    def _counted(self) -> None:
+    def _answer(self, index: int) -> dict:
+        return {"attempts": self.attempts, "shard": index}
+
+    def _marker(self, index: int, stamp: str) -> AppliedIncrement | None:
+        if self.request is None:
+            return None
+        return AppliedIncrement.new(self.marker_key, self.request, stamp, self._answer(index))
+
+    def _counted(self, answer: dict) -> None:
         runtime.cache().incr(total_cache_key(self.name))
 
 
 class BlindShardWriter(ShardWriter):
-    """Firestore in Datastore mode: a server-side increment, the marker inserted in the same commit."""
+    """Firestore in Datastore mode: a server-side increment, no transaction. The marker is inserted in the same commit,
+    and an insert fails (ALREADY_EXISTS, nothing written) when its marker exists: so the look at the marker needs no
+    transaction to make the +1 happen at most once; the commit itself is the check."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None, increments: ServerIncrements) -> None:
         super().__init__(name, request)
         self.increments = increments
 
-    def write(self, index: int) -> dict | None:
-        shard = CounterShard.key_for(self.name, index)
-        if self.marker_key is None:
-            self.increments.commit(shard, "count", 1)
-            self._counted()
-            return None
-        try:
-            self.increments.commit(shard, "count", 1, insert=self._marker(index))
-        except core_exceptions.AlreadyExists as exists:  # the marker: this call's own UNKNOWN commit, or another's
-            marker = self.marker_key.get(use_cache=False, use_global_cache=False)
-            if marker is None:  # swept between the commit and this read: its day is long over, nothing to answer
+    def write(self, index: int) -> Outcome[dict]:
+        def increment(_: None, stamp: str) -> dict:
+            self.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
+                                   insert=self._marker(index, stamp))
+            return self._answer(index)
+        try:  # the commit is the first look: it fails when the marker exists, so no read before it
+            return once(lambda: None, increment, self._counted, self.call, run=_as_one_commit)
+        except core_exceptions.AlreadyExists as exists:  # the marker: this call's own earlier commit, which answered
+            written = self._look()  # UNKNOWN yet applied, or another send of the key's
+            if written is None:  # swept between the commit and this read: its day is long over, nothing to answer
                 raise Conflict("This Idempotency-Key's increment has expired; use a new key.",
                                "idempotency_key_expired") from exists
-            if idempotency.found(marker, self.request, self.call) == idempotency.REPLAY:
-                return idempotency.answer_of(marker)  # another call applied this key: nothing counted
-        self._counted()
-        return None
+            return once(lambda: written, increment, self._counted, self.call, run=_as_one_commit)
+
+
+def _as_one_commit(commit: Callable[[], T]) -> T:
+    """`once`'s `run` for a look and a write that need no transaction around them (the write's commit is its own
+    check): run as they are."""
+    return commit()
 
 
 class TransactionalShardWriter(ShardWriter):
     """Legacy Datastore: the marker and the shard read and written in one transaction."""
 
-    def write(self, index: int) -> dict | None:
-        def txn() -> dict | None:
-            marker = self.marker_key.get(retries=0) if self.marker_key else None
-            outcome = idempotency.found(marker, self.request, self.call)
-            if outcome == idempotency.REPLAY:
-                return idempotency.answer_of(marker)  # another call applied this key: nothing counted
-            if outcome == idempotency.NEW:  # (MINE: this call's own commit answered UNKNOWN yet applied: not again)
-                if self.marker_key:
-                    self._marker(index).put()
-                key = CounterShard.key_for(self.name, index)
-                shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment
-                shard.count += 1
-                shard.put()
-            ndb.get_context().call_on_commit(self._counted)  # the total's incr, once, after the commit
-            return None
-        return ndb.transaction(txn, retries=0)
+    def write(self, index: int) -> Outcome[dict]:
+        def increment(_: None, stamp: str) -> dict:
+            key = CounterShard.key_for(self.name, index)
+            shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment
+            shard.count += 1
+            ndb.put_multi([shard, self._marker(index, stamp)] if self.request else [shard])
+            return self._answer(index)
+        return once(self._look, increment, self._counted, self.call,
+                    run=lambda txn: ndb.transaction(txn, retries=0))  # one attempt: `commit_on_a_shard` retries
 
 
 def shard_writer(name: str, request: idempotency.Keyed | None) -> ShardWriter:

@@ -185,7 +185,7 @@ def ensure_secret_key():
     _gcloud("services", "enable", "secretmanager.googleapis.com")
     if not _gcloud("secrets", "list", f"--filter=name~/secrets/{name}$", "--format=value(name)"):
         # A deployment made before the key moved to Secret Manager kept it in secret.yaml: the same key keeps its
-        # sessions and its comment pseudonyms (core/identity.pseudonym).
+        # sessions and its comment pseudonyms (core/people.pseudonym).
         old = REPO / "secret.yaml"
         key = None
         if old.exists():

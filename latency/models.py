@@ -17,7 +17,7 @@ class Measurement(ndb.Model):
     _use_global_cache = False
 
     measured = ndb.DateTimeProperty(indexed=False)
-    by = ndb.TextProperty()  # the admin's display name (core.identity.display_name), never an email
+    by = ndb.TextProperty()  # the admin's display name (core.people.display_name), never an email
     backend = ndb.TextProperty()  # which datastore was measured: "legacy" or "firestore"
     backend_name = ndb.TextProperty()  # said in words: an emulator, or the real database
     runs = ndb.IntegerProperty(indexed=False)

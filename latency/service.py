@@ -10,7 +10,7 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, identity, production_latency, runtime
+from core import clock, people, production_latency, runtime
 from core.errors import Conflict
 from core.transactions import transact
 from latency.models import Measurement, Probe
@@ -175,7 +175,7 @@ def measurement_dict(measurement: Measurement) -> dict[str, Any]:
                            "per_item_ms": per_item, "runs": row["runs"], "talk": op.talk, "talk_ms": op.talk_ms})
     write, read = measured.get("txn_write", {}).get("median_ms"), measured.get("get", {}).get("median_ms")
     # A measurement kept before `by` held display names holds an address: anyone may read this, so it is shown as one.
-    by = measurement.by and identity.display_name(measurement.by)
+    by = measurement.by and people.display_name(measurement.by)
     return {"measured": clock.iso(measurement.measured), "by": by,
             "backend": measurement.backend or "legacy",
             "backend_name": measurement.backend_name or BACKEND_NAMES["legacy"],

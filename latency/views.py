@@ -2,7 +2,7 @@
 from flask import Blueprint, jsonify, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
 
-from core import identity
+from core import identity, people
 from core.errors import found
 from latency import service
 
@@ -18,7 +18,7 @@ def index() -> ResponseReturnValue:
 @bp.post("/numbers")
 def measure_form() -> ResponseReturnValue:
     user = identity.require_admin()
-    service.measure(identity.display_name(user["email"]))
+    service.measure(people.display_name(user["email"]))
     return redirect(url_for("latency.index"))
 
 
@@ -38,4 +38,4 @@ def api_standin() -> ResponseReturnValue:
 def api_measure() -> ResponseReturnValue:
     """Measure now (admin) -> 201 the new measurement."""
     user = identity.require_admin()
-    return jsonify(service.measure(identity.display_name(user["email"]))), 201
+    return jsonify(service.measure(people.display_name(user["email"]))), 201

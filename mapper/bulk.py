@@ -127,3 +127,9 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
             raise TypeError(f"{entity.key}: {name} is not a whole number")
         value.integer_value += delta
     return MutationPb(upsert=entity.pb)
+
+
+def page_keys(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
+    """The kind's keys in (after, upto], in key order: a keys-only query through the Datastore API itself, whose keys
+    cost a tenth of ndb's client CPU (core/datastore.Bulk)."""
+    return runtime.current().datastore.bulk.keys(kind, after, upto, limit)

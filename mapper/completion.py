@@ -1,5 +1,5 @@
 """A mapper job's progress and end, derived from its task records: the running job's figures kept as hints in the
-cache, and the job ended, exactly once, when every task has handed its credit back (the records are the truth, the
+cache, and the job ended, exactly once, when every task has handed its weight back (the records are the truth, the
 cache's running sum a hint: a check task sums the records when the cache lost some). Its on_done then runs exactly
 once, by a task of its own. Why each step is so: docs/lessons/mapper.md.
 """
@@ -11,10 +11,10 @@ from google.cloud import ndb
 
 from core import clock, errors, runtime
 from core.errors import Conflict
-from core.transactions import Call, transact
+from core.exactly_once import Written, once
 from mapper import jobs
 from mapper.models import MapperJob
-from mapper.task import TOTAL_CREDIT, TaskPayload, TaskRecord, summed
+from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord, summed
 
 CHECK_HANDLER = "mapper.check"
 # When the cache's running sum cannot be trusted, a check task reads the records after each of these delays (then
@@ -33,7 +33,7 @@ MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits 
 
 
 def _key(job_id: str, name: str) -> str:
-    """A job's figure in the cache: "returned" (the running sum of the credit its tasks handed back), "processed",
+    """A job's figure in the cache: "returned" (the running sum of the weight its tasks handed back), "processed",
     "tasks", "depth" (then ":<level>")."""
     return f"mapper-{name}:{job_id}"
 
@@ -91,13 +91,13 @@ class Figures:
 
     @property
     def progress(self) -> float:
-        return 1.0 if self.state == "done" else self.returned / TOTAL_CREDIT
+        return 1.0 if self.state == "done" else self.returned / TOTAL_WEIGHT
 
 
 def records(job: MapperJob, most: int | None = None) -> list[TaskRecord]:
     """The job's task records (at most `most`), walking its tree by key from the root's record, one get_multi per
     level: gets by key are strongly consistent on every backend (a query on the job's id lags on legacy Datastore,
-    and could miss a record's last chunk). A record not written yet is a task whose credit is still out."""
+    and could miss a record's last chunk). A record not written yet is a task whose weight is still out."""
     found: list[TaskRecord] = []
     keys = [ndb.Key(TaskRecord, f"{job.id}-0")]
     while keys and (most is None or len(found) < most):
@@ -159,15 +159,15 @@ def timeline(job: MapperJob) -> dict[str, Any]:
 
 
 def end_if_all_back(job: MapperJob, returned: int) -> None:
-    """After a task returned credit: end the job if every credit is back. `returned`: what this delivery adds to the
+    """After a task returned weight: end the job if all the weight is back. `returned`: what this delivery adds to the
     cache's running sum (0 from any delivery but the one that ended the record). Only the delivery whose add brings
     the sum to the whole reads the records (`end_if_summed`): once a job. When there is no sum to add to (the cache
     lost it: restarted, flushed, away) or nothing to add (a redelivery, whose first delivery may have died before
     adding), check tasks sum the records, one read of them a check, however many tasks end meanwhile: a task end
     that read them all itself would make a job's end quadratic in its tasks."""
     total = runtime.cache().incr(_key(job.id, "returned"), returned) if returned else None
-    if total is not None and total < TOTAL_CREDIT:
-        return  # ranges are still out, by a sum this delivery has just added its own credit to
+    if total is not None and total < TOTAL_WEIGHT:
+        return  # ranges are still out, by a sum this delivery has just added its own weight to
     if total is None:
         _check_later(job.id, 1)  # named: every task end of the job queues this one check
         return
@@ -175,7 +175,7 @@ def end_if_all_back(job: MapperJob, returned: int) -> None:
 
 
 def end_if_summed(job: MapperJob) -> None:
-    """Sum the job's records (a read of every one) and end it if every credit is back, else check again later."""
+    """Sum the job's records (a read of every one) and end it if all the weight is back, else check again later."""
     sums = _summed(job)
     if _outcome(job, sums):
         _end(job, sums)
@@ -184,9 +184,9 @@ def end_if_summed(job: MapperJob) -> None:
 
 
 def _outcome(job: MapperJob, sums: Figures) -> str | None:
-    """How a job ends once every task has handed its credit back: "failed" if one failed for good, "cancelled" if it
+    """How a job ends once every task has handed its weight back: "failed" if one failed for good, "cancelled" if it
     was, else "done"; None while ranges are still out."""
-    if sums.returned != TOTAL_CREDIT:
+    if sums.returned != TOTAL_WEIGHT:
         return None
     return "failed" if sums.failed else "cancelled" if job.cancelled else "done"
 
@@ -197,7 +197,7 @@ def _check_later(job_id: str, number: int) -> None:
     runtime.tasks().enqueue(CHECK_HANDLER, {"job": job_id, "check": number}, f"{job_id}-check-{number}", delay=delay)
 
 
-def run_check(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+def run_check(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
     """A check task: end the job if its records add up (or one failed for good), else check again later."""
     job = MapperJob.get_by_id(payload["job"])
     if job is None or job.ended:  # a cancelled job still ends (its tasks hand their ranges back)
@@ -214,25 +214,25 @@ def run_check(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
 def _end(job: MapperJob, sums: Figures) -> MapperJob | None:
     """Mark the job ended, once, with its outcome as it stands in this transaction (a cancel may have come since), its
     tally settled (JobDefinition.settle) and its on_done pending in the same commit; then queue the on_done. The job,
-    or None when another call ended it (or it is gone). `sums`: the records' sums, every credit back."""
+    or None when another call ended it (or it is gone). `sums`: the records' sums, all the weight back."""
     definition = jobs.of(job)
-    call = Call()
 
-    def txn() -> MapperJob | None:
+    def look() -> Written | MapperJob:
         current = job.key.get(retries=0)
         if current is None or current.ended:  # gone, or ended: by another call, or by this one's UNKNOWN commit
-            return current if current and call.applied(current.ended_by) else None
-        current.ended_by = call.id
+            return Written(current and current.ended_by, current)
+        return current
+
+    def end(current: MapperJob, stamp: str) -> MapperJob:
+        current.ended_by = stamp
         mark_ended(current, _outcome(current, sums) or "done",
                    {"processed": sums.processed, "tasks": sums.tasks, "depth": sums.depth,
                     "tally": sums.tally, "revived": sums.revived})
         settled = definition.settle(sums.tally, current.params) if definition and definition.settle else []
         ndb.put_multi([current, *settled])
         return current
-    ended = transact(txn, hot_key=job.key)
-    if ended is not None:
-        send_follow_up(ended)
-    return ended
+    ended = once(look, end, then=send_follow_up, hot_key=job.key)
+    return None if ended.replayed else ended.value
 
 
 # --- the job's follow-up (JobDefinition.on_done): exactly once, by a task the sweep queues again until it ran --------
@@ -257,7 +257,7 @@ def send_follow_up(job: MapperJob) -> None:
         runtime.tasks().enqueue(DONE_HANDLER, {"job": job.id}, f"{job.id}-done-{job.follow_up_sent}")
 
 
-def run_follow_up(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+def run_follow_up(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
     """The follow-up task: run the job's on_done and commit what it returns together with the mark that it ran, so
     its writes land exactly once however often this task is delivered (by the queue, or queued again by the sweep).
     on_done runs outside the transaction (it may read what a transaction may not: a query, a counter's shards)."""
@@ -266,25 +266,28 @@ def run_follow_up(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
     if job is None or job.follow_up != "pending" or definition is None or definition.on_done is None:
         return {"skipped": "no follow-up pending"}
     writes = definition.on_done(job) or []
-    call = Call()
 
-    def txn() -> bool:
+    def look() -> Written | MapperJob:
         current = job.key.get(retries=0)
         if current is None:  # deleted since: nothing to mark
-            return False
+            return Written(None, False)
         if current.follow_up == "ran":  # by another call, or by this one, whose commit answered UNKNOWN
-            return call.applied(current.follow_up_by)
-        current.follow_up, current.follow_up_by = "ran", call.id
+            return Written(current.ran_by, True)
+        return current
+
+    def mark_ran(current: MapperJob, stamp: str) -> bool:
+        current.follow_up, current.ran_by = "ran", stamp
         ndb.put_multi([current, *writes])
         return True
-    return {"ran": transact(txn, hot_key=job.key)}
+    ran = once(look, mark_ran, hot_key=job.key)
+    return {"ran": not ran.replayed and ran.value}
 
 
 def figures_of(job: MapperJob) -> Figures:
     """The job's state and figures, read only: an ended job's from itself (the records' sums, exact), a running or
     cancelled one's from its hints (`_hinted`: no read that grows with its tasks, however often the pages poll)."""
-    if job.ended:  # every task had handed its credit back
-        return Figures(job.outcome, returned=TOTAL_CREDIT, **(job.summary or {}))
+    if job.ended:  # every task had handed its weight back
+        return Figures(job.outcome, returned=TOTAL_WEIGHT, **(job.summary or {}))
     hinted = _hinted(job)
     if job.cancelled:
         hinted.state = "cancelled"
@@ -292,7 +295,7 @@ def figures_of(job: MapperJob) -> Figures:
 
 
 def end_by_admin(job: MapperJob) -> MapperJob:
-    """End a running job whose tasks have all reported back (every credit returned, or one failed for good) but that
+    """End a running job whose tasks have all reported back (all the weight returned, or one failed for good) but that
     was not marked ended: its last task died before noticing. Conflict while ranges are still out."""
     if job.ended:
         return job

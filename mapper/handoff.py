@@ -26,10 +26,6 @@ def scan_limit(page_size: int, fanout: int) -> int:
     return page_size * (fanout + 1) + 1
 
 
-# Its old name, until mapper/tree.py, tests/test_plan.py and bench/mapper.py say scan_limit (issue #72): delete then.
-listing_limit = scan_limit
-
-
 class HandedPages(ndb.Model):
     """The keys of the pages a task handed to its children ({child's path: urlsafe keys}). A child entity of the
     record, so it is written in the record's first chunk's transaction without taking one more of the legacy

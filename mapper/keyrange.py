@@ -1,4 +1,4 @@
-"""Where to cut a range of a kind's keys, and into how many ranges: the mapper's split (tree.py `_split`).
+"""Where to cut a range of a kind's keys, and into how many ranges: the mapper's split (tree.py `split`).
 
 Split points are `__scatter__` samples when the range holds enough: Datastore (and the legacy emulator) keep that
 hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of the kind. Deep in
@@ -11,18 +11,18 @@ from google.cloud import ndb
 from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
 
 
-def parts_needed(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int, per_task: int, k: int,
+def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, read_len: int, per_task: int, k: int,
                  samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (page_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, at
+    """How many ranges the rest (read_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, at
     most k (a few entities split k ways make k tasks that each pay a task's fixed costs). Its size is judged by the
-    samples' density over the `page_len` keys just read (page_start, page_end], else by its ids' density (the
+    samples' density over the `read_len` keys just read (read_start, read_end], else by its ids' density (the
     Firestore emulator keeps no samples); unknown: k."""
-    in_page = len(inside(samples, page_start, page_end)) + (page_end in samples)
-    in_rest = len(inside(samples, page_end, hi)) + (hi in samples)
-    if samples and in_page:
-        remaining: float | None = in_rest * page_len / in_page
+    in_read = len(inside(samples, read_start, read_end)) + (read_end in samples)
+    in_rest = len(inside(samples, read_end, hi)) + (hi in samples)
+    if samples and in_read:
+        remaining: float | None = in_rest * read_len / in_read
     else:
-        remaining = by_id_density(page_start, page_end, hi, page_len)
+        remaining = by_id_density(read_start, read_end, hi, read_len)
     if remaining is None:
         return k
     return max(1, min(k, math.ceil(2 * remaining / per_task)))

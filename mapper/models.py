@@ -35,7 +35,9 @@ class MapperJob(idempotency.Marker):
     follow_up = ndb.StringProperty(choices=("pending", "ran"))
     follow_up_due = ndb.DateTimeProperty(indexed=False)
     follow_up_sent = ndb.IntegerProperty(default=0, indexed=False)
-    follow_up_by = ndb.TextProperty()  # the stamp of the call that wrote it last (a sweep's send, or the run)
+    # One stamp field per writer (core.exactly_once.once): the sweep's latest send, and the run's commit.
+    resent_by = ndb.TextProperty()
+    ran_by = ndb.TextProperty()
 
     @property
     def id(self) -> str:

@@ -9,7 +9,8 @@ from google.cloud import ndb
 
 from core import clock, idempotency, runtime, validate
 from core.errors import BadInput, Conflict, Unprocessable, found
-from core.transactions import Call, transact
+from core.exactly_once import once
+from core.transactions import transact
 from core.validate import whole_number
 from mapper import completion, handoff, jobs, key_arithmetic, tree
 from mapper.models import MapperJob
@@ -52,8 +53,8 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     job_id = idempotency.derived_id(request, 16) if request else secrets.token_hex(8)
     if request:
         first = MapperJob.get_by_id(job_id)
-        if first is not None:  # another call's job (a fresh call's stamp is on none): a replay, or a 409
-            idempotency.found(first, request, Call())
+        if first is not None:  # another call's job: a replay, or a 409 (other content: `written` says so)
+            idempotency.written(first, request)
             return _resent(first), True
 
     query = ndb.Query(kind=definition.kind)
@@ -64,7 +65,8 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
                     fanout=fanout, kind_end=last[0] if last else None,
                     samples=sorted(samples, key=key_arithmetic.order),
-                    fingerprint=request.fingerprint if request else None)
+                    fingerprint=request.fingerprint if request else None,
+                    created=clock.now())  # before `ended`, which an empty kind's job gets at once
     root = None
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
@@ -86,19 +88,14 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
 
 def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed | None) -> MapperJob:
     """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id (a 409 when
-    that one was started for another request)."""
-    call = Call()
-    job.call = call.id
+    that one was started for another request). The job is its own marker: its `call` is the stamp."""
+    def insert(_: None, stamp: str) -> None:
+        job.call = stamp
+        ndb.put_multi([job, root] if root else [job])
 
-    def txn() -> MapperJob:
-        existing = job.key.get(retries=0)
-        outcome = idempotency.found(existing, request, call)
-        if outcome == idempotency.REPLAY:  # another request's job
-            return existing
-        if outcome == idempotency.NEW:  # (MINE: this call's own, whose commit answered UNKNOWN yet applied)
-            ndb.put_multi([job, root] if root else [job])
-        return job
-    return transact(txn, hot_key=job.key)
+    inserted = once(lambda: idempotency.written(job.key.get(retries=0), request), insert,
+                    hot_key=job.key)
+    return job.key.get(use_cache=False) if inserted.replayed else job  # another request's job, or this call's
 
 
 def _resent(first: MapperJob) -> MapperJob:

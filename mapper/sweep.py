@@ -1,10 +1,10 @@
 """The sweep: no job strands. Run every `mapper_sweep_seconds` by a schedule outside the app's processes (cron.yaml on
 App Engine; devstack's local task server off it), so a process that dies cannot take it with it.
 
-A delivery killed on its last allowed attempt leaves its TaskRecord running with no delivery to come. So a running
+A delivery killed on its last allowed delivery leaves its TaskRecord running with no delivery to come. So a running
 record carries a lease, renewed by each chunk's commit; the sweep queues again, as one more redelivery, each task whose
 lease ran out while its job runs. It also sums the records of a running job with no task at work (its last delivery
-died before adding its credit to the running sum), and queues again an ended job's follow-up until it ran. The lease is
+died before adding its weight to the running sum), and queues again an ended job's follow-up until it ran. The lease is
 a hint of who is alive, never a lock: the record's last_key keeps two deliveries from both applying a chunk (tree.py).
 Bounded: at most SWEEP_BATCH of each a run. Its queries have no ancestor, so on legacy Datastore they are eventually
 consistent: a lease just run out may show one run later. The whole story: docs/lessons/mapper.md ("No job strands").
@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from google.cloud import ndb
 
 from core import clock, runtime
-from core.transactions import Call, transact
+from core.exactly_once import Written, once
+from core.transactions import transact
 from mapper import completion, handoff
 from mapper.handback import hand_back
 from mapper.models import MapperJob
@@ -75,7 +76,7 @@ def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
     """A running job none of whose records holds a live lease has no task at work: a running record renews its lease
     with each chunk, one whose lease ran out was taken up again above (a new lease), and an ended parent's children
     without a record were given one. Its last task's delivery may have died between its final commit and adding its
-    credit to the cache's running sum, on its last allowed attempt, so no delivery comes back to end the job:
+    weight to the cache's running sum, on its last allowed delivery, so no delivery comes back to end the job:
     sum the records once here (completion.end_if_summed), and the job finishes or its checks go on.
     One keys-only query per running job a run; the records are read only when none is live. True when summed."""
     job = MapperJob.get_by_id(job_id)
@@ -94,27 +95,28 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
     ended = job is None or job.ended is not None
     lease = runtime.current().settings.mapper_lease_seconds
-    call = Call()
 
-    def txn() -> TaskRecord | None:
+    def look() -> Written | TaskRecord:
         record = key.get(retries=0)
-        if record is None:
-            return None
-        if call.applied(record.revived_by):  # this call's own commit, which answered UNKNOWN
-            return record
-        if record.lease is None or record.lease > now:  # renewed since the query: its delivery is alive
-            return None
+        if record is None or record.lease is None:
+            return Written(None)  # nothing to take up
+        if record.lease is not None and record.lease > now:  # renewed since the query: by this call's own commit
+            return Written(record.revived_by, record)  # (UNKNOWN, yet applied), or by its delivery, alive
+        return record
+
+    def take_up(record: TaskRecord, stamp: str) -> TaskRecord | None:
         if ended or record.state != "running":  # off the sweep's list (an ended one once its children are checked)
             if not ended and record.children:
                 return record  # its children first, below; it stays on the list until they all have records
             record.lease = None
         else:
             record.revived, record.fruitless = record.revived + 1, (record.fruitless or 0) + 1
-            record.revived_by = call.id
+            record.revived_by = stamp
             record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
         record.put()
         return None if ended or record.lease is None else record
-    record = transact(txn)
+    taken = once(look, take_up)
+    record = None if taken.replayed else taken.value
     if record is None or job is None:
         return None
     if record.state != "running":
@@ -139,21 +141,23 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
                                       strict=True) if record is None]
     for child in missing:
-        payload, call = dataclasses.replace(payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1), Call()
+        payload = dataclasses.replace(payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
 
-        def create(payload: TaskPayload = payload, call: Call = call) -> bool:
-            found = ndb.Key(TaskRecord, payload.name).get(retries=0)
-            if found is not None:  # its delivery got there meanwhile, or this call's commit answered UNKNOWN
-                return call.applied(found.revived_by)
+        def look(payload: TaskPayload = payload) -> Written | None:
+            found = ndb.Key(TaskRecord, payload.name).get(retries=0)  # written by its delivery meanwhile, or by this
+            return found and Written(found.recorded_by)  # call's own commit, which answered UNKNOWN yet applied
+
+        def create(_: None, stamp: str, payload: TaskPayload = payload) -> None:
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-            record.revived, record.fruitless, record.revived_by = 1, 1, call.id
+            record.revived, record.fruitless, record.recorded_by = 1, 1, stamp
             record.started = None  # set by its first delivery (tree.py)
             record.renew(lease)
             record.put()
-            return True
-        if transact(create):
+
+        def queue_it(_: None, payload: TaskPayload = payload) -> None:
             handoff.enqueue(payload)
             completion.hint_revived(job.id)
+        once(look, create, then=queue_it)
 
     def clear() -> None:
         record = parent.key.get(retries=0)
@@ -167,23 +171,21 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
 def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:
     """Queue an ended job's follow-up again (a new task) if it has not reported by its due time; the job, or None."""
     lease = datetime.timedelta(seconds=runtime.current().settings.mapper_lease_seconds)
-    call = Call()
 
-    def txn() -> MapperJob | None:
+    def look() -> Written | MapperJob:
         job = key.get(retries=0)
         if job is None or job.follow_up != "pending":
-            return None
-        if call.applied(job.follow_up_by):  # this call's own commit, which answered UNKNOWN
-            return job
-        if job.follow_up_due is not None and job.follow_up_due > now:
-            return None
-        job.follow_up_sent, job.follow_up_due, job.follow_up_by = job.follow_up_sent + 1, now + lease, call.id
+            return Written(None)  # nothing to send: gone, or the follow-up ran
+        if job.follow_up_due is not None and job.follow_up_due > now:  # sent again since: by this call's own commit
+            return Written(job.resent_by, job)  # (UNKNOWN, yet applied), or by another sweep
+        return job
+
+    def resend(job: MapperJob, stamp: str) -> MapperJob:
+        job.follow_up_sent, job.follow_up_due, job.resent_by = job.follow_up_sent + 1, now + lease, stamp
         job.put()
         return job
-    job = transact(txn, hot_key=key)
-    if job is not None:
-        completion.send_follow_up(job)
-    return job
+    resent = once(look, resend, then=completion.send_follow_up, hot_key=key)
+    return None if resent.replayed else resent.value
 
 
 def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:

@@ -33,7 +33,7 @@ class TaskPayload:
     @classmethod
     def from_json(cls, data: dict) -> "TaskPayload":
         return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"),
-                   weight=data[_weight_key(data)], keys=data.get("keys"), revived=data.get("revived") or 0)
+                   weight=data["weight"], keys=data.get("keys"), revived=data.get("revived") or 0)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,8 +77,9 @@ class TaskPage:
 
 
 class TaskRecord(ndb.Model):
-    """What one task did; key name "<job>-<path>". Written only by its task, in each chunk's transaction, so it says
-    exactly which keys of the page were processed. A root entity: tasks share no entity group. Neither cache: written
+    """What one task did; key name "<job>-<path>". Written by its task's deliveries, in each chunk's transaction, so it
+    says exactly which keys of the page were processed (and by the sweep, which takes up a task whose delivery died:
+    `revived_by`, `recorded_by`). A root entity: tasks share no entity group. Neither cache: written
     by every chunk and read in its transaction, which skips the global cache."""
     _use_cache = False
     _use_global_cache = False
@@ -103,6 +104,7 @@ class TaskRecord(ndb.Model):
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
     revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
+    recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began
     updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 
@@ -115,14 +117,6 @@ class TaskRecord(ndb.Model):
     @property
     def page(self) -> TaskPage | None:
         return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
-
-    @property
-    def credit(self) -> int:  # its old name (issue #72): see the end of this file
-        return self.weight
-
-    @property
-    def kept_credit(self) -> int:  # its old name (issue #72): see the end of this file
-        return self.kept_weight
 
     @property
     def kept_weight(self) -> int:
@@ -154,15 +148,3 @@ class TaskRecord(ndb.Model):
 def summed(tally: dict, more: dict) -> dict:
     """Two tallies ({name: whole number}) added name by name."""
     return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
-
-
-# --- Old names of the weight, while code owned by others still says "credit" (issue #72, item 4): delete this,
-# TaskRecord.credit and TaskRecord.kept_credit once mapper/tree.py (`record.credit`), mapper/completion.py
-# (`TOTAL_CREDIT`), tests/test_termination.py, tests/test_crashes.py (`TOTAL_CREDIT`, `kept_credit`) and
-# tests/test_api_jobs.py (a task body's "credit") say "weight". A record stored with "credit" is not read by this
-# version (docs/deploy.md).
-TOTAL_CREDIT = TOTAL_WEIGHT
-
-
-def _weight_key(data: dict) -> str:
-    return "weight" if "weight" in data else "credit"

@@ -21,7 +21,7 @@ from mapper.jobs import MAX_GROUPS
 from mapper.models import MapperJob
 from mapper.service import SAMPLES
 from mapper.task import TOTAL_WEIGHT, TaskPayload
-from mapper.tree import _split as split_children  # private in mapper/tree.py: the split the mapper's tasks run
+from mapper.tree import split as split_children  # the split the mapper's tasks run
 from planner import figures
 from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_trip
 

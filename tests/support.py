@@ -4,6 +4,7 @@ them from here, never from conftest.
 """
 import concurrent.futures
 import contextlib
+import inspect
 import itertools
 import json
 import re
@@ -215,14 +216,18 @@ def claimants_meet_at_the_claim(monkeypatch, cache, key, parties=2, timeout=10.0
 
 
 def commit_answers_unknown(monkeypatch, transaction):
-    """The first transaction of the function named `transaction` (its `__qualname__`, a partial's too) commits, and
-    then its caller sees UNKNOWN, as when a commit applied but its answer was lost. Returns the list its committed
-    result is appended to (empty while it has not happened)."""
+    """The first transaction of the function named `transaction` (its `__qualname__`, a partial's too; for
+    `core.exactly_once.once`, the name of its `write`) commits, and then its caller sees UNKNOWN, as when a commit
+    applied but its answer was lost. Returns the list its committed result is appended to (empty while it has not
+    happened)."""
     real, answered = ndb.transaction, []
 
     def applied_then_unknown(fn, **options):
         result = real(fn, **options)
-        if getattr(getattr(fn, "func", fn), "__qualname__", "") == transaction and not answered:
+        named = getattr(fn, "func", fn)
+        if named.__qualname__ == "once.<locals>.txn":  # core.exactly_once.once's: named by its `write`
+            named = inspect.getclosurevars(named).nonlocals["write"]
+        if getattr(named, "__qualname__", "") == transaction and not answered:
             answered.append(result)
             raise core_exceptions.Unknown("the commit's outcome is unknown")
         return result

@@ -8,12 +8,14 @@ import pytest
 from flask import jsonify
 from google.cloud import ndb
 
+from blog.models import PostMarker
+from comments.models import CommentMarker, UserSequence
 from core import clock, runtime, web
+from core import markers as core_markers
 from counters import growth as counters_growth
-from counters import markers as counters_markers
 from counters import simple as counters_simple
 from counters import totals as counters_totals
-from counters.models import MARKER_LIFETIME, AppliedIncrement, CounterConfig, CounterShard
+from counters.models import AppliedIncrement, CounterConfig, CounterShard
 from tests.support import Auth, billed, csrf_token, make_app, running
 
 
@@ -97,20 +99,25 @@ def test_idempotency_markers_expire_and_the_sweep_deletes_only_expired_ones(clie
         fresh = AppliedIncrement.query().fetch()
         assert len(fresh) == 2
         for marker in fresh:
-            assert started + MARKER_LIFETIME <= marker.expires <= started + 2 * MARKER_LIFETIME
+            assert started + core_markers.LIFETIME <= marker.expires <= started + 2 * core_markers.LIFETIME
         past = started - datetime.timedelta(minutes=1)
         ndb.put_multi([AppliedIncrement(id=f"old-{i}", call="t", expires=past) for i in range(7)])
-    queued = [t for t in task_queue.queue.pending if t.handler == counters_markers.SWEEP_HANDLER]
+        # every kind of expiring marker is swept, not the counters' only (issue 72: posts' markers were never deleted)
+        old_post = PostMarker(id="old-post", call="t", expires=past)
+        old_comment = CommentMarker(parent=ndb.Key(UserSequence, "someone"), id="old-comment", call="t", expires=past)
+        ndb.put_multi([old_post, old_comment])
+    queued = [t for t in task_queue.queue.pending if t.handler == core_markers.PURGE_HANDLER]
     assert 1 <= len(queued) <= 2  # two markers, one request for this hour's sweep (two across an hour's end)
-    monkeypatch.setattr(counters_markers, "SWEEP_BATCH", 2)
-    monkeypatch.setattr(counters_markers, "SWEEP_BATCHES", 2)  # 4 a part: the sweep hands on twice
+    monkeypatch.setattr(core_markers, "PURGE_BATCH", 2)
+    monkeypatch.setattr(core_markers, "PURGE_BATCHES", 2)  # 4 a part: the sweep hands on twice
     task_queue.drain()
-    swept = [r for t, status, r in task_queue.responses if t.handler == counters_markers.SWEEP_HANDLER]
+    swept = [r for t, status, r in task_queue.responses if t.handler == core_markers.PURGE_HANDLER]
     assert [status for t, status, _ in task_queue.responses] == [200] * len(task_queue.responses)
     assert len(swept) >= 2 and swept[0]["more"] is True
     with runtime.current().context():
         assert sorted(k.id() for k in AppliedIncrement.query().fetch(keys_only=True)) == sorted(m.key.id()
                                                                                                 for m in fresh)
+        assert ndb.get_multi([old_post.key, old_comment.key]) == [None, None]
     retry = client.post("/api/counters/views/increment", headers={"Idempotency-Key": "k1"})
     assert retry.get_json()["applied"] is True and retry.headers.get("Idempotent-Replayed") == "true"
     assert client.get("/api/counters/views").get_json()["count"] == 2

@@ -9,7 +9,7 @@ import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
 
-from core import clock, idempotency, runtime
+from core import idempotency, runtime
 from core.datastore import ServerIncrements
 from counters.models import AppliedIncrement, CounterShard
 from main import create_app
@@ -34,7 +34,8 @@ def test_firestore_applies_server_increments_exactly_and_a_marker_makes_one_happ
             assert sorted(values) == list(range(6, 86))  # each commit saw its own increment applied
             assert key.get(use_cache=False).count == 85
             request = idempotency.keyed("k1", "u1", "counters.increment", "blind", None)
-            marker = AppliedIncrement.new(request, "mine", {"attempts": 1, "shard": 0}, clock.now())
+            marker = AppliedIncrement.new(AppliedIncrement.key_for(request), request, "mine",
+                                          {"attempts": 1, "shard": 0})
             assert increments.commit(key, "count", 1, insert=marker) == 86
             with pytest.raises(core_exceptions.AlreadyExists):
                 increments.commit(key, "count", 1, insert=marker)

@@ -4,7 +4,7 @@ import time
 import pytest
 from google.cloud import ndb
 
-from blog import markup, service, view_counts
+from blog import entries, markup, service, view_counts
 from blog.models import BlogEntry, BlogIndex, EntryRef, PostMarker
 from core import runtime
 from core.cache import CACHE_DOWN
@@ -31,7 +31,7 @@ def test_first_post_creates_the_blog_with_index_zero(ndb_context):
     assert not posted.replayed and posted.entry["index"] == 0 and posted.entry["title"] == "Hello"
     assert posted.entry["body_html"] == "<p><em>hi</em></p>"
     assert service.get_blog("b").max_index == 0
-    assert service.require_entry(service.entry_ref("b", 0))["title"] == "Hello"
+    assert entries.require_entry(service.entry_ref("b", 0))["title"] == "Hello"
 
 
 def test_twenty_concurrent_posts_get_indexes_0_to_19(app):
@@ -186,7 +186,7 @@ def test_a_post_whose_commit_answered_unknown_but_applied_is_posted_once_and_say
     """A commit can answer UNKNOWN and yet have applied; `transact` runs the transaction again, which finds the
     marker this very call wrote (its stamp, `call`): the same entry, still this call's (not a replay), no second
     index. A resend of the request (another call, the same key) answers with that entry, as a replay."""
-    answered = commit_answers_unknown(monkeypatch, "post_entry.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "post_entry.<locals>.post")
     posted = service.post_entry("b", "t", "body", "boss@example.com", idempotency_key, "u1")
     monkeypatch.undo()
     assert answered  # the commit did answer UNKNOWN
@@ -284,7 +284,7 @@ def test_blog_pages_are_strongly_consistent_where_other_queries_lag_every_time(l
             assert rows[0].index == round_
             page = service.get_page("w", None, 2)
             assert page.items[0]["index"] == posted["index"] == round_ == page.max_index
-            assert service.require_entry(service.entry_ref("w", round_))["title"] == f"t{round_}"
+            assert entries.require_entry(service.entry_ref("w", round_))["title"] == f"t{round_}"
         _post(12, blog="w", start=3)
         seen, start = [], None
         while True:

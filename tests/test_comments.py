@@ -9,7 +9,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service, views
 from comments.models import Comment, UserSequence
-from core import identity, runtime, transactions
+from core import people, runtime, transactions
 from core.errors import BadInput, Conflict, NotFound, SignInRequired, Unprocessable
 from counters import growth, totals
 from tests.support import commit_answers_unknown, in_threads, writers_meet_before_writing
@@ -52,7 +52,7 @@ def test_sixteen_users_by_ten_concurrently(app):
         stored = Comment.query(Comment.entry == "b/0").fetch()
         assert sorted(c.sort_key for c in stored) == sorted(ids)
         for user in users:
-            group = identity.pseudonym(user)
+            group = people.pseudonym(user)
             seqs = sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in stored if c.key.parent().id() == group)
             assert seqs == list(range(1, 11)), user  # dense: no sequence number skipped or repeated
             assert ndb.Key(UserSequence, group).get().seq == 10
@@ -71,7 +71,7 @@ def test_two_comments_of_one_user_that_both_read_the_sequence_before_either_writ
     writers_meet_before_writing(monkeypatch)
     in_threads(2, lambda i: service.post_comment(EntryRef("b", 0), user, f"tab {i}"))
     with runtime.current().context():
-        group = identity.pseudonym(user)
+        group = people.pseudonym(user)
         mine = Comment.query(ancestor=ndb.Key(UserSequence, group)).fetch()
         assert sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in mine) == [1, 2, 3]
         assert sorted(c.text for c in mine) == ["first", "tab 0", "tab 1"]
@@ -214,15 +214,12 @@ def test_a_resent_comment_is_written_and_counted_once(ndb_context):
     assert _exact_count("b", 0) == 2
 
 
-def test_a_resend_after_more_than_eight_comments_answers_with_its_comment(ndb_context):
-    """The user's sequence remembers only the newest RECENT_REQUESTS posts (for a post's own retry); a key's marker is
-    kept beside them for good: after more comments than that, a resend of any of them, the oldest too, still answers
-    with the comment its first send wrote, and writes and counts nothing (issue 72: it was the last 8 only)."""
+def test_a_resend_after_many_comments_answers_with_its_comment(ndb_context):
+    """A key's marker is kept for its lifetime, however many comments come after: a resend of any of them, the oldest
+    too, answers with the comment its first send wrote, and writes and counts nothing (issue 72: it was the last 8)."""
     _entry()
-    ref, user, n = EntryRef("b", 0), _user("u"), UserSequence.RECENT_REQUESTS + 3
+    ref, user, n = EntryRef("b", 0), _user("u"), 11
     sent = [service.post_comment(ref, user, f"c{i}", f"form-token-{i}") for i in range(n)]
-    recent = ndb.Key(UserSequence, identity.pseudonym(user)).get().recent  # the newest posts' stamps
-    assert [comment for comment, _ in recent] == [c["id"] for c in sent[-UserSequence.RECENT_REQUESTS:]]
     for i in range(n):
         assert service.post_comment(ref, user, f"c{i}", f"form-token-{i}") == sent[i]
     assert len(Comment.query().fetch()) == n and _exact_count("b", 0) == n
@@ -237,7 +234,7 @@ def test_a_resent_comment_that_was_removed_since_is_a_conflict_not_posted_again(
     with pytest.raises(Conflict, match="removed"):
         service.post_comment(EntryRef("b", 0), _user("u"), "once", "form-token-1")
     assert Comment.query().fetch() == [] and _exact_count("b", 0) == 1
-    assert ndb.Key(UserSequence, identity.pseudonym(_user("u"))).get().seq == 1
+    assert ndb.Key(UserSequence, people.pseudonym(_user("u"))).get().seq == 1
     assert first["id"] not in [c["id"] for c in service.get_comments(EntryRef("b", 0)).items]
 
 
@@ -248,7 +245,7 @@ def test_a_comment_whose_commit_answered_unknown_but_applied_is_written_and_coun
     comment this very call wrote: it answers with it, writes nothing more, and the comment is still counted (the count
     follows the commit). A resend of the request (a new call, the same key) is neither written nor counted again."""
     _entry()
-    answered = commit_answers_unknown(monkeypatch, "commented.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "commented.<locals>.post")
     comment = service.post_comment(EntryRef("b", 0), _user("u"), "once", idempotency_key)
     monkeypatch.undo()
     assert answered  # the commit did answer UNKNOWN
@@ -262,11 +259,10 @@ def test_a_comment_whose_commit_answered_unknown_but_applied_is_written_and_coun
 def test_a_retry_after_an_unknown_commit_finds_its_comment_though_another_tab_posted_meanwhile(ndb_context,
                                                                                                monkeypatch):
     """The user's other tab may post while this comment's transaction backs off after a commit that answered UNKNOWN
-    yet applied: the retry still finds its own request among the sequence's recent ones, and neither comment is
-    written or counted twice."""
+    yet applied: the retry still finds its own call's marker, and neither comment is written or counted twice."""
     _entry()
     user, real_backoff = _user("tabs"), transactions.backoff
-    answered = commit_answers_unknown(monkeypatch, "commented.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "commented.<locals>.post")
 
     def other_tab_posts_meanwhile(attempt, base, cap):  # while this tab backs off, out of its turn at the sequence
         if len(answered) == 1:

@@ -108,7 +108,7 @@ def _first_commit_fails(monkeypatch, backend, error):
         real = ndb.transaction
 
         def transaction(fn, **options):
-            if fn.__qualname__ != "TransactionalShardWriter.write.<locals>.txn" or failed:
+            if fn.__qualname__ != "once.<locals>.txn" or failed:  # core.exactly_once.once, its transaction
                 return real(fn, **options)
 
             def body_then_refused():
@@ -379,17 +379,38 @@ def test_an_increment_whose_commit_answered_unknown_but_applied_still_moves_the_
     assert totals.get_total("unknown") == totals.Total(1, False)  # summed, then kept in the cache
     real, lost = writes.ShardWriter._counted, []
 
-    def answer_lost(writer):
+    def answer_lost(writer, answer):
         if not lost:  # the first commit applied; its answer is lost, so nothing after it runs
             lost.append(writer)
             raise error
-        return real(writer)
+        return real(writer, answer)
 
     monkeypatch.setattr(writes.ShardWriter, "_counted", answer_lost)
     result = service.increment("unknown", "k1", caller="u1")
     assert lost and result.applied is True and not result.replayed and result.attempts == 2
     assert totals.shard_counts_of(growth.get_config("unknown")) == [2]
     assert totals.get_total("unknown") == totals.Total(2, True)  # the cached total, moved on by the retry
+
+
+def test_an_increment_retried_on_another_shard_after_its_unknown_commit_names_the_shard_that_counted(
+        ndb_context, monkeypatch):
+    """The answer's `shard` is where the +1 landed: a keyed increment whose commit answered UNKNOWN yet applied is
+    retried on another shard (the collision policy), and that retry, finding its own marker, names the first
+    attempt's shard, not its own."""
+    growth.configure("moved", "general", 8)
+    real, lost = writes.ShardWriter._counted, []
+
+    def answer_lost(writer, answer):
+        if not lost:
+            lost.append(answer["shard"])
+            raise core_exceptions.Unknown("the commit's outcome is unknown")
+        return real(writer, answer)
+
+    monkeypatch.setattr(writes.ShardWriter, "_counted", answer_lost)
+    result = service.increment("moved", "k1", caller="u1")
+    counts = totals.shard_counts_of(growth.get_config("moved"))
+    assert result.attempts == 2 and sum(counts) == 1
+    assert counts[result.shard] == 1 and result.shard == lost[0]
 
 
 def _colliding_once(monkeypatch):
@@ -440,6 +461,17 @@ def test_a_count_riding_on_a_request_never_fails_it(ndb_context, monkeypatch):
 
     monkeypatch.setattr(service, "commit_on_a_shard", down)
     assert service.owned("feature").increment("views") is False
+
+
+def test_a_count_riding_on_a_request_raises_a_programming_error(ndb_context, monkeypatch):
+    """Best effort covers what cannot be done now (Datastore, the cache, contention), not bugs: a TypeError from the
+    increment reaches the caller (and its tests) instead of being logged away."""
+    def broken(*args, **kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(service, "commit_on_a_shard", broken)
+    with pytest.raises(TypeError):
+        service.owned("feature").increment("views")
 
 
 def test_seed_command_seeds_once(app):

@@ -26,7 +26,7 @@ from devstack.services import REPO
 from devstack.serving import queued, signed_in, wait_until
 from mapper import completion
 from mapper.models import MapperJob
-from mapper.task import TOTAL_CREDIT, TaskRecord
+from mapper.task import TOTAL_WEIGHT, TaskRecord
 from tests.support import WRITE_BUDGET, at_once, make_app, running
 
 ADMIN = "boss@example.com"
@@ -338,7 +338,7 @@ def _running_sum_is_short(fleet, job_id):
     get fails: this process's pooled connection may predate an earlier test's restart)."""
     running_sum = wait_until(lambda: fleet.read(
         lambda: runtime.of(fleet.app).cache.get(f"mapper-returned:{job_id}")), "the running sum", 10)
-    assert int(running_sum) < TOTAL_CREDIT, running_sum
+    assert int(running_sum) < TOTAL_WEIGHT, running_sum
 
 
 def test_a_job_finishes_when_a_worker_dies_between_a_task_commit_and_its_incr(fleet):

@@ -11,7 +11,7 @@ from google.cloud.ndb import context as context_module
 from accounts import service as accounts_service
 from blog import view_counts as blog
 from comments import service as comments
-from core import identity, runtime
+from core import identity, people, runtime
 from counters.models import CounterConfig, CounterShard
 from main import create_app
 from mapper.models import MapperJob
@@ -367,7 +367,7 @@ def test_a_body_nested_past_the_parser_is_a_400(client, auth):
 # --- a public id is keyed by the app's secret ----------------------------------------------------------------------
 
 def test_a_persons_public_id_is_keyed_by_the_apps_secret(app, monkeypatch):
-    """A comment's id carries its author's pseudonym (identity.pseudonym): an HMAC under SECRET_KEY, so nobody without
+    """A comment's id carries its author's pseudonym (people.pseudonym): an HMAC under SECRET_KEY, so nobody without
     the key computes it from an email or a Google `sub`, however it is hashed. Under another key the same person has
     another one; under the same key, always the same."""
     rt = runtime.of(app)
@@ -376,6 +376,6 @@ def test_a_persons_public_id_is_keyed_by_the_apps_secret(app, monkeypatch):
     with rt.activated():
         for secret in ("a" * 32, "b" * 32, "a" * 32):
             monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, secret_key=secret))
-            seen.append(identity.pseudonym(user))
+            seen.append(people.pseudonym(user))
     assert seen[0] == seen[2] != seen[1], seen
     assert all(re.fullmatch(r"u[0-9a-f]{24}", p) for p in seen), seen

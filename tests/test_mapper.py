@@ -383,7 +383,7 @@ def test_a_finish_whose_commit_answered_unknown_but_applied_still_runs_the_jobs_
     seed_accounts(30)
     DONE.clear()
     job_id = start(client, auth, "test_flaky_credit")
-    answered = commit_answers_unknown(monkeypatch, "_end.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_end.<locals>.end")
     task_queue.drain()
     monkeypatch.undo()
     assert answered and job_status(client, job_id)["state"] == "done"
@@ -396,7 +396,7 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
     delivery's chunk (not by another delivery) and goes on with the next chunk, crediting every account once."""
     keys = seed_accounts(60)  # the root's page holds all 60: three chunks of 24 (the job's chunk)
     job_id = start(client, auth, "test_flaky_credit", page_size=100)
-    answered = commit_answers_unknown(monkeypatch, "_process.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "process.<locals>.commit_chunk.<locals>.write")
     task_queue.drain()
     monkeypatch.undo()
     root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
@@ -409,7 +409,7 @@ def test_a_start_whose_commit_answered_unknown_but_applied_starts_its_own_job(ap
     """The start's retry finds the job its own commit put (the job's `call` stamp), not another request's: it
     goes on to start the job's hints and its root task, once."""
     keys = seed_accounts(30)
-    answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_insert.<locals>.insert")
     job_id = start(client, auth)
     monkeypatch.undo()
     hinted = runtime.cache().get_many([completion._key(job_id, "processed")])
@@ -426,7 +426,7 @@ def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_aga
     job_id = start(client, auth)
     assert task_queue.queue.take().name == f"{job_id}-0"  # the root's every delivery lost: only its record is left
     run_out_lease(f"{job_id}-0")
-    answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "_take_up.<locals>.take_up")
     revived = swept()["revived"]
     monkeypatch.undo()
     assert answered and revived == [f"{job_id}-0"]
@@ -436,10 +436,10 @@ def test_a_revival_whose_commit_answered_unknown_but_applied_queues_the_task_aga
 
 def test_a_follow_up_whose_commit_answered_unknown_but_applied_says_it_ran(extra_jobs, client, auth, task_queue,
                                                                           monkeypatch):
-    """The on_done's retry finds "ran" written by its own commit (`follow_up_by`): it ran, its writes landed once."""
+    """The on_done's retry finds "ran" written by its own commit (`ran_by`): it ran, its writes landed once."""
     seed_accounts(30)
     job_id = start(client, auth, "test_flaky_credit")
-    answered = commit_answers_unknown(monkeypatch, "run_follow_up.<locals>.txn")
+    answered = commit_answers_unknown(monkeypatch, "run_follow_up.<locals>.mark_ran")
     task_queue.drain()
     monkeypatch.undo()
     ran = [body for task, _, body in task_queue.responses if task.handler == completion.DONE_HANDLER]
@@ -481,13 +481,13 @@ def test_a_split_never_hands_out_more_weight_than_it_has(ndb_context):
     job = MapperJob(id="j", name="t", kind="Account", page_size=2, fanout=2, samples=[])
     scanned = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
     payload = TaskPayload("j", "0", None, ndb.Key(Account, 99).urlsafe().decode(), 100)
-    children = tree._split(job, payload, scanned, 100)
+    children = tree.split(job, payload, scanned, 100)
     assert [bool(c.keys) for c in children].count(True) == 2 and len(children) >= 3
     assert len({c.weight for c in children}) == 1 and sum(c.weight for c in children) < 100
-    tight = tree._split(job, payload, scanned, 3)
+    tight = tree.split(job, payload, scanned, 3)
     assert len(tight) == 1 and tight[0].keys is None and tight[0].weight == 1 and tight[0].lo_key == scanned[1]
-    with pytest.raises(RuntimeError, match="credit is spent"):  # tree.py's message, until it says "weight"
-        tree._split(job, payload, scanned, 1)
+    with pytest.raises(RuntimeError, match="weight is spent"):
+        tree.split(job, payload, scanned, 1)
 
 
 @pytest.mark.parametrize("job", FLAKY_JOBS)

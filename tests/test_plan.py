@@ -18,7 +18,7 @@ from core.settings import WriteBudget
 from core.tables import markdown_tables_in
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
-from mapper.handoff import listing_limit
+from mapper.handoff import scan_limit
 from planner import batch, blog, comments, counter, figures, request, service
 from planner.figures import Rate
 from tests.support import billed, csrf_token, timing
@@ -611,7 +611,7 @@ def test_the_planners_tree_is_the_mappers_own_split(entities, page, fanout):
     from mapper.handoff import scan_limit
     from mapper.models import MapperJob
     from mapper.task import TOTAL_WEIGHT, TaskPayload
-    from mapper.tree import _split
+    from mapper.tree import split as _split
 
     job = MapperJob(page_size=page, fanout=fanout, samples=[])
 
@@ -744,7 +744,7 @@ def one_level(page, backend):
     of the records a level costs at the job's end."""
     from bench.mapper import FANOUT
 
-    limit = listing_limit(page, FANOUT)
+    limit = scan_limit(page, FANOUT)
     return batch.queries_for(limit, limit, backend) + A_TRANSACTION_AND_A_READ
 
 

@@ -17,7 +17,7 @@ from google.cloud import ndb
 from blog import service as blog_service
 from blog.models import BlogEntry, BlogIndex, PostMarker
 from comments.models import Comment, UserSequence
-from core import hotspots, idempotency, identity, runtime
+from core import hotspots, idempotency, people, runtime
 from counters import totals as counters
 from counters.models import CounterConfig
 from devstack.services import REPO
@@ -92,7 +92,7 @@ def test_one_users_comments_from_several_processes_get_a_dense_sequence(fleet):
 
     assert all(s == 201 for tab_statuses in statuses for s in tab_statuses), statuses
     user = sessions[0].get(f"{urls[0]}/api/session").json()["user"]
-    group = _read(app, lambda: identity.pseudonym(user))  # the group a user's comments live in (comments/models.py)
+    group = _read(app, lambda: people.pseudonym(user))  # the group a user's comments live in (comments/models.py)
     mine = _read(app, lambda: Comment.query(ancestor=ndb.Key(UserSequence, group)).fetch())
     assert sorted(int(c.sort_key.rsplit("|", 1)[1]) for c in mine) == list(range(1, tabs * each + 1))
     assert sorted(c.text for c in mine) == sorted(f"{i}.{n}" for i in range(tabs) for n in range(each))

@@ -4,10 +4,19 @@ Each lesson's bullet reads `- **Read first.** [`a.py`](a.py) (`fn`, `Cls`), then
 the lesson's reading path, the first link its first file, and the backticked names in the parentheses right after
 the first link are the functions or classes that carry the talk's idea. The budget (issue #54):
 - the first file at most FIRST_FILE_MAX lines, each of its named functions or classes ending by line IDEA_BY_LINE;
-- each lesson's path (every linked file once) at most PATH_MAX lines, the four lessons' together ALL_PATHS_MAX.
+- each lesson's path (every linked file once) at most PATH_MAX lines, the four lessons' together ALL_PATHS_MAX;
+- the first file and the app modules it imports at most LESSON_WITH_IMPORTS_MAX lines (issue #72 item 3): what a
+  reader opens to follow the first file's imports. Its imports are read at module level (`import a.b`,
+  `from a.b import name`, `from a import b` for a module a/b.py, relative imports), one level deep, each module once,
+  whole files; an app module is one in import-linter's root_packages (pyproject.toml). A package's __init__.py is
+  counted only when it is what is imported (`import a`, or `from a import name` defined there), not when Python runs
+  it on the way to a/b.py. This measure gives the issue's
+  figures (counters 358, blog 763, comments 1,203, mapper 1,610) from 2026-11-28 17:13 to 2026-11-29 01:38 (bfa6b92
+  to b375cab); following imports transitively gives 2,135 to 3,865.
 """
 import ast
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +25,9 @@ FIRST_FILE_MAX = 160
 IDEA_BY_LINE = 120
 PATH_MAX = 400
 ALL_PATHS_MAX = 1500
+LESSON_WITH_IMPORTS_MAX = 900
 LESSONS = 4  # counters, blog, comments, mapper
+APP_PACKAGES = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"])
 
 LESSON_HEADING = re.compile(r"## (Lesson \d+: .*)")
 BULLET = "- **Read first.**"
@@ -75,9 +86,55 @@ def _end_line(tree: ast.Module, name: str) -> int | None:
     return scope.end_lineno
 
 
-def measured(root: Path, lessons: list[Lesson]) -> tuple[dict[str, dict], list[str]]:
-    """Each lesson's figures (first file's lines, where each named function ends, the path's lines) and every way the
-    lessons break the budget, as messages (none: within it)."""
+def _module_level(body: list[ast.stmt]):
+    """The statements that run when a module is imported: its body's, and those of its top-level if, try and with
+    blocks (not those in a function or a class)."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If | ast.With):
+            yield from _module_level(node.body + getattr(node, "orelse", []))
+        elif isinstance(node, ast.Try | ast.TryStar):
+            yield from _module_level(node.body + [s for h in node.handlers for s in h.body] + node.orelse
+                                     + node.finalbody)
+
+
+def _module_file(root: Path, dotted: str, packages: tuple[str, ...]) -> str | None:
+    """The app file module `dotted` is (a/b.py, else a/b/__init__.py), or None: not an app module, or not a file."""
+    parts = dotted.split(".")
+    if parts[0] not in packages:
+        return None
+    return next((f for f in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py") if (root / f).is_file()), None)
+
+
+def imported_modules(root: Path, file: str, packages: tuple[str, ...] = APP_PACKAGES) -> list[str]:
+    """The app modules `file` imports at module level, in the order it imports them, each once (itself never)."""
+    package = file.split("/")[:-1]
+    found: list[str | None] = []
+    for node in _module_level(ast.parse((root / file).read_text()).body):
+        if isinstance(node, ast.Import):
+            found += [_module_file(root, alias.name, packages) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module.split(".") if node.module else []
+            if node.level:
+                base = package[:len(package) - node.level + 1] + base
+            # `from a import b` imports a/b.py when b is a module (or a/b/__init__.py, a package); else b is a name
+            # defined in module a (a.py, or a/__init__.py), as in `from a.b import name`
+            found += [_module_file(root, ".".join([*base, alias.name]), packages)
+                      or _module_file(root, ".".join(base), packages) for alias in node.names]
+    return [m for m in dict.fromkeys(found) if m and m != file]
+
+
+def with_imports(root: Path, first: str, packages: tuple[str, ...] = APP_PACKAGES) -> dict[str, int]:
+    """The first file and the app modules it imports, each with its lines, biggest first."""
+    files = [first, *imported_modules(root, first, packages)] if first.endswith(".py") else [first]
+    return dict(sorted(((f, _lines(root / f)) for f in files), key=lambda item: -item[1]))
+
+
+def measured(root: Path, lessons: list[Lesson],
+             packages: tuple[str, ...] = APP_PACKAGES) -> tuple[dict[str, dict], list[str]]:
+    """Each lesson's figures (first file's lines, where each named function ends, the path's lines, the first file and
+    the app modules it imports) and every way the lessons break the budget, as messages (none: within it). The budget
+    of the first file with its imports is judged apart, by over_the_imports_budget."""
     figures: dict[str, dict] = {}
     broken: list[str] = []
     if len(lessons) != LESSONS:
@@ -96,6 +153,8 @@ def measured(root: Path, lessons: list[Lesson]) -> tuple[dict[str, dict], list[s
         figures[lesson.heading] = {"first": first, "first_lines": _lines(root / first), "ends": ends,
                                    "path_lines": sum(_lines(root / p) for p in lesson.path)}
         f = figures[lesson.heading]
+        f["with_imports"] = with_imports(root, first, packages)
+        f["with_imports_lines"] = sum(f["with_imports"].values())
         if f["first_lines"] > FIRST_FILE_MAX:
             broken.append(f"{lesson.heading}: {first} has {f['first_lines']} lines (at most {FIRST_FILE_MAX})")
         for name, end in ends.items():
@@ -112,8 +171,23 @@ def measured(root: Path, lessons: list[Lesson]) -> tuple[dict[str, dict], list[s
     return figures, broken
 
 
+def over_the_imports_budget(figures: dict[str, dict]) -> list[str]:
+    """Each lesson whose first file and the app modules it imports pass LESSON_WITH_IMPORTS_MAX lines, with what they
+    are made of, biggest first: what there is to cut."""
+    return [f"{heading}: {f['first']} and the app modules it imports are {f['with_imports_lines']} lines (at most "
+            f"{LESSON_WITH_IMPORTS_MAX}): " + ", ".join(f"{m}: {n}" for m, n in f["with_imports"].items())
+            for heading, f in figures.items() if f["with_imports_lines"] > LESSON_WITH_IMPORTS_MAX]
+
+
 def test_each_lesson_is_read_within_its_budget():
     figures, broken = measured(ROOT, read_first_bullets(ROOT / "README.md"))
+    assert not broken, "\n".join(broken)
+
+
+def test_each_lessons_first_file_with_its_imports_is_read_within_its_budget():
+    figures, _ = measured(ROOT, read_first_bullets(ROOT / "README.md"))
+    assert len(figures) == LESSONS, f"measured {list(figures)} (test_each_lesson_is_read_within_its_budget says why)"
+    broken = over_the_imports_budget(figures)
     assert not broken, "\n".join(broken)
 
 
@@ -142,7 +216,8 @@ def test_the_budget_reads_each_bullets_path_and_names(tmp_path):
     figures, broken = _fixture(tmp_path, IDEA + "# machinery\n" * 100)
     assert broken == []
     assert figures["Lesson 1: number 0"] == {"first": "lesson0/first.py", "first_lines": 107,
-                                             "ends": {"idea": 2, "Holder.step": 7}, "path_lines": 207}
+                                             "ends": {"idea": 2, "Holder.step": 7}, "path_lines": 207,
+                                             "with_imports": {"lesson0/first.py": 107}, "with_imports_lines": 107}
     assert len(figures) == LESSONS
 
 
@@ -170,3 +245,55 @@ def test_the_four_paths_together_have_a_budget_of_their_own(tmp_path):
         (tmp_path / f"lesson{i}" / "more.py").write_text("x = 1\n" * 230)  # 4 x (157 + 230) = 1,548
     _, broken = measured(tmp_path, read_first_bullets(tmp_path / "README.md"))
     assert broken == [f"the 4 lessons' paths are 1548 lines together (at most {ALL_PATHS_MAX})"]
+
+
+IMPORTS = """import os
+import shared.util
+from google.cloud import ndb
+from shared import big, util
+from shared.util import helper
+from shared import CONSTANT
+from . import more
+from .more import x
+try:
+    import shared.optional
+except ImportError:
+    pass
+
+
+def late():
+    from shared import hidden
+"""
+
+
+def test_the_first_file_is_read_with_the_app_modules_it_imports(tmp_path):
+    """Each app module the first file imports at module level is read once, whole: not the library's (os, ndb), not
+    those imported in a function (hidden), not what they import in turn (util's deep); a package's __init__.py only
+    when a name is imported from it (CONSTANT)."""
+    _fixture(tmp_path, IMPORTS + IDEA + "# machinery\n" * 100)
+    (tmp_path / "shared").mkdir()
+    for name, lines in {"__init__": 3, "big": 500, "util": 20, "optional": 7, "hidden": 900, "deep": 900}.items():
+        (tmp_path / "shared" / f"{name}.py").write_text("from shared import deep\n" * lines)
+    packages = ("shared", *(f"lesson{i}" for i in range(LESSONS)))
+    assert imported_modules(tmp_path, "lesson0/first.py", packages) == [
+        "shared/util.py", "shared/big.py", "shared/__init__.py", "lesson0/more.py", "shared/optional.py"]
+    figures, broken = measured(tmp_path, read_first_bullets(tmp_path / "README.md"), packages)
+    assert broken == []
+    assert figures["Lesson 1: number 0"]["with_imports"] == {
+        "shared/big.py": 500, "lesson0/first.py": 123, "lesson0/more.py": 100, "shared/util.py": 20,
+        "shared/optional.py": 7, "shared/__init__.py": 3}
+    assert figures["Lesson 1: number 0"]["with_imports_lines"] == 753
+    assert over_the_imports_budget(figures) == []
+    assert measured(tmp_path, read_first_bullets(tmp_path / "README.md"))[0]["Lesson 1: number 0"][
+        "with_imports_lines"] == 123  # shared and lesson0 are not the app's packages
+
+
+def test_the_imports_budget_says_what_to_cut(tmp_path):
+    _fixture(tmp_path, "from . import more\n" + IDEA + "# machinery\n" * 100)
+    (tmp_path / "lesson2" / "more.py").write_text("x = 1\n" * 800)  # lesson 3: 108 + 800 lines
+    packages = tuple(f"lesson{i}" for i in range(LESSONS))
+    figures, _ = measured(tmp_path, read_first_bullets(tmp_path / "README.md"), packages)
+    assert figures["Lesson 1: number 0"]["with_imports_lines"] == 208
+    assert over_the_imports_budget(figures) == [
+        "Lesson 3: number 2: lesson2/first.py and the app modules it imports are 908 lines (at most 900): "
+        "lesson2/more.py: 800, lesson2/first.py: 108"]

@@ -9,7 +9,7 @@ from bench.harness import billed_from_header
 from core import costs, runtime, tasks
 from mapper import completion, jobs
 from mapper.models import MapperJob
-from mapper.task import TOTAL_CREDIT, TaskRecord
+from mapper.task import TOTAL_WEIGHT, TaskRecord
 from tests.test_mapper import balances, job_status, run_out_lease, seed_accounts, start, swept
 
 DIES_AT = set()  # the keys of the accounts whose chunk always dies (test_dies_at's apply)
@@ -54,7 +54,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     with runtime.current().context():
         split = TaskRecord.get_by_id(f"{job_id}-0")
     assert split.state == "running" and split.children and 0 < split.processed < 100
-    assert 0 < split.kept_credit < split.credit == TOTAL_CREDIT
+    assert 0 < split.kept_weight < split.weight == TOTAL_WEIGHT
     if end == "cancelled":
         assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 200
     early_end = root._replace(attempt=1 if end == "cancelled" else tasks.MAX_ATTEMPTS - 1)
@@ -69,11 +69,11 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     records, hinted = _records(job_id)
     assert {f"{job_id}-{child['task']}" for child in split.children} <= {r.key.id() for r in records}
     assert all(r.state != "running" for r in records)
-    assert sum(r.returned for r in records) == TOTAL_CREDIT  # the whole, not more
-    assert hinted == TOTAL_CREDIT  # the running sum the tasks added to, likewise
+    assert sum(r.returned for r in records) == TOTAL_WEIGHT  # the whole, not more
+    assert hinted == TOTAL_WEIGHT  # the running sum the tasks added to, likewise
     root_record = next(r for r in records if r.key.id() == f"{job_id}-0")
     assert root_record.state == ("done" if end == "cancelled" else "failed")
-    assert root_record.returned == root_record.kept_credit == split.kept_credit
+    assert root_record.returned == root_record.kept_weight == split.kept_weight
     credited = sum(b == 10 for b in balances(keys))
     if end == "cancelled":  # only the root's chunks that committed before it died
         assert credited == final["processed"] == split.processed

@@ -1,0 +1,59 @@
+"""A delivery of one mapper task (the queue's handler): what tree.py's idea needs around it. The job read, a cancelled
+job's task handed back, a redelivery going on from its record, a delivery that finds another ahead of it stepping back
+(409, tried later), one that failed for good handing its weight back, and the task's end reported to the job.
+"""
+import logging
+from typing import Any
+
+from google.cloud import ndb
+
+from core import clock, runtime, tasks
+from core.errors import Conflict
+from mapper import completion, handoff, jobs, tree
+from mapper.handback import hand_back
+from mapper.models import MapperJob
+from mapper.task import TaskPayload, TaskRecord
+
+log = logging.getLogger(__name__)
+
+
+def run_task(body: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
+    """One task of a job's tree (`delivery`: how many deliveries of it failed before this one); what it did."""
+    payload = TaskPayload.from_json(body)
+    job = MapperJob.get_by_id(payload.job)
+    if job is None or job.ended:
+        return {"skipped": "the job is gone or has ended"}
+    record_key = ndb.Key(TaskRecord, payload.name)
+    if job.cancelled:  # the rest of its range left unvisited and its weight handed back: the job still ends
+        record, returned_here = hand_back(record_key, payload, "done")
+    else:
+        record, returned_here = _run(job, record_key, payload, delivery)
+    if record.returned:  # only the delivery that ended the record passes its weight on; any other passes 0
+        completion.end_if_all_back(job, returned_here)
+    return {"processed": record.processed, "children": len(record.children)}
+
+
+def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: int) -> tuple[TaskRecord, int]:
+    """This delivery's work on its task: (the record as it left it, the weight it returned)."""
+    # A first delivery does not read its record (its first chunk's transaction does: one lookup fewer a task); a
+    # redelivery, and the sweep's, reads it and goes on from it.
+    record = (record_key.get() if delivery or payload.revived else None) or TaskRecord.new(record_key, payload)
+    record.started = record.started or clock.now()  # a record written before any delivery began has none yet
+    if record.state != "running":
+        handoff.enqueue_children(record)  # the delivery that ended it may have died before enqueueing them
+        return record, 0  # only the delivery that ended the record returned its weight
+    definition = jobs.of(job)
+    try:
+        if definition is None:
+            raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
+        processed_before = record.processed
+        record = tree.process(job, definition, record, payload, runtime.current().settings.mapper_lease_seconds)
+        completion.hint(job, record, record.processed - processed_before, record.state == "done")
+        return record, record.returned
+    except tree.Superseded:  # another delivery moved the record on: it is alive, and ends the record
+        raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
+    except Exception as e:
+        if delivery + 1 < tasks.MAX_ATTEMPTS:
+            raise
+        log.exception("mapper task %s failed for good", record_key.id())
+        return hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
