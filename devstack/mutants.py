@@ -18,7 +18,7 @@ What it does, in order:
    / score, the time per mutant, and each survivor's diff with a column for people to say why it survives (kept
    across runs for a survivor whose change is the same). A run over a subset replaces that subset's rows only.
 
-Not part of `make test` or CI: a full run takes long (see docs/mutants.md's projection).
+Not part of `make test` or CI: a full run takes hours at one worker (docs/mutants.md, the trials' projection).
 """
 import argparse
 import ast
