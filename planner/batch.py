@@ -38,11 +38,12 @@ PIPELINE_SPLITS, SCATTER_PER_SPLIT = 12, 32
 PIPELINE_SAMPLES = (PIPELINE_SPLITS - 1) * SCATTER_PER_SPLIT  # the split query's limit
 
 # The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs): its start
-# (mapper/service.py start_job: its two kept counters configured, a transaction each; the kind's last key and its
-# __scatter__ samples, two queries; the job and its root's record in one transaction); the root's first read of the job
+# (mapper/service.py start_job: its two kept counters' configs read, which the ndb global cache answers once they
+# exist (accounts/service.py keep_figures); the kind's last key and its __scatter__ samples, two queries; the job and
+# its root's record in one transaction); the root's first read of the job
 # (not in the ndb global cache yet); its end (mapper/completion.py): the records read one get_multi a level, then the
 # transaction that ends the job and settles the credit onto a kept counter (its config and a shard: two lookups).
-START_TRANSACTIONS = 2 + 1
+START_TRANSACTIONS = 1
 SETTLE_LOOKUPS = 2
 # The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
 # was reached (measured here: 300 keys one RunQuery, 301 to 600 two; Firestore's emulator answers 1,000 in one).
@@ -275,8 +276,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
     path, start = tree.path, job_start(entities, backend)
     start_queries = plural(start.queries, "query", "queries")
-    plan.line(f"its critical path: the job's start ({start_queries}, {START_TRANSACTIONS} "
-              f"transactions: its counters and itself), the root's first read of the job, then down the longest "
+    plan.line(f"its critical path: the job's start ({start_queries}, {plural(START_TRANSACTIONS, 'transaction')}: "
+              f"the job and its root's record), the root's first read of the job, then down the longest "
               f"chain of {path.hops} tasks each task's listing and first transaction (its children start then), "
               f"the last one's whole page, then the job's end ({plural(tree.depth, 'read')} of the records, a level "
               f"each, and its transaction with {SETTLE_LOOKUPS} reads to settle): {path.queries} queries + "
@@ -335,7 +336,8 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               + ("server-side increments, unread" if backend == "firestore" else "each read in its transaction")
               + f") + {tree.transactions} record reads (one a transaction) + "
               f"{tree.range_tasks} listings + {tree.tasks} records summed at the end + {job_reads} of the job's own "
-              f"(its start's {start_queries} and {START_TRANSACTIONS} transactions, the root's read of it, its end); "
+              f"(its start's {start_queries} and {plural(START_TRANSACTIONS, 'transaction')}, the root's read of it, "
+              f"its end); "
               f"writes = {entities} + {tree.transactions} records + "
               f"{tree.handing} handed-out pages + {job_writes} of the job's own")
     usd = priced(plan, fan_bill, "the fan-out is billed", once=True)

@@ -576,19 +576,19 @@ def test_the_mapper_tree_by_hand():
     keep 100 and hand out 3 pages and one of 68 or 69. Tasks 1 + 4 + 4 x (1 + 4) + 16 x (1 + 4) = 105, depth 4."""
     tree = batch.fan_out(10_000, 100, 4, 100)
     assert (tree.tasks, tree.range_tasks, tree.handing, tree.depth) == (105, 21, 21, 4)
-    # Its critical path: the start (2 queries, 3 transactions), the root's read of the job, 3 levels' listing and
+    # Its critical path: the start (2 queries, 1 transaction), the root's read of the job, 3 levels' listing and
     # first transaction, the last page's one transaction, then the end: 4 levels of records read, 1 transaction with
     # 2 reads to settle.
-    start, chain, end = 2 + 3 * 3, 1 + 3 * (1 + 3) + 3, 4 + 3 + 2
-    assert tree.transactions == 105 and tree.path_rpcs == start + chain + end == 36
-    assert tree.path == batch.Calls(queries=2 + 3, lookups=1 + 4 + 2, transactions=3 + 3 + 1 + 1, hops=4)
+    start, chain, end = 2 + 3 * 1, 1 + 3 * (1 + 3) + 3, 4 + 3 + 2
+    assert tree.transactions == 105 and tree.path_rpcs == start + chain + end == 30
+    assert tree.path == batch.Calls(queries=2 + 3, lookups=1 + 4 + 2, transactions=1 + 3 + 1 + 1, hops=4)
     one = batch.fan_out(24, 100, 4, 24)  # one page: one task, its listing and its one transaction
     assert (one.tasks, one.depth, one.transactions) == (1, 1, 1) and one.path_rpcs == start + 1 + (1 + 3) + (1 + 3 + 2)
     # Legacy answers a query in batches of 300 keys: the root's listing of 501 keys takes two; 24 accounts a
     # transaction, so the last page takes 5 (100 / 24). The tree's shape is the same.
     legacy = batch.fan_out(10_000, 100, 4, 24, "legacy")
     assert (legacy.tasks, legacy.depth) == (tree.tasks, tree.depth)
-    assert legacy.path_rpcs == (1 + 2 + 3 * 3) + (1 + (2 + 3) + (2 + 3) + (2 + 3) + 5 * 3) + (4 + 3 + 2) == 52
+    assert legacy.path_rpcs == (1 + 2 + 3 * 1) + (1 + (2 + 3) + (2 + 3) + (2 + 3) + 5 * 3) + (4 + 3 + 2) == 46
     assert [batch.queries_for(n, 501, "legacy") for n in (1, 300, 301, 501)] == [1, 2, 2, 2]
     assert batch.queries_for(300, 300, "legacy") == 1 and batch.queries_for(501, 501, "firestore") == 1
     huge = batch.fan_out(10**10, 1, 2, 24)  # the bounds' largest tree, computed by range size, not by task
@@ -682,8 +682,8 @@ def test_a_jobs_start_bills_the_queries_it_runs():
         bill = billed_as(answers(batch.plan_batch(entities, 100, 4, 8, "legacy"))["fan_out_bill"].text)
         tree = batch.fan_out(entities, 100, 4, batch.CHUNKS["legacy"], "legacy")
         # its accounts, a record read a transaction, the listings, the records summed, then the job's own: its start's
-        # queries and 3 transactions, the root's read of it, its end's, and the 2 reads that settle the credit
-        assert bill.reads == entities + tree.transactions + tree.range_tasks + tree.tasks + queries + 3 + 1 + 1 + 2
+        # queries and 1 transaction, the root's read of it, its end's, and the 2 reads that settle the credit
+        assert bill.reads == entities + tree.transactions + tree.range_tasks + tree.tasks + queries + 1 + 1 + 1 + 2
 
 
 @pytest.mark.parametrize("accounts", [580, 640])
@@ -691,6 +691,7 @@ def test_a_jobs_start_runs_the_queries_the_planner_bills_on_legacy(legacy_app, a
     """The start of add_credit over a kind of `accounts` on the legacy emulator: its RunQuery RPCs as its own
     Server-Timing counts them are the planner's job_start queries, and its billed reads theirs and its transactions'
     (a read each; 580 accounts: 2 queries, 640: 3)."""
+    from accounts import service as accounts_service
     from accounts.models import Account
 
     client = legacy_app.test_client()
@@ -698,6 +699,8 @@ def test_a_jobs_start_runs_the_queries_the_planner_bills_on_legacy(legacy_app, a
     with runtime.of(legacy_app).context():
         for i in range(0, accounts, 500):
             ndb.put_multi([Account() for _ in range(min(500, accounts - i))])
+        for _ in range(2):  # the kept counters exist, their configs in the global cache: any start but the first
+            accounts_service.keep_figures()
     r = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}})
     assert r.status_code == 202, r.get_json()
     start = batch.job_start(accounts, "legacy")
@@ -748,6 +751,13 @@ def one_level(page, backend):
     return batch.queries_for(limit, limit, backend) + A_TRANSACTION_AND_A_READ
 
 
+# bench/results/mapper.md was measured (2026-11-29) before issue #72 stopped each job start from configuring the two
+# kept counters, a transaction each: its fan-out rows carry those 2 transactions (6 RPCs on the critical path, 2 billed
+# reads) that the planner, modelling the app as it is, no longer counts. Added back here until `make bench
+# BENCH=mapper` is run again; then these two are 0.
+BENCH_START_RPCS, BENCH_START_READS = 2 * 3, 2
+
+
 def test_batch_jobs_against_the_mapper_benchmark():
     """bench/results/mapper.md, 10,000 accounts, pages of 100, fan-out 4, add_credit's chunks. Exactly: the walk's
     critical path and bill, the pipeline's bill. The fan-out: on Firestore (keys split by arithmetic over evenly
@@ -772,11 +782,13 @@ def test_batch_jobs_against_the_mapper_benchmark():
         assert plan["critical_rpcs"].value == tree.path_rpcs
         if backend == "firestore":
             assert (int(fan["tasks"]), int(fan["tree depth"])) == (tree.tasks, tree.depth), heading
-            assert int(fan["critical path, RPCs"]) == tree.path_rpcs, heading
+            assert int(fan["critical path, RPCs"]) == tree.path_rpcs + BENCH_START_RPCS, heading
         else:
             assert abs(int(fan["tree depth"]) - tree.depth) <= 1 and abs(int(fan["tasks"]) / tree.tasks - 1) <= 0.05
-            assert abs(int(fan["critical path, RPCs"]) - tree.path_rpcs) <= one_level(PAGE, backend), heading
+            off = int(fan["critical path, RPCs"]) - BENCH_START_RPCS - tree.path_rpcs
+            assert abs(off) <= one_level(PAGE, backend), heading
         measured, predicted = billed_as(fan["billed per job"]), billed_as(plan["fan_out_bill"].text)
+        measured = billing.Billed(reads=measured.reads - BENCH_START_READS, writes=measured.writes)
         if backend == "firestore":  # the tree the planner models, exactly: so is its bill
             assert (measured.reads, measured.writes) == (predicted.reads, predicted.writes), heading
         for m, p in ((measured.reads, predicted.reads), (measured.writes, predicted.writes)):
@@ -805,9 +817,10 @@ def test_the_planner_answers_for_pages_of_500_as_the_benchmark_measured():
         plan = answers(batch.plan_batch(ACCOUNTS, BIG_PAGE, FANOUT, WORKERS, backend))
         assert int(big["tree depth"]) == tree.depth, (heading, big["tree depth"], tree.depth)
         assert abs(int(big["tasks"]) - tree.tasks) <= 1, (heading, big["tasks"], tree.tasks)
-        off = abs(int(big["critical path, RPCs"]) - tree.path_rpcs)
+        off = abs(int(big["critical path, RPCs"]) - BENCH_START_RPCS - tree.path_rpcs)
         assert off <= A_TRANSACTION_AND_A_READ, (heading, big["critical path, RPCs"], tree.path_rpcs)
         measured, predicted = billed_as(big["billed per job"]), billed_as(plan["fan_out_bill"].text)
+        measured = billing.Billed(reads=measured.reads - BENCH_START_READS, writes=measured.writes)
         for m, p in ((measured.reads, predicted.reads), (measured.writes, predicted.writes)):
             assert abs(m - p) <= max(0.01 * p, 2), (heading, big["billed per job"], plan["fan_out_bill"].text)
         compared += 1
