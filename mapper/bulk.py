@@ -1,18 +1,8 @@
-"""Where a chunk's transaction reads and writes (mapper/tree.py, `_process`): through ndb, the job's entities as its
-models (ModelChunks), or, for a job whose whole effect is to add whole numbers to properties of each entity
-(JobDefinition.increments), as protobufs through the Datastore API itself (IncrementChunks). The transaction is the
-same either way: the task's record read, moved past the chunk, and written in one commit with the chunk's entities,
-so each entity is processed exactly once.
-
-Why two: ndb spends several hundred µs of client CPU on each entity it reads and writes, protobufs about a tenth of
-that (bench/results/mapper.md, "a chunk's transaction alone"). On App Engine that CPU is instance-hours; in one
-process it is the fan-out's wall time.
-
-On Firestore the chunk's entities are not even read: each gets a server-side increment (a PropertyTransform) in the
-record's commit. It is an `update`, which fails the commit (NOT_FOUND) when an entity was deleted since the page's
-query, rather than making it again; the chunk then runs again reading its entities, and skips the missing ones. The
-legacy emulator drops transforms (core/datastore.ServerIncrements): there each entity is read, added to and written
-back, in the same transaction.
+"""Where a chunk's transaction reads and writes: the job's ndb models (ModelChunks), or, for an increments job,
+protobufs through the Datastore API itself (IncrementChunks): a tenth of ndb's client CPU (bench/results/mapper.md).
+On Firestore an increments chunk is not read: each entity gets a server-side increment, an `update`, so one deleted
+since the scan fails the commit (NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so
+there each is read and written back. Why: docs/lessons/mapper.md.
 """
 import dataclasses
 from collections.abc import Callable
@@ -36,8 +26,7 @@ class ModelChunks:
 
 @dataclasses.dataclass
 class ChunkEntity:
-    """An entity of an increments job's chunk: its key, and its protobuf as read, or None where it is not read (the
-    server adds to it)."""
+    """An entity of an increments job's chunk: its key, and its protobuf as read (None: unread, the server adds)."""
     key: ndb.Key
     pb: Any = None
 
@@ -80,15 +69,13 @@ class IncrementChunks:
         return ChunkEntity(key, pb) if key.kind() == self.kind else ndb_model._entity_from_protobuf(pb)
 
     def put_multi(self, entities: list[Any]) -> None:
-        """Commit the transaction (the last thing a chunk's transaction does) with each of `entities`: a mutation, or
-        an ndb model to upsert. Each server-side increment must come back applied (core/datastore.transforms_applied):
-        on a backend that drops them the commit lands but the chunk fails loudly, never reported done."""
+        """Commit the transaction with each of `entities`, a mutation or an ndb model to upsert; a server-side
+        increment not applied fails the chunk loudly (core/datastore.transforms_applied)."""
         self.transaction.commit([e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities])
 
 
 def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
-    """How a job's chunks read and write: its models through ndb, or, for an increments job, protobufs (unread on
-    Firestore, which applies server-side increments)."""
+    """How a job's chunks read and write: its models through ndb, or an increments job's protobufs."""
     if definition.increments is None:
         return ModelChunks()
     return IncrementChunks(definition.kind, blind=runtime.current().datastore.increments is not None)
@@ -130,6 +117,5 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
 
 
 def page_keys(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
-    """The kind's keys in (after, upto], in key order: a keys-only query through the Datastore API itself, whose keys
-    cost a tenth of ndb's client CPU (core/datastore.Bulk)."""
+    """The kind's keys in (after, upto], in key order, through the Datastore API itself (core/datastore.Bulk)."""
     return runtime.current().datastore.bulk.keys(kind, after, upto, limit)

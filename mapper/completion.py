@@ -1,8 +1,5 @@
-"""A mapper job's progress and end, derived from its task records: the running job's figures kept as hints in the
-cache, and the job ended, exactly once, when every task has handed its weight back (the records are the truth, the
-cache's running sum a hint: a check task sums the records when the cache lost some). Its on_done then runs exactly
-once, by a task of its own. Why each step is so: docs/lessons/mapper.md.
-"""
+"""A mapper job's progress (hints in the cache) and its end, exactly once, when every task has handed its weight back
+(the records are the truth, the cache's running sum a hint); then its on_done, once. Why: docs/lessons/mapper.md."""
 import dataclasses
 import datetime
 from typing import Any
@@ -23,18 +20,15 @@ CHECK_DELAYS = (1, 2, 4, 8, 15, 30)
 MAX_CHECKS = 120
 
 
-# A running job's figures, as the pages and the API show them while it runs, are hints kept in the cache: reading
-# them is one cache round trip however many tasks the job has (summing the records, a read of every one, is for
-# ending a job). Each delivery adds what it did after committing it: a hint may fall short (a delivery that died
-# before adding, a cache restart), never run ahead. Depth: one key per level reached (max over adds, no read).
+# A running job's figures are hints in the cache, one round trip however many tasks it has (summing the records is
+# for ending a job). Each delivery adds after its commit: a hint may fall short, never run ahead.
 HINT_LIFETIME = 7 * 86400
 HINTS = ("returned", "processed", "tasks", "revived")
 MAX_HINTED_DEPTH = 32  # levels of depth a hint records; a tree of 4-way splits of 100-entity pages reaches 12 by 10**9
 
 
 def _key(job_id: str, name: str) -> str:
-    """A job's figure in the cache: "returned" (the running sum of the weight its tasks handed back), "processed",
-    "tasks", "depth" (then ":<level>")."""
+    """A job's figure in the cache ("returned": the running sum of the weight its tasks handed back)."""
     return f"mapper-{name}:{job_id}"
 
 
@@ -138,11 +132,9 @@ def _ancestors(path: str) -> set[str]:
 
 
 def timeline(job: MapperJob) -> dict[str, Any]:
-    """The job's tasks, each from when its first delivery began to its record's last commit, in seconds from the
-    job's start, with the critical path marked: the chain of tasks from the root to the one that finished last (a
-    child starts once its parent's first chunk has split the range, so the job waits for that chain). At most
-    MOST_TASKS, the shallowest first, and then the chain is the drawn tasks' own; `cut`: how many more the job had
-    (while it runs, by its hints)."""
+    """The job's tasks (first delivery's start to last commit, in seconds from the job's start), the critical path
+    marked: the chain from the root to the task that finished last. At most MOST_TASKS, the shallowest first; `cut`:
+    how many more the job had."""
     shown = records(job, MOST_TASKS)
     last = max(shown, key=lambda record: record.updated, default=None)
     critical = _ancestors(_path(last)) if last else set()
@@ -159,12 +151,9 @@ def timeline(job: MapperJob) -> dict[str, Any]:
 
 
 def end_if_all_back(job: MapperJob, returned: int) -> None:
-    """After a task returned weight: end the job if all the weight is back. `returned`: what this delivery adds to the
-    cache's running sum (0 from any delivery but the one that ended the record). Only the delivery whose add brings
-    the sum to the whole reads the records (`end_if_summed`): once a job. When there is no sum to add to (the cache
-    lost it: restarted, flushed, away) or nothing to add (a redelivery, whose first delivery may have died before
-    adding), check tasks sum the records, one read of them a check, however many tasks end meanwhile: a task end
-    that read them all itself would make a job's end quadratic in its tasks."""
+    """After a task returned weight (`returned`: what this delivery adds to the running sum, 0 but from the delivery
+    that ended the record): the add that completes the sum reads the records, once a job. With no sum to add to (the
+    cache lost it) or nothing to add, check tasks read them: a task end reading them all is quadratic in the tasks."""
     total = runtime.cache().incr(_key(job.id, "returned"), returned) if returned else None
     if total is not None and total < TOTAL_WEIGHT:
         return  # ranges are still out, by a sum this delivery has just added its own weight to
@@ -184,8 +173,7 @@ def end_if_summed(job: MapperJob) -> None:
 
 
 def _outcome(job: MapperJob, sums: Figures) -> str | None:
-    """How a job ends once every task has handed its weight back: "failed" if one failed for good, "cancelled" if it
-    was, else "done"; None while ranges are still out."""
+    """How a job ends once all the weight is back ("failed", "cancelled", "done"); None while ranges are out."""
     if sums.returned != TOTAL_WEIGHT:
         return None
     return "failed" if sums.failed else "cancelled" if job.cancelled else "done"
@@ -212,9 +200,8 @@ def run_check(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
 
 
 def _end(job: MapperJob, sums: Figures) -> MapperJob | None:
-    """Mark the job ended, once, with its outcome as it stands in this transaction (a cancel may have come since), its
-    tally settled (JobDefinition.settle) and its on_done pending in the same commit; then queue the on_done. The job,
-    or None when another call ended it (or it is gone). `sums`: the records' sums, all the weight back."""
+    """Mark the job ended, once, its outcome as it stands in this transaction (a cancel may have come since), its tally
+    settled and its on_done pending in the same commit; then queue the on_done. None when another call ended it."""
     definition = jobs.of(job)
 
     def look() -> Written | MapperJob:
@@ -258,9 +245,8 @@ def send_follow_up(job: MapperJob) -> None:
 
 
 def run_follow_up(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
-    """The follow-up task: run the job's on_done and commit what it returns together with the mark that it ran, so
-    its writes land exactly once however often this task is delivered (by the queue, or queued again by the sweep).
-    on_done runs outside the transaction (it may read what a transaction may not: a query, a counter's shards)."""
+    """The follow-up task: run on_done (outside the transaction: it may query) and commit what it returns with the mark
+    that it ran, so its writes land exactly once however often this task is delivered."""
     job = MapperJob.get_by_id(payload["job"], use_cache=False, use_global_cache=False)
     definition = jobs.of(job) if job else None
     if job is None or job.follow_up != "pending" or definition is None or definition.on_done is None:

@@ -1,9 +1,6 @@
-"""Handing a mapper task's children to the queue, and the pages it hands out.
-
-A task scans its page and the pages after it in one query; each page after its own goes whole to a child, whose task
-carries the page's keys and so runs no query. The keys must fit a task, and a redelivery or the sweep must be able to
-enqueue the same children again: so the task keeps them beside its record (HandedPages), not in it (the job's
-records are read whole when it ends, and stay small).
+"""Handing a mapper task's children to the queue, and the pages it hands out. A handed page's keys are kept beside
+the task's record (HandedPages), not in it, so that a redelivery or the sweep can enqueue the same children again
+while the records, read whole when the job ends, stay small.
 """
 from google.cloud import ndb
 
@@ -12,17 +9,14 @@ from mapper.models import MapperJob
 from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 
 TASK_HANDLER = "mapper.run"
-# At most this many bytes of urlsafe keys go into the pages one task hands out, all its pages together: so that each
-# child's task, which carries one page, is surely under the smallest task limit (100 KB for App Engine queues in the
-# older API; a Cloud Tasks task takes 1 MB, https://cloud.google.com/tasks/docs/quotas), and the task's HandedPages,
-# which keeps them all, far under an entity's 1 MiB. Accounts' keys take about 30 bytes; a kind with long key names
-# hands out fewer pages and splits the rest as ranges.
+# At most this many bytes of urlsafe keys in all the pages one task hands out: each child's task surely under the
+# smallest task limit (100 KB for App Engine queues in the older API; Cloud Tasks takes 1 MB,
+# https://cloud.google.com/tasks/docs/quotas), and the HandedPages far under an entity's 1 MiB.
 HANDED_BYTES = 90_000
 
 
 def scan_limit(page_size: int, fanout: int) -> int:
-    """The most keys a range task's scan reads: its own page, up to `fanout` pages after it to hand out whole, and one
-    key more, which says whether any remain."""
+    """The most keys a range task's scan reads: its page, `fanout` pages to hand out, one key to say if any remain."""
     return page_size * (fanout + 1) + 1
 
 
@@ -76,8 +70,8 @@ def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
 
 
 def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
-    """Enqueue the tasks `record` split into, a handed page's keys from `pages` (else from the task's HandedPages); a
-    repeat (a redelivery's) is dropped by the queue, which knows their names."""
+    """Enqueue the tasks `record` split into (a handed page's keys from `pages`, else its HandedPages); the queue drops
+    a repeat by name."""
     if pages is None:
         apart = any(map(keys_apart, record.children))
         kept_pages = HandedPages.key_for(record.key).get() if apart else None
@@ -91,8 +85,7 @@ def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = No
 
 
 def payload_of(job_id: str, path: str) -> TaskPayload:
-    """What the task at `path` ("0-2", not the root) was given, from its parent's record (and HandedPages), where the
-    parent fixed it before enqueueing it: for the sweep, which queues a task again knowing only its record."""
+    """What the task at `path` ("0-2", not the root) was given, from its parent's record: for the sweep."""
     parent_key = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}")
     parent = parent_key.get()
     child = next((c for c in parent.children if c["task"] == path), None) if parent else None

@@ -1,7 +1,5 @@
 """What a mapper job is (JobDefinition), and each app's registry of them: the feature that owns a kind registers its
-jobs from its own init_app (`register(app, JobDefinition(...))`); the mapper knows none of them. A run of one is a
-MapperJob (models.py); its tasks carry the run's id, never code.
-"""
+jobs from its own init_app; the mapper knows none of them, and its tasks carry a run's id, never code."""
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -22,25 +20,19 @@ MAX_GROUPS = 25
 class JobDefinition:
     """A job that can be run over every entity of `kind` (each run of it: a MapperJob).
 
-    `apply(entities, params, prepared)` runs inside the chunk's transaction with the chunk's entities as read in it,
-    and returns the entities to write. Or, for a job whose whole effect is to add whole numbers to properties of each
-    entity, `increments(params)` instead ({"balance": 10}: stored property names), called once a delivery: the mapper
-    then writes them as protobufs, skipping ndb's per-entity cost and ndb itself (its caches and hooks: the kind must
-    use neither cache), and on Firestore without reading the entities (mapper/bulk.py); its tally, unless given, is
-    what it added. `prepare(keys, params)`, if given, runs before, outside any transaction, for what a transaction
-    may not do (queries without an ancestor); its result is passed to apply.
-    `chunk` entities per transaction: at most MAX_GROUPS - 1 - the groups apply writes beside them. On Firestore in
-    Datastore mode, which has no limit of groups, only 10 MiB a transaction
-    (https://cloud.google.com/datastore/docs/concepts/limits lists the 25 groups as a limit of databases not yet
-    upgraded), `chunk_firestore` if given: as many as the job's entities and writes fit in 10 MiB.
-    `tally(entities, params)`, if given, returns whole numbers by name ({"count": 3, "balance": 30}); they are added
-    to the task's record in the chunk's transaction, so each entity counts exactly once, and the job's tally is their
-    sum over its records (the reduce after the map): sums over every entity with no shared entity and no scan.
-    `settle(tally, params)`, if given, returns entities to write in the transaction that marks the job ended (done,
-    failed or cancelled), exactly once: where a job's effect on figures kept elsewhere lands, after every chunk has
-    committed, instead of each chunk writing one shared entity.
-    `parse_params(params)` checks the job's params (Unprocessable when wrong: a 422) and returns them as the job keeps
-    them; it runs after every other check of the request, so it may create what the job needs once they are valid.
+    `apply(entities, params, prepared)` runs inside the chunk's transaction on the chunk's entities as read there, and
+    returns the entities to write. Or `increments(params)` ({"balance": 10}), for a job that only adds whole numbers to
+    properties: written as protobufs past ndb (the kind must use neither of its caches), unread on Firestore
+    (mapper/bulk.py); its tally, unless given, is what it added. `prepare(keys, params)` runs before, outside any
+    transaction, for what a transaction may not do (queries without an ancestor); its result is apply's `prepared`.
+    `chunk`: entities per transaction, at most MAX_GROUPS - 1 - the groups apply writes beside them. Firestore in
+    Datastore mode has no limit of groups, only 10 MiB a transaction
+    (https://cloud.google.com/datastore/docs/concepts/limits): there `chunk_firestore`, if given.
+    `tally(entities, params)` returns whole numbers by name, added to the task's record in the chunk's transaction (each
+    entity counts exactly once); the job's tally is their sum over its records. `settle(tally, params)` returns
+    entities to write in the transaction that ends the job, exactly once, instead of each chunk writing a shared one.
+    `parse_params(params)` checks the params (Unprocessable: a 422) and returns them as kept; it runs after every
+    other check, so it may create what the job needs.
     """
     name: str
     kind: str

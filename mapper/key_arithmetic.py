@@ -45,12 +45,8 @@ def by_id_density(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, pa
 
 
 def between(a: ndb.Key, b: ndb.Key, fraction: float) -> ndb.Key | None:
-    """A key about `fraction` of the way from a to b (a < b) by key arithmetic, or None when there is no room.
-
-    The keys share a path up to the first element where they differ; the point keeps that shared path and gets one
-    element between theirs, so it lies between a and b whatever follows in either. When a is an ancestor of b, the
-    point is a child of a below b's element there.
-    """
+    """A key about `fraction` of the way from a to b (a < b), or None when there is no room: their shared path and one
+    element between theirs where they first differ, so it lies between them whatever follows in either."""
     pa, pb = a.pairs(), b.pairs()
     i = 0
     while i < len(pa) and i < len(pb) and pa[i] == pb[i]:
@@ -73,11 +69,9 @@ def between(a: ndb.Key, b: ndb.Key, fraction: float) -> ndb.Key | None:
 
 
 def gallop(start: ndb.Key, end: ndb.Key, k: int) -> list[ndb.Key]:
-    """Up to k-1 keys after `end`, spaced like the keys [start, end] just read and growing fourfold: one page on, then
-    five, then twenty-one. For a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the
-    Firestore emulator has none): those keys say how densely keys lie here, so the first children get as many or a few
-    each and the last the unknown rest, which gallops on in turn, a tree of logarithmic depth rather than a chain.
-    Only between keys that differ in their last element, of one kind and one type (ids, or names)."""
+    """Up to k-1 keys after `end`, spaced like the keys [start, end] just read and growing fourfold (1, 5, 21 pages on):
+    for a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the Firestore emulator has none),
+    so the unknown rest gallops on in turn, a tree of logarithmic depth. Only keys differing in their last element."""
     pa, pb = start.pairs(), end.pairs()
     if len(pa) != len(pb) or pa[:-1] != pb[:-1] or pa[-1][0] != pb[-1][0]:
         return []
@@ -126,9 +120,8 @@ def _name_between(low: str, high: str, fraction: float) -> str | None:
 
 
 def _name_beyond(low: str, high: str, times: int) -> str | None:
-    """The name `times` (low..high) spans past high, in the same digits; None past the digits' end. The arithmetic
-    starts GALLOP_ROOM characters before the names part, so that it can carry past the end of their common prefix
-    ("acct-00999" on to "acct-01...")."""
+    """The name `times` (low..high) spans past high; None past the digits' end. GALLOP_ROOM lets it carry past the end
+    of their common prefix ("acct-00999" on to "acct-01...")."""
     prefix, na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
     point = nb + (nb - na) * times
     name = to_name(point)

@@ -1,8 +1,5 @@
-"""A mapper job's run (MapperJob, an entity). Its tasks' records and payloads are in task.py.
-
-No entity is written by many tasks: the job is written when it starts, when it ends and when it is cancelled; each
-task writes only its own record. The job's state and progress are derived from the records, so a thousand tasks
-ending at once contend on nothing.
+"""A mapper job's run (MapperJob). No entity is written by many tasks: the job is written when it starts, ends or is
+cancelled, each task writes only its own record (task.py), so a thousand tasks ending at once contend on nothing.
 """
 from google.cloud import ndb
 
@@ -10,10 +7,8 @@ from core import idempotency
 
 
 class MapperJob(idempotency.Marker):
-    """A run of a registered job (mapper.jobs.JobDefinition) over every entity of its kind; key name is the run's
-    id. Read by key by every task (the ndb global cache serves it from memcached). The job is its own start's
-    idempotency marker (core/idempotency.py): `call` the stamp of the start that inserted it, `fingerprint` what a
-    keyed start asked for."""
+    """A run of a registered job over every entity of its kind; read by key by every task (from ndb's global cache).
+    Its own start's idempotency marker: `call` the stamp of the start that inserted it."""
     name = ndb.StringProperty(required=True)
     params = ndb.JsonProperty(default={})
     kind = ndb.TextProperty(required=True)
@@ -29,9 +24,8 @@ class MapperJob(idempotency.Marker):
     ended_by = ndb.TextProperty()  # the stamp of the call that ended it
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `ended`
     summary = ndb.JsonProperty()  # the job's figures when it ended: processed, tasks, depth, tally, revived
-    # Its follow-up (JobDefinition.on_done), run exactly once by a task of its own: "pending" is written in the commit
-    # that ends the job, "ran" in the commit of on_done's writes. Indexed: the sweep queues a pending one again once
-    # `follow_up_due` has passed (`follow_up_sent`: how often).
+    # Its follow-up (JobDefinition.on_done): "pending" written in the commit that ends the job, "ran" with on_done's
+    # writes. Indexed: the sweep queues a pending one again once `follow_up_due` has passed.
     follow_up = ndb.StringProperty(choices=("pending", "ran"))
     follow_up_due = ndb.DateTimeProperty(indexed=False)
     follow_up_sent = ndb.IntegerProperty(default=0, indexed=False)

@@ -1,6 +1,5 @@
-"""The adaptive-sharding mapper's jobs: started (the kind's range and samples noted, the root task enqueued), listed,
-cancelled, ended by an admin. A job's tasks are tree.py; its progress and end, completion.py.
-"""
+"""The mapper's jobs: started, listed, cancelled, ended by an admin. Its tasks: tree.py; its progress and end,
+completion.py."""
 import re
 import secrets
 from typing import Any
@@ -28,18 +27,15 @@ ENDPOINT = "mapper.start"  # what a start's Idempotency-Key is scoped to, with i
 
 def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None,
               idempotency_key: str | None = None, user: str = "") -> MapperJob:
-    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob
-    (`start` says whether it answers a replay too)."""
+    """Check the job and its params, note the kind's range and samples, enqueue the root task; the MapperJob."""
     return start(name, params, page_size, fanout, idempotency_key, user)[0]
 
 
 def start(name: object, params: object = None, page_size: object = None, fanout: object = None,
           idempotency_key: str | None = None, user: str = "") -> tuple[MapperJob, bool]:
-    """`start_job`: (the job, replayed). With an idempotency key (the API's Idempotency-Key header, a form's token;
-    `user`'s own: core/idempotency.py), the job's id is derived from the key's marker name, and the job is inserted
-    only if that id is free: a resend of the request (a form sent twice, a client's retry after a lost answer, the
-    same request at the same moment from another process) answers the job the first one started (replayed True), and
-    starts nothing; the key sent for another job or other settings is a 409. The job itself is the marker."""
+    """`start_job`: (the job, replayed). With an idempotency key (`user`'s own: core/idempotency.py) the job's id is
+    derived from it and the job inserted only if that id is free: a resend answers the first one's job (replayed
+    True) and starts nothing; the key sent for another job or other settings is a 409. The job is its own marker."""
     validate.idempotency_key(idempotency_key)
     definition = jobs.definition_of(name)
     params = {} if params is None else params
@@ -99,9 +95,8 @@ def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed 
 
 
 def _resent(first: MapperJob) -> MapperJob:
-    """The answer to a resend (its fingerprint found equal): the job its key started. The root task is enqueued
-    again while the job runs (its name makes that one task), in case the first request died between the job's commit
-    and its enqueue."""
+    """The job a resend's key started; its root task enqueued again while it runs (its name makes that one task), in
+    case the first request died between the job's commit and its enqueue."""
     if not first.ended:
         _enqueue_root(first)
     return first

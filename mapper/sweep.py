@@ -1,13 +1,8 @@
-"""The sweep: no job strands. Run every `mapper_sweep_seconds` by a schedule outside the app's processes (cron.yaml on
-App Engine; devstack's local task server off it), so a process that dies cannot take it with it.
-
-A delivery killed on its last allowed delivery leaves its TaskRecord running with no delivery to come. So a running
-record carries a lease, renewed by each chunk's commit; the sweep queues again, as one more redelivery, each task whose
-lease ran out while its job runs. It also sums the records of a running job with no task at work (its last delivery
-died before adding its weight to the running sum), and queues again an ended job's follow-up until it ran. The lease is
-a hint of who is alive, never a lock: the record's last_key keeps two deliveries from both applying a chunk (tree.py).
-Bounded: at most SWEEP_BATCH of each a run. Its queries have no ancestor, so on legacy Datastore they are eventually
-consistent: a lease just run out may show one run later. The whole story: docs/lessons/mapper.md ("No job strands").
+"""The sweep: no job strands (docs/lessons/mapper.md, "No job strands"). Run every `mapper_sweep_seconds` by a schedule
+outside the app's processes (cron.yaml). It queues again each task whose lease ran out, sums a running job with no task
+at work, and sends again a follow-up not yet run; at most SWEEP_BATCH of each a run. The lease is a hint of who is
+alive, never a lock: the record's last_key keeps two deliveries from both applying a chunk. The queries have no
+ancestor, so on legacy Datastore they are eventually consistent: a lease just run out may show one run later.
 """
 import dataclasses
 import datetime
@@ -29,19 +24,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SWEEP_BATCH = 100
-# A task taken up again this many times in a row with no chunk committed between (TaskRecord.fruitless), dying each
-# time (a page that kills its process), fails, as a task whose deliveries all raised does: the job then ends
-# ("failed") instead of being retried for ever. A delivery alive but slower than the lease commits between two
-# revivals and starts the count again.
+# A task taken up this many times in a row with no chunk committed between (TaskRecord.fruitless) fails, so that the
+# job ends ("failed") instead of being retried for ever.
 MAX_REVIVALS = 5
 # A lower bound on the lease in the query: an ended record's lease is null, and null sorts before every datetime.
 EPOCH = datetime.datetime(2000, 1, 1)
 
 
 def sweep() -> dict[str, Any]:
-    """One run: the tasks queued again, the tasks failed for good after MAX_REVIVALS, the jobs whose records were summed
-    (no task at work), the follow-ups sent again. Each item on its own: one that raises is logged and left to the
-    next run, and the rest of this run goes on."""
+    """One run: what it queued again, failed, summed and sent again. An item that raises is logged and left to the
+    next run."""
     now = clock.now()
     revived: list[str] = []
     failed: list[str] = []
@@ -73,12 +65,9 @@ def _each(step: Callable[..., T], *args: Any) -> T | None:
 
 
 def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
-    """A running job none of whose records holds a live lease has no task at work: a running record renews its lease
-    with each chunk, one whose lease ran out was taken up again above (a new lease), and an ended parent's children
-    without a record were given one. Its last task's delivery may have died between its final commit and adding its
-    weight to the cache's running sum, on its last allowed delivery, so no delivery comes back to end the job:
-    sum the records once here (completion.end_if_summed), and the job finishes or its checks go on.
-    One keys-only query per running job a run; the records are read only when none is live. True when summed."""
+    """A running job none of whose records holds a live lease has no task at work: its last delivery may have died
+    before adding its weight to the running sum, so nothing comes back to end it. Sum its records once here; one
+    keys-only query per running job a run. True when summed."""
     job = MapperJob.get_by_id(job_id)
     if job is None or job.ended is not None:
         return False
@@ -89,9 +78,8 @@ def _finish_if_every_task_ended(job_id: str, now: datetime.datetime) -> bool:
 
 
 def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
-    """The record of `key`, whose lease ran out: "revived" (its task queued again: it was running), "failed" (taken
-    up MAX_REVIVALS times already), "revived" too when it had ended and its children without a record were queued
-    again, or None (nothing to do: it moved on, or its job has ended)."""
+    """The record of `key`, whose lease ran out: "revived" (its task, or an ended one's children, queued again),
+    "failed" (taken up MAX_REVIVALS times already), or None (it moved on, or its job has ended)."""
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
     ended = job is None or job.ended is not None
     lease = runtime.current().settings.mapper_lease_seconds
@@ -133,9 +121,8 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
 
 
 def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
-    """An ended record's children: each one without a record (every delivery of it died before its first commit, or
-    was never made) gets one, running with a lease of its own, revived once, and its task queued again; from then on
-    it is a running record like any other. Then the parent's lease is cleared: it is off the sweep's list."""
+    """Each child of an ended record without a record of its own (every delivery died before its first commit) gets
+    one, leased, and its task queued again; then the parent's lease is cleared."""
     lease = runtime.current().settings.mapper_lease_seconds
     payloads = [TaskPayload.from_json(child) for child in parent.children]
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),

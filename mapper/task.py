@@ -1,8 +1,6 @@
-"""One task of a mapper job's tree: what it is given (TaskPayload) and what it did (TaskRecord, an entity).
-
-Weight: the root holds TOTAL_WEIGHT; a task that splits hands an equal share to each child and keeps one share (and
-the remainder) for its own page, returned when the page is done. The returned weights sum to TOTAL_WEIGHT (exactly:
-integers) when every task has ended."""
+"""One task of a mapper job's tree: what it is given (TaskPayload) and what it did (TaskRecord, an entity). The root
+holds TOTAL_WEIGHT; a task that splits hands a share to each child and keeps the rest for its own page, returned when
+the page is done, so the returned weights sum to TOTAL_WEIGHT exactly when every task has ended."""
 import dataclasses
 import datetime
 
@@ -19,9 +17,8 @@ TOTAL_WEIGHT = 2 ** 62
 
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
-    """A task's body in the queue (JSON): its job, its path in the tree ("0" the root, "0-2" its third child), its
-    weight, and what it visits: the key range (lo, hi] as urlsafe keys (lo None: the kind's start), or `keys`, a page
-    its parent scanned and handed out."""
+    """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
+    visits: the key range (lo, hi] as urlsafe keys, or `keys`, a page its parent scanned and handed out."""
     job: str
     task: str
     lo: str | None
@@ -77,10 +74,9 @@ class TaskPage:
 
 
 class TaskRecord(ndb.Model):
-    """What one task did; key name "<job>-<path>". Written by its task's deliveries, in each chunk's transaction, so it
-    says exactly which keys of the page were processed (and by the sweep, which takes up a task whose delivery died:
-    `revived_by`, `recorded_by`). A root entity: tasks share no entity group. Neither cache: written
-    by every chunk and read in its transaction, which skips the global cache."""
+    """What one task did; key name "<job>-<path>". Written in each chunk's transaction, so it says exactly which keys
+    were processed. A root entity: tasks share no entity group. Neither cache: read in its transaction, which skips
+    the global cache."""
     _use_cache = False
     _use_global_cache = False
     job = ndb.StringProperty(required=True)

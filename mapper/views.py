@@ -54,10 +54,9 @@ def job(job_id: str) -> ResponseReturnValue:
                            definition=job_definitions.registered().get(job.name))
 
 
-# A job's timeline reads one record per task drawn (up to completion.MOST_TASKS), and anyone may ask for it: so it is
-# cached, whoever asks. A finished job's never changes: kept a week ("for good": a key with no expiry is never evicted
-# under an eviction policy that spares such keys, Redis's volatile-*). A running one's for a few seconds, a poll's
-# worth, so many viewers of a running job cost one reading of its records per lifetime.
+# A job's timeline reads one record per task drawn, and anyone may ask for it: so it is cached. A finished job's never
+# changes: kept a week (a key with no expiry is never evicted under Redis's volatile-* policies). A running one's for
+# a poll's worth, so many viewers cost one reading of its records per lifetime.
 TIMELINE_FINISHED_LIFETIME = 7 * 24 * 3600
 TIMELINE_RUNNING_LIFETIME = 5
 
@@ -114,7 +113,7 @@ def cancel_form(job_id: str) -> ResponseReturnValue:
 @bp.post("/api/jobs")
 def api_start() -> ResponseReturnValue:
     """Start a registered job: {"name", "params", "page_size"?, "fanout"?} -> 202; a resend with the same
-    Idempotency-Key answers the job the first one started, 202 again (the key sent for another job: 409)."""
+    Idempotency-Key answers the first one's job (the key sent for another job: 409)."""
     user = identity.require_admin()
     data = json_body()
     job, replayed = service.start(data.get("name"), data.get("params"), data.get("page_size"), data.get("fanout"),
@@ -124,11 +123,10 @@ def api_start() -> ResponseReturnValue:
 
 @bp.get("/api/jobs/sweep")
 def api_sweep() -> ResponseReturnValue:
-    """The sweep (mapper/sweep.py), for the app's scheduler only: Cloud Scheduler's App Engine cron (cron.yaml) sends
-    a GET, its only method, with X-Appengine-Cron, a header App Engine strips from outside requests
+    """The sweep, for the app's scheduler only: App Engine cron sends a GET, its only method, with X-Appengine-Cron, a
+    header App Engine strips from outside requests
     (https://cloud.google.com/appengine/docs/standard/scheduling-jobs-with-cron-yaml#securing_urls_for_cron); the
-    local task server sends the app's task token instead. So this GET writes, for that caller alone: anyone else gets
-    a 403 and nothing runs."""
+    local task server sends the app's task token. So this GET writes; anyone else gets a 403."""
     settings = runtime.current().settings
     if not (request.headers.get(CRON_HEADER) == "true" if settings.on_app_engine
             else tasks.is_from_queue(request.headers, settings)):
