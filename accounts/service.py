@@ -1,13 +1,8 @@
-"""Accounts: seeding many of them, their summary, and the job that audits the summary against the accounts (the job
-that credits every one exactly once is credit.py).
+"""Accounts: seeding many of them, their summary, and the job that audits the summary (the credit job: credit.py).
 
-The summary is never counted from the accounts on a page view: a count or sum over a kind reads every entity (the
-talk: `Model.count()` is O(N)). Instead the app keeps the two figures itself, as sharded counters, each moved
-exactly once, whatever a retried or duplicated task does:
-- `count`: a seed chunk adds its new accounts to it in the transaction that creates them;
-- `balance`: a credit job's total lands on it once, in the transaction that marks the job ended (credit.py).
-Reading them is a get of the counters' shards: the same cost at a hundred accounts as at a hundred thousand. The audit
-job recounts the accounts (a mapper job: in parallel, no offset) and says whether the kept figures hold.
+The summary is never counted from the accounts (the talk: `Model.count()` is O(N)): the app keeps `count` and
+`balance` as sharded counters, each moved exactly once, in the transaction that creates a seed chunk's accounts or
+ends a credit job. Reading them costs the same at any number of accounts; the audit recounts them.
 """
 import hashlib
 import math
@@ -30,9 +25,8 @@ from mapper.models import MapperJob
 MAX_SEED = 100_000
 SEED_BATCH = 500  # accounts per seed task
 SEED_HANDLER = "accounts.seed"
-# The kept figures. Many seed and credit transactions add to them at once, each on a random one of their shards, so
-# they rarely meet; created up front with all their shards (creating a counter inside many transactions at once would
-# make them collide on its config).
+# The kept figures, created up front with all their shards: creating a counter inside many transactions at once would
+# make them collide on its config.
 COUNTERS = counters.owned("accounts")
 COUNT, BALANCE = "count", "balance"
 KEPT_SHARDS = 16
@@ -45,16 +39,14 @@ ACCOUNTS_CHUNK_FIRESTORE = 100  # accounts of about 100 bytes: far below 10 MiB 
 
 
 def account_key(seed_id: str, number: int) -> ndb.Key:
-    """A scattered id computed from the seed and the account's number, so that a seed task delivered twice writes the
-    same accounts, not twice as many. Ids below ID_CEILING, as Datastore's own auto ids, where the mapper's key
-    arithmetic aims; no Account key is ever allocated by Datastore, so no auto id can collide with these."""
+    """A scattered id from the seed and the account's number, so a seed task delivered twice writes the same accounts;
+    below ID_CEILING, where the mapper's key arithmetic aims (no Account id is ever allocated by Datastore)."""
     digest = hashlib.sha256(f"{seed_id}:{number}".encode()).digest()
     return ndb.Key(Account, int.from_bytes(digest[:8], "big") % (ID_CEILING - 1) + 1)
 
 
 def keep_figures() -> None:
-    """Create the kept figures' counters when they do not exist yet (before anything adds to them): a transaction
-    each only then; once they exist (every later seed and job start), one batched get, from the global cache."""
+    """Create the kept figures' counters when they do not exist yet; once they do, one batched get."""
     for short, config in zip((COUNT, BALANCE), COUNTERS.configs((COUNT, BALANCE)), strict=True):
         if config is None or config.num_shards < KEPT_SHARDS:
             COUNTERS.configure(short, KEPT_SHARDS)
@@ -64,14 +56,9 @@ SEED_ENDPOINT = "accounts.seed"  # what a seed's Idempotency-Key is scoped to, w
 
 
 def seed(count: object, idempotency_key: str | None = None, user: str = "") -> tuple[dict[str, Any], bool]:
-    """Create `count` accounts with a zero balance, in the background (tasks of SEED_BATCH): (the seed's answer,
-    replayed).
-
-    With an idempotency key (`user`'s own: core/idempotency.py) a SeedMarker keeps the first answer, and the seed's id
-    is derived from the key: a resend answers it again (replayed True), the key sent for another count is a 409, and
-    the resend enqueues tasks of the same names, which the queue drops (core/tasks.py), whose accounts' keys are the
-    same (`account_key`): it creates no account twice, even once the queue has forgotten the names, and it enqueues
-    what a first request that died after its marker's commit did not."""
+    """Create `count` accounts with a zero balance, in tasks of SEED_BATCH: (the seed's answer, replayed). With an
+    idempotency key a SeedMarker keeps the first answer and the seed's id is derived from the key, so a resend
+    enqueues tasks of the same names and accounts of the same keys: no account twice (another count: a 409)."""
     how_many = whole_number(count, "count", 1, MAX_SEED, from_json=True)
     request = idempotency.keyed(idempotency_key, user or None, SEED_ENDPOINT, None, {"count": how_many})
     keep_figures()
@@ -85,9 +72,8 @@ def seed(count: object, idempotency_key: str | None = None, user: str = "") -> t
 
 
 def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
-    """Write the seed's marker unless it exists: whether it did (a replay; a 409 when for another count). The seed's
-    effect is its tasks, named by the seed's id, so the marker needs no transaction with them; this one makes the
-    check and the write one step for two sends of the key at the same moment."""
+    """Write the seed's marker unless it exists: whether it did (a replay; a 409 when for another count). Its tasks
+    are named by the seed's id, so the marker needs no transaction with them."""
     key = ndb.Key(SeedMarker, request.name)
     return once(lambda: idempotency.written(key.get(retries=0), request),
                 lambda _, stamp: SeedMarker.new(key, request, stamp, answer).put(),
@@ -95,10 +81,8 @@ def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
 
 
 def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
-    """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction. A payload
-    `seed` did not make (a seed id that is not one, numbers beyond MAX_SEED or more than SEED_BATCH of them) is a
-    422 that writes nothing: the task route takes only the queue's deliveries, but a task's size is what one delivery
-    may cost."""
+    """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction. A payload `seed`
+    did not make (numbers beyond MAX_SEED or more than SEED_BATCH of them) is a 422 that writes nothing."""
     seed_id = text(payload.get("seed"), "seed", 64)
     start = whole_number(payload.get("start"), "start", 0, MAX_SEED - 1, from_json=True)
     stop = whole_number(payload.get("stop"), "stop", start + 1, min(start + SEED_BATCH, MAX_SEED), from_json=True)
@@ -109,10 +93,8 @@ def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
 
 def _create_missing(keys: list[ndb.Key]) -> int:
     """In one transaction: create the accounts of `keys` that do not exist and add them to the kept count; how many
-    this call created. A chunk's accounts are created together, by one commit (a task's chunks are the same keys at
-    every delivery), each stamped with its call: a retried task finds them created, by another call, and neither
-    zeroes them (they may be credited since) nor counts them again; this call's own retry, after its commit answered
-    UNKNOWN and yet applied, finds its own stamp and reports them as its own."""
+    this call created. A retried task finds them created and neither zeroes them (they may be credited since) nor
+    counts them again; this call's own retry after an UNKNOWN commit finds its own stamp."""
     def look() -> Written | list[ndb.Key]:
         found = ndb.get_multi(keys, retries=0)
         missing = [k for k, a in zip(keys, found, strict=True) if a is None]
@@ -127,10 +109,8 @@ def _create_missing(keys: list[ndb.Key]) -> int:
 
 
 def summary(exactly: bool = True) -> dict[str, int]:
-    """How many accounts there are and their total balance: the kept figures summed from their counters' shards (gets
-    by key, strongly consistent, exact once every seed and credit has committed), never from the accounts. Not
-    `exactly`: from a copy kept SUMMARY_LIFETIME (a page anyone may reload bills its 32 shards once in those
-    seconds)."""
+    """How many accounts there are and their total balance, from the kept figures' shards (gets by key, strongly
+    consistent); not `exactly`: from a copy kept SUMMARY_LIFETIME."""
     if not exactly:
         return runtime.cache().kept_copy(SUMMARY_KEY, SUMMARY_LIFETIME, summary)
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
@@ -175,12 +155,9 @@ def latest_audit() -> dict[str, Any] | None:
 # --- the lesson in 2026: the kept figures beside COUNT and SUM aggregation queries -----------------------------------
 
 def compare_with_aggregation() -> dict[str, Any]:
-    """Read the kept figures and run COUNT and SUM over the accounts, each timed, now; what each read.
-
-    The kept figures are two counters' configs and shards, read by key: the same entities at any number of accounts.
-    An aggregation query reads one index entry per account (Firestore bills a read per batch of up to 1,000), so its
-    time and cost grow with the accounts; the legacy emulator has none. Bounded: one query, with its own deadline.
-    Not a page view's work (it scans): an admin asks for it."""
+    """Read the kept figures and run COUNT and SUM over the accounts, each timed, now; what each read. The aggregation
+    reads one index entry per account, so it grows with them (the legacy emulator has none): an admin's, never a
+    page view's."""
     start = time.perf_counter()
     kept = summary()  # two counters, each its config and KEPT_SHARDS shards
     result: dict[str, Any] = {"kept": {**kept, "ms": round((time.perf_counter() - start) * 1000, 1),

@@ -15,8 +15,7 @@ bp = Blueprint("accounts", __name__)
 
 @bp.get("/accounts")
 def index() -> ResponseReturnValue:
-    """How many accounts, their total balance, the latest audit of both, and (admins) forms to seed more, to credit
-    every one and to audit."""
+    """How many accounts, their total balance, the latest audit, and (admins) forms to seed, credit and audit."""
     return _page()
 
 
@@ -88,7 +87,7 @@ def api_audit() -> ResponseReturnValue:
 @bp.post("/api/accounts/seed")
 def api_seed() -> ResponseReturnValue:
     """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
-    nothing more and answers the first answer again (for another count: 409)."""
+    nothing more (for another count: 409)."""
     user = identity.require_admin()
     seeded, replayed = service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])
     return idempotency.marked(jsonify(seeded), replayed), 202

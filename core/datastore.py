@@ -19,11 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class RpcCounter(grpc.UnaryUnaryClientInterceptor):
-    """Every unary Datastore RPC, counted for the request that sent it. The request is found when the call is made
-    (on its thread); ndb sends RPCs asynchronously, so the answer may arrive on a gRPC thread. Nothing waits here:
-    under a production latency model (`model`) the Datastore is reached through the stand-in, which waits
-    production's round trip and says how long in the answer; that wait is kept apart from the RPC's time, which
-    includes it, so production's wait and this machine's time show apart."""
+    """Every unary Datastore RPC, counted for the request that sent it (found when the call is made, on its thread: the
+    answer may arrive on a gRPC thread). Under a latency `model` the stand-in waits production's round trip and says
+    how long in its answer; that wait is kept apart, so production's wait and this machine's time show apart."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -48,9 +46,8 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         return outcome
 
     def stand_in_wait(self, answered: grpc.Future) -> float:
-        """The seconds the stand-in waited for this RPC, from its answer's trailing metadata (0 without one). Under a
-        profile, an answer without it says the app is not on the stand-in's address: said once, as its waits are
-        then missing from every figure."""
+        """The seconds the stand-in waited for this RPC, from its answer's trailing metadata (0 without one); under a
+        profile, its absence is logged once."""
         trailers = dict(getattr(answered, "trailing_metadata", lambda: None)() or ())
         if production_latency.WAIT_HEADER in trailers:
             return float(trailers[production_latency.WAIT_HEADER]) / 1000
@@ -68,8 +65,7 @@ def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
 
 
 def make_client(settings: Settings, model: Model) -> ndb.Client:
-    """Built once per process: it holds the gRPC channel that every request reuses, with every RPC on it counted for
-    the request that made it (core/costs.py), and waiting under the production latency `model`."""
+    """Built once per process: it holds the gRPC channel every request reuses, every RPC on it counted."""
     if not settings.emulator_host:
         client = ndb.Client(project=settings.project, namespace=settings.namespace)
         return _counted(client, client.stub.grpc_channel, model)
@@ -85,16 +81,14 @@ def make_client(settings: Settings, model: Model) -> ndb.Client:
 
 
 def _counted(client: ndb.Client, channel: grpc.Channel, model: Model) -> ndb.Client:
-    """The client, its RPCs sent through `channel`, intercepted. ndb makes every call through `client.stub`, the
-    Datastore transport it built; the replacement is the same transport class, on the intercepted channel
-    (tests/test_appstats.py fails if ndb stops sending its RPCs through it)."""
+    """The client, its RPCs sent through `channel`, intercepted: ndb makes every call through `client.stub`
+    (tests/test_appstats.py fails if it stops)."""
     client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(channel, model))
     return client
 
 
 def make_api(settings: Settings, model: Model) -> datastore_v1.DatastoreClient:
-    """A client of the Datastore API itself (google.cloud.datastore_v1, a gRPC channel): one per process, its RPCs
-    counted and waiting like ndb's."""
+    """A client of the Datastore API itself: one per process, its RPCs counted like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
                else DatastoreGrpcTransport.create_channel())
     return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=intercepted(channel, model)))
@@ -124,10 +118,8 @@ class DatastoreApi:
 
 
 class Bulk(DatastoreApi):
-    """The Datastore API itself, its keys and entities as protobufs, for bulk work whose client CPU through ndb is
-    the bottleneck (a mapper job's listings and chunks: mapper/tree.py, mapper/bulk.py). ndb builds several Python
-    objects for each key and entity it answers or sends; a protobuf is one, and costs a fraction of the CPU
-    (bench/results/mapper.md: a chunk's transaction each way, and the fan-out's CPU per account)."""
+    """The Datastore API itself, its keys and entities as protobufs, for bulk work whose client CPU through ndb is the
+    bottleneck (a mapper job's listings and chunks: bench/results/mapper.md)."""
 
     def keys(self, kind: str, after: ndb.Key | None, upto: ndb.Key | None, limit: int | None = None) -> list[ndb.Key]:
         """The keys of `kind` in (after, upto] (None: no bound), in key order, at most `limit` (None: all): a
@@ -203,9 +195,8 @@ class Transaction:
 
 
 def transforms_applied(mutations: list[Any], answer: Any) -> Any:
-    """A commit's `answer`, once it shows a result for every server-side transform of its `mutations`, else
-    RuntimeError: the legacy Datastore emulator accepts transforms and silently drops them (the rest of the commit
-    lands), and a caller must not report as done an increment the backend never applied."""
+    """A commit's `answer` once it shows a result for every transform of its `mutations`, else RuntimeError: the legacy
+    emulator silently drops them, and an increment never applied must not be reported done."""
     for mutation, result in zip(mutations, answer.mutation_results, strict=True):
         if len(result.transform_results) != len(mutation.property_transforms):
             raise RuntimeError("The datastore did not apply a server-side increment (the legacy Datastore emulator "
@@ -215,8 +206,7 @@ def transforms_applied(mutations: list[Any], answer: Any) -> Any:
 
 
 def entity_pb(model: ndb.Model) -> Any:
-    """An ndb entity as the Datastore API's protobuf, serialized by ndb itself (so stored exactly as its put() would
-    store it), its auto_now and the like filled as put() fills them."""
+    """An ndb entity as the Datastore API's protobuf, serialized by ndb itself, as its put() would store it."""
     model._prepare_for_put()
     return datastore_v1.Entity.pb(ndb_model._entity_to_protobuf(model))
 
@@ -226,11 +216,8 @@ def _path(key: Any) -> tuple:
 
 
 class Aggregations(DatastoreApi):
-    """COUNT and SUM aggregation queries (RunAggregationQuery), which ndb does not offer.
-
-    Firestore in Datastore mode answers them by reading the kind's index entries: every one of them, so their time
-    grows with the number of entities, and they are billed one read per batch of up to 1,000 entries. The legacy
-    Datastore emulator (like Datastore before Firestore) has no such query: it answers 501 UNIMPLEMENTED.
+    """COUNT and SUM aggregation queries, which ndb does not offer. Firestore in Datastore mode reads every index entry
+    of the kind (time grows with N; billed one read per 1,000 entries); the legacy emulator answers 501 UNIMPLEMENTED.
     """
 
     def count_and_sum(self, kind: str, prop: str) -> tuple[int, int]:
@@ -251,25 +238,16 @@ class Aggregations(DatastoreApi):
 
 
 class ServerIncrements(DatastoreApi):
-    """Server-side increments (`PropertyTransform.increment`) in one non-transactional commit, through the Datastore
-    API itself (google.cloud.datastore_v1): Firestore in Datastore mode only.
-
-    A blind increment reads nothing, so it takes no lock: under Firestore's pessimistic concurrency a read-modify-write
-    transaction on a busy entity waits for the lock and then fails ("Transaction lock timeout"), while increments
-    keep committing (bench/results/counters.md, Firestore: the `txn` rows against the app's counters). All mutations
-    of one commit apply together or not at all, so an insert beside the increment (an idempotency marker) makes it
-    happen at most once: a second commit with the same marker fails with ALREADY_EXISTS and changes nothing.
-
-    The legacy Datastore emulator accepts such a commit and silently drops the increment (and the masked upsert wipes
-    the entity's other properties): it is never sent there (`Settings.backend`), and every commit is checked for the
-    transform's result, so an increment the backend did not apply is never counted.
+    """Server-side increments (`PropertyTransform.increment`) in one non-transactional commit: Firestore in Datastore
+    mode only. A blind increment takes no lock, so it keeps committing where a read-modify-write transaction on a busy
+    entity times out on Firestore's lock (bench/results/counters.md); an insert beside it (an idempotency marker)
+    makes it happen at most once. The legacy emulator silently drops the increment (and the masked upsert wipes the
+    entity's other properties): it is never sent there, and every commit is checked for the transform's result.
     """
 
     def commit(self, key: ndb.Key, field: str, delta: int = 1, insert: ndb.Model | None = None) -> int:
-        """Add `delta` to `field` of entity `key` (created when missing, its other properties kept), and insert the
-        ndb entity `insert` in the same commit when given (serialized by ndb itself, so it is stored exactly as a
-        `put` of it would be). The field's new value. AlreadyExists when `insert`'s entity exists already (then
-        nothing was written)."""
+        """Add `delta` to `field` of entity `key` (created when missing) and insert `insert` in the same commit; the
+        field's new value. AlreadyExists when `insert`'s entity exists already (then nothing was written)."""
         mutations = []
         if insert is not None:
             mutations.append(datastore_v1.Mutation(insert=entity_pb(insert)))
@@ -286,8 +264,7 @@ class ServerIncrements(DatastoreApi):
 
 
 class Datastore:
-    """The process's ndb client plus the global cache every context uses, and (Firestore only) server-side
-    increments."""
+    """The process's ndb client, the global cache every context uses, and the Datastore API beside it."""
 
     def __init__(self, client: ndb.Client, aggregations: Aggregations, bulk: Bulk,
                  global_cache: ndb.GlobalCache | None = None, increments: ServerIncrements | None = None) -> None:

@@ -1,20 +1,7 @@
-"""Who is asking: the dev sign-in locally, Sign in with Google wherever GOOGLE_CLIENT_ID is set (App Engine).
-
-Anyone reads the pages without signing in; writing needs a signed-in person; admins are the emails in ADMIN_EMAILS.
-Whoever signed in is kept in the signed session cookie, the same way for both sign-ins:
-- Locally (a Datastore emulator, DEV_SIGNIN=on, not GAE_ENV=standard) a person signs in with any email and chooses
-  whether they are an admin.
-- On App Engine, Sign in with Google: Google's button gives the browser an ID token (a JWT Google signed for this app's
-  OAuth client), the page posts it here, and google-auth checks it against Google's published keys
-  (https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). `sub` is the stable user id.
-
-A session is absolute and revocable (checked on every request, in `current_user`): it ends SESSION_HOURS after the
-sign-in, whatever happened since (the cookie carries the sign-in's time, which nothing moves), and signing out ends
-every copy of the cookie, in every process: the cookie carries the person's session generation as it was at sign-in,
-and signing out gives them a new one (`SessionGeneration`, one entity per person, its value cached).
-
-Why not Identity-Aware Proxy, which signs every request: IAP's access policy covers a whole service or version, not a
-path, so behind it nobody reads anonymously, and without it nobody is signed in (docs/deploy.md, "Sign-in").
+"""Who is asking: the dev sign-in locally, Sign in with Google wherever GOOGLE_CLIENT_ID is set (App Engine), kept in
+the signed session cookie either way. Anyone reads; writing needs a signed-in person; admins are ADMIN_EMAILS. A
+session ends SESSION_HOURS after the sign-in, and signing out ends every copy of the cookie (docs/security.md). Why not
+Identity-Aware Proxy: its policy covers a whole service, not a path (docs/deploy.md, "Sign-in").
 """
 import hashlib
 import hmac
@@ -40,10 +27,8 @@ log = logging.getLogger(__name__)
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 SESSION_HOURS = 12  # a sign-in lasts this long from the moment it was made, however the cookie is used or re-issued
-# Seconds a person's session generation stays in the cache. A signed-in request reads it there; sign-out stores the
-# new one there at once, so a revoked cookie is refused on every process from then on. Only if the cache was
-# unreachable at sign-out and comes back still holding the old value (a frozen server, not a restarted one) can a
-# revoked copy pass, for at most this long.
+# Seconds a session generation stays in the cache: if the cache was unreachable at sign-out and comes back still
+# holding the old value (a frozen server, not a restarted one), a revoked copy can pass for at most this long.
 GENERATION_LIFETIME = 600
 NEVER_SIGNED_OUT = "0"  # the generation of a person who never signed out (no entity)
 GENERATION_LEASE = b"lease:"  # a cached value that is a reader's lease (`generation`), never a generation (hex digits)
@@ -54,12 +39,9 @@ EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2
 
 
 class GoogleKeys:
-    """Google's public keys for its ID tokens, fetched once and refreshed hourly: not one fetch per sign-in.
-
-    One fetch at a time, and never a queue of them: threads that waited for a fetch use its keys. When a refresh
-    fails, the keys already held stay in use (Google rotates them slowly, announcing new ones well before use) and
-    the next try is `retry_after` seconds later; with no keys at all, a failed fetch answers every caller at once for
-    those seconds instead of each waiting out its own timeout in turn."""
+    """Google's public keys for its ID tokens, refreshed hourly, one fetch at a time. When a refresh fails, the keys
+    held stay in use (Google announces new ones well before use); with none, a failed fetch answers every caller for
+    `retry_after` seconds instead of each waiting out its own timeout in turn."""
 
     def __init__(self, url: str = GOOGLE_CERTS_URL, lifetime: float = 3600, timeout: float = 5,
                  retry_after: float = 30) -> None:
@@ -97,8 +79,7 @@ class GoogleKeys:
 
 def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> dict[str, Any] | None:
     """The claims of a verified Google ID token, or None when the token is forged, expired, for another app (`aud`),
-    from another issuer, or for an address Google has not verified. `keys`: Google's, fetched only when there is a
-    token to check."""
+    from another issuer, or for an address Google has not verified."""
     if not isinstance(token, str) or not token or len(token) > 4096:
         return None
     try:
@@ -137,10 +118,9 @@ def dev_user_id(email: str) -> str:
 
 
 class SessionGeneration(ndb.Model):
-    """A person's session generation, keyed by their user id: a sign-in's cookie carries it, and it changes when they
-    sign out, which ends every cookie carrying the old one. A random token, not a number: sign-out writes it blind,
-    without reading it first (no transaction), and two sign-outs at once both end the old one. Cached by hand
-    (`generation`), not by ndb's global cache, which keeps no misses: most people never sign out, so have no entity."""
+    """A person's session generation, keyed by user id; signing out changes it. A random token, so sign-out writes it
+    blind (no transaction). Cached by hand, not by ndb's global cache, which keeps no misses: most people never sign
+    out, so have no entity."""
     _use_global_cache = False
     value = ndb.TextProperty()  # not indexed: never queried
 
@@ -150,15 +130,9 @@ def _generation_key(user_id: str) -> str:
 
 
 def generation(user_id: str) -> str:
-    """The person's session generation: from the cache (one round trip), else read by key and cached. With the cache
-    away, a read by key each time: a signed-in request costs one Lookup more, and revocation still holds.
-
-    A read from before a sign-out must never be stored after it, or the signed-out cookie would pass again for the
-    copy's life. So the reader that misses takes a lease first (`add` of a token, as in Facebook's memcache leases,
-    https://www.usenix.org/system/files/conference/nsdi13/nsdi13-final170_update.pdf section 3.2.1), then reads,
-    then stores its read only while its lease is still there (`replace_if`): a sign-out's store replaces the lease,
-    and an eviction or a flush drops it, so the older read is not kept. A reader that finds another's lease reads and
-    keeps nothing."""
+    """The person's session generation: from the cache, else read by key and cached. A read from before a sign-out
+    must never be stored after it: the reader that misses takes a lease first (`add`, Facebook's memcache leases:
+    docs/security.md), reads, and stores its read only while its lease is still there (`replace_if`)."""
     cache, key = runtime.cache(), _generation_key(user_id)
     cached = cache.get(key)
     if cached is not None and not cached.startswith(GENERATION_LEASE):
@@ -173,18 +147,16 @@ def generation(user_id: str) -> str:
 
 
 def _renew_generation(user_id: str) -> None:
-    """Sign-out: a new generation, written to Datastore first (the truth: a cache restarted or evicted reads it back)
-    and then stored over the cached one. A blind store after the write, not a delete: it replaces any reader's lease
-    too, so a reader that read the old value before the write cannot store it after (`generation`)."""
+    """Sign-out: a new generation, written to Datastore first (the truth), then stored over the cached one: a store,
+    not a delete, so that it replaces any reader's lease too (`generation`)."""
     value = secrets.token_hex(8)
     SessionGeneration(id=user_id, value=value).put()
     runtime.cache().set(_generation_key(user_id), value, expire=GENERATION_LIFETIME)
 
 
 def _session_is_current(user: people.User) -> bool:
-    """Whether this cookie's sign-in is still good: made less than SESSION_HOURS ago, by the clock of the sign-in's
-    time stored in the cookie (Flask's own age check counts from the cookie's last re-issue, which every change to
-    the session moves on), and of the person's current session generation."""
+    """Whether this cookie's sign-in is still good: made less than SESSION_HOURS ago by the sign-in's time it carries
+    (Flask's own age check counts from the last re-issue), and of the person's current session generation."""
     signed_in, carried = session.get("signed_in"), session.get("generation")
     if not isinstance(signed_in, int) or isinstance(signed_in, bool) or not isinstance(carried, str):
         return False  # a cookie from before sessions carried them, or not one this app made
@@ -193,9 +165,8 @@ def _session_is_current(user: people.User) -> bool:
 
 
 def current_user() -> people.User | None:
-    """The signed-in user for this request, or None. Worked out once per request. Whether a Google user is an admin
-    is read from ADMIN_EMAILS on each request, so taking an address out of it takes effect at the next deploy. A
-    cookie whose sign-in has ended (SESSION_HOURS, or signed out elsewhere) is nobody's, and is cleared."""
+    """The signed-in user for this request, or None; admin from ADMIN_EMAILS on each request. A cookie whose sign-in
+    has ended is nobody's, and is cleared."""
     if "user" not in g:
         settings = runtime.current().settings
         user = session.get("user")
@@ -212,10 +183,9 @@ def current_user() -> people.User | None:
 
 
 def reads_exactly() -> bool:
-    """Whether this request reads what many entities add up to (a counter's every shard, the accounts' kept figures)
-    each time, or from a copy kept a few seconds (Cache.kept_copy). Only an admin, who shapes counters and watches
-    bursts and jobs, reads exactly: anyone else may ask as often as they like, and each shard is a billed read. In
-    production anyone with a Google account can sign in, so signing in changes nothing here."""
+    """Whether this request reads what many entities add up to each time, or from a copy kept a few seconds
+    (Cache.kept_copy): only an admin reads exactly; anyone else may ask as often as they like, and each shard is a
+    billed read."""
     user = current_user()
     return user is not None and user["admin"]
 
@@ -235,8 +205,7 @@ def require_admin() -> people.User:
 
 
 def dev_sign_in(email: object, admin: object) -> people.User:
-    """Sign in locally as `email`; refused wherever the settings did not turn it on (Settings.dev_signin: against a
-    Datastore emulator, with DEV_SIGNIN=on, never on App Engine standard)."""
+    """Sign in locally as `email`; refused wherever Settings.dev_signin is off."""
     if not runtime.current().settings.dev_signin:
         raise NotFound("Dev sign-in does not exist here (only in local development, against a Datastore emulator, "
                        "with DEV_SIGNIN=on).")
@@ -268,9 +237,8 @@ def google_sign_in(credential: object, keys: GoogleKeys) -> people.User:
 
 
 def _keep(user: people.User, vouched: bool = False) -> people.User:
-    """The session now holds `user` and nothing from before: a fresh session at each sign-in. `vouched`: whether the
-    email is the account's own (email_is_the_accounts), which an admin's must be. The sign-in's time and the
-    person's session generation go into the cookie, and nothing changes them afterwards (`_session_is_current`)."""
+    """A fresh session holding `user`, the sign-in's time and the person's session generation. `vouched`: whether the
+    email is the account's own (email_is_the_accounts), which an admin's must be."""
     session.clear()
     session["user"] = user
     session["vouched"] = vouched
@@ -281,8 +249,7 @@ def _keep(user: people.User, vouched: bool = False) -> people.User:
 
 
 def sign_out() -> None:
-    """Sign out, here and wherever a copy of this cookie is: the person's sign-ins made so far all end (every
-    browser they signed in with, as with "sign out everywhere"), the next sign-in starts a new one."""
+    """Sign out, here and wherever a copy of this cookie is: all of the person's sign-ins so far end."""
     user = current_user()
     if user is not None:
         _renew_generation(user["id"])
