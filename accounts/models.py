@@ -11,8 +11,7 @@ class Account(ndb.Model):
     _use_cache = False
     _use_global_cache = False
     balance = ndb.IntegerProperty(default=0)  # indexed: what a SUM aggregation query reads (the aggregation lesson)
-    # Which seed transaction created it: that transaction's own retry, after a commit that answered UNKNOWN but
-    # applied, counts it as created by itself (accounts.service._create_missing).
+    # The seed call that created it: its retry after an UNKNOWN commit counts it as its own (service._create_missing).
     created_by = ndb.TextProperty()
 
 
@@ -33,6 +32,5 @@ class AccountsAudit(ndb.Model):
 
 
 class SeedMarker(ExpiringMarker):
-    """A seed sent with an Idempotency-Key (core/idempotency.py): a root entity, key name the key's marker name, its
-    answer the seed's first answer (its id, count and tasks)."""
+    """A seed sent with an Idempotency-Key: its first answer, under the key's marker name."""
     _use_global_cache = False

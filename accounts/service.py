@@ -109,8 +109,7 @@ def _create_missing(keys: list[ndb.Key]) -> int:
 
 
 def summary(exactly: bool = True) -> dict[str, int]:
-    """How many accounts there are and their total balance, from the kept figures' shards (gets by key, strongly
-    consistent); not `exactly`: from a copy kept SUMMARY_LIFETIME."""
+    """The accounts' count and total balance from the kept figures; not `exactly`: a copy kept SUMMARY_LIFETIME."""
     if not exactly:
         return runtime.cache().kept_copy(SUMMARY_KEY, SUMMARY_LIFETIME, summary)
     kept = COUNTERS.exact_totals([COUNT, BALANCE])
@@ -124,8 +123,7 @@ def _audit_tally(accounts: list[Account], params: dict[str, Any]) -> dict[str, i
 
 
 def _record_audit(job: MapperJob) -> list[AccountsAudit]:
-    """When the audit has finished: its tally (every account read once, by the mapper) beside the kept figures, to be
-    written by the mapper with the mark that the job's follow-up ran."""
+    """The finished audit's on_done: its tally beside the kept figures, to be written with the follow-up's mark."""
     if job.outcome != "done":
         return []  # cancelled or failed: it did not read every account
     kept = COUNTERS.exact_totals([COUNT, BALANCE])

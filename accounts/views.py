@@ -86,8 +86,7 @@ def api_audit() -> ResponseReturnValue:
 
 @bp.post("/api/accounts/seed")
 def api_seed() -> ResponseReturnValue:
-    """Seed {"count": 1..100000} accounts in the background -> 202; a resend with the same Idempotency-Key seeds
-    nothing more (for another count: 409)."""
+    """Seed {"count": 1..100000} accounts in the background -> 202; a resend of its Idempotency-Key seeds nothing."""
     user = identity.require_admin()
     seeded, replayed = service.seed(json_body().get("count"), request.headers.get("Idempotency-Key"), user["id"])
     return idempotency.marked(jsonify(seeded), replayed), 202

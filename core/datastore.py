@@ -46,8 +46,7 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         return outcome
 
     def stand_in_wait(self, answered: grpc.Future) -> float:
-        """The seconds the stand-in waited for this RPC, from its answer's trailing metadata (0 without one); under a
-        profile, its absence is logged once."""
+        """The seconds the stand-in waited for this RPC, from its answer's trailing metadata (0 without one)."""
         trailers = dict(getattr(answered, "trailing_metadata", lambda: None)() or ())
         if production_latency.WAIT_HEADER in trailers:
             return float(trailers[production_latency.WAIT_HEADER]) / 1000
@@ -81,8 +80,7 @@ def make_client(settings: Settings, model: Model) -> ndb.Client:
 
 
 def _counted(client: ndb.Client, channel: grpc.Channel, model: Model) -> ndb.Client:
-    """The client, its RPCs sent through `channel`, intercepted: ndb makes every call through `client.stub`
-    (tests/test_appstats.py fails if it stops)."""
+    """The client, its RPCs (all made through `client.stub`) sent through `channel`, intercepted."""
     client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(channel, model))
     return client
 
@@ -94,8 +92,7 @@ def make_api(settings: Settings, model: Model) -> datastore_v1.DatastoreClient:
     return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=intercepted(channel, model)))
 
 
-# The Datastore API's own protobuf classes (proto-plus's datastore_v1.Entity and the like wrap them): a bulk path
-# builds thousands, and the wrappers cost more client CPU than the protobufs themselves.
+# The protobuf classes under proto-plus's wrappers, which cost a bulk path more client CPU than the protobufs do.
 EntityPb = datastore_v1.Entity.pb()
 KeyPb = datastore_v1.Key.pb()
 MutationPb = datastore_v1.Mutation.pb()
@@ -118,8 +115,7 @@ class DatastoreApi:
 
 
 class Bulk(DatastoreApi):
-    """The Datastore API itself, its keys and entities as protobufs, for bulk work whose client CPU through ndb is the
-    bottleneck (a mapper job's listings and chunks: bench/results/mapper.md)."""
+    """The Datastore API itself, as protobufs, for bulk work whose client CPU through ndb is the bottleneck."""
 
     def keys(self, kind: str, after: ndb.Key | None, upto: ndb.Key | None, limit: int | None = None) -> list[ndb.Key]:
         """The keys of `kind` in (after, upto] (None: no bound), in key order, at most `limit` (None: all): a
@@ -184,8 +180,7 @@ class Transaction:
         return [found.get(_path(key)) for key in wanted]
 
     def commit(self, mutations: list[Any]) -> Any:
-        """Commit the transaction with `mutations` (MutationPbs); the answer (a CommitResponse protobuf), each
-        server-side transform in it applied (`transforms_applied`)."""
+        """Commit the transaction with `mutations`; the CommitResponse, its transforms checked applied."""
         api = self.bulk
         request = datastore_v1.CommitRequest.pb()(project_id=api.project, transaction=self.id, mutations=mutations,
                                                   mode=datastore_v1.CommitRequest.Mode.TRANSACTIONAL)

@@ -22,8 +22,7 @@ from core import people, runtime, validate
 from core.errors import AppError, Forbidden, NotFound, SignInRequired, Unavailable, Unprocessable
 
 log = logging.getLogger(__name__)
-# Google's keys for the ID tokens Sign in with Google issues, PEM certificates by key id (what google-auth's own
-# id_token.verify_oauth2_token fetches on every call; fetched here once an hour instead).
+# Google's ID-token keys (google-auth's verify_oauth2_token fetches them on every call; here once an hour).
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 SESSION_HOURS = 12  # a sign-in lasts this long from the moment it was made, however the cookie is used or re-issued
@@ -165,8 +164,7 @@ def _session_is_current(user: people.User) -> bool:
 
 
 def current_user() -> people.User | None:
-    """The signed-in user for this request, or None; admin from ADMIN_EMAILS on each request. A cookie whose sign-in
-    has ended is nobody's, and is cleared."""
+    """The signed-in user for this request, or None (a cookie whose sign-in has ended is cleared)."""
     if "user" not in g:
         settings = runtime.current().settings
         user = session.get("user")
@@ -237,8 +235,7 @@ def google_sign_in(credential: object, keys: GoogleKeys) -> people.User:
 
 
 def _keep(user: people.User, vouched: bool = False) -> people.User:
-    """A fresh session holding `user`, the sign-in's time and the person's session generation. `vouched`: whether the
-    email is the account's own (email_is_the_accounts), which an admin's must be."""
+    """A fresh session holding `user`, the sign-in's time and generation; `vouched`: email_is_the_accounts."""
     session.clear()
     session["user"] = user
     session["vouched"] = vouched

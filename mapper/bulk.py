@@ -69,8 +69,7 @@ class IncrementChunks:
         return ChunkEntity(key, pb) if key.kind() == self.kind else ndb_model._entity_from_protobuf(pb)
 
     def put_multi(self, entities: list[Any]) -> None:
-        """Commit the transaction with each of `entities`, a mutation or an ndb model to upsert; a server-side
-        increment not applied fails the chunk loudly (core/datastore.transforms_applied)."""
+        """Commit the transaction with each of `entities`, a mutation or an ndb model to upsert."""
         self.transaction.commit([e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities])
 
 
@@ -83,8 +82,7 @@ def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
 
 def effect_of(definition: Any, params: dict) -> tuple[Callable[[list, dict, Any], list],
                                                      Callable[[list, dict], dict] | None]:
-    """A JobDefinition's (apply, tally) for a run with `params`: its own, or an increments job's: each entity's
-    mutation, and what the chunk added to each property (unless it tallies otherwise)."""
+    """A JobDefinition's (apply, tally) for a run with `params`: its own, or made from its increments."""
     if definition.increments is None:
         return definition.apply, definition.tally
     deltas = definition.increments(params)

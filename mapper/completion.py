@@ -228,8 +228,7 @@ DONE_HANDLER = "mapper.done"
 
 
 def mark_ended(job: MapperJob, outcome: str, summary: dict[str, Any]) -> None:
-    """Write the job's end into `job` (the caller puts it, in the commit that ends the job): its outcome and figures,
-    and its on_done pending when it has one, due within a lease (else the sweep queues it again)."""
+    """Write the job's end into `job` (put by the caller): its outcome, figures, and on_done pending, due in a lease."""
     job.ended, job.outcome, job.summary = clock.now(), outcome, summary
     definition = jobs.of(job)
     if definition and definition.on_done:
@@ -270,8 +269,7 @@ def run_follow_up(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
 
 
 def figures_of(job: MapperJob) -> Figures:
-    """The job's state and figures, read only: an ended job's from itself (the records' sums, exact), a running or
-    cancelled one's from its hints (`_hinted`: no read that grows with its tasks, however often the pages poll)."""
+    """The job's state and figures: an ended job's from itself (exact), a running one's from its hints (`_hinted`)."""
     if job.ended:  # every task had handed its weight back
         return Figures(job.outcome, returned=TOTAL_WEIGHT, **(job.summary or {}))
     hinted = _hinted(job)
@@ -281,8 +279,7 @@ def figures_of(job: MapperJob) -> Figures:
 
 
 def end_by_admin(job: MapperJob) -> MapperJob:
-    """End a running job whose tasks have all reported back (all the weight returned, or one failed for good) but that
-    was not marked ended: its last task died before noticing. Conflict while ranges are still out."""
+    """End a job whose tasks have all reported back but that was not marked ended; Conflict while ranges are out."""
     if job.ended:
         return job
     sums = _summed(job)

@@ -70,8 +70,7 @@ def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
 
 
 def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
-    """Enqueue the tasks `record` split into (a handed page's keys from `pages`, else its HandedPages); the queue drops
-    a repeat by name."""
+    """Enqueue the tasks `record` split into (a handed page's keys from `pages`, else from its HandedPages)."""
     if pages is None:
         apart = any(map(keys_apart, record.children))
         kept_pages = HandedPages.key_for(record.key).get() if apart else None

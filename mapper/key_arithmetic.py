@@ -129,8 +129,7 @@ def _name_beyond(low: str, high: str, times: int) -> str | None:
 
 
 def _name_numbers(low: str, high: str, room: int = 0) -> tuple[str, int, int, Callable[[int], str | None]]:
-    """(common prefix, low as a number, high as a number, number -> name or None) for name arithmetic; the prefix
-    `room` characters shorter than the names' common one when asked."""
+    """(common prefix less `room` characters, low as a number, high as a number, number -> name or None)."""
     common = 0
     while common < len(low) and common < len(high) and low[common] == high[common]:
         common += 1

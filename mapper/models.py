@@ -18,8 +18,7 @@ class MapperJob(idempotency.Marker):
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
-    # When it ended, set once by whoever first sees every weight returned. Indexed: the sweep (mapper/sweep.py)
-    # queries the running jobs (ended == None).
+    # Indexed: the sweep queries the running jobs (ended == None).
     ended = ndb.DateTimeProperty()
     ended_by = ndb.TextProperty()  # the stamp of the call that ended it
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `ended`

@@ -83,8 +83,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
 
 
 def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed | None) -> MapperJob:
-    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id (a 409 when
-    that one was started for another request). The job is its own marker: its `call` is the stamp."""
+    """Put `job` and its root task's record unless its id is taken: `job`, or the job found under its id (or a 409)."""
     def insert(_: None, stamp: str) -> None:
         job.call = stamp
         ndb.put_multi([job, root] if root else [job])

@@ -32,8 +32,7 @@ EPOCH = datetime.datetime(2000, 1, 1)
 
 
 def sweep() -> dict[str, Any]:
-    """One run: what it queued again, failed, summed and sent again. An item that raises is logged and left to the
-    next run."""
+    """One run: what it queued again, failed, summed and sent again; an item that raises is left to the next run."""
     now = clock.now()
     revived: list[str] = []
     failed: list[str] = []

@@ -94,8 +94,7 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # weight returned when ended: what children did not take
     error = ndb.TextProperty()
-    # Until when its delivery is trusted to be alive (each chunk renews it; mapper/sweep.py). Indexed: the sweep
-    # queries for leases run out.
+    # Until when its delivery is trusted to be alive. Indexed: the sweep queries for leases run out.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
@@ -121,8 +120,7 @@ class TaskRecord(ndb.Model):
 
     def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
                 final: bool) -> None:
-        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`). `final`: the
-        page's last chunk: done, its weight returned."""
+        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`)."""
         if self.page_end is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]

@@ -16,8 +16,6 @@ bp = Blueprint("mapper", __name__)
 CRON_HEADER = "X-Appengine-Cron"
 
 
-# --- pages ----------------------------------------------------------------------------------------------------------
-
 @bp.get("/jobs")
 def jobs() -> ResponseReturnValue:
     """Recent jobs with their state, and (admins) a form per registered job."""
@@ -107,8 +105,6 @@ def cancel_form(job_id: str) -> ResponseReturnValue:
     service.cancel_job(job_id)
     return redirect(url_for("mapper.job", job_id=job_id))
 
-
-# --- API ------------------------------------------------------------------------------------------------------------
 
 @bp.post("/api/jobs")
 def api_start() -> ResponseReturnValue:
