@@ -1,8 +1,6 @@
-"""Accounts: seeding many of them, their summary, and the job that audits the summary (the credit job: credit.py).
-
-The summary is never counted from the accounts (the talk: `Model.count()` is O(N)): the app keeps `count` and
-`balance` as sharded counters, each moved exactly once, in the transaction that creates a seed chunk's accounts or
-ends a credit job. Reading them costs the same at any number of accounts; the audit recounts them.
+"""Accounts: seeding, their summary, and the audit (the credit job: credit.py). The summary is never counted from the
+accounts (the talk: `Model.count()` is O(N)): `count` and `balance` are sharded counters, each moved exactly once, in
+the transaction that creates a seed chunk's accounts or ends a credit job; the audit recounts them.
 """
 import hashlib
 import math

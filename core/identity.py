@@ -98,10 +98,9 @@ def verify_google_id_token(token: object, client_id: str, keys: GoogleKeys) -> d
 
 
 def email_is_the_accounts(claims: dict[str, Any]) -> bool:
-    """Whether Google vouches that the token's email is the account's own, not merely an address verified once: a
-    Gmail or Google service-account address, or a Workspace account whose domain (`hd`) is the address's
-    (https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). Only such an address counts as
-    one of ADMIN_EMAILS: someone who left a company keeps a personal Google account made on its address."""
+    """Whether Google vouches that the email is the account's own: Gmail, a service account, or a Workspace account of
+    the address's domain (`hd`, https://developers.google.com/identity/gsi/web/guides/verify-google-id-token). Only
+    such an address counts as an admin: someone who left a company keeps a Google account made on its address."""
     domain = claims["email"].lower().rpartition("@")[2]
     return domain == "gmail.com" or domain.endswith(".gserviceaccount.com") or claims.get("hd", "").lower() == domain
 

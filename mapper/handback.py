@@ -9,12 +9,9 @@ from mapper.task import TaskPayload, TaskRecord
 
 def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
               error: str | None = None) -> tuple[TaskRecord, int]:
-    """End the task's record without visiting the rest of its page: `state`, and the weight it kept returned, so the job
-    still ends; its recorded children are enqueued (again) and return their own. The record and the weight this
-    hand-back returned (0 when another delivery ended the record first).
-
-    Idempotent by state, so no stamp: the next attempt after an UNKNOWN commit finds the record ended and returns 0,
-    and the job's checks then sum the records, which hold this weight (completion.end_if_all_back)."""
+    """End the task's record unvisited, `state`, its kept weight returned (0 when another delivery ended it first), so
+    the job still ends; its children are enqueued again. Idempotent by state, so no stamp: an attempt after an UNKNOWN
+    commit finds the record ended and returns 0, and the job's checks sum the records, which hold this weight."""
     def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":

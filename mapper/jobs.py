@@ -20,11 +20,11 @@ MAX_GROUPS = 25
 class JobDefinition:
     """A job that can be run over every entity of `kind` (each run of it: a MapperJob).
 
-    `apply(entities, params, prepared)` runs inside the chunk's transaction on the chunk's entities as read there, and
-    returns the entities to write. Or `increments(params)` ({"balance": 10}), for a job that only adds whole numbers to
-    properties: written as protobufs past ndb (the kind must use neither of its caches), unread on Firestore
-    (mapper/bulk.py); its tally, unless given, is what it added. `prepare(keys, params)` runs before, outside any
-    transaction, for what a transaction may not do (queries without an ancestor); its result is apply's `prepared`.
+    `apply(entities, params, prepared)` runs in the chunk's transaction and returns the entities to write. Or
+    `increments(params)` ({"balance": 10}) for a job that only adds whole numbers: written as protobufs past ndb (the
+    kind must use neither of its caches; mapper/bulk.py), tallied, unless `tally` is given, as what it added.
+    `prepare(keys, params)` runs before, outside any transaction, for what a transaction may not do (queries without
+    an ancestor); its result is apply's `prepared`.
     `chunk`: entities per transaction, at most MAX_GROUPS - 1 - the groups apply writes beside them. Firestore in
     Datastore mode has no limit of groups, only 10 MiB a transaction
     (https://cloud.google.com/datastore/docs/concepts/limits): there `chunk_firestore`, if given.

@@ -1,7 +1,6 @@
-"""The sweep: no job strands (docs/lessons/mapper.md, "No job strands"). Run every `mapper_sweep_seconds` by a schedule
-outside the app's processes (cron.yaml). It queues again each task whose lease ran out, sums a running job with no task
-at work, and sends again a follow-up not yet run; at most SWEEP_BATCH of each a run. The lease is a hint of who is
-alive, never a lock: the record's last_key keeps two deliveries from both applying a chunk. The queries have no
+"""The sweep: no job strands (docs/lessons/mapper.md). Run every `mapper_sweep_seconds` by cron.yaml, it queues again
+each task whose lease ran out, sums a running job with no task at work, and sends again a follow-up not yet run; at
+most SWEEP_BATCH of each a run. The lease is a hint, never a lock (a record's last_key is). The queries have no
 ancestor, so on legacy Datastore they are eventually consistent: a lease just run out may show one run later.
 """
 import dataclasses

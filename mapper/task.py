@@ -8,10 +8,9 @@ from google.cloud import ndb
 
 from core import clock
 
-# The weight is weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed
-# computations by external agents", ICDCS 1989; with the recovery of F. Mattern, "Global quiescence detection based on
-# credit distribution and recovery", Information Processing Letters 30(4), 1989 (his "credit" is this weight). In
-# whole numbers, so exact.
+# Weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed computations by external
+# agents", ICDCS 1989; recovery: F. Mattern, "Global quiescence detection based on credit distribution and recovery",
+# Information Processing Letters 30(4), 1989 (his "credit" is this weight).
 TOTAL_WEIGHT = 2 ** 62
 
 
