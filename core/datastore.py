@@ -59,7 +59,6 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
 
 
 def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
-    """`channel` with every RPC counted, and the stand-in's wait for it kept apart under `model`."""
     return grpc.intercept_channel(channel, RpcCounter(model))
 
 
@@ -107,7 +106,6 @@ class DatastoreApi:
         self.api = api
 
     def key_pb(self, key: ndb.Key) -> Any:
-        """An ndb key as the Datastore API's protobuf."""
         path = [KeyPb.PathElement(kind=kind, **({"id": ident} if isinstance(ident, int) else {"name": ident}))
                 for kind, ident in key.pairs()]
         return KeyPb(partition_id=datastore_v1.PartitionId.pb()(project_id=self.project,
@@ -158,8 +156,6 @@ class Bulk(DatastoreApi):
 
 
 class Transaction:
-    """One transaction of Bulk.run."""
-
     def __init__(self, bulk: Bulk, transaction_id: bytes) -> None:
         self.bulk, self.id, self.committed = bulk, transaction_id, False
 

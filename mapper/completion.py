@@ -65,7 +65,6 @@ def _hinted(job: MapperJob) -> "Figures":
 
 
 def start_hints(job_id: str) -> None:
-    """The running sum and the hints of a job about to start, at 0."""
     for name in HINTS:
         runtime.cache().add(_key(job_id, name), 0, expire=HINT_LIFETIME)
 
@@ -104,7 +103,6 @@ def records(job: MapperJob, most: int | None = None) -> list[TaskRecord]:
 
 
 def _summed(job: MapperJob) -> Figures:
-    """The job's figures summed from its task records."""
     sums = Figures("running")
     for record in records(job):
         sums.processed += record.processed

@@ -149,6 +149,5 @@ def finish_job(job_id: object) -> MapperJob:
 
 
 def job_timeline(job_id: object) -> dict[str, Any]:
-    """The job, and its tasks as a timeline (completion.timeline)."""
     job = get_job(job_id)
     return {"job": job_dict(job), **completion.timeline(job)}

@@ -139,5 +139,4 @@ class TaskRecord(ndb.Model):
 
 
 def summed(tally: dict, more: dict) -> dict:
-    """Two tallies ({name: whole number}) added name by name."""
     return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
