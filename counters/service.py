@@ -124,7 +124,7 @@ class OwnedCounters:
         own, so the add commits or aborts with them; the cached total is dropped after the commit. Two entity groups
         (config and shard): the caller's transaction must have room for them."""
         name = self.name(short)
-        # ndb's lookup retry kept (see mapper.tree.process: the chunk this rides on costs more when aborted).
+        # ndb's lookup retry kept: the transaction this rides on (a seed's chunk, a job's settle) costs more aborted.
         config = ndb.Key(CounterConfig, name).get()
         writes: list[ndb.Model] = []
         if config is None:
