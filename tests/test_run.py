@@ -22,6 +22,10 @@ from devstack.services import REPO, _port_open, free_port
 from devstack.serving import wait_until
 
 STARTS = 2  # each start seeds the demo content afresh: about half a minute
+# These tests find what a start started by its environment (/proc/PID/environ). gunicorn renames its processes with
+# setproctitle when it is installed (mutmut brings it, requirements-dev.txt), which overwrites that area unless
+# SPT_NOENV is set (setproctitle's README, "Environment variables": https://pypi.org/project/setproctitle/).
+KEEP_ENVIRON = {"SPT_NOENV": "1"}
 
 
 def _started_by(marker):
@@ -56,7 +60,7 @@ def test_ctrl_c_stops_every_process_make_run_started_and_frees_its_port(tmp_path
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     marker = f"DEVSTACK_STATE={tmp_path}".encode()
-    env = dict(os.environ, DEVSTACK_STATE=str(tmp_path), PERSIST="no", PORT=str(port))
+    env = dict(os.environ, DEVSTACK_STATE=str(tmp_path), PERSIST="no", PORT=str(port), **KEEP_ENVIRON)
     for start in range(STARTS):
         # A session of its own stands in for the terminal: its process group is the terminal's foreground group.
         run = subprocess.Popen([sys.executable, "-m", "devstack", "run"], cwd=REPO, env=env, start_new_session=True,
@@ -108,8 +112,9 @@ class _Run:
     def __init__(self, state, **env):
         self.marker = f"DEVSTACK_STATE={state}".encode()
         self.lines, self.answered = [], None
+        started_env = dict(os.environ, DEVSTACK_STATE=str(state), PERSIST="no", **KEEP_ENVIRON, **env)
         self.proc = subprocess.Popen([sys.executable, "-m", "devstack", "run"], cwd=REPO, start_new_session=True,
-                                     env=dict(os.environ, DEVSTACK_STATE=str(state), PERSIST="no", **env),
+                                     env=started_env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
