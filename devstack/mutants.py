@@ -62,6 +62,7 @@ MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
     "mapper/handback.py": (None, [*MAPPER, KILLERS]),
     "mapper/completion.py": (None, [*MAPPER, "tests/test_termination.py"]),
     "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py"]),
+    "core/exactly_once.py": (None, ["tests/test_once.py", "tests/test_counters.py", "tests/test_comments.py"]),
     # the session code only: the generation that sign-out renews, the cookie's checks, sign-in's and sign-out's
     # session (not the Google token checks nor the names shown)
     "core/identity.py": (["_generation_key", "generation", "_renew_generation", "_session_is_current", "current_user",

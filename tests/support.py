@@ -215,6 +215,15 @@ def claimants_meet_at_the_claim(monkeypatch, cache, key, parties=2, timeout=10.0
         monkeypatch.setattr(cache, name, meeting(getattr(cache, name)))
 
 
+MUTMUT_NAME = re.compile(r"x(?:_|ǁ\w+?ǁ)(\w+?)__mutmut_(?:orig|\d+)")  # how mutmut renames what it mutates
+
+
+def plain_name(fn) -> str:
+    """A function's `__qualname__` as its source names it, also while `make mutants` runs (mutmut's trampolines call
+    `x_f__mutmut_orig` or a mutant `x_f__mutmut_3` in place of `f`)."""
+    return MUTMUT_NAME.sub(r"\1", getattr(fn, "__qualname__", ""))
+
+
 def commit_answers_unknown(monkeypatch, transaction):
     """The first transaction of the function named `transaction` (its `__qualname__`, a partial's too; for
     `core.exactly_once.once`, the name of its `write`) commits, and then its caller sees UNKNOWN, as when a commit
@@ -225,9 +234,9 @@ def commit_answers_unknown(monkeypatch, transaction):
     def applied_then_unknown(fn, **options):
         result = real(fn, **options)
         named = getattr(fn, "func", fn)
-        if named.__qualname__ == "once.<locals>.txn":  # core.exactly_once.once's: named by its `write`
+        if plain_name(named) == "once.<locals>.txn":  # core.exactly_once.once's: named by its `write`
             named = inspect.getclosurevars(named).nonlocals["write"]
-        if getattr(named, "__qualname__", "") == transaction and not answered:
+        if plain_name(named) == transaction and not answered:
             answered.append(result)
             raise core_exceptions.Unknown("the commit's outcome is unknown")
         return result
