@@ -1,6 +1,5 @@
 """The accounting's Flask side: every response gets its request's costs in its `Server-Timing` header, pages in their
-footer, and each request one log line and a record for /appstats (records.py).
-"""
+footer, and each request one log line and a capture for /appstats (captures.py)."""
 import json
 import logging
 import os
@@ -12,7 +11,7 @@ from typing import Any
 from flask import Flask, Response, request
 from markupsafe import Markup, escape
 
-from appstats import records
+from appstats import captures
 from core import billing, clock, costs, runtime
 
 # App Engine's X-Cloud-Trace-Context, TRACE_ID/SPAN_ID;o=OPTIONS (https://cloud.google.com/trace/docs/trace-context).
@@ -54,14 +53,14 @@ def init_app(app: Flask) -> None:
         cost.end()
         response.headers["Server-Timing"] = cost.server_timing()
         served = time.time()
-        record = {"method": request.method, "path": _path(), "status": response.status_code,
+        capture = {"method": request.method, "path": _path(), "status": response.status_code,
                   "at": clock.iso_of(served), "process": _process(), **cost.figures(backend)}
         if request.endpoint != "static":  # static files' answers (mostly 304s) would crowd the requests out
-            records.keep(rt.cache, record, cost.kept_calls())
+            captures.keep(rt.cache, capture, cost.kept_calls())
         if project is None:
-            LOCAL_LINES.info(_line(record, cost.billed, cache_name))
+            LOCAL_LINES.info(_line(capture, cost.billed, cache_name))
         else:
-            CLOUD_LINES.info(json.dumps(_entry(record, cost.billed, served, project)))
+            CLOUD_LINES.info(json.dumps(_entry(capture, cost.billed, served, project)))
         return response
 
     app.add_template_global(request_cost)
@@ -86,29 +85,29 @@ def _printable(text: str) -> str:
     return costs.CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def _line(record: dict[str, Any], billed: billing.Billed, cache_name: str) -> str:
+def _line(capture: dict[str, Any], billed: billing.Billed, cache_name: str) -> str:
     """'GET /blog/demo 200 5.1 ms | datastore 1 RPC 2.0 ms (1 Lookup) | memcached 2 calls 0.4 ms (2 get_many) |
     billed 1 read $0.30/M'."""
     def listed(counts: dict[str, int]) -> str:
         return ", ".join(f"{n} {name}" for name, n in sorted(counts.items())) or "none"
-    datastore, cache = record["datastore"], record["cache"]
-    return (f"{_printable(record['method'])} {_printable(record['path'])} {record['status']} {record['app_ms']:.1f} ms"
-            f" | datastore {costs.plural(datastore['rpcs'], 'RPC')} {datastore['ms']:.1f} ms "
+    datastore, cache = capture["datastore"], capture["cache"]
+    return (f"{_printable(capture['method'])} {_printable(capture['path'])} {capture['status']} "
+            f"{capture['app_ms']:.1f} ms | datastore {costs.plural(datastore['rpcs'], 'RPC')} {datastore['ms']:.1f} ms "
             f"({listed(datastore['by_method'])}) | "
             f"{cache_name} {costs.plural(cache['calls'], 'call')} {cache['ms']:.1f} ms ({listed(cache['by_call'])}) | "
             f"billed {billed.describe()} ${billed.usd_per_million():.2f}/M")
 
 
-def _entry(record: dict[str, Any], billed: billing.Billed, served: float, project: str) -> dict[str, Any]:
+def _entry(capture: dict[str, Any], billed: billing.Billed, served: float, project: str) -> dict[str, Any]:
     """The request's Cloud Logging entry, with the trace it belongs to, so that it sits under its request in Logs
     Explorer (https://cloud.google.com/logging/docs/structured-logging#special-payload-fields)."""
-    message = (f"{record['method']} {record['path']} {record['status']}: "
-               f"{costs.plural(record['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed")
+    message = (f"{capture['method']} {capture['path']} {capture['status']}: "
+               f"{costs.plural(capture['datastore']['rpcs'], 'Datastore RPC')}, {billed.describe()} billed")
     entry: dict[str, Any] = {
         "severity": "INFO", "message": message, "timestamp": {"seconds": int(served), "nanos": int(served % 1 * 1e9)},
-        "httpRequest": {"requestMethod": record["method"], "requestUrl": record["path"], "status": record["status"],
-                        "latency": f"{record['app_ms'] / 1000:.4f}s"},
-        "appstats": {k: record[k] for k in ("datastore", "billed", "cache", "app_ms")}}
+        "httpRequest": {"requestMethod": capture["method"], "requestUrl": capture["path"], "status": capture["status"],
+                        "latency": f"{capture['app_ms'] / 1000:.4f}s"},
+        "appstats": {k: capture[k] for k in ("datastore", "billed", "cache", "app_ms")}}
     trace = TRACE_CONTEXT.fullmatch(request.headers.get("X-Cloud-Trace-Context", ""))
     if trace is not None:
         entry["logging.googleapis.com/trace"] = f"projects/{project}/traces/{trace['trace']}"

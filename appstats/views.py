@@ -1,12 +1,12 @@
 """Admins: what the last requests of every process cost (Datastore RPCs and cache calls by method, time), and each
-one's timeline: every call a bar from its start to its answer, as Appstats drew them. The records are in the shared
-cache (records.py), so any process answers for any request."""
+one's timeline: every round trip a bar from its start to its answer, as Appstats drew them. The captures are in the
+shared cache (captures.py), so any process answers for any request."""
 from typing import Any
 
 from flask import Blueprint, jsonify, render_template, url_for
 from flask.typing import ResponseReturnValue
 
-from appstats import records
+from appstats import captures
 from core import billing, costs, identity, runtime
 from core.errors import AppError, Unavailable
 
@@ -15,27 +15,24 @@ bp = Blueprint("appstats", __name__)
 
 def _recent() -> list[dict[str, Any]]:
     try:
-        return records.recent(runtime.current().cache)
-    except records.Away:
-        raise Unavailable(records.AWAY, "cache_away") from None
+        return captures.recent(runtime.current().cache)
+    except captures.Away:
+        raise Unavailable(captures.AWAY, "cache_away") from None
 
 
 def _timeline(request_id: int) -> dict[str, Any]:
-    """The request's record with its timeline; a 404 that says why once it is no longer kept."""
-    record, calls = records.kept_request(runtime.current().cache, request_id)
-    counted = record["datastore"]["rpcs"] + record["cache"]["calls"]
-    return {"request": record, **costs.timeline(calls, counted), "most_calls": costs.MOST_CALLS}
-
-
-def _signin_url() -> str:
-    return url_for("core.signin", next=url_for("appstats.index"))
+    """The request's capture with its timeline; a 404 that says why once it is no longer kept."""
+    capture, trips = captures.kept_request(runtime.current().cache, request_id)
+    counted = capture["datastore"]["rpcs"] + capture["cache"]["calls"]
+    return {"request": capture, **costs.timeline(trips, counted), "most_calls": costs.MOST_CALLS}
 
 
 @bp.get("/appstats")
 def index() -> ResponseReturnValue:
     """The last requests' costs of every process, newest first; anyone but an admin gets the page without the list
     (it says who asked for what), with the refusal's status and what to do."""
-    shown = {"size": records.LISTED, "billing": billing, "signin": _signin_url()}
+    shown = {"size": captures.LISTED, "billing": billing,
+             "signin": url_for("core.signin", next=url_for("appstats.index"))}
     try:
         identity.require_admin()
         requests = _recent()
@@ -56,11 +53,11 @@ def timeline(request_id: int) -> ResponseReturnValue:
              "critical": call["critical"], "detail": _detail(call, waited),
              **({"wait": call["wait_ms"], "machine": call["machine_ms"]} if waited else {})}
             for call in found["calls"]]
-    record = found["request"]
-    bill = billing.Billed(**{k: record["billed"][k] for k in ("reads", "writes", "deletes", "small")})
-    return render_template("appstats/timeline.html", r=record, rows=rows, cut=found["cut"],
+    capture = found["request"]
+    bill = billing.Billed(**{k: capture["billed"][k] for k in ("reads", "writes", "deletes", "small")})
+    return render_template("appstats/timeline.html", r=capture, rows=rows, cut=found["cut"],
                            most_calls=found["most_calls"], bill=bill.priced(" such requests"),
-                           total=max([record["app_ms"], *(row["end"] for row in rows)]))
+                           total=max([capture["app_ms"], *(row["end"] for row in rows)]))
 
 
 def _detail(call: dict[str, Any], waited: bool) -> str:
@@ -75,7 +72,7 @@ def _detail(call: dict[str, Any], waited: bool) -> str:
 def api_recent() -> ResponseReturnValue:
     """Admin: the last requests' costs of every process, newest first."""
     identity.require_admin()
-    return jsonify(requests=_recent(), size=records.LISTED)
+    return jsonify(requests=_recent(), size=captures.LISTED)
 
 
 @bp.get("/api/appstats/<int:request_id>")

@@ -22,8 +22,9 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no header v
 
 
 @dataclass(frozen=True)
-class TimedCall:
-    """One RPC or cache call, in milliseconds from its request's start: when it was made and when it was answered."""
+class TimedTrip:
+    """One round trip (an RPC, a cache call) as its request timed it, in milliseconds from the request's start: when it
+    was made and when it was answered. Not production_latency.RoundTrip, a modelled round trip's distribution."""
     kind: str  # "datastore" or "cache"
     name: str  # the RPC's method ("Lookup") or the cache call ("get_many")
     start_ms: float
@@ -33,8 +34,7 @@ class TimedCall:
     wait_ms: float = 0.0
 
     @property
-    def machine_ms(self) -> float:
-        """This machine's own time for the call: its time less production's wait."""
+    def machine_ms(self) -> float:  # this machine's own time for the round trip
         return max(self.end_ms - self.start_ms - self.wait_ms, 0.0)
 
 
@@ -50,7 +50,7 @@ class Cost:
     retried: int = 0  # transactions tried again after a collision (core.transactions.transact)
     billed: billing.Billed = field(default_factory=billing.Billed)
     billed_from: Counter[str] = field(default_factory=Counter)  # what the bill is made of: found, skipped, ...
-    calls: list[TimedCall] = field(default_factory=list)  # the first MOST_CALLS calls, in the order they were answered
+    calls: list[TimedTrip] = field(default_factory=list)  # the first MOST_CALLS calls, in the order they were answered
     ended: float | None = None  # when the response was ready (`end`): the request's time stops there
     # An RPC's answer may arrive on a gRPC thread while the request reads its figures: every change and read locks.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -76,7 +76,7 @@ class Cost:
     def _keep(self, kind: str, name: str, started: float, waited: float) -> float:
         ended = time.perf_counter()
         if len(self.calls) < MOST_CALLS and self.ended is None:  # the response's figures are those until it ended
-            self.calls.append(TimedCall(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000,
+            self.calls.append(TimedTrip(kind, name, (started - self.started) * 1000, (ended - self.started) * 1000,
                                         waited * 1000))
         return ended - started
 
@@ -120,13 +120,10 @@ class Cost:
                 text += f"; {self.waited_s * 1000:.1f} ms of it modelled production waits, {production_latency.label()}"
         return text
 
-    def kept_calls(self) -> list[TimedCall]:
+    def kept_calls(self) -> list[TimedTrip]:
         """The calls kept until the request ended, in the order they were made."""
         with self.lock:
             return sorted(self.calls, key=lambda call: call.start_ms)
-
-    def timeline(self, counted: int) -> dict[str, Any]:
-        return timeline(self.kept_calls(), counted)
 
     def figures(self, cache_backend: str) -> dict[str, Any]:
         """The figures as the log line, /appstats and its API give them."""
@@ -140,7 +137,7 @@ class Cost:
                     "app_ms": round(self.app_ms(), 1)}
 
 
-def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
+def timeline(calls: list[TimedTrip], counted: int) -> dict[str, Any]:
     """`calls` with the critical path among them marked, and how many of the `counted` were not kept (`cut`)."""
     critical = critical_path(calls)
     return {"calls": [{**dataclasses.asdict(call), "machine_ms": round(call.machine_ms, 3), "critical": i in critical}
@@ -148,7 +145,7 @@ def timeline(calls: list[TimedCall], counted: int) -> dict[str, Any]:
             "cut": max(counted - len(calls), 0)}
 
 
-def critical_path(calls: list[TimedCall]) -> set[int]:
+def critical_path(calls: list[TimedTrip]) -> set[int]:
     """The indexes (in `calls`, sorted by start) of the longest chain, in summed time, of calls each made after the one
     before it was answered: the calls the request waited for one after another."""
     longest: list[tuple[float, int]] = []  # for each call: the longest chain's time ending with it, the call before

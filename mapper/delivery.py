@@ -53,7 +53,7 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
     except tree.Superseded:  # another delivery moved the record on: it is alive, and ends the record
         raise Conflict("Another delivery of this task is running it; try later.", "superseded") from None
     except Exception as e:
-        if delivery + 1 < tasks.MAX_ATTEMPTS:
+        if delivery + 1 < tasks.MAX_DELIVERIES:
             raise
         log.exception("mapper task %s failed for good", record_key.id())
         return hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])

@@ -3,7 +3,7 @@ and its bill, as if served in production."""
 from collections import Counter
 from typing import Any
 
-from appstats import records
+from appstats import captures
 from core import billing, costs, runtime
 from core.costs import plural
 from planner.figures import Plan, calls_in_turn, priced
@@ -38,8 +38,8 @@ def recent_requests() -> list[dict[str, Any]] | None:
     """The requests /appstats lists that a person may pick to plan (not NOT_LISTED), from the shared cache; None while
     the cache does not answer."""
     try:
-        listed = records.recent(runtime.current().cache)
-    except records.Away:
+        listed = captures.recent(runtime.current().cache)
+    except captures.Away:
         return None
     return [r for r in listed if r["path"].partition("?")[0] not in NOT_LISTED]
 
@@ -47,7 +47,7 @@ def recent_requests() -> list[dict[str, Any]] | None:
 def plan_recorded(request_id: int, profile: str = "production") -> Plan:
     """A request /appstats recorded, as if served in production: the calls on its critical path as the request
     planner's input, and its bill as counted."""
-    record, calls = records.kept_request(runtime.current().cache, request_id)
+    record, calls = captures.kept_request(runtime.current().cache, request_id)
     critical = [calls[i] for i in sorted(costs.critical_path(calls))]
     rpcs = Counter(call.name for call in critical if call.kind == "datastore")
     billed = record["billed"]

@@ -60,7 +60,7 @@ BACKEND = Choice("backend", "Backend", BACKENDS)
 PROFILE = Choice("profile", "Latency profile", PROFILES)
 RPC_METHODS = tuple(production_latency.DATASTORE)
 MOST_RPCS = 1000
-MOST_REQUEST_ID = 2**63 - 1  # Appstats numbers requests from the time in microseconds (appstats/records.py)
+MOST_REQUEST_ID = 2**63 - 1  # Appstats numbers requests from the time in microseconds (appstats/captures.py)
 PLANNERS = {p.name: p for p in (
     Planner("counter", "A counter", "How many shards, and what does each increment and total cost?",
             (Number("writes", "Writes at peak", 1, 1_000_000, rate=True),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from google.cloud import ndb
 
-from appstats import accounting, records
+from appstats import accounting, captures
 from bench import overhead
 from core import costs, runtime
 from core.costs import Cost
@@ -97,7 +97,7 @@ def test_the_footer_shows_the_pages_cost_and_admins_see_the_last_requests(client
 def test_the_recent_requests_are_bounded(client, auth, monkeypatch):
     """The listing shows the last LISTED; the cache holds the last RING (a ring of keys, each written over in turn),
     so Appstats takes a bounded part of the cache however busy the app is, and an older id says it is gone."""
-    monkeypatch.setattr(records, "RING", 150)
+    monkeypatch.setattr(captures, "RING", 150)
     auth.admin()
     client.get("/healthz")
     first = client.get("/api/appstats").get_json()["requests"][0]
@@ -105,7 +105,7 @@ def test_the_recent_requests_are_bounded(client, auth, monkeypatch):
     for _ in range(160):
         client.get("/healthz")
     listed = client.get("/api/appstats").get_json()["requests"]
-    assert len(listed) == records.LISTED == 100 and len({r["id"] for r in listed}) == 100
+    assert len(listed) == captures.LISTED == 100 and len({r["id"] for r in listed}) == 100
     assert [r["id"] for r in listed] == sorted((r["id"] for r in listed), reverse=True)
     gone = client.get(f"/api/appstats/{first['id']}")
     assert gone.status_code == 404 and gone.get_json()["error"]["code"] == "request_expired"
@@ -235,7 +235,7 @@ def test_a_cost_keeps_each_calls_times_up_to_its_bound():
         else:
             cost.add_cache("get_many", started)
     assert len(cost.calls) == costs.MOST_CALLS and cost.datastore.total() + cost.cache.total() == costs.MOST_CALLS + 5
-    assert cost.timeline(costs.MOST_CALLS + 5)["cut"] == 5
+    assert costs.timeline(cost.kept_calls(), costs.MOST_CALLS + 5)["cut"] == 5
     assert all(0 <= call.start_ms <= call.end_ms for call in cost.calls)
     assert [call.start_ms for call in cost.calls] == sorted(call.start_ms for call in cost.calls)
     assert {call.kind for call in cost.calls} == {"datastore", "cache"}
@@ -261,7 +261,7 @@ def test_accounting_off_counts_nothing(stack):
     with running(off, flush=True) as app:
         r = app.test_client().get("/api/counters", headers={"Host": overhead.OFF_HOST})
         assert r.status_code == 200 and "Server-Timing" not in r.headers
-        assert runtime.of(app).cache.get(records.NEXT) is None  # nothing recorded
+        assert runtime.of(app).cache.get(captures.NEXT) is None  # nothing recorded
     assert runtime.of(counted).counting_costs is True
 
 
@@ -354,7 +354,7 @@ def test_only_admins_see_a_timeline_and_only_while_it_is_kept(client, auth):
     auth.admin()
     newest = client.get("/api/appstats").get_json()["requests"][0]["id"]
     # ids start from the clock in microseconds: none has been given above the counter, nor at or below its first start
-    for never in (newest + 10 ** 6, 1, records.FIRST_START):
+    for never in (newest + 10 ** 6, 1, captures.FIRST_START):
         assert client.get(f"/api/appstats/{never}").get_json()["error"]["code"] == "no_such_request", never
         assert client.get(f"/appstats/{never}").status_code == 404
     for bad in ("/appstats/0x1", "/appstats/-1", "/api/appstats/x"):
@@ -405,14 +405,14 @@ def test_the_request_lines_go_to_stderr_locally_and_stdout_on_app_engine():
 def test_the_critical_path_is_the_longest_chain_of_calls_one_after_another():
     """A staircase is all on it; of calls in flight together, one; the chain with the most time wins."""
     def calls(*spans):
-        return [costs.TimedCall("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
+        return [costs.TimedTrip("datastore", f"c{i}", a, b) for i, (a, b) in enumerate(spans)]
     assert costs.critical_path(calls((0, 1), (1, 2), (2, 5))) == {0, 1, 2}
     assert costs.critical_path(calls((0, 4), (0, 1), (1, 2), (4, 5))) == {0, 3}  # 4 ms + 1 ms beats 1 + 1 + 1
     assert len(costs.critical_path(calls((0, 3), (0, 3), (0, 3)))) == 1
     assert costs.critical_path([]) == set()
 
 
-# --- the records, shared by every process (appstats/records.py) -------------------------------------------------------
+# --- the captures, shared by every process (appstats/captures.py) -----------------------------------------------------
 
 def test_a_record_no_longer_in_the_cache_says_it_expired(client, auth):
     """A record the cache evicted (or let expire) is a 404 that says so, on the page and in the API, and is no longer
@@ -422,14 +422,14 @@ def test_a_record_no_longer_in_the_cache_says_it_expired(client, auth):
     record = _recorded(client, "/api/counters/evicted")
     assert client.get(f"/api/appstats/{record['id']}").status_code == 200
     cache = runtime.of(client.application).cache
-    assert cache.delete(f"appstats:slot:{record['id'] % records.RING}")  # what an eviction or an expiry does
+    assert cache.delete(f"appstats:slot:{record['id'] % captures.RING}")  # what an eviction or an expiry does
     api = client.get(f"/api/appstats/{record['id']}")
     assert api.status_code == 404 and api.get_json()["error"]["code"] == "request_expired"
     said = api.get_json()["error"]["message"]
     assert "no longer kept" in said
     # what it keeps, as it keeps it: one ring for all processes, of which the listing shows the newest
-    assert f"the last {records.RING:,} requests of all processes together" in said
-    assert f"it lists the newest {records.LISTED}" in said
+    assert f"the last {captures.RING:,} requests of all processes together" in said
+    assert f"it lists the newest {captures.LISTED}" in said
     page = client.get(f"/appstats/{record['id']}")
     assert page.status_code == 404 and "no longer kept" in page.get_data(as_text=True)
     assert record["id"] not in {r["id"] for r in client.get("/api/appstats").get_json()["requests"]}
@@ -469,7 +469,7 @@ def test_with_the_cache_away_requests_are_served_and_appstats_says_why_it_has_no
         assert page.status_code == 503 and "data-cache-away" in page.get_data(as_text=True)
         started = time.monotonic()
         with runtime.of(client.application).activated():
-            assert records.keep(cache, kept, []) is None
+            assert captures.keep(cache, kept, []) is None
         elapsed = time.monotonic() - started
     finally:
         stack.cache.resume()

@@ -84,7 +84,7 @@ def _queue(server, name="q"):
 def test_queue_yaml_is_read_as_cloud_tasks_reads_it():
     mapper = load_queues(REPO / "queue.yaml")["mapper"]
     assert (mapper.rate, mapper.bucket_size, mapper.max_concurrent) == (50.0, 50, 32)
-    assert (mapper.max_attempts, mapper.min_backoff, mapper.max_backoff) == (tasks.MAX_ATTEMPTS, 0.1, 10.0)
+    assert (mapper.max_attempts, mapper.min_backoff, mapper.max_backoff) == (tasks.MAX_DELIVERIES, 0.1, 10.0)
     # min_backoff doubled after each failed attempt, up to max_backoff; linear after max_doublings doublings
     assert [mapper.backoff(n) for n in (1, 2, 3, 4, 8)] == [0.1, 0.2, 0.4, 0.8, 10.0]
     linear = QueueConfig("l", min_backoff=1, max_backoff=100, max_doublings=2)

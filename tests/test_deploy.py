@@ -183,7 +183,7 @@ def test_index_yaml_and_queue_yaml_match_the_app(deployed, app):
     kinds = {index["kind"] for index in parsed["indexes"]}
     assert kinds and kinds <= set(ndb.Model._kind_map), kinds - set(ndb.Model._kind_map)
     queue = next(q for q in parsed["queues"] if q["name"] == runtime.of(app).settings.tasks_queue)
-    assert queue["retry"]["task_retry_limit"] == tasks.MAX_ATTEMPTS  # the handler records a failure on the last one
+    assert queue["retry"]["task_retry_limit"] == tasks.MAX_DELIVERIES  # the handler records a failure on the last one
 
 
 def test_trusted_hosts_the_app_would_refuse_stop_the_deploy(tmp_path):

@@ -57,7 +57,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     assert 0 < split.kept_weight < split.weight == TOTAL_WEIGHT
     if end == "cancelled":
         assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 200
-    early_end = root._replace(attempt=1 if end == "cancelled" else tasks.MAX_ATTEMPTS - 1)
+    early_end = root._replace(attempt=1 if end == "cancelled" else tasks.MAX_DELIVERIES - 1)
     if root_first:
         assert task_queue.deliver(early_end)
     task_queue.drain()  # the children (and, once every credit is back, nothing more)
