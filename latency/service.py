@@ -132,15 +132,12 @@ def page() -> dict[str, Any]:
     return {"numbers": latest(), "runs": RUNS, "model": runtime.current().latency, "standin": standin()}
 
 
-def _whose(published: bool) -> str:
-    return "published" if published else "inference"
-
-
 def standin() -> dict[str, Any]:
     """Every figure the stand-in waits by, as core/production_latency.py defines and cites it (its knobs, each RPC's
     median round trip under each profile, the tail's steps), each published or an inference, with its sources."""
-    knobs = [{"name": k.name, "label": k.label, "value": k.value, "unit": k.unit, "whose": _whose(k.published),
-              "source": k.source, "links": list(k.links)} for k in production_latency.STAND_IN_KNOBS]
+    knobs = [{"name": k.name, "label": k.label, "value": k.value, "unit": k.unit,
+              "whose": "published" if k.published else "inference", "source": k.source, "links": list(k.links)}
+             for k in production_latency.STAND_IN_KNOBS]
     round_trips = []
     for method in production_latency.DATASTORE:
         median_ms, whose, sources = {}, {}, {}
@@ -148,7 +145,8 @@ def standin() -> dict[str, Any]:
             trip = production_latency.PROFILE_DATASTORE[profile][method]
             said, links = production_latency.cited(method, trip)
             said = f"{profile}: {said}" if trip is production_latency.MULTI_REGION_COMMIT else said
-            median_ms[profile], whose[profile] = trip.median_ms, _whose(production_latency.INFERENCE not in said)
+            median_ms[profile] = trip.median_ms
+            whose[profile] = "inference" if production_latency.INFERENCE in said else "published"
             sources[said] = links  # a figure both profiles share is cited once
         round_trips.append({"method": method, "median_ms": median_ms, "whose": whose, "source": "; ".join(sources),
                             "links": [link for links in sources.values() for link in links]})

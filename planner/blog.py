@@ -36,11 +36,6 @@ def page_reads(entries: int, depth: int, page: int = BLOG_PAGE) -> tuple[int, in
     return min(page + 1, left), depth + min(page, left)
 
 
-def hit_rate_needed(views: float, reads_a_miss: int, budget: float) -> float:
-    """The hit rate at which `views` a second, each miss billed `reads_a_miss`, read at most `budget` a second."""
-    return max(0.0, 1 - budget / (reads_a_miss * views))
-
-
 def plan_blog(entries: int, depth: int, readers: Rate, read_budget: Rate, posts: Rate,
               profile: str = "production") -> Plan:
     """A blog of `entries` whose front page is viewed at the `readers` rate (the module's question)."""
@@ -76,7 +71,8 @@ def plan_blog(entries: int, depth: int, readers: Rate, read_budget: Rate, posts:
                 f"{warm} reads after a post, ${warm_usd:.2f} a million (the running app's; "
                 f"{after_post_reads(entries, after_the_form=True)} when the poster's form shows them the new entry "
                 f"first); {cold} cold, nothing cached, ${cold_usd:.2f} a million (the worst case)")
-    needed, needed_cold = hit_rate_needed(views, warm, budget), hit_rate_needed(views, cold, budget)
+    # The hit rate at which `views` a second, each miss billed so many reads, read at most `budget` a second.
+    needed, needed_cold = (max(0.0, 1 - budget / (reads_a_miss * views)) for reads_a_miss in (warm, cold))
     plan.line(f"{views:g} {a_unit(views, 'views/s')} x {warm} reads a miss x (1 - hit rate) <= {budget:g} "
               f"{a_unit(budget, 'reads/s')}, so hit rate >= 1 - "
               f"{budget:g} / ({warm} x {views:g}) = {needed:.4f}; at {cold} reads a cold miss, {needed_cold:.4f}")

@@ -50,11 +50,10 @@ def plan_comments(comments: Rate, writers: int, backend: str = "firestore", prof
     designed_bill, shared_bill = comment_bills(backend)
     plan.figure("a comment's own transaction", COMMENT_BILL.reads + COMMENT_BILL.writes, "operations", "app",
                 "comments/service.py post_comment: read the sequence, write it and the comment")
-    designed_usd = priced(plan, designed_bill, f"a designed comment ({backend}: with its count)")
-    shared_usd = priced(plan, shared_bill, "a shared-sequence comment")
-    plan.answer("designed_bill", "A designed comment, USD a million", round(designed_usd, 2),
-                designed_bill.priced())
-    plan.answer("shared_bill", "A shared-sequence comment, USD a million", round(shared_usd, 2), shared_bill.priced())
+    priced(plan, designed_bill, f"a designed comment ({backend}: with its count)",
+           answer=("designed_bill", "A designed comment, USD a million"))
+    priced(plan, shared_bill, "a shared-sequence comment",
+           answer=("shared_bill", "A shared-sequence comment, USD a million"))
     return plan
 
 

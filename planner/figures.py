@@ -96,9 +96,8 @@ class Plan:
             self.figures.append(figure)
         return value
 
-    def answer(self, name: str, label: str, value: float | None, text: str) -> float | None:
+    def answer(self, name: str, label: str, value: float | None, text: str) -> None:
         self.answers.append(Answer(name, label, value, text))
-        return value
 
     def line(self, text: str) -> None:
         self.arithmetic.append(text)
@@ -126,13 +125,6 @@ def round_trip(method: str, profile: str) -> production_latency.RoundTrip:
     return production_latency.PROFILE_DATASTORE[profile].get(method, production_latency.UNKNOWN_RPC)
 
 
-def trip_source(method: str, profile: str) -> tuple[str, str]:
-    """(whose, source) of a round trip's figure: the model's published measurement, or an inference."""
-    call = "cache call (through the VPC connector)" if method == "cache" else method
-    source, _ = production_latency.cited(call, round_trip(method, profile))
-    return ("inference" if "inference" in source else "model"), source
-
-
 def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: str, what: str) -> tuple[float, float]:
     """(median ms, p99 ms) of `rpcs` and `cache_calls` made one after another, each figure added to `plan`: the
     medians summed (the model's typical wait), and every call at its p99 (a bound on a slow request)."""
@@ -142,7 +134,9 @@ def calls_in_turn(plan: Plan, rpcs: dict[str, int], cache_calls: int, profile: s
         if not n:
             continue
         trip = round_trip(method, profile)
-        whose, source = trip_source(method, profile)
+        call = "cache call (through the VPC connector)" if method == "cache" else method
+        source, _ = production_latency.cited(call, trip)  # the model's published measurement, or an inference
+        whose = "inference" if "inference" in source else "model"
         plan.figure(f"{method} round trip, median", trip.median_ms, "ms", whose, source)
         plan.figure(f"{method} round trip, p99", round(trip.p99_ms, 1), "ms", whose, production_latency.TAIL_SOURCE)
         median += n * trip.median_ms
@@ -166,18 +160,20 @@ def sustained_rate(plan: Plan) -> float:
                        legacy if plan.inputs.get("backend") == "legacy" else firestore)
 
 
-def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False) -> float:
-    """`billed` priced a million times (`once`: one time, for a job), the prices among `plan`'s figures."""
+def priced(plan: Plan, billed: billing.Billed, what: str, once: bool = False,
+           answer: tuple[str, str] | None = None) -> float:
+    """`billed` priced a million times (`once`: one time, for a job), the prices among `plan`'s figures; `answer`:
+    the (name, label) of the answer that states it."""
     for kind, n in (("reads", billed.reads), ("writes", billed.writes), ("deletes", billed.deletes)):
         if n:
             plan.figure(f"price of 100,000 {kind}", billing.USD_PER_100K[kind], "USD", "production",
                         f"{billing.PRICES_SOURCE} ({billing.PRICES_LOCATION}, read {billing.PRICES_READ_ON})")
-    if once:
-        usd = billed.usd_per_million() / 1_000_000
-        plan.line(f"{what}: {billed.describe()}: ${usd:.4f} a job")
-        return usd
-    plan.line(f"{what}: {billed.priced()}")
-    return billed.usd_per_million()
+    usd = billed.usd_per_million() / (1_000_000 if once else 1)
+    text = f"{billed.describe()}: ${usd:.4f} a job" if once else billed.priced()
+    plan.line(f"{what}: {text}")
+    if answer:
+        plan.answer(*answer, round(usd, 4 if once else 2), text)
+    return usd
 
 
 # --- this machine's benchmarks ---------------------------------------------------------------------------------------

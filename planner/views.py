@@ -45,9 +45,7 @@ def plan_form() -> ResponseReturnValue:
     """A planner's answer to the form's inputs, on the numbers page. Computes; writes nothing."""
     try:
         spec = service.PLANNERS.get(request.form.get("planner", ""))
-        if spec is None:
-            raise Unprocessable(f"planner must be one of {', '.join(service.PLANNERS)}.", "bad_planner")
-        answer = _answer(spec.name, _form_inputs(spec))
+        answer = _answer(request.form.get("planner"), _form_inputs(spec) if spec else {})  # no such planner: a 422
     except AppError as e:
         return form_refused(e, _page)
     return _page(plan=answer)
