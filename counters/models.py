@@ -1,6 +1,5 @@
-"""Counter entities. Every shard is a root entity, its own entity group: Datastore serializes transactions per entity
-group (about one commit a second per group sustained in production), so a counter written by many clients at once
-spreads its writes over many groups. A shard is never a child of its config, which would put them back in one group.
+"""Counter entities. Every shard is a root entity, its own entity group (about one commit a second each, sustained, in
+production), never a child of its config, which would put them back in one group (docs/lessons/counters.md).
 """
 import re
 
@@ -16,9 +15,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 # anyone can create through the public API is ever one of them, whatever features are added later.
 OWNER_SEPARATOR = ":"
 OWNER_PATTERN = re.compile(r"[a-z]{1,20}")
-# The two shard caps: an admin's counter up to MAX_SHARDS, what the counters page draws at most in a view. An adaptive
-# counter grows itself, unattended, so its cap is lower: a total not cached reads every shard, and about ten shards per
-# writer in flight settle its collisions (docs/lessons/counters.md).
+# The two shard caps: an admin's counter's, what the counters page draws at most in a view, and an adaptive one's,
+# lower since it grows unattended and a total not cached reads every shard (docs/lessons/counters.md).
 MAX_SHARDS = 1000
 ADAPTIVE_MAX_SHARDS = 256
 
@@ -55,9 +53,6 @@ def shard_view_cache_key(name: str, num_shards: int) -> str:
     return f"counter-shards:{name}:{num_shards}"
 
 
-SEPARATOR = "|"  # counter names never contain it (NAME_PATTERN), so "name|3" is unambiguous
-
-
 class CounterConfig(ndb.Model):
     """A named counter; key name is the counter's name. Read by key on every increment and total (from the ndb global
     cache), written only when it is created or grows. Never read inside an increment's transaction, so that growing
@@ -82,7 +77,7 @@ class CounterShard(ndb.Model):
 
     @staticmethod
     def key_for(name: str, index: int) -> ndb.Key:
-        return ndb.Key(CounterShard, f"{name}{SEPARATOR}{index}")
+        return ndb.Key(CounterShard, f"{name}|{index}")  # no counter name has a '|' (NAME_PATTERN)
 
 
 class AppliedIncrement(ExpiringMarker):

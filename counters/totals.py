@@ -93,8 +93,7 @@ def total_and_shards(config: CounterConfig, shards_from_cache: bool = False) -> 
 
 
 def get_total(name: str, config: CounterConfig | None = None) -> Total:
-    """The counter's total (`cached_totals`); without `config`, the config is read only when the total is not
-    cached."""
+    """The counter's total (`cached_totals`); without `config`, it is read only when the total is not cached."""
     return cached_totals([validate_name(name)], None if config is None else {name: config})[name][0]
 
 

@@ -21,18 +21,9 @@ def public_names_only(endpoint: str | None, values: dict[str, Any] | None) -> No
         models.public_name(values["name"])
 
 
-def _counter_json(config: CounterConfig, total: totals.Total, shards: list[int] | None = None) -> dict[str, Any]:
-    data: dict[str, Any] = {"name": config.name, "mode": config.mode, "count": total.count,
-                            "num_shards": config.num_shards, "cached": total.cached}
-    if shards is not None:
-        data["shards"] = shards
-    return data
-
-
-def _shards_from_cache() -> bool:
-    """Anyone's views of shards but an admin's come from a copy cached a few seconds, so the bill a GET can cause (a
-    billed read a shard) is bounded, whoever asks and however often."""
-    return not identity.reads_exactly()
+def _counter_json(config: CounterConfig, total: totals.Total) -> dict[str, Any]:
+    return {"name": config.name, "mode": config.mode, "count": total.count, "num_shards": config.num_shards,
+            "cached": total.cached}
 
 
 def _spend_if_new(name: str) -> None:
@@ -56,7 +47,7 @@ def _form_int(field: str) -> int:
 @bp.get("/counters")
 def index() -> ResponseReturnValue:
     """The counters by name, a page at a time (`?after=<name>`), each with its total and its shards drawn."""
-    page = totals.counters_page(request.args.get("after"), _shards_from_cache())
+    page = totals.counters_page(request.args.get("after"), not identity.reads_exactly())
     return render_template("counters/index.html", counters=page.counters, next=page.next,
                            first=request.args.get("after") is None, simple=page.simple, simple_total=sum(page.simple),
                            max_shards=models.MAX_SHARDS, burst_name=demo.new_burst_name())
@@ -64,7 +55,6 @@ def index() -> ResponseReturnValue:
 
 @bp.post("/counters/simple/increment")
 def increment_simple_form() -> ResponseReturnValue:
-    """The simple counter's +1 button."""
     simple.increment()
     return redirect(url_for("counters.index") + "#simple")
 
@@ -144,10 +134,11 @@ def api_list() -> ResponseReturnValue:
 
 @bp.get("/api/counters/<name>")
 def api_get(name: str) -> ResponseReturnValue:
-    """One counter; `?shards=1` adds each shard's count (a few seconds old for anyone but an admin)."""
+    """One counter; `?shards=1` adds each shard's count (a few seconds old for anyone but an admin: a bounded bill)."""
     config = growth.require_config(name)
     if validate.flag(request.args.get("shards"), "shards"):
-        return jsonify(_counter_json(config, *totals.total_and_shards(config, _shards_from_cache())))
+        total, shards = totals.total_and_shards(config, not identity.reads_exactly())
+        return jsonify({**_counter_json(config, total), "shards": shards})
     return jsonify(_counter_json(config, totals.get_total(name, config)))
 
 
@@ -191,7 +182,7 @@ def api_simple() -> ResponseReturnValue:
     """The talk's twenty-shard counter: its cached total, and with `shards=1` every shard (read for an admin, the count
     their sum; from a copy seconds old for anyone else)."""
     if validate.flag(request.args.get("shards"), "shards"):
-        exactly = not _shards_from_cache()
+        exactly = identity.reads_exactly()
         shards = totals.simple_shard_counts(exactly)
         return jsonify(count=sum(shards) if exactly else simple.total(), num_shards=simple.SHARDS, shards=shards)
     return jsonify(count=simple.total(), num_shards=simple.SHARDS)
@@ -199,5 +190,4 @@ def api_simple() -> ResponseReturnValue:
 
 @bp.post("/api/simple-counter/increment")
 def api_simple_increment() -> ResponseReturnValue:
-    """+1 on the simple counter."""
     return jsonify(applied=True, attempts=simple.increment())
