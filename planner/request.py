@@ -28,9 +28,8 @@ def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, wri
     plan.answer("rpcs", "Datastore RPCs on the critical path", sum(rpcs.values()), plural(sum(rpcs.values()), "RPC"))
     plan.answer("median_ms", "Time waiting, model medians", round(median, 1), f"{median:.1f} ms")
     plan.answer("p99_ms", "Time waiting, every call at its p99", round(p99, 1), f"{p99:.1f} ms")
-    billed = billing.Billed(reads=reads, writes=writes, deletes=deletes)
-    usd = priced(plan, billed, "its bill")
-    plan.answer("usd_per_million", "Billed, USD a million such requests", round(usd, 2), billed.priced())
+    priced(plan, billing.Billed(reads=reads, writes=writes, deletes=deletes), "its bill",
+           answer=("usd_per_million", "Billed, USD a million such requests"))
     return plan
 
 

@@ -1,13 +1,6 @@
 """The planner: "Numbers Everyone Should Know" turned into answers before a design is built. Each planner is a plain
-function from a few whole numbers to a `Plan` (planner/figures.py). One module a planner:
-
-    planner/counter.py    a counter's shards, an increment's and a total's cost, the adaptive counter's growth
-    planner/blog.py       a page's bill by index and by offset, the front page's hit rate, posts in turn
-    planner/comments.py   per-user groups against one shared parent
-    planner/batch.py      the mapper's fan-out against one cursor walk and a batch pipeline
-    planner/request.py    a request's calls in turn (or an /appstats record's), its time and its bill
-
-Here: what each planner takes, every number with its bound, and `plan`, which checks the inputs and answers.
+function from a few whole numbers to a `Plan` (planner/figures.py), one module a planner. Here: what each takes,
+every number with its bound, and `plan`, which checks the inputs and answers.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,11 +84,9 @@ PLANNERS = {p.name: p for p in (
              Number("instances", "Tasks at once", 1, 100_000, default=8)), (BACKEND, PROFILE),
             {"entities": 10_000}),
 )}
-# The request planner's other input, {"appstats": id}: a request /appstats recorded (admins only, as /appstats is).
-RECORDED = Planner("recorded", "A recorded request", "", (), (PROFILE,), {})
 FUNCTIONS: dict[str, Callable[..., Plan]] = {
     "counter": counter.plan_counter, "blog": blog.plan_blog, "comments": comments.plan_comments,
-    "request": request.plan_request, "batch": batch.plan_batch, "recorded": request.plan_recorded}
+    "request": request.plan_request, "batch": batch.plan_batch}
 
 
 def _rpcs(value: object) -> dict[str, int]:
@@ -108,8 +99,8 @@ def _rpcs(value: object) -> dict[str, int]:
     return {method: whole_number(value[method], "rpcs", 0, MOST_RPCS, from_json=True) for method in value}
 
 
-def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, Any]]:
-    """The planner `planner` names and its inputs as its function takes them; a 422 naming what is wrong."""
+def plan(planner: object, inputs: object) -> dict[str, Any]:
+    """The answer of the planner `planner` names to `inputs`, checked first: a 422 naming what is wrong."""
     if not isinstance(planner, str) or planner not in PLANNERS:
         raise Unprocessable(f"planner must be one of {', '.join(PLANNERS)}.", "bad_planner")
     spec = PLANNERS[planner]
@@ -141,17 +132,11 @@ def checked_inputs(planner: object, inputs: object) -> tuple[Planner, dict[str, 
             raise Unprocessable(f"{choice.name} must be one of {', '.join(choice.options)}.", f"bad_{choice.name}")
         args[choice.name] = value
     if spec.rpcs and "appstats" in inputs:  # a recorded request: its calls and bill come from its record
-        return RECORDED, {"request_id": whole_number(inputs["appstats"], "appstats", 1, MOST_REQUEST_ID,
-                                                                 from_json=True), "profile": args["profile"]}
+        return request.plan_recorded(whole_number(inputs["appstats"], "appstats", 1, MOST_REQUEST_ID, from_json=True),
+                                     args["profile"]).as_dict()
     if spec.rpcs:
         args["rpcs"] = _rpcs(inputs.get("rpcs", {}))
     if planner == "blog" and args["depth"] >= args["entries"]:
         raise Unprocessable("depth must be less than entries: the page read starts that many below the newest.",
                             "bad_depth")
-    return spec, args
-
-
-def plan(planner: object, inputs: object) -> dict[str, Any]:
-    """The answer of the planner `planner` names to `inputs` (checked first: 422 naming what is wrong)."""
-    spec, args = checked_inputs(planner, inputs)
-    return FUNCTIONS[spec.name](**args).as_dict()
+    return FUNCTIONS[planner](**args).as_dict()

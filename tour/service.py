@@ -38,7 +38,7 @@ def without_deployment_values(app_yaml: str) -> str | None:
         root = yaml.compose(app_yaml, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return None
-    spans = sorted(set(_env_value_spans(root)), reverse=True)
+    spans = sorted({span for env in _env_values(root) for span in _value_spans(env)}, reverse=True)
     text = app_yaml
     for start, end in spans:  # from the end, so the earlier spans' places stay where the parser found them
         value = text[start:end]
@@ -66,11 +66,6 @@ def _env_values(root: yaml.Node | None) -> Iterator[yaml.Node]:
         for key, value in root.value:
             if isinstance(key, yaml.ScalarNode) and key.value == "env_variables":
                 yield value
-
-
-def _env_value_spans(root: yaml.Node | None) -> Iterator[tuple[int, int]]:
-    for env in _env_values(root):
-        yield from _value_spans(env)
 
 
 def _value_spans(node: yaml.Node, seen: set[int] | None = None) -> Iterator[tuple[int, int]]:
@@ -113,4 +108,5 @@ def _all_hidden(shown: str) -> bool:
         root = yaml.compose(shown, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return False
-    return all(shown[start:end].endswith(f'"{HIDDEN}"') for start, end in _env_value_spans(root))
+    return all(shown[start:end].endswith(f'"{HIDDEN}"') for env in _env_values(root)
+               for start, end in _value_spans(env))
