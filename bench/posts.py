@@ -48,11 +48,11 @@ VARIANTS = [("lease", n, "main:app") for n in PROCESSES] + [("local lock", 2, "b
 
 def local_lock():
     """gunicorn's app for `local lock`: the app with its writers of a hot entity queued only within their own process
-    (core.hotspots.HotEntities without leases), the design before the lease."""
+    (core.hotspots.HotEntities without claims), the design before the claim."""
     from main import create_app
     app = create_app(Settings.from_env())
     rt = runtime.of(app)
-    rt.hot_entities = hotspots.HotEntities(rt.cache, leases=False)
+    rt.hot_entities = hotspots.HotEntities(rt.cache, claims=False)
     return app
 
 

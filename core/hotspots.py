@@ -1,5 +1,5 @@
-"""Writers of one hot entity take turns: within a process on a lock, across processes on a lease in the cache. Writers
-that take turns do better than transactions that collide; the lease only orders writers and guards nothing: the
+"""Writers of one hot entity take turns: within a process on a lock, across processes on a claim in the cache. Writers
+that take turns do better than transactions that collide; the claim only orders writers and guards nothing: the
 transaction stays the only source of truth (docs/lessons/blog.md, "Turns at a hot entity").
 """
 import contextlib
@@ -17,21 +17,21 @@ from google.cloud import ndb
 if TYPE_CHECKING:
     from core.cache import Cache
 
-# How long a lease lives if its holder died: longer than one transaction with a retry or two, even one that met a
-# Firestore emulator lock timeout (2.3 s). memcached counts expiry in whole seconds: a lease of 3 lives 2 to 3 s.
-LEASE_SECONDS = 3
+# How long a claim lives if its holder died: longer than one transaction with a retry or two, even one that met a
+# Firestore emulator lock timeout (2.3 s). memcached counts expiry in whole seconds: a claim of 3 lives 2 to 3 s.
+CLAIM_SECONDS = 3
 # A waiter asks again after a short jittered sleep, doubling up to POLL_MAX: a turn takes about 80 ms at production's
 # medians, so it asks a few times a turn; only the first of each process's waiters asks (the others wait locally).
 POLL_FIRST, POLL_MAX = 0.002, 0.025
 
 
 class HotEntities:
-    """The queue of writers per hot entity, for one process. `cache`: the app's Cache; `leases` False keeps the
-    queue within the process (the design before the lease, which bench/posts.py compares)."""
+    """The queue of writers per hot entity, for one process. `cache`: the app's Cache; `claims` False keeps the
+    queue within the process (the design before the claim, which bench/posts.py compares)."""
 
-    def __init__(self, cache: "Cache", leases: bool = True) -> None:
+    def __init__(self, cache: "Cache", claims: bool = True) -> None:
         self.cache = cache
-        self.leases = leases
+        self.claims = claims
         self._guard = threading.Lock()
         # a lock lives while someone holds or waits for it
         self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
@@ -43,11 +43,11 @@ class HotEntities:
     @contextlib.contextmanager
     def turn(self, key: ndb.Key) -> Iterator[None]:
         """The block runs in this writer's turn at entity `key` (an ndb key): after this process's earlier writers
-        of it, and, while the cache answers, while no other process's writer holds its lease."""
-        name = _lease_name(key)
+        of it, and, while the cache answers, while no other process's writer holds its claim."""
+        name = _claim_name(key)
         with self._local(name):
             token = uuid.uuid4().hex.encode()
-            held = self.leases and self._acquire(name, token)
+            held = self.claims and self._acquire(name, token)
             try:
                 yield
             finally:
@@ -55,12 +55,12 @@ class HotEntities:
                     self.cache.release(name, token)
 
     def _acquire(self, name: str, token: bytes) -> bool:
-        """Wait for the lease: True once this writer holds it; False when it goes on without (no cache to ask, or the
-        holder kept it past what a living holder would: LEASE_SECONDS, after which it expires anyway)."""
-        deadline = time.monotonic() + LEASE_SECONDS
+        """Wait for the claim: True once this writer holds it; False when it goes on without (no cache to ask, or the
+        holder kept it past what a living holder would: CLAIM_SECONDS, after which it expires anyway)."""
+        deadline = time.monotonic() + CLAIM_SECONDS
         pause = POLL_FIRST
         while True:
-            taken = self.cache.add(name, token, LEASE_SECONDS)  # False: another writer holds it
+            taken = self.cache.add(name, token, CLAIM_SECONDS)  # False: another writer holds it
             if taken is not False:
                 return taken is True  # None: no cache to ask
             if time.monotonic() >= deadline:
@@ -69,6 +69,6 @@ class HotEntities:
             pause = min(pause * 2, POLL_MAX)
 
 
-def _lease_name(key: ndb.Key) -> str:
-    """The lease's cache key: the entity's full key (project, namespace, path), hashed to fit memcached's 250 bytes."""
-    return "lease:" + hashlib.sha1(key.urlsafe()).hexdigest()
+def _claim_name(key: ndb.Key) -> str:
+    """The claim's cache key: the entity's full key (project, namespace, path), hashed to fit memcached's 250 bytes."""
+    return "claim:" + hashlib.sha1(key.urlsafe()).hexdigest()

@@ -48,19 +48,19 @@ def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
 
 def test_a_lease_nobody_gives_back_expires(app, ndb_context):
     rt = runtime.of(app)
-    assert rt.cache.add(hotspots._lease_name(_key()), b"a dead holder's", hotspots.LEASE_SECONDS) is True
+    assert rt.cache.add(hotspots._claim_name(_key()), b"a dead holder's", hotspots.CLAIM_SECONDS) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache).turn(_key()):
         waited = time.monotonic() - started
     # memcached's whole-second clock makes a lease of N seconds live N-1 to N.
-    assert hotspots.LEASE_SECONDS - 1.5 <= waited <= hotspots.LEASE_SECONDS + 1.0
+    assert hotspots.CLAIM_SECONDS - 1.5 <= waited <= hotspots.CLAIM_SECONDS + 1.0
 
 
 def test_the_lease_a_turn_takes_expires_by_itself(app, ndb_context):
-    """A holder that dies in its turn never gives its lease back: the lease goes on its own expiry, LEASE_SECONDS,
+    """A holder that dies in its turn never gives its lease back: the lease goes on its own expiry, CLAIM_SECONDS,
     and no later than that the cache takes another (the waiters' own limit, below, is a second guard, not this one)."""
     rt = runtime.of(app)
-    name = hotspots._lease_name(_key())
+    name = hotspots._claim_name(_key())
     turn = hotspots.HotEntities(rt.cache).turn(_key())
     turn.__enter__()  # taken, and never given back: the holder died in its turn
     started = time.monotonic()
@@ -68,18 +68,18 @@ def test_the_lease_a_turn_takes_expires_by_itself(app, ndb_context):
     while rt.cache.add(name, b"the next holder's", 1) is False and time.monotonic() - started < 10:
         time.sleep(0.05)
     # memcached's whole-second clock makes a lease of N seconds live N-1 to N.
-    assert time.monotonic() - started <= hotspots.LEASE_SECONDS + 1.0
+    assert time.monotonic() - started <= hotspots.CLAIM_SECONDS + 1.0
 
 
 def test_a_waiter_goes_on_without_the_lease_once_a_living_holder_would_have_given_it_back(app, ndb_context):
     """A lease kept longer than any living holder keeps it (one stored with a longer expiry: by an older version of
-    the app, or by hand) stalls a waiter LEASE_SECONDS at most: it goes on without, the transaction guarding all."""
+    the app, or by hand) stalls a waiter CLAIM_SECONDS at most: it goes on without, the transaction guarding all."""
     rt = runtime.of(app)
-    assert rt.cache.add(hotspots._lease_name(_key()), b"a stuck holder's", 8) is True
+    assert rt.cache.add(hotspots._claim_name(_key()), b"a stuck holder's", 8) is True
     started = time.monotonic()
     with hotspots.HotEntities(rt.cache).turn(_key()):
         waited = time.monotonic() - started
-    assert hotspots.LEASE_SECONDS - 0.5 <= waited <= hotspots.LEASE_SECONDS + 1.0
+    assert hotspots.CLAIM_SECONDS - 0.5 <= waited <= hotspots.CLAIM_SECONDS + 1.0
 
 
 def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease(app, stack, ndb_context):
@@ -96,9 +96,9 @@ def test_a_frozen_cache_costs_its_timeout_and_the_writer_goes_on_without_a_lease
 
 def test_without_leases_the_turns_stay_within_the_process(app, ndb_context):
     rt = runtime.of(app)
-    assert rt.cache.add(hotspots._lease_name(_key()), b"another process's", 30) is True
+    assert rt.cache.add(hotspots._claim_name(_key()), b"another process's", 30) is True
     started = time.monotonic()
-    with hotspots.HotEntities(rt.cache, leases=False).turn(_key()):
+    with hotspots.HotEntities(rt.cache, claims=False).turn(_key()):
         assert time.monotonic() - started < 0.5
 
 
@@ -109,7 +109,7 @@ def test_the_benchmarks_app_before_the_lease_queues_only_within_its_process(stac
         monkeypatch.setenv(name, value)
     app = posts.local_lock()
     try:
-        assert runtime.of(app).hot_entities.leases is False
+        assert runtime.of(app).hot_entities.claims is False
     finally:
         runtime.of(app).close()
 
