@@ -1,5 +1,5 @@
-"""Appstats: the last requests' costs in this process (core/costs.py counts them), for admins: /appstats and
-/api/appstats, linked from every page's footer. views.py only: the figures are kept by core, in memory, bounded."""
+"""Appstats: the last requests' costs of every process (core/costs.py counts them, captures.py keeps them in the
+shared cache), for admins: /appstats and /api/appstats, linked from every page's footer."""
 from flask import Flask
 
 from appstats import views

@@ -53,8 +53,10 @@ def init_app(app: Flask) -> None:
         cost.end()
         response.headers["Server-Timing"] = cost.server_timing()
         served = time.time()
+        # its process: the instance's last 8 characters and the pid (read per request: a gunicorn worker forks later)
+        process = f"{os.environ.get('GAE_INSTANCE', 'local')[-8:]}/{os.getpid()}"
         capture = {"method": request.method, "path": _path(), "status": response.status_code,
-                  "at": clock.iso_of(served), "process": _process(), **cost.figures(backend)}
+                   "at": clock.iso_of(served), "process": process, **cost.figures(backend)}
         if request.endpoint != "static":  # static files' answers (mostly 304s) would crowd the requests out
             captures.keep(rt.cache, capture, cost.kept_calls())
         if project is None:
@@ -66,12 +68,6 @@ def init_app(app: Flask) -> None:
     app.add_template_global(request_cost)
     app.jinja_env.globals["latency_modelled"] = rt.latency.on
     app.add_template_global(costs.plural)
-
-
-def _process() -> str:
-    """Which process served the request: its instance (GAE_INSTANCE's last 8 characters) and its pid (read per
-    request: a gunicorn worker forks after the app is built)."""
-    return f"{os.environ.get('GAE_INSTANCE', 'local')[-8:]}/{os.getpid()}"
 
 
 def _path() -> str:

@@ -30,9 +30,8 @@ class Billed:
 
     def usd_per_million(self) -> float:
         """What a million requests costing this are billed, in USD (us-central1 prices)."""
-        per_100k = (self.reads * USD_PER_100K["reads"] + self.writes * USD_PER_100K["writes"]
-                    + self.deletes * USD_PER_100K["deletes"])
-        return per_100k * 10
+        return (self.reads * USD_PER_100K["reads"] + self.writes * USD_PER_100K["writes"]
+                + self.deletes * USD_PER_100K["deletes"]) * 10  # a million is ten times 100,000
 
     def priced(self, requests: str = "") -> str:
         """'11 reads: $3.30 per million', or 'nothing in Datastore'."""

@@ -1,11 +1,7 @@
 """Each signed-in person's write budget: how many comments, new counters and blog entries one person may create in a
-window (Settings.write_budget); past it a 429 with Retry-After. Anyone with a Google account can sign in, and what they
-create shows to everyone: without a cap one script posted 30 comments and 20 counters in two seconds.
-
-A fixed window counted by the cache's `incr`: one round trip per write, shared by every process (a burst across two
-windows can reach twice the figure, once). When the cache is away the write goes on uncounted: a cap that took writes
-down with the cache would turn a cache outage into a write outage.
-"""
+window (Settings.write_budget); past it a 429 with Retry-After (without a cap one script posted 30 comments and 20
+counters in two seconds). A fixed window counted by the cache's `incr`, the write uncounted while the cache is away:
+why, in docs/security.md ("write budget")."""
 import time
 
 from core import runtime

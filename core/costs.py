@@ -1,9 +1,7 @@
-"""What one request cost (Appstats for today), counted where each call leaves the process: every Datastore RPC by a
-gRPC interceptor on ndb's channel (core.datastore.RpcCounter), with what production bills for it (core/billing.py, read
-from the RPC's answer, so the same on an emulator); every cache call by the wrapped client the app and ndb's global
-cache share (core.cache.CountedClient). Each request's `Cost` is found through a contextvar (`current()`). No Flask
-here, so benchmarks count costs too.
-"""
+"""What one request cost (Appstats for today), counted where each round trip leaves the process: every Datastore RPC
+by a gRPC interceptor (core.datastore.RpcCounter), billed as production bills it (core/billing.py); every cache call by
+the client the app and ndb's global cache share (core.cache.CountedClient). A request's `Cost` is `current()`. No
+Flask here, so benchmarks count costs too."""
 import contextlib
 import contextvars
 import dataclasses

@@ -58,29 +58,22 @@ class RpcCounter(grpc.UnaryUnaryClientInterceptor):
         return 0.0
 
 
-def intercepted(channel: grpc.Channel, model: Model) -> grpc.Channel:
-    return grpc.intercept_channel(channel, RpcCounter(model))
-
-
 def make_client(settings: Settings, model: Model) -> ndb.Client:
-    """Built once per process: it holds the gRPC channel every request reuses, every RPC on it counted."""
+    """Built once per process: it holds the gRPC channel every request reuses, every RPC on it (all made through
+    `client.stub`) counted."""
     if not settings.emulator_host:
         client = ndb.Client(project=settings.project, namespace=settings.namespace)
-        return _counted(client, client.stub.grpc_channel, model)
-    # ndb.Client reads the emulator's address only from the process environment, which the settings need not match
-    # (tests run two emulators, and build apps on threads). So the client is built with no need of credentials (the
-    # emulator asks for none), and then given a channel of its own to the settings' emulator; os.environ is not touched.
-    client = ndb.Client(project=settings.project, namespace=settings.namespace, credentials=AnonymousCredentials(),
-                        client_options={"api_endpoint": settings.emulator_host})
-    client.host, client.secure = settings.emulator_host, False
-    channel = grpc.insecure_channel(settings.emulator_host, options=[  # ndb's own options for an emulator's channel
-        ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
-    return _counted(client, channel, model)
-
-
-def _counted(client: ndb.Client, channel: grpc.Channel, model: Model) -> ndb.Client:
-    """The client, its RPCs (all made through `client.stub`) sent through `channel`, intercepted."""
-    client.stub = DatastoreGrpcTransport(host=client.host, channel=intercepted(channel, model))
+        channel = client.stub.grpc_channel
+    else:
+        # ndb.Client reads the emulator's address only from the process environment, which the settings need not match
+        # (tests run two emulators, and build apps on threads). So the client is built with no need of credentials (the
+        # emulator asks for none), then given a channel of its own to the settings' emulator; os.environ is not touched.
+        client = ndb.Client(project=settings.project, namespace=settings.namespace, credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": settings.emulator_host})
+        client.host, client.secure = settings.emulator_host, False
+        channel = grpc.insecure_channel(settings.emulator_host, options=[  # ndb's own, for an emulator's channel
+            ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+    client.stub = DatastoreGrpcTransport(host=client.host, channel=grpc.intercept_channel(channel, RpcCounter(model)))
     return client
 
 
@@ -88,7 +81,8 @@ def make_api(settings: Settings, model: Model) -> datastore_v1.DatastoreClient:
     """A client of the Datastore API itself: one per process, its RPCs counted like ndb's."""
     channel = (grpc.insecure_channel(settings.emulator_host) if settings.emulator_host
                else DatastoreGrpcTransport.create_channel())
-    return datastore_v1.DatastoreClient(transport=DatastoreGrpcTransport(channel=intercepted(channel, model)))
+    return datastore_v1.DatastoreClient(
+        transport=DatastoreGrpcTransport(channel=grpc.intercept_channel(channel, RpcCounter(model))))
 
 
 # The protobuf classes under proto-plus's wrappers, which cost a bulk path more client CPU than the protobufs do.

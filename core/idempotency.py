@@ -1,11 +1,6 @@
-"""The one Idempotency-Key contract, for every endpoint that takes the header or a form's token (increments, posts,
-comments, job starts, seeds; docs/api.md#idempotency-key):
-
-- a key is its caller's own: the marker's name is made of (caller, endpoint, key), so two callers' equal keys never
-  meet, and an anonymous caller, who has no identity another caller could not claim too, may not send one (401);
-- the same request sent again answers the first result, with the same status, every time (`REPLAY`);
-- the key sent again with other content, or for another target, is a 409 `idempotency_key_reused`;
-- the marker's name is a digest, so no key makes a reserved (`__...__`) or colliding name.
+"""The one Idempotency-Key contract (docs/api.md#idempotency-key: a key is its caller's own, a replay answers the first
+answer, the key with other content or another target is a 409, any key is safe to store), for every endpoint that
+takes the header or a form's token.
 
 A feature keeps its markers in a kind of its own (a `Marker` subclass) and writes one in the same transaction as the
 effect it marks, in the effect's commit: both exist or neither does, which is what makes the effect happen once.

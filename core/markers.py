@@ -23,8 +23,7 @@ _PURGED = "markers.purged_hour"  # the runtime's note of the last hour this proc
 
 
 class ExpiringMarker(Marker):
-    """A marker that is nothing but a marker (a counter's increment, a post, a comment, a seed: not a mapper job,
-    which is its own start's marker), kept LIFETIME and then purged (`purge`)."""
+    """A marker that is nothing but a marker, kept LIFETIME and then purged (`purge`)."""
     # Midnight UTC, a day or two ahead: indexed for the purge's query, and coarse on purpose. Index rows sort by value
     # then key, so one day's markers spread over their keys (digests: core/idempotency.marker_name), where an exact
     # timestamp would put every new row at the end of the index: the hotspot Firestore documents as a limit of 500

@@ -1,11 +1,7 @@
 """LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits, every call a round
-trip drawn from published figures (each cited beside it; INF: an inference, to measure in production).
-- Datastore RPCs wait in the stand-in (devstack/standin.py), one gRPC proxy in front of the emulator: only there can
-  calls in flight together wait together, and many processes' writes to one entity take turns as production makes
-  them. An RPC waits its round trip less the emulator's own time, half before it is forwarded and half after, so a
-  transaction's window on the server stays production's. The app's processes count what the stand-in reports.
-- Cache calls, Cloud Tasks create and delivery wait in the app's process, on the calling thread (Model).
-The one place the model is defined; its figures and sources: docs/lessons/numbers.md, "Where production waits".
+trip drawn from published figures (each cited beside it; INF: an inference, to measure in production). Datastore RPCs
+wait in the stand-in (devstack/standin.py), cache calls and Cloud Tasks in the app's process (Model). The one place
+the model is defined; why it waits where it does: docs/lessons/numbers.md, "Where production waits".
 """
 import contextvars
 import math
@@ -21,11 +17,9 @@ NAMES = ("none", "production", "multi-region")  # LATENCY's values: off, and the
 PROFILES = NAMES[1:]
 
 _NORMAL = statistics.NormalDist()
-# googleapis/nodejs-firestore#1994 (2024-02-04), 10,000 GetDocument calls from Cloud Shell, the "Without `readTime`"
-# column: strong reads, as this app reads (the "With `readTime`" column is stale reads). Node's perf_hooks histogram
-# publishes steps, not exact percentiles: each step halves what is left above the one before (50, 75, 87.5, ... of
-# 100), so the table's labels are rounded: its two last rows, both printed "99.99th", are the steps 1 - 2**-13 and
-# 1 - 2**-14. Here: (step, that step's ms / the median's 17 ms), every published step, the last one the cap.
+# The tail: googleapis/nodejs-firestore#1994 (2024-02-04), GetDocument's "Without `readTime`" column (strong reads),
+# whose rounded labels stand for the steps 1 - 2**-k (numbers.md, "The tail"). Here: (step, that step's ms / the
+# median's 17 ms), every published step, the last one the cap.
 _STRONG_READ_MS = (17, 18, 20, 21, 23, 27, 32, 45, 70, 86, 112, 359, 565, 1326)  # steps 1 - 2**-1 ... 1 - 2**-14
 SHAPE = tuple((1 - 2 ** -k, ms / _STRONG_READ_MS[0]) for k, ms in enumerate(_STRONG_READ_MS[1:], start=2))
 
@@ -72,10 +66,8 @@ class RoundTrip:
         return self.quantile_ms(rng.random()) / 1000
 
 
-# Datastore RPCs by gRPC method, as App Engine sees Firestore in Datastore mode in its own region. The three medians
-# measured: googleapis/google-cloud-dotnet#5333, Jon Skeet, 2020-09-24: .NET client on Cloud Run europe-west1, warm, 10
-# samples each, the database apparently in europe-west2, so probably CROSS-REGION: a same-region call may be a few ms
-# faster, which no source measures (the thread's first report, 60-70 ms for a RunQuery, Skeet could not reproduce).
+# Datastore RPCs by gRPC method. The three medians: googleapis/google-cloud-dotnet#5333 (Jon Skeet, 2020-09-24), .NET
+# on Cloud Run europe-west1, the database probably in europe-west2: CROSS-REGION, a same-region call maybe faster.
 LOOKUP = RoundTrip(14.5)  # 1 key: 14-21 ms, median ~14.5 (dotnet#5333, cross-region)
 RUN_QUERY = RoundTrip(19)  # small result: 14-24 ms, median ~19 (dotnet#5333, cross-region)
 COMMIT = RoundTrip(47)  # 1 entity, non-transactional insert: 24-55 ms, median ~47 (dotnet#5333, cross-region)
@@ -84,15 +76,12 @@ COMMIT = RoundTrip(47)  # 1 entity, non-transactional insert: 24-55 ms, median ~
 BEGIN_TRANSACTION = LOOKUP
 # RunAggregationQuery (COUNT, SUM): no latency figure anywhere; it grows with the index entries scanned. INF: a small
 # query's round trip, then SCAN_MS_PER_1000_ENTRIES for each 1,000 entries its COUNT counted (sources: STAND_IN_KNOBS).
-# The rate is a hypothesis: the one figure near it, python-ndb#360 (2020), a client-side count of ~200 entities in
-# 0.1 s, paid for sending every key back, which an aggregation does not.
 RUN_AGGREGATION_QUERY = RUN_QUERY
 SCAN_MS_PER_1000_ENTRIES = 5.0
-# The multi-region profile's Commit: "Select a regional location if your application is more sensitive to write latency"
-# (https://cloud.google.com/datastore/docs/locations; https://cloud.google.com/firestore/docs/best-practices): it waits
-# for replicas in other regions, and no source measures one in nam5 or eur3. INF: the lower end of Megastore's
-# cross-datacenter writes, "100-400 ms" (Baker et al., CIDR 2011). Reads: the nearest replica answers (INF). Not used:
-# the one published multi-region figure, a read of 100-120 ms with client artefacts (google-cloud-python#4925, 2018).
+# The multi-region profile's Commit waits for replicas in other regions ("Select a regional location if your application
+# is more sensitive to write latency": LINKS_MULTI_REGION_COMMIT), no source measures one. INF: the lower end of
+# Megastore's cross-datacenter writes, "100-400 ms" (CIDR 2011). Reads: the nearest replica answers (INF). Not used: a
+# multi-region read of 100-120 ms with client artefacts (google-cloud-python#4925, 2018).
 MULTI_REGION_COMMIT = RoundTrip(100)
 
 DATASTORE = {
@@ -105,15 +94,13 @@ DATASTORE = {
     "AllocateIds": LOOKUP,  # INF: one small RPC; sai-pullabhotla/catatumbo#12 (2016): "taking quite a while", no number
     "ReserveIds": LOOKUP,  # INF: as AllocateIds
 }
-# A batch's size: no source measures a Lookup of many keys or a Commit of many mutations. INF: one round trip, plus the
-# server's work for each key or mutation after the first, from the one published big batch (sources: STAND_IN_KNOBS).
+# A batch's size, which no source measures. INF: a round trip plus each key or mutation past the first (STAND_IN_KNOBS).
 LOOKUP_MS_PER_KEY = 0.5
 COMMIT_MS_PER_MUTATION = 1.0
 
-# One entity's writes, whoever writes: the stand-in makes every client's Commits that write one entity (Firestore in
-# Datastore mode: the entity; legacy Datastore: its entity group, the root key) take turns, each holding it for its
-# modelled commit, at production's published rate after a short burst; a commit whose turn cannot come within
-# ENTITY_TURN_MAX_WAIT_S is answered at once, ABORTED with production's words. Each figure's source: STAND_IN_KNOBS.
+# One entity's writes: the stand-in makes every client's Commits that write one entity (Firestore in Datastore mode: the
+# entity; legacy Datastore: its entity group, the root key) take turns at production's rate after a short burst; one
+# whose turn cannot come within ENTITY_TURN_MAX_WAIT_S is answered ABORTED in production's words (STAND_IN_KNOBS).
 ENTITY_WRITES_PER_S = 1.0
 ENTITY_WRITE_BURST = 3  # INF: "sustained" leaves room for a burst, and no source says how large
 ENTITY_TURN_MAX_WAIT_S = 2.0  # INF: no source gives it
@@ -179,15 +166,11 @@ STAND_IN_KNOBS = (
 # The figures above that a stand-in may be started with other values of (tests make the bound small): its knobs.
 KNOBS = tuple(knob.name for knob in STAND_IN_KNOBS)
 
-# A Memorystore call from App Engine standard: Memorystore says only "sub-millisecond"
-# (https://cloud.google.com/appengine/docs/legacy/standard/python/migrate-to-python3/memcache-to-memorystore), and
-# App Engine reaches it only through a Serverless VPC Access connector, a hop no source measures. INF (the
-# latency-reference's estimate): about 1 ms at p50, a few ms at p99, its shape assumed, capped at 10 ms.
+# A Memorystore call from App Engine standard, through a Serverless VPC Access connector no source measures. INF:
+# about 1 ms at p50, a few ms at p99, capped at 10 ms; Memorystore says only "sub-millisecond" (SOURCE_LINKS).
 CACHE = RoundTrip(1.0, ((0.99, 3.0), (0.999, 6.0), (0.9999, 10.0)))
-# Cloud Tasks: no published latency for creating a task or for the time until its delivery starts. INF: CreateTask
-# stores the task durably in the queue's region before it answers, so a regional write, budgeted as a Commit; a
-# delivery is the queue's dispatch plus an HTTP request through App Engine's front end, budgeted as two small round
-# trips (2 x 14.5 ms), the Firestore shape assumed for both.
+# Cloud Tasks: no published latency. INF: CreateTask stores the task durably in the queue's region, budgeted as a
+# Commit; a delivery, the queue's dispatch and an HTTP request through App Engine's front end, as two small round trips.
 TASK_CREATE = COMMIT
 TASK_DELIVERY = RoundTrip(29)
 UNKNOWN_RPC = RUN_QUERY
@@ -254,9 +237,6 @@ class Model:
             return 0.0
         with self._lock:
             seconds = trip.draw(self._rng)
-        return self._sleep(seconds, waits)
-
-    def _sleep(self, seconds: float, waits: Waits | None) -> float:
         self.names_the_request()
         time.sleep(seconds)
         if waits is not None:
