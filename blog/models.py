@@ -10,10 +10,10 @@ from core.markers import ExpiringMarker
 
 
 class BlogIndex(ndb.Model):
-    """A blog; key name is the blog's name. `max_index` is the highest entry index given out (the talk's name), and
-    the version of the blog's cached front page. Read by key on every page view, so in ndb's global cache (never
-    stale: docs/lessons/blog.md#why-the-front-pages-key-names-max_index); not in the in-context cache, so a
-    long-lived context (a thread, a task) sees other processes' posts.
+    """The blog itself, named after its index as in the talk: key name the blog's name, parent of its entries;
+    `max_index` is the highest entry index given out, and the version of its cached front page. Read by key on every
+    page view, so in ndb's global cache (never stale: docs/lessons/blog.md#why-the-front-pages-key-names-max_index);
+    not in the in-context cache, so a long-lived context (a thread, a task) sees other processes' posts.
     """
     _use_cache = False
     max_index = ndb.IntegerProperty(required=True, indexed=False)
