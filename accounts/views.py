@@ -14,12 +14,9 @@ bp = Blueprint("accounts", __name__)
 
 
 @bp.get("/accounts")
-def index() -> ResponseReturnValue:
-    """How many accounts, their total balance, the latest audit, and (admins) forms to seed, credit and audit."""
-    return _page()
-
-
-def _page(status: int = 200, comparison: dict[str, Any] | None = None) -> tuple[str, int]:
+def index(status: int = 200, comparison: dict[str, Any] | None = None) -> tuple[str, int]:
+    """How many accounts, their total balance, the latest audit, and (admins) forms to seed, credit and audit; also
+    the page a refused form is shown again on, with its `status`, and a comparison's."""
     return render_template("accounts/index.html", summary=service.summary(identity.reads_exactly()),
                            audit=service.latest_audit(),
                            comparison=comparison, max_seed=service.MAX_SEED, max_amount=credit.MAX_AMOUNT,
@@ -35,7 +32,7 @@ def seed_form() -> ResponseReturnValue:
         seeded, _ = service.seed(validate.form_number(request.form.get("count")),
                                  request.form.get("start_token") or None, user["id"])
     except AppError as e:
-        return form_refused(e, _page)
+        return form_refused(e, index)
     # The banner is the app's own message, carried in the session: a query parameter would let any link put a
     # visitor's text on the page.
     flash(f"Seeding {seeded['count']} accounts in the background; reload to see them arrive.", "info")
@@ -48,19 +45,17 @@ def _start_job(name: str, params: dict[str, Any]) -> ResponseReturnValue:
     try:
         job = mapper.start_job(name, params, idempotency_key=request.form.get("start_token") or None, user=user["id"])
     except AppError as e:
-        return form_refused(e, _page)
+        return form_refused(e, index)
     return redirect(url_for("mapper.job", job_id=job.id))
 
 
 @bp.post("/accounts/credit")
 def credit_form() -> ResponseReturnValue:
-    """Start the add_credit job over every account."""
     return _start_job(credit.ADD_CREDIT.name, {"amount": validate.form_number(request.form.get("amount"))})
 
 
 @bp.post("/accounts/audit")
 def audit_form() -> ResponseReturnValue:
-    """Start the audit_accounts job."""
     return _start_job(service.AUDIT.name, {})
 
 
@@ -68,7 +63,7 @@ def audit_form() -> ResponseReturnValue:
 def aggregation_form() -> ResponseReturnValue:
     """Admin: the kept figures beside COUNT and SUM over the accounts, timed now, shown on the page."""
     identity.require_admin()
-    return _page(comparison=service.compare_with_aggregation())
+    return index(comparison=service.compare_with_aggregation())
 
 
 @bp.post("/api/accounts/aggregation")

@@ -1,7 +1,6 @@
 """Entry bodies: Markdown rendered by markdown-it-py, then sanitized by nh3 (Rust's ammonia), so that no HTML a user
 typed, and no `javascript:` or `data:` URL, reaches a page: the sanitizer, not the renderer, makes the output safe.
-markdown-it-py parses in one pass, in time linear in the text, where Python-Markdown's grew with the square of a body
-of unclosed brackets (issue 57: docs/security.md).
+markdown-it-py renders in time linear in the text (issue 57: docs/security.md).
 """
 import nh3
 from markdown_it import MarkdownIt

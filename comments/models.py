@@ -1,10 +1,6 @@
-"""Comment entities: one entity group per commenting user, none per entry.
-
-Comments arrive from many users at once. If they took their order from anything shared (a per-entry sequence, the
-entry's own group), every comment would be a transaction on that one group, about one commit a second. Instead each
-user has a UserSequence, a root entity and so an entity group of its own, and a comment is a child of its author's
-UserSequence: a post bumps the user's own sequence and writes the comment in one transaction that no other user's
-post ever touches. The order among all comments comes from the sort key `time|user|sequence` (see service.sort_key).
+"""Comment entities: one entity group per commenting user (its UserSequence), none per entry, so that no user's post
+waits on another's (a group takes about one commit a second); their order is the sort key `time|user|sequence`
+(service.sort_key). Why: docs/lessons/comments.md.
 """
 from google.cloud import ndb
 

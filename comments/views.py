@@ -33,10 +33,9 @@ def linkify(text: str) -> Markup:
     last = 0
     for match in URL.finditer(text):
         url = match.group(0).rstrip(TRAILING)
-        end = match.start() + len(url)
         out += [escape(text[last:match.start()]),
                 Markup('<a href="{0}" rel="nofollow noopener noreferrer">{0}</a>').format(url)]
-        last = end
+        last = match.start() + len(url)
     out.append(escape(text[last:]))
     return Markup("").join(out)
 
