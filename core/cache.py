@@ -32,8 +32,7 @@ class CacheUnreachable(ConnectionError):
     503). A ConnectionError, which ndb's global caches count as transient (a miss on a read)."""
 
 
-# What a cache call raises when the server is down, frozen or refuses: CacheUnreachable for memcached's refused
-# connections and timeouts (CountedClient), MemcacheError its protocol's failures, RedisError every redis-py failure.
+# What a cache call raises when the server is down, frozen or refuses (memcached's OSErrors as CacheUnreachable).
 CACHE_DOWN = (CacheUnreachable, pymemcache.exceptions.MemcacheError, redis.RedisError)
 
 CONNECT_TIMEOUT = 0.25  # seconds; loopback or same-zone Memorystore answers in well under a millisecond
@@ -42,7 +41,7 @@ POOL_SIZE = 32  # one connection per concurrent request thread is plenty
 # True while a request runs as if there were no cache (Runtime.cache_bypassed): every call below a miss or a no-op.
 BYPASSED = contextvars.ContextVar("cache_bypassed", default=False)
 T = TypeVar("T")
-CacheValue = bytes | str | int  # what the app stores: numbers, leases' tokens, rendered pages
+CacheValue = bytes | str | int  # what the app stores: numbers, claims' tokens, rendered pages
 
 
 class CacheClient(Protocol):
@@ -152,7 +151,7 @@ class MemcachedCacheClient:
 
     def delete_if(self, key: str, value: CacheValue) -> bool:
         """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours.
-        Between the two another caller can only have stored the key if it had expired first (harmless for a lease:
+        Between the two another caller can only have stored the key if it had expired first (harmless for a claim:
         docs/lessons/blog.md, "Turns at a hot entity"). Two round trips, counted as one call."""
         return self.memcached.get(key) == value and self.memcached.delete(key, noreply=False)
 
@@ -251,11 +250,9 @@ class RedisCacheClient:
         return bool(self.redis.delete(key))
 
     def delete_if(self, key: str, value: CacheValue) -> bool:
-        """Delete `key` only while it holds `value`: one atomic script."""
         return bool(self._delete_if(keys=[key], args=[value]))
 
     def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int = 0) -> bool:
-        """Store `value` only while `key` holds `expected`: one atomic script."""
         return bool(self._replace_if(keys=[key], args=[expected, value, expire]))
 
     def flush(self) -> None:
@@ -284,8 +281,7 @@ class NoCache:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
+    close = flush
 
     def global_cache(self, model: Model) -> ndb.GlobalCache | None:
         return None
@@ -323,7 +319,7 @@ class Cache:
 
     def add(self, key: str, value: CacheValue, expire: int) -> bool | None:
         """Store `value` only if `key` is absent, kept `expire` seconds (0: until evicted). True: this call stored it;
-        False: another caller added it first (a lease held); None: no cache answered. A caller that must not be
+        False: another caller added it first (a claim held); None: no cache answered. A caller that must not be
         stopped by a cache it cannot ask tests `is False`."""
         return self._safely(None, lambda c: c.add(key, value, expire))
 
@@ -364,13 +360,13 @@ class Cache:
         return bool(self._safely(False, lambda c: c.delete(key)))
 
     def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int) -> bool:
-        """Store `value` only while `key` still holds `expected` (a lease this caller `add`ed, a random token no one
+        """Store `value` only while `key` still holds `expected` (a claim this caller `add`ed, a random token no one
         else stores): not once another value replaced it, nor if it is gone (evicted, expired, flushed). False too when
         the cache is away."""
         return bool(self._safely(False, lambda c: c.replace_if(key, expected, value, expire)))
 
     def release(self, key: str, token: CacheValue) -> bool:
-        """Delete `key` while it still holds `token` (a lease this caller `add`ed, not another caller's since)."""
+        """Delete `key` while it still holds `token` (a claim this caller `add`ed, not another caller's since)."""
         return bool(self._safely(False, lambda c: c.delete_if(key, token)))
 
     def ping(self) -> str:

@@ -48,7 +48,6 @@ class Unavailable(AppError):
 
 
 def found(value: T | None, message: str, code: str) -> T:
-    """`value`, unless it is None (a get by key that found nothing): then NotFound with `message` and `code`."""
     if value is None:
         raise NotFound(message, code)
     return value

@@ -47,7 +47,6 @@ class Features:
     lesson_index: dict = field(default_factory=dict)
 
     def complete(self) -> None:
-        """Once every feature is added (create_app): what is derived from them is derived now, once per process."""
         self.all = tuple(self.all)
         self.navigation = tuple(f.nav for f in self.all if f.nav)
         self.lesson_index = {f.lesson.slug: f.lesson for f in self.all if f.lesson}

@@ -36,16 +36,14 @@ class HotEntities:
         # a lock lives while someone holds or waits for it
         self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 
-    def _local(self, name: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(name, threading.Lock())
-
     @contextlib.contextmanager
     def turn(self, key: ndb.Key) -> Iterator[None]:
         """The block runs in this writer's turn at entity `key` (an ndb key): after this process's earlier writers
         of it, and, while the cache answers, while no other process's writer holds its claim."""
         name = _claim_name(key)
-        with self._local(name):
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
             token = uuid.uuid4().hex.encode()
             held = self.claims and self._acquire(name, token)
             try:

@@ -13,11 +13,6 @@ FILE = "openapi.yaml"
 ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/components/responses/Error"}}
 
 
-def _load(folder: Path) -> dict | None:
-    path = Path(folder) / FILE
-    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
-
-
 def _merge(into: dict, part: dict, where: str) -> None:
     for name, value in part.items():
         if name in into:
@@ -43,7 +38,8 @@ def build(app: Any) -> dict:
     extensions = []
     for blueprint in app.blueprints.values():
         folder = Path(blueprint.root_path)
-        part = None if folder in seen else _load(folder)
+        path = folder / FILE
+        part = None if folder in seen or not path.exists() else yaml.safe_load(path.read_text(encoding="utf-8"))
         seen.add(folder)
         if not part:
             continue

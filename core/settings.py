@@ -44,8 +44,7 @@ class WriteBudget:
                 raise RuntimeError(f"WRITE_BUDGET: {part!r} is not one of comments=N, counters=N, posts=N, window=S "
                                    "(whole numbers from 1).")
             figures[name.strip()] = int(value)
-        if figures.get("window", cls.window) > MAX_CACHE_EXPIRE:
-            # memcached reads an expiry over 30 days as a Unix time (long past): every count would expire at once
+        if figures.get("window", cls.window) > MAX_CACHE_EXPIRE:  # else every count would expire at once
             raise RuntimeError(f"WRITE_BUDGET: window is at most {MAX_CACHE_EXPIRE} s (30 days, memcached's longest "
                                "relative expiry).")
         return cls(**figures)
@@ -62,8 +61,7 @@ class Settings:
     # The cache (core/cache.py): memcached hosts ("host:port") or a Redis/Valkey URL, at most one; neither: no cache.
     memcached_hosts: tuple = ()
     redis_url: str | None = None
-    # With REDIS_URL rediss:// (in-transit encryption): the PEM text of the CA that signs the server's certificate,
-    # read at start from CACHE_CA_FILE (cache_ca_pem below).
+    # With REDIS_URL rediss://: the PEM text of the CA that signs the server's certificate (cache_ca_pem below).
     cache_ca: str | None = None
     secret_key: str = DEV_SECRET
     admin_emails: frozenset = field(default_factory=frozenset)
@@ -72,8 +70,7 @@ class Settings:
     # (DATASTORE_EMULATOR_HOST), off App Engine standard, and when DEV_SIGNIN=on. The emulator is what makes it safe on
     # any platform: a deployment against the real Datastore has none, whatever else is set (docs/security.md).
     dev_signin: bool = False
-    # Sign in with Google (core/identity.py): the OAuth web client's id, whose ID tokens the app accepts. Required on
-    # App Engine, where it is the only way in; optional locally, beside the dev sign-in.
+    # Sign in with Google (core/identity.py): the OAuth web client's id, whose ID tokens the app accepts.
     google_client_id: str | None = None
     # Task queues (core/tasks.py): Cloud Tasks on App Engine; off it, devstack's local Cloud Tasks at this address.
     tasks_emulator_host: str | None = None
@@ -84,11 +81,8 @@ class Settings:
     # cached pages' keys are built from the canonical name, never from a request's Host.
     trusted_hosts: tuple = LOCAL_HOSTS
     canonical_host: str = LOCAL_HOSTS[0]
-    # LATENCY=production or multi-region: every call waits a modelled production round trip
-    # (core/production_latency.py). Only against a local emulator: production waits by itself.
-    latency: str = "none"
+    latency: str = "none"  # LATENCY: the modelled waits before each round trip (core/production_latency.py)
     latency_seed: int | None = None  # LATENCY_SEED: the model's draws the same run after run (None: fresh)
-    # Each signed-in person's write budget (core/budget.py).
     write_budget: WriteBudget = field(default_factory=WriteBudget)
     # The mapper's sweep (mapper/sweep.py): a running task's record is leased for `mapper_lease_seconds` from each
     # chunk's commit; every `mapper_sweep_seconds` the sweep queues again the tasks whose lease ran out.
@@ -130,7 +124,7 @@ class Settings:
         datastore_backend = env.get("DATASTORE_BACKEND") or ("firestore" if gae else "legacy")
         if datastore_backend not in ("legacy", "firestore"):
             raise RuntimeError("DATASTORE_BACKEND must be legacy or firestore.")
-        memcached_hosts = tuple(h for h in env.get("MEMCACHED_HOSTS", "").replace(",", " ").split() if h)
+        memcached_hosts = tuple(env.get("MEMCACHED_HOSTS", "").replace(",", " ").split())
         redis_url = env.get("REDIS_URL") or None
         if memcached_hosts and redis_url:
             raise RuntimeError("Set MEMCACHED_HOSTS or REDIS_URL, not both: the app uses one cache.")
@@ -183,7 +177,6 @@ MAPPER_LEASE_SECONDS, MAPPER_SWEEP_SECONDS = Settings.mapper_lease_seconds, Sett
 
 
 def seconds_setting(env: Mapping[str, str], name: str, default: int) -> int:
-    """A whole number of seconds from `name` (1 to a day), else `default`."""
     value = env.get(name, "").strip()
     if not value:
         return default
@@ -305,7 +298,6 @@ def local_development(env: Mapping[str, str]) -> bool:
 
 
 def dev_signin_on(env: Mapping[str, str]) -> bool:
-    """Whether the environment turns the dev sign-in on (Settings.dev_signin): in local development, when asked for."""
     return local_development(env) and env.get("DEV_SIGNIN") == "on"
 
 
@@ -315,11 +307,9 @@ def refuse_dev_signin_off_loopback(dev_signin: bool, binds: list[str]) -> None:
     if not dev_signin:
         return
     for bind in binds:
-        if bind.startswith(("unix:", "fd://")):
-            continue  # a socket of this machine's, not the network's
         host = bind.rpartition(":")[0].strip("[]") if ":" in bind else bind
-        if host == "localhost":
-            continue
+        if bind.startswith(("unix:", "fd://")) or host == "localhost":
+            continue  # a socket of this machine's, not the network's, or the loopback name
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:

@@ -18,9 +18,8 @@ def healthz() -> ResponseReturnValue:
     """Datastore and cache reachability; 503 only when Datastore is down (the cache is optional)."""
     cache = runtime.cache()
     cache_state = {"backend": cache.backend, "status": cache.ping()}
-    if not _datastore_answers():
-        return jsonify(datastore="down", cache=cache_state), 503
-    return jsonify(datastore="ok", cache=cache_state)
+    up = _datastore_answers()
+    return jsonify(datastore="ok" if up else "down", cache=cache_state), 200 if up else 503
 
 
 def _datastore_answers() -> bool:
@@ -57,7 +56,6 @@ def _warm_up() -> str:
 
 @bp.get("/api/openapi.json")
 def openapi_document() -> ResponseReturnValue:
-    """The OpenAPI 3.1 document of the JSON API (core/openapi.py)."""
     return jsonify(current_app.extensions["openapi"])
 
 
@@ -99,7 +97,6 @@ def _signin_page() -> str:
 
 @bp.post("/signout")
 def signout() -> ResponseReturnValue:
-    """Sign out: the session is forgotten, whichever way the person signed in."""
     identity.sign_out()
     return redirect("/")
 

@@ -182,7 +182,6 @@ def new_form_token() -> str:
 
 
 def _page_globals() -> dict[str, Any]:
-    """What every page's template may use: who is signed in, the settings, and the features' navigation."""
     return {"current_user": identity.current_user(), "settings": runtime.current().settings,
             "nav": features.of(current_app).navigation}
 
