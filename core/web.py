@@ -33,7 +33,6 @@ CONTENT_SECURITY_POLICY = {
     "frame-ancestors": "'none'",
 }
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
-# Datastore did not answer (or kept failing): the user gets a 503 and may retry.
 DATASTORE_DOWN = (core_exceptions.ServiceUnavailable, core_exceptions.DeadlineExceeded, core_exceptions.RetryError)
 
 
@@ -253,8 +252,7 @@ def init_app(app: Flask) -> None:
         return error_response(400, "invalid_argument", "Datastore refused a name in this request as reserved.")
 
     def cache_down(e: Exception) -> ResponseReturnValue:
-        # ndb's global cache is strict on writes (core/cache.py): a cached kind is not written while the cache
-        # cannot be told, and the write fails here, before Datastore was touched.
+        # a write of a cached kind, refused before Datastore was touched (strict_write: core/cache.py)
         log.error("cache (%s) unreachable during a write: %r", runtime.current().cache.backend, e)
         return error_response(503, "cache_unavailable",
                               "This change cannot be saved while the cache is unreachable; try again shortly.")
