@@ -2,7 +2,7 @@
 import contextlib
 from collections.abc import Callable, Mapping
 
-from flask import Blueprint, flash, jsonify, make_response, redirect, render_template, request, url_for
+from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from blog import entries, pages, service, view_counts
@@ -55,9 +55,7 @@ def feed(blog: str) -> ResponseReturnValue:
     # Well-formed XML whatever the entries hold: one stored before its text was checked may carry a character XML 1.0
     # has no place for, which would make a reader refuse the whole feed. Such characters are never markup.
     feed_xml = validate.without_unsafe_characters(render_template("blog/feed.xml", blog=blog, page=page))
-    response = make_response(feed_xml)
-    response.mimetype = "application/atom+xml"
-    return response
+    return feed_xml, {"Content-Type": "application/atom+xml; charset=utf-8"}
 
 
 def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> ResponseReturnValue:
@@ -65,10 +63,9 @@ def _post_from_form(blog: str, render: Callable[[Mapping[str, str]], str]) -> Re
     user = identity.require_admin()
     budget.spend(user["id"], "posts")
     form = request.form
-    author = people.display_name(user["email"])
     try:
-        posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""), author,
-                                    form.get("post_token") or None, user["id"])
+        posted = service.post_entry(blog, form.get("title", ""), form.get("body", ""),
+                                    people.display_name(user["email"]), form.get("post_token") or None, user["id"])
     except AppError as e:
         return form_refused(e, lambda status: (render(form), status))
     if not posted.replayed:
