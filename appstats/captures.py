@@ -1,8 +1,7 @@
 """Appstats' captures, kept where the original Appstats kept its records: in the cache every process shares, so
 /appstats lists the last requests of every process. Each is numbered by one counter in the cache and written with one
 `set` into slot `id % RING` of a ring of keys: no shared list to read, change and write back, and a bounded share of
-the cache (docs/lessons/costs.md, "The captures, shared by every process").
-"""
+the cache (docs/lessons/costs.md, "The captures, shared by every process")."""
 import json
 import time
 from typing import Any

@@ -227,8 +227,7 @@ class ServerIncrements(DatastoreApi):
     mode only. A blind increment takes no lock, so it keeps committing where a read-modify-write transaction on a busy
     entity times out on Firestore's lock (bench/results/counters.md); an insert beside it (an idempotency marker)
     makes it happen at most once. The legacy emulator silently drops the increment (and the masked upsert wipes the
-    entity's other properties): it is never sent there, and every commit is checked for the transform's result.
-    """
+    entity's other properties): it is never sent there, and every commit is checked for the transform's result."""
 
     def commit(self, key: ndb.Key, field: str, delta: int = 1, insert: ndb.Model | None = None) -> int:
         """Add `delta` to `field` of entity `key` (created when missing) and insert `insert` in the same commit; the

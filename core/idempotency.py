@@ -30,10 +30,9 @@ class Keyed:
 
 
 def keyed(key: str | None, caller: str | None, endpoint: str, target: object, content: object) -> Keyed | None:
-    """The request's marker name and fingerprint; None without a key. 400 for a malformed key, 401 when the caller
-    is anonymous (nothing to scope the key to: an address or a cookie is anyone's to share or drop). `endpoint` names
-    what the key starts ("counters.increment"), `target` what it acts on (a counter's name, a blog, an entry), and
-    `content` what the request asks (JSON-like): the fingerprint covers both."""
+    """The request's marker name and fingerprint; None without a key. 400 for a malformed key, 401 for an anonymous
+    caller (docs/api.md says why). `endpoint` names what the key starts ("counters.increment"), `target` what it acts
+    on (a counter's name, a blog, an entry), and `content` what the request asks (JSON): the fingerprint covers both."""
     key = validate.idempotency_key(key)
     if key is None:
         return None

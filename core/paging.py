@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Page:
-    """`items` in the order shown, and the markers of the pages around: each is where the neighbouring page's key
+    """`items` in the order shown, and the bookmarks of the pages around: each is where the neighbouring page's key
     range starts (a sort key, an index), None where there is no such page."""
     items: list
     next: object

@@ -1,8 +1,7 @@
 """LATENCY=production or LATENCY=multi-region: the local stack made to wait where production waits, every call a round
 trip drawn from published figures (each cited beside it; INF: an inference, to measure in production). Datastore RPCs
 wait in the stand-in (devstack/standin.py), cache calls and Cloud Tasks in the app's process (Model). The one place
-the model is defined; why it waits where it does: docs/lessons/numbers.md, "Where production waits".
-"""
+the model is defined; why it waits where it does: docs/lessons/numbers.md, "Where production waits"."""
 import contextvars
 import math
 import random

@@ -1,8 +1,7 @@
-"""Task dispatch: one interface, and one route every task arrives at, `/api/tasks/<name>` (core/views.py).
-
-A feature registers its handlers by name in its `init_app` and enqueues named tasks. `CloudTasksQueue` speaks to Cloud
-Tasks on App Engine, and under `make run` to devstack's local Cloud Tasks (devstack/cloudtasks.py), which keeps the
-tasks outside the app's processes, so a worker that dies loses nothing it enqueued; most tests and the benchmarks hand
+"""Task dispatch: one interface, and one route every task arrives at, `/api/tasks/<name>` (core/views.py). A feature
+registers its handlers by name in its `init_app` and enqueues named tasks. `CloudTasksQueue` speaks to Cloud Tasks on
+App Engine, and under `make run` to devstack's local Cloud Tasks (devstack/cloudtasks.py), which keeps the tasks
+outside the app's processes, so a worker that dies loses nothing it enqueued; most tests and the benchmarks hand
 `create_app` a `devstack.taskqueue.DrainedQueue` and deliver through the same route. The task name makes enqueueing
 idempotent. Handlers must be idempotent too: every queue delivers at least once, now and then twice at the same time.
 """
