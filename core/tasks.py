@@ -36,7 +36,7 @@ TOKEN_HEADER = "X-Tasks-Token"
 QUEUE_HEADER = "X-AppEngine-QueueName"
 RETRY_HEADER = "X-AppEngine-TaskRetryCount"
 NAME_HEADER = "X-AppEngine-TaskName"
-MAX_DELIVERIES = 10  # queue.yaml's task_retry_limit, which Cloud Tasks counts as attempts, the first included
+MAX_DELIVERIES = 10  # queue.yaml's task_retry_limit: deliveries (Cloud Tasks says attempts), the first included
 
 
 def local_token(secret_key: str) -> str:
