@@ -4,7 +4,6 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,21 +27,14 @@ from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_tri
 CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
 
 
-# A batch pipeline as Apache Beam's ReadFromDatastore runs it splits the kind into max(12, round(its size / 64 MiB))
-# key ranges, first reading 32 __scatter__ keys for each boundary between them in one keys-only query: 12 ranges for a
-# kind under about 800 MiB, or whose statistics are unavailable, as the emulators keep none (Beam 2.77's
-# get_estimated_num_splits, _NUM_QUERY_SPLITS_MIN, _DEFAULT_BUNDLE_SIZE_BYTES and KEYS_PER_SPLIT in
-# https://github.com/apache/beam/blob/v2.77.0/sdks/python/apache_beam/io/gcp/datastore/v1new/datastoreio.py and
-# query_splitter.py beside it).
+# How a batch pipeline splits a kind first (Beam's ReadFromDatastore; its source in docs/lessons/numbers.md).
 PIPELINE_SPLITS, SCATTER_PER_SPLIT = 12, 32
 PIPELINE_SAMPLES = (PIPELINE_SPLITS - 1) * SCATTER_PER_SPLIT  # the split query's limit
 
-# The job's own RPCs on its critical path, around its tree (add_credit's, which the benchmark runs): its start
-# (mapper/service.py start_job: its two kept counters' configs read, which the ndb global cache answers once they
-# exist (accounts/service.py keep_figures); the kind's last key and its __scatter__ samples, two queries; the job and
-# its root's record in one transaction); the root's first read of the job
-# (not in the ndb global cache yet); its end (mapper/completion.py): the records read one get_multi a level, then the
-# transaction that ends the job and settles the credit onto a kept counter (its config and a shard: two lookups).
+# The job's own RPCs around its tree: its start (mapper/service.py start_job: its kept counters' configs come from the
+# ndb global cache once they exist; the job and its root's record in one transaction), the root's first read of the
+# job (not in that cache yet), its end (mapper/completion.py: the records read a get_multi a level, then the
+# transaction that settles the credit onto a kept counter, reading its config and a shard).
 START_TRANSACTIONS = 1
 SETTLE_LOOKUPS = 2
 # The legacy emulator answers a query in batches of 300 keys, and asks once more after a full batch unless the limit
@@ -54,9 +46,8 @@ LEGACY_BATCH = 300
 QUEUE_YAML = REPO / "queue.yaml"
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}  # queue.yaml's "50/s": https://cloud.google.com/tasks/docs/queue-yaml
 
-# A new kind's traffic ramps up: Google's 500/50/5 rule, "starting with a maximum of 500 operations per second ... then
-# increasing traffic by 50% every 5 minutes" (Datastore mode's page states it for a new kind). The planner counts the
-# operations on the kind itself, as Beam's ramp-up throttle counts a job's writes, not the job's bookkeeping.
+# A new kind's traffic ramps up by Google's 500/50/5 rule, counted on the kind itself, as Beam's ramp-up throttle
+# counts a job's writes, not the job's bookkeeping.
 RAMP_SOURCE = "https://cloud.google.com/datastore/docs/best-practices#ramping_up_traffic"
 RAMP_START, RAMP_GROWTH, RAMP_STEP_SECONDS = 500, 1.5, 300
 
@@ -181,23 +172,15 @@ def _offline_client() -> ndb.Client:
     return ndb.Client(project=KEYS_PROJECT, credentials=AnonymousCredentials())
 
 
-@contextlib.contextmanager
-def _key_context() -> Iterator[None]:
-    """ndb makes some keys only inside a client's context (key arithmetic asks it for the database): the request's, or
-    else an offline client's, which sends no RPC."""
-    if ndb.get_context(raise_context_error=False) is not None:
-        yield
-    else:
-        with _offline_client().context():
-            yield
-
-
 @functools.cache
 def split_sizes(entities: int, page: int, fanout: int) -> tuple[list[int], list[int]]:
     """What mapper/tree.py's own split makes of a range task's range of `entities` evenly spread keys, more than a page:
     (the sizes of the pages it hands out whole, the sizes of the ranges it splits the rest into)."""
     job = MapperJob(page_size=page, fanout=fanout, samples=[])  # evenly spread: no __scatter__ samples needed
-    with _key_context():
+    # ndb makes some keys only inside a client's context (key arithmetic asks it for the database): the request's, or
+    # else an offline client's, which sends no RPC.
+    in_request = ndb.get_context(raise_context_error=False) is not None
+    with contextlib.nullcontext() if in_request else _offline_client().context():
         listed = [_key(i) for i in range(1, min(entities, scan_limit(page, fanout)) + 1)]
         payload = TaskPayload("plan", "0", None, _key(entities).urlsafe().decode(), TOTAL_WEIGHT)
         children = split_children(job, payload, listed, TOTAL_WEIGHT)
@@ -340,8 +323,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               f"its end); "
               f"writes = {entities} + {tree.transactions} records + "
               f"{tree.handing} handed-out pages + {job_writes} of the job's own")
-    usd = priced(plan, fan_bill, "the fan-out is billed", once=True)
-    plan.answer("fan_out_bill", "Fan-out: billed, USD a job", round(usd, 4), f"{fan_bill.describe()}: ${usd:.4f} a job")
+    priced(plan, fan_bill, "the fan-out is billed", once=True, answer=("fan_out_bill", "Fan-out: billed, USD a job"))
 
     walk, queries = walk_critical_path(entities, page_size, chunk, backend)
     walk_ms = queries * median_ms["RunQuery"] + (walk - queries) / 3 * txn_ms
@@ -349,16 +331,13 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               f"turn, {walk_ms / 1000:.1f} s at the model's medians")
     plan.answer("walk_rpcs", "One cursor walk: critical path, RPCs", walk, f"{walk} RPCs, {walk_ms / 1000:.1f} s")
     walk_bill = billing.Billed(reads=entities + queries, writes=entities)
-    usd = priced(plan, walk_bill, "the walk is billed (a keys-only page query is one read)", once=True)
-    plan.answer("walk_bill", "One cursor walk: billed, USD a job", round(usd, 4),
-                f"{walk_bill.describe()}: ${usd:.4f} a job")
+    priced(plan, walk_bill, "the walk is billed (a keys-only page query is one read)", once=True,
+           answer=("walk_bill", "One cursor walk: billed, USD a job"))
 
     split_query = queries_for(min(entities, PIPELINE_SAMPLES), PIPELINE_SAMPLES, backend)  # keys only: a read a batch
     pipeline = billing.Billed(reads=entities + split_query, writes=entities)
-    usd = priced(plan, pipeline, "a batch pipeline (its split query, every entity read, then written in batches, "
-                                 "no transaction)", once=True)
-    plan.answer("pipeline_bill", "Batch pipeline: billed, USD a job", round(usd, 4),
-                f"{pipeline.describe()}: ${usd:.4f} a job")
+    priced(plan, pipeline, "a batch pipeline (its split query, every entity read, then written in batches, no "
+           "transaction)", once=True, answer=("pipeline_bill", "Batch pipeline: billed, USD a job"))
     twice = entities // 2
     plan.line(f"the pipeline failing half way and run again credits what it had written twice: {entities} / 2 = "
               f"{twice} at least (workers in flight write more); the fan-out resumes each task from its record")
