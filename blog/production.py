@@ -1,5 +1,4 @@
-"""The blog lesson in production today (core.features.Caveat): offsets billed, sequential values in keys and
-indexes."""
+"""The blog lesson in production today (core.features.Caveat)."""
 from core.features import Caveat
 
 CAVEATS = (

@@ -17,7 +17,6 @@ def validate_blog(name: object) -> str:
 
 
 def validate_index(value: object, field: str = "index") -> int:
-    """An entry index from a URL or JSON: a whole number 0..MAX_INDEX."""
     return validate.whole_number(value, field, 0, MAX_INDEX)
 
 

@@ -1,9 +1,6 @@
-"""Sharded counters, the first lesson: simple.py (the talk's counter, whole: read it first), service.py (the named
-counters beyond the talk) and writes.py (one +1 on a shard, per backend); beside them growth.py (configs, adaptive
-growth), totals.py (reading), models.py, views.py (pages and /api/counters),
-demo.py (demo content, the admin's burst).
-
-Other features keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
+"""Sharded counters, the first lesson: its sources below, in reading order (simple.py, the talk's counter whole,
+first); beside them views.py (pages and /api/counters) and demo.py (demo content, the admin's burst). Other features
+keep their own counters here through `service.owned(owner)`; counters depend on no other feature.
 """
 from flask import Flask
 

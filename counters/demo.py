@@ -13,7 +13,6 @@ BURST_MAX_INCREMENTS = 500
 
 
 def seed() -> bool:
-    """Demo counters; does nothing when any counter exists."""
     if CounterConfig.query(CounterConfig.listed == True).get(keys_only=True) is not None:  # noqa: E712 - ndb filter
         return False
     growth.configure("page-views", "general")
@@ -30,7 +29,6 @@ def seed() -> bool:
 
 
 def figure() -> dict[str, Any] | None:
-    """The adaptive demo counter's cached total and its number of shards; None before it exists."""
     config = growth.get_config(TOUR_COUNTER)
     if config is None:
         return None

@@ -97,10 +97,9 @@ class ContentionWindow:
             factor = 1
             while rate >= self.GROW_AT * factor:
                 factor *= 2
-            factor = factor if factor > 1 else 0
             # After a verdict, judge only attempts at the size it asks for (until `restart` says where it landed).
-            self._seen[name] = (size * (factor or 1), 0, 0)
-            return factor
+            self._seen[name] = (size * factor, 0, 0)
+            return factor if factor > 1 else 0
 
     def restart(self, name: str, num_shards: int) -> None:
         """A fresh window at the size the counter has after a verdict's `grow` (the old one when it did not apply)."""

@@ -1,5 +1,4 @@
-"""The counters lesson in production today: where Firestore in Datastore mode differs from 2008's Datastore, each
-with the Google page that says so, and what the app does about it (core.features.Caveat)."""
+"""The counters lesson in production today (core.features.Caveat)."""
 from core.features import Caveat
 
 CAVEATS = (
