@@ -68,6 +68,5 @@ class PostMarker(ExpiringMarker):
     """A post that has been applied (core/idempotency.py): a root entity, key name the marker name of the caller's
     Idempotency-Key (or the call's id), its answer the entry's index. Written in the post's transaction: a retry (the
     client's, or ours after an UNKNOWN commit) finds it and answers with the entry instead of spending a second index.
-    Read only in that transaction: not globally cached. Purged once expired (core/markers.py).
-    """
+    Read only in that transaction: not globally cached."""
     _use_global_cache = False

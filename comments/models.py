@@ -19,8 +19,7 @@ class UserSequence(ndb.Model):
 class CommentMarker(ExpiringMarker):
     """A comment that has been applied (core/idempotency.py): a child of its author's UserSequence, key name the
     marker name of the author's Idempotency-Key (or the posting call's id), its answer the comment's id. Written in the
-    comment's transaction, so a retry (the client's with its key, or ours after an UNKNOWN commit) finds it; read only
-    there. Purged once expired (core/markers.py)."""
+    comment's transaction, so that a retry finds it; read only there."""
     _use_cache = False
     _use_global_cache = False
 
