@@ -1,7 +1,6 @@
 """The blog, the second lesson: service.py (posting by a transactional index, pages by index), models.py (with
 EntryRef, an entry's identity), pages.py (its HTML pages and the hook other features add to entries through),
-views.py (/blog and /api/blogs); beside them validate.py, entries.py, view_counts.py and markup.py. The blog builds
-on the counters and knows nothing of what adds to its entries.
+views.py (/blog and /api/blogs); beside them validate.py, entries.py, view_counts.py and markup.py.
 """
 from flask import Flask
 

@@ -1,6 +1,4 @@
-"""Comments: their section under each entry (through the blog's `ENTRY_ADDON` hook, blog/pages.py), the comment form
-and the /api/blogs/<blog>/entries/<index>/comments routes.
-"""
+"""Comments: their section under each entry (the blog's EntryAddon hook), the comment form, their /api routes."""
 import re
 from collections.abc import Mapping
 from typing import Any
