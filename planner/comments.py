@@ -10,8 +10,6 @@ from planner.figures import Plan, Rate, calls_in_turn, priced, sustained_rate
 # A comment (comments/service.py post_comment): one transaction on the writer's own group, reading their sequence and
 # writing it with the comment; then +1 on the entry's comment counter. The shared design: one sequence for everyone.
 COMMENT_BILL = billing.Billed(reads=1, writes=2)
-# The per-person write budget as the code sets it (core/settings.py); a deployment may change it with WRITE_BUDGET.
-BUDGET = WriteBudget()
 
 
 def comment_bills(backend: str) -> tuple[billing.Billed, billing.Billed]:
@@ -57,9 +55,10 @@ def plan_comments(comments: Rate, writers: int, backend: str = "firestore", prof
     return plan
 
 
-def write_budget(plan: Plan, per_writer: float, writers: int, budget: WriteBudget = BUDGET) -> None:
-    """The per-person write budget (core/budget.py): a writer faster than budget / window meets its 429 before any
-    entity's limit."""
+def write_budget(plan: Plan, per_writer: float, writers: int) -> None:
+    """The per-person write budget as the code sets it (a deployment may change it with WRITE_BUDGET; core/budget.py):
+    a writer faster than budget / window meets its 429 before any entity's limit."""
+    budget = WriteBudget()
     most = plan.figure("comments one person may post a window", budget.comments, "comments", "app",
                        "core/settings.py WriteBudget, enforced by core/budget.py spend (WRITE_BUDGET overrides it)")
     window = plan.figure("the write budget's window", budget.window, "s", "app", "core/settings.py WriteBudget")
