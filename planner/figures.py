@@ -2,6 +2,7 @@
 person can follow), the model's round trips added up in turn, the bill priced. Every figure is imported from where
 the app keeps it, never copied.
 """
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,12 +109,10 @@ class Plan:
         return rate.per_second
 
     def as_dict(self) -> dict[str, Any]:
-        return {"planner": self.planner, "inputs": self.inputs,
-                "figures": [{"name": f.name, "value": f.value, "unit": f.unit, "whose": f.whose,
-                             "whose_label": WHOSE[f.whose], "source": f.source} for f in self.figures],
-                "answers": [{"name": a.name, "label": a.label, "value": a.value, "text": a.text}
-                            for a in self.answers],
-                "arithmetic": self.arithmetic}
+        plan = dataclasses.asdict(self)
+        for figure in plan["figures"]:
+            figure["whose_label"] = WHOSE[figure["whose"]]
+        return plan
 
 
 # --- the model's round trips -----------------------------------------------------------------------------------------
