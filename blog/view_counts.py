@@ -3,7 +3,6 @@ from blog import entries
 from blog.models import EntryRef
 from counters import service as counters
 
-# The blog's own counters: only this feature writes them; the public counters API refuses them.
 COUNTERS = counters.owned("blog")
 
 

@@ -27,8 +27,6 @@ def _cache_or_not() -> contextlib.AbstractContextManager[None]:
     return runtime.current().cache_bypassed()
 
 
-# --- pages ----------------------------------------------------------------------------------------------------------
-
 @bp.get("/blog")
 def blogs() -> ResponseReturnValue:
     """Every blog, and for admins a form to start one."""
@@ -88,8 +86,6 @@ def post_form(blog: str) -> ResponseReturnValue:
     """Admin: post an entry from the form on the blog's page."""
     return _post_from_form(blog, lambda form: pages.render_index(blog, service.get_page(blog), form))
 
-
-# --- JSON API -------------------------------------------------------------------------------------------------------
 
 @bp.get("/api/blogs")
 def api_blogs() -> ResponseReturnValue:

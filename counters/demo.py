@@ -37,8 +37,7 @@ def figure() -> dict[str, Any] | None:
 
 
 def burst(name: str, writers: object, increments: object) -> tuple[int, int, int]:
-    """`increments` increments of counter `name` from `writers` threads at once: contention on demand, so a person can
-    watch an adaptive counter grow. Returns (increments, attempts, num_shards afterwards)."""
+    """`increments` increments of counter `name` from `writers` threads at once: (increments, attempts, num_shards)."""
     writers = validate.whole_number(writers, "writers", 1, BURST_MAX_WRITERS, from_json=True)
     increments = validate.whole_number(increments, "increments", 1, BURST_MAX_INCREMENTS, from_json=True)
     growth.require_config(name)

@@ -42,8 +42,6 @@ def _form_int(field: str) -> int:
     return value
 
 
-# --- pages ----------------------------------------------------------------------------------------------------------
-
 @bp.get("/counters")
 def index() -> ResponseReturnValue:
     """The counters by name, a page at a time (`?after=<name>`), each with its total and its shards drawn."""
@@ -123,8 +121,6 @@ def burst_new_form() -> ResponseReturnValue:
           f"{grew}", "info")
     return redirect(url_for("counters.index"))
 
-
-# --- JSON API -------------------------------------------------------------------------------------------------------
 
 @bp.get("/api/counters")
 def api_list() -> ResponseReturnValue:
