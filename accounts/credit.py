@@ -39,4 +39,5 @@ ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
     increments=_credit, settle=_settle_credit, parse_params=_credit_params,
-    fields=(("amount", "Amount", 10),), chunk=CREDIT_CHUNK, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)
+    fields=(("amount", "Amount", 10),), per_transaction=CREDIT_CHUNK,
+    per_transaction_firestore=ACCOUNTS_CHUNK_FIRESTORE)

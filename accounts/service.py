@@ -135,7 +135,8 @@ AUDIT = mapper_jobs.JobDefinition(
     description="Counts every account and sums their balances (in parallel, each account once) and compares the "
                 "result with the figures the app keeps. Exact when nothing seeds or credits meanwhile.",
     apply=lambda accounts, params, prepared: [], tally=_audit_tally, on_done=_record_audit,
-    chunk=mapper_jobs.MAX_GROUPS - 1, chunk_firestore=ACCOUNTS_CHUNK_FIRESTORE)  # reads only: accounts, the record
+    per_transaction=mapper_jobs.MAX_GROUPS - 1,  # reads only: accounts, the record
+    per_transaction_firestore=ACCOUNTS_CHUNK_FIRESTORE)
 
 
 def latest_audit() -> dict[str, Any] | None:

@@ -117,7 +117,7 @@ def cursor_walk():
         keys, cursor, more = query.fetch_page(PAGE, start_cursor=cursor, keys_only=True)
         querying += time.perf_counter() - start
         rows += len(keys)
-        size = mapper_jobs.chunk(ADD_CREDIT)  # the mapper's transactions on this backend
+        size = mapper_jobs.chunk_size(ADD_CREDIT)  # the mapper's transactions on this backend
         for i in range(0, len(keys), size):
             credit_chunk(keys[i:i + size])
         if not more or not keys:
@@ -253,10 +253,9 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
     entities, and as the mapper writes them now (mapper/bulk.py: protobufs; on Firestore unread server-side
     increments), on one thread; this process's CPU per account (µs, the median of `repeats` runs of `chunks`
     chunks)."""
-    size = mapper_jobs.chunk(ADD_CREDIT)
+    size = mapper_jobs.chunk_size(ADD_CREDIT)
     client = pipeline_client(rt)
     plain_keys = [client.key("Account", key.id()) for key in keys]
-    apply, _ = mapper_bulk.effect_of(ADD_CREDIT, {"amount": 1})
 
     def plain_chunk(chunk):
         with client.transaction():
@@ -266,8 +265,8 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
             client.put_multi(accounts)
 
     def bulk_chunk(chunk):
-        store = mapper_bulk.chunks_for(ADD_CREDIT)
-        store.transact(lambda: store.put_multi(apply(store.get_multi(chunk), {"amount": 1}, None)))
+        work = mapper_bulk.page_work(ADD_CREDIT, {"amount": 1}, chunk)
+        work.store.transact(lambda: work.store.put_multi(work.change(work.store.get_multi(chunk))))
     spent = {}
     for name, credit, chosen in (("ndb's models", credit_chunk, keys),
                                  ("google-cloud-datastore's entities", plain_chunk, plain_keys),
@@ -342,7 +341,7 @@ def _job_figures(job_id):
     # Each chunk's transaction writes its task's record: under a profile, one entity written that many times in a row,
     # which the stand-in holds to ENTITY_WRITES_PER_S after a burst of ENTITY_WRITE_BURST. The writes past the burst,
     # summed over the tasks.
-    size = mapper_jobs.chunk(ADD_CREDIT)
+    size = mapper_jobs.chunk_size(ADD_CREDIT)
     past = sum(max(0, -(-r.processed // size) - production_latency.ENTITY_WRITE_BURST) for r in records)
     return {"rows": rows, "tasks": status.tasks, "depth": status.depth, "past burst": past}
 
@@ -509,7 +508,7 @@ def measure(args, stack, app):
                 shape = f", {figures['tasks']} tasks, depth {figures['depth']}" if "tasks" in figures else ""
                 print(f"round {round_number + 1}: {variant} {figures['seconds']:.1f} s{shape}", flush=True)
     results["fault"], results["listings"] = twice, listings
-    results["chunk"] = mapper_jobs.chunk(ADD_CREDIT)
+    results["chunk"] = mapper_jobs.chunk_size(ADD_CREDIT)
     if rt.settings.latency != "none":
         return results, None, None
     with rt.context():
@@ -768,8 +767,8 @@ def report(args, measured):
     text = (f"# Mapper: batch pipeline vs fan-out vs cursor walk vs offset, {args.accounts:,} accounts\n\n"
             f"{harness.machine_line(sorted({b for b, _ in measured}))}; {args.rounds} rounds, medians"
             f"{_walked(args)}; page {PAGE}, "
-            f"{ADD_CREDIT.chunk} accounts a transaction on the legacy emulator (its 25 entity groups), "
-            f"{ADD_CREDIT.chunk_firestore} on Firestore (no limit of groups). The Firestore emulator has no "
+            f"{ADD_CREDIT.per_transaction} accounts a transaction on the legacy emulator (its 25 entity groups), "
+            f"{ADD_CREDIT.per_transaction_firestore} on Firestore (no limit of groups). The Firestore emulator has no "
             f"__scatter__ samples: its fan-out splits by "
             f"key arithmetic alone. {harness.BILL_NOTE} The fan-out's bill is the sum of its deliveries' own (their "
             f"Server-Timing headers) and its start's.\n\n{harness.WHOSE_FIGURES}"

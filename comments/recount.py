@@ -42,4 +42,4 @@ RECOUNT = mapper_jobs.JobDefinition(
     apply=_apply, prepare=_prepare,
     # Legacy's 25 entity groups a transaction: the task's record, each entry's blog (a chunk may span as many blogs as
     # entries), and each repaired counter's config and shard: 1 + 8 + 2 * 8 = 25.
-    chunk=8, page_size=50)
+    per_transaction=8, page_size=50)

@@ -1,8 +1,9 @@
-"""Where a chunk's transaction reads and writes: the job's ndb models (ModelChunks), or, for an increments job,
-protobufs through the Datastore API itself (IncrementChunks): a tenth of ndb's client CPU (bench/results/mapper.md).
-On Firestore an increments chunk is not read: each entity gets a server-side increment, an `update`, so one deleted
-since the scan fails the commit (NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so
-there each is read and written back. Why: docs/lessons/mapper.md.
+"""How a job reads, changes and writes a task's page (PageWork), and where a chunk's transaction reads and writes: the
+job's ndb models (ModelChunks), or, for an increments job, protobufs through the Datastore API itself
+(IncrementChunks): a tenth of ndb's client CPU (bench/results/mapper.md). On Firestore an increments chunk is not
+read: each entity gets a server-side increment, an `update`, so one deleted since the scan fails the commit
+(NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so there each is read and written
+back. Why: docs/lessons/mapper.md.
 """
 import dataclasses
 from collections.abc import Callable
@@ -15,6 +16,45 @@ from google.cloud.ndb import model as ndb_model
 from core import runtime
 from core.datastore import EntityPb, MutationPb, entity_pb
 from core.transactions import transact, transact_api
+from mapper.jobs import JobDefinition, chunk_size
+
+
+@dataclasses.dataclass
+class PageWork:
+    """How a job reads, changes and writes one task's page (`page_work`): the page cut into `chunks`, where each
+    chunk's transaction reads and writes (`store`), and the job's change to a chunk's entities and its tally of them."""
+    definition: JobDefinition
+    params: dict
+    prepared: Any  # what its prepare read once for the page, outside any transaction (apply's `prepared`)
+    deltas: dict[str, int] | None  # an increments job's ({"balance": 10}); None for a job with its own apply
+    chunks: list[list[ndb.Key]]
+    store: "ModelChunks | IncrementChunks"
+
+    def change(self, entities: list) -> list:
+        """What to write for a chunk's entities: the job's apply, or an increments job's mutations."""
+        if self.definition.apply:
+            return self.definition.apply(entities, self.params, self.prepared) if entities else []
+        return [incremented(entity, self.deltas or {}) for entity in entities]
+
+    def tally(self, entities: list) -> dict[str, int] | None:
+        """What a chunk adds to the record's tally: the job's own tally, else an increments job's sums of its deltas."""
+        if not entities:
+            return None
+        if self.definition.tally:
+            return self.definition.tally(entities, self.params)
+        return {name: delta * len(entities) for name, delta in (self.deltas or {}).items()}
+
+
+def page_work(definition: JobDefinition, params: dict, keys: list[ndb.Key]) -> PageWork:
+    """A run's work on the page `keys`: its job's models through ndb, or an increments job's protobufs."""
+    prepared = definition.prepare(keys, params) if definition.prepare else None
+    size = chunk_size(definition)
+    chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
+    if definition.increments is None:
+        return PageWork(definition, params, prepared, None, chunks, ModelChunks())
+    blind = runtime.current().datastore.increments is not None
+    return PageWork(definition, params, prepared, definition.increments(params), chunks,
+                    IncrementChunks(definition.kind, blind))
 
 
 class ModelChunks:
@@ -71,28 +111,6 @@ class IncrementChunks:
     def put_multi(self, entities: list[Any]) -> None:
         """Commit the transaction with each of `entities`, a mutation or an ndb model to upsert."""
         self.transaction.commit([e if isinstance(e, MutationPb) else MutationPb(upsert=entity_pb(e)) for e in entities])
-
-
-def chunks_for(definition: Any) -> ModelChunks | IncrementChunks:
-    """How a job's chunks read and write: its models through ndb, or an increments job's protobufs."""
-    if definition.increments is None:
-        return ModelChunks()
-    return IncrementChunks(definition.kind, blind=runtime.current().datastore.increments is not None)
-
-
-def effect_of(definition: Any, params: dict) -> tuple[Callable[[list, dict, Any], list],
-                                                     Callable[[list, dict], dict] | None]:
-    """A JobDefinition's (apply, tally) for a run with `params`: its own, or made from its increments."""
-    if definition.increments is None:
-        return definition.apply, definition.tally
-    deltas = definition.increments(params)
-
-    def apply(entities: list[ChunkEntity], params: dict, prepared: object) -> list:
-        return [incremented(entity, deltas) for entity in entities]
-
-    def tally(entities: list, params: dict) -> dict[str, int]:
-        return {name: delta * len(entities) for name, delta in deltas.items()}
-    return apply, definition.tally or tally
 
 
 def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:

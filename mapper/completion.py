@@ -1,5 +1,8 @@
 """A mapper job's progress (hints in the cache) and its end, exactly once, when every task has handed its weight back
-(the records are the truth, the cache's running sum a hint); then its on_done, once. Why: docs/lessons/mapper.md."""
+(the records are the truth, the cache's running sum a hint); then its on_done, once. Why: docs/lessons/mapper.md.
+Weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed computations by external
+agents", ICDCS 1989; recovery: F. Mattern, "Global quiescence detection based on credit distribution and recovery",
+Information Processing Letters 30(4), 1989 (his "credit" is this weight)."""
 import dataclasses
 import datetime
 from typing import Any
@@ -56,12 +59,9 @@ def _hinted(job: MapperJob) -> "Figures":
     """A running job's figures from its hints: one cache round trip, whatever the job's size."""
     depth_keys = [_depth_key(job.id, d) for d in range(1, MAX_HINTED_DEPTH + 1)]
     found = runtime.cache().get_many([*(_key(job.id, name) for name in HINTS), *depth_keys])
-
-    def number(name: str) -> int:
-        return int(found.get(_key(job.id, name), 0))
+    hinted: dict[str, Any] = {name: int(found.get(_key(job.id, name), 0)) for name in HINTS}
     depth = max((d for d, key in enumerate(depth_keys, 1) if key in found), default=0)
-    return Figures("running", processed=number("processed"), returned=number("returned"), tasks=number("tasks"),
-                   depth=depth, revived=number("revived"), estimated=True)
+    return Figures("running", **hinted, depth=depth, estimated=True)
 
 
 def start_hints(job_id: str) -> None:
@@ -123,36 +123,28 @@ def _path(record: TaskRecord) -> str:
     return record.key.id().split("-", 1)[1]
 
 
-def _ancestors(path: str) -> set[str]:
-    """The path and every task above it: "0-2-1" -> {"0", "0-2", "0-2-1"}."""
-    parts = path.split("-")
-    return {"-".join(parts[:n]) for n in range(1, len(parts) + 1)}
-
-
 def timeline(job: MapperJob) -> dict[str, Any]:
     """The job's tasks (first delivery's start to last commit, in seconds from the job's start), the critical path
     marked: the chain from the root to the task that finished last. At most MOST_TASKS, the shallowest first; `cut`:
     how many more the job had."""
     shown = records(job, MOST_TASKS)
     last = max(shown, key=lambda record: record.updated, default=None)
-    critical = _ancestors(_path(last)) if last else set()
-    tasks = []
-    for record in shown:
-        name = _path(record)
-        tasks.append({"task": name, "depth": record.depth, "processed": record.processed, "state": record.state,
-                      "start_s": round(((record.started or record.updated) - job.created).total_seconds(), 3),
-                      "end_s": round((record.updated - job.created).total_seconds(), 3),
-                      "critical": name in critical, "revived": record.revived or 0})
+    parts = _path(last).split("-") if last else []
+    critical = {"-".join(parts[:n]) for n in range(1, len(parts) + 1)}  # "0-2-1": "0", "0-2" and "0-2-1"
+    tasks = [{"task": _path(record), "depth": record.depth, "processed": record.processed, "state": record.state,
+              "start_s": round(((record.started or record.updated) - job.created).total_seconds(), 3),
+              "end_s": round((record.updated - job.created).total_seconds(), 3),
+              "critical": _path(record) in critical, "revived": record.revived or 0} for record in shown]
     # a running job's tasks so far from its hints, which may fall short
     made = (job.summary or {}).get("tasks", len(shown)) if job.ended else _hinted(job).tasks
     return {"tasks": tasks, "cut": max(made - len(shown), 0), "most_tasks": MOST_TASKS}
 
 
-def end_if_all_back(job: MapperJob, returned: int) -> None:
-    """After a task returned weight (`returned`: what this delivery adds to the running sum, 0 but from the delivery
+def end_if_all_back(job: MapperJob, passed_on: int) -> None:
+    """After a task returned weight (`passed_on`: what this delivery adds to the running sum, 0 but from the delivery
     that ended the record): the add that completes the sum reads the records, once a job. With no sum to add to (the
     cache lost it) or nothing to add, check tasks read them: a task end reading them all is quadratic in the tasks."""
-    total = runtime.cache().incr(_key(job.id, "returned"), returned) if returned else None
+    total = runtime.cache().incr(_key(job.id, "returned"), passed_on) if passed_on else None
     if total is not None and total < TOTAL_WEIGHT:
         return  # ranges are still out, by a sum this delivery has just added its own weight to
     if total is None:

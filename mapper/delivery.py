@@ -25,16 +25,16 @@ def run_task(body: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
         return {"skipped": "the job is gone or has ended"}
     record_key = ndb.Key(TaskRecord, payload.name)
     if job.cancelled:  # the rest of its range left unvisited and its weight handed back: the job still ends
-        record, returned_here = hand_back(record_key, payload, "done")
+        record, passed_on = hand_back(record_key, payload, "done")
     else:
-        record, returned_here = _run(job, record_key, payload, delivery)
+        record, passed_on = _run(job, record_key, payload, delivery)
     if record.returned:  # only the delivery that ended the record passes its weight on; any other passes 0
-        completion.end_if_all_back(job, returned_here)
+        completion.end_if_all_back(job, passed_on)
     return {"processed": record.processed, "children": len(record.children)}
 
 
 def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: int) -> tuple[TaskRecord, int]:
-    """This delivery's work on its task: (the record as it left it, the weight it returned)."""
+    """This delivery's work on its task: (the record as it left it, the weight it passes on to the job's sum)."""
     # A first delivery does not read its record (its first chunk's transaction does: one lookup fewer a task); a
     # redelivery, and the sweep's, reads it and goes on from it.
     record = (record_key.get() if delivery or payload.revived else None) or TaskRecord.new(record_key, payload)

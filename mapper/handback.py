@@ -9,9 +9,10 @@ from mapper.task import TaskPayload, TaskRecord
 
 def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
               error: str | None = None) -> tuple[TaskRecord, int]:
-    """End the task's record unvisited, `state`, its kept weight returned (0 when another delivery ended it first), so
-    the job still ends; its children are enqueued again. Idempotent by state, so no stamp: an attempt after an UNKNOWN
-    commit finds the record ended and returns 0, and the job's checks sum the records, which hold this weight."""
+    """End the task's record unvisited, `state`, its kept weight returned, so the job still ends; its children are
+    enqueued again. (The record, the weight this call passes on to the job's running sum: 0 when another delivery
+    ended it first.) Idempotent by state, so no stamp: an attempt after an UNKNOWN commit finds the record ended and
+    passes on 0, and the job's checks sum the records, which hold this weight."""
     def txn() -> tuple[TaskRecord, int]:
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
@@ -21,6 +22,6 @@ def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
         record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
         record.put()
         return record, record.returned
-    record, returned = transact(txn)
+    record, passed_on = transact(txn)
     handoff.enqueue_children(record)
-    return record, returned
+    return record, passed_on

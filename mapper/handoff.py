@@ -55,13 +55,7 @@ def pages_to_hand_out(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
 
 
 def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
-    """{child's path: its page's keys} of the children given a page."""
     return {child.task: child.keys for child in children if child.keys is not None}
-
-
-def keys_apart(child: dict) -> bool:
-    """Whether a recorded child's page keys are kept in its parent's HandedPages."""
-    return bool(child.get("keys_apart"))
 
 
 def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
@@ -72,25 +66,29 @@ def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
 def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
     """Enqueue the tasks `record` split into (a handed page's keys from `pages`, else from its HandedPages)."""
     if pages is None:
-        apart = any(map(keys_apart, record.children))
+        apart = any(child.get("keys_apart") for child in record.children)
         kept_pages = HandedPages.key_for(record.key).get() if apart else None
         if apart and kept_pages is None:
             raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
         pages = kept_pages.pages if kept_pages else {}
     for child in record.children:
-        if keys_apart(child):
+        if child.get("keys_apart"):  # its page's keys are kept in the record's HandedPages
             child = {**child, "keys": pages[child["task"]]}
         enqueue(TaskPayload.from_json(child))
 
 
-def payload_of(job_id: str, path: str) -> TaskPayload:
-    """What the task at `path` ("0-2", not the root) was given, from its parent's record: for the sweep."""
+def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
+    """What the task of record `key` was given, for the sweep: the root's from the job, any other's from its parent's
+    record."""
+    job_id, path = key.id().split("-", 1)
+    if path == "0":
+        return root_payload(job)
     parent_key = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}")
     parent = parent_key.get()
     child = next((c for c in parent.children if c["task"] == path), None) if parent else None
     if child is None:
         raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
-    if keys_apart(child):
+    if child.get("keys_apart"):
         kept_pages = HandedPages.key_for(parent_key).get()
         if kept_pages is None:
             raise RuntimeError(f"task {job_id}-{path}: the pages its parent handed out are gone")

@@ -25,9 +25,9 @@ class JobDefinition:
     kind must use neither of its caches; mapper/bulk.py), tallied, unless `tally` is given, as what it added.
     `prepare(keys, params)` runs before, outside any transaction, for what a transaction may not do (queries without
     an ancestor); its result is apply's `prepared`.
-    `chunk`: entities per transaction, at most MAX_GROUPS - 1 - the groups apply writes beside them. Firestore in
-    Datastore mode has no limit of groups, only 10 MiB a transaction
-    (https://cloud.google.com/datastore/docs/concepts/limits): there `chunk_firestore`, if given.
+    `per_transaction`: entities a chunk's transaction holds, at most MAX_GROUPS - 1 - the groups apply writes beside
+    them. Firestore in Datastore mode has no limit of groups, only 10 MiB a transaction
+    (https://cloud.google.com/datastore/docs/concepts/limits): there `per_transaction_firestore`, if given.
     `tally(entities, params)` returns whole numbers by name, added to the task's record in the chunk's transaction (each
     entity counts exactly once); the job's tally is their sum over its records. `settle(tally, params)` returns
     entities to write in the transaction that ends the job, exactly once, instead of each chunk writing a shared one.
@@ -48,8 +48,8 @@ class JobDefinition:
     tally: Callable[[list, dict], dict] | None = None
     settle: Callable[[dict, dict], list] | None = None
     fields: tuple = ()  # (name, label, default) of each param, for the jobs page's form
-    chunk: int = 20
-    chunk_firestore: int | None = None
+    per_transaction: int = 20
+    per_transaction_firestore: int | None = None
     page_size: int = 100
     fanout: int = 4
 
@@ -69,10 +69,10 @@ def _no_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def register(app: Flask, definition: JobDefinition) -> JobDefinition:
     """Make the job `definition` one that `app` can run (from the init_app of the feature that owns its kind)."""
-    if not 1 <= definition.chunk < MAX_GROUPS:
-        raise ValueError(f"{definition.name}: a chunk of {definition.chunk} does not fit a transaction")
-    if definition.chunk_firestore is not None and definition.chunk_firestore < 1:
-        raise ValueError(f"{definition.name}: chunk_firestore must be at least 1")
+    if not 1 <= definition.per_transaction < MAX_GROUPS:
+        raise ValueError(f"{definition.name}: a chunk of {definition.per_transaction} does not fit a transaction")
+    if definition.per_transaction_firestore is not None and definition.per_transaction_firestore < 1:
+        raise ValueError(f"{definition.name}: per_transaction_firestore must be at least 1")
     if definition.increments is not None:
         model = ndb.Model._lookup_model(definition.kind)
         if model._use_cache is not False or model._use_global_cache is not False:  # written past ndb's caches
@@ -84,28 +84,24 @@ def register(app: Flask, definition: JobDefinition) -> JobDefinition:
     return definition
 
 
-def _jobs() -> dict[str, JobDefinition]:
-    return runtime.current().registry(JOBS)
-
-
 def of(job: MapperJob) -> JobDefinition | None:
     """The definition `job` runs, or None when this version of the app has none by its name."""
-    return _jobs().get(job.name)
+    return runtime.current().registry(JOBS).get(job.name)
 
 
-def chunk(definition: JobDefinition) -> int:
-    """Entities of a page one transaction holds on this app's backend."""
+def chunk_size(definition: JobDefinition) -> int:
+    """The keys of a page in each chunk (one transaction) on this app's backend."""
     if runtime.current().settings.backend == "firestore":
-        return definition.chunk_firestore or definition.chunk
-    return definition.chunk
+        return definition.per_transaction_firestore or definition.per_transaction
+    return definition.per_transaction
 
 
 def registered() -> dict[str, JobDefinition]:
-    return dict(sorted(_jobs().items()))
+    return dict(sorted(runtime.current().registry(JOBS).items()))
 
 
 def definition_of(name: object) -> JobDefinition:
-    jobs = _jobs()
+    jobs = runtime.current().registry(JOBS)
     if not isinstance(name, str) or name not in jobs:
         raise Unprocessable(f"There is no job named {name!r}; known: {', '.join(sorted(jobs))}.", "no_such_job")
     return jobs[name]

@@ -33,23 +33,17 @@ EPOCH = datetime.datetime(2000, 1, 1)
 def sweep() -> dict[str, Any]:
     """One run: what it queued again, failed, summed and sent again; an item that raises is left to the next run."""
     now = clock.now()
-    revived: list[str] = []
-    failed: list[str] = []
-    follow_ups: list[str] = []
     expired = TaskRecord.query(TaskRecord.lease < now, TaskRecord.lease > EPOCH).fetch(SWEEP_BATCH, keys_only=True)
-    for key in expired:
-        outcome = _each(_take_up, key, now)
-        if outcome:
-            (revived if outcome == "revived" else failed).append(key.id())
+    outcomes = {key.id(): _each(_take_up, key, now) for key in expired}
+    revived = [name for name, outcome in outcomes.items() if outcome == "revived"]
+    failed = [name for name, outcome in outcomes.items() if outcome == "failed"]
     at_work = {name.split("-", 1)[0] for name in revived}  # a task just queued again: its lease is live
     running = {key.id() for key in MapperJob.query(MapperJob.ended == None).fetch(  # noqa: E711 (ndb's null)
         SWEEP_BATCH, keys_only=True)}
     summed = [job_id for job_id in sorted(running - at_work) if _each(_finish_if_every_task_ended, job_id, now)]
-    for job in MapperJob.query(MapperJob.follow_up == "pending").fetch(SWEEP_BATCH):
-        if job.follow_up_due is None or job.follow_up_due <= now:
-            sent = _each(_resend_follow_up, job.key, now)
-            if sent:
-                follow_ups.append(sent.id)
+    due = [job.key for job in MapperJob.query(MapperJob.follow_up == "pending").fetch(SWEEP_BATCH)
+           if job.follow_up_due is None or job.follow_up_due <= now]
+    follow_ups = [sent.id for sent in (_each(_resend_follow_up, key, now) for key in due) if sent]
     return {"revived": revived, "failed": failed, "summed": summed, "follow_ups": follow_ups}
 
 
@@ -86,7 +80,7 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         record = key.get(retries=0)
         if record is None or record.lease is None:
             return Written(None)  # nothing to take up
-        if record.lease is not None and record.lease > now:  # renewed since the query: by this call's own commit
+        if record.lease > now:  # renewed since the query: by this call's own commit
             return Written(record.revived_by, record)  # (UNKNOWN, yet applied), or by its delivery, alive
         return record
 
@@ -107,11 +101,11 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         return None
     if record.state != "running":
         return _children_recorded(job, record)
-    payload = dataclasses.replace(payload_of(job, record.key), revived=record.revived)
+    payload = dataclasses.replace(handoff.payload_of(job, record.key), revived=record.revived)
     if record.fruitless > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
-        _, returned = hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
-        completion.end_if_all_back(job, returned)
+        _, passed_on = hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
+        completion.end_if_all_back(job, passed_on)
         return "failed"
     handoff.enqueue(payload)
     completion.hint_revived(job.id)
@@ -126,7 +120,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
                                       strict=True) if record is None]
     for child in missing:
-        payload = dataclasses.replace(payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
+        payload = dataclasses.replace(handoff.payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
 
         def look(payload: TaskPayload = payload) -> Written | None:
             found = ndb.Key(TaskRecord, payload.name).get(retries=0)  # written by its delivery meanwhile, or by this
@@ -171,9 +165,3 @@ def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:
         return job
     resent = once(look, resend, then=completion.send_follow_up, hot_key=key)
     return None if resent.replayed else resent.value
-
-
-def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
-    """What the task of record `key` was given: the root's from the job, any other's from its parent's record."""
-    path = key.id().split("-", 1)[1]
-    return handoff.root_payload(job) if path == "0" else handoff.payload_of(job.id, path)

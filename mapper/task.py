@@ -8,10 +8,7 @@ from google.cloud import ndb
 
 from core import clock
 
-# Weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed computations by external
-# agents", ICDCS 1989; recovery: F. Mattern, "Global quiescence detection based on credit distribution and recovery",
-# Information Processing Letters 30(4), 1989 (his "credit" is this weight).
-TOTAL_WEIGHT = 2 ** 62
+TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): completion.py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ the task's own record (how far the page got; its children), through core/exactly
 exactly once: a redelivery goes on from the record, another delivery finds it moved on and steps back, and no two
 tasks write one entity. The queue's handler around this is delivery.py; the reasoning: docs/lessons/mapper.md."""
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.cloud import ndb
 
@@ -29,12 +29,7 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
        exactly once; the first chunk also records the children.
     3. The children, queued once the first chunk committed."""
     page, keys, children = _page(job, record, payload)
-    prepared = definition.prepare(keys, job.params) if definition.prepare else None  # what a job reads once a page
-    size = jobs.chunk(definition)  # entities a transaction may hold on this backend
-    store = bulk.chunks_for(definition)  # how its chunks are read and written: ndb's models, or protobufs
-    apply, tally_of = bulk.effect_of(definition, job.params)  # the job's change to an entity, and what it counts
-    chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
-    handed_pages = handoff.handed_pages(children)  # the pages handed out whole, kept beside the record
+    work = bulk.page_work(definition, job.params, keys)  # how this job reads, changes and writes the page's chunks
 
     def commit_chunk(before: TaskRecord, chunk: list[ndb.Key], final: bool) -> TaskRecord:
         """The chunk's entities changed and the record moved past them, in one transaction, exactly once
@@ -42,7 +37,7 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
         left it. Superseded when another delivery moved the record on."""
         def look() -> Written | tuple[TaskRecord, list[Any]]:
             # The record and the chunk in one lookup: no other task's transaction touches them, so tasks never collide.
-            current, *entities = store.get_multi([before.key] + chunk)
+            current, *entities = work.store.get_multi([before.key] + chunk)
             if current is None and before.last_key is None and before.page_end is None:  # no delivery wrote it yet
                 current = TaskRecord.new(before.key, payload)
                 current.started = before.started  # when this delivery began, before its page query
@@ -55,45 +50,25 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
             # A record written before any delivery began (the root's at the job's start, the sweep's for a child whose
             # deliveries all died) gets this delivery's start.
             current.started = current.started or before.started
-            writes = apply(entities, job.params, prepared) if entities else []
-            tally = tally_of(entities, job.params) if tally_of and entities else None
+            writes = work.change(entities)
             first_chunk = current.page_end is None  # no chunk of this page committed yet
-            handed_out = handoff.kept(current.key, handed_pages) if first_chunk else []
-            current.advance(page, chunk, len(entities), tally, children, final)
+            handed_out = handoff.kept(current.key, handoff.handed_pages(children)) if first_chunk else []
+            current.advance(page, chunk, len(entities), work.tally(entities), children, final)
             current.renew(lease)  # this delivery is alive: the sweep leaves the task alone until the lease runs out
             current.last_chunk_by = stamp
-            store.put_multi([*writes, current, *handed_out])
+            work.store.put_multi([*writes, current, *handed_out])
             return current
 
-        committed = once(look, write, run=store.transact)
+        committed = once(look, write, run=work.store.transact)
         if committed.replayed:  # another delivery moved the record on: this one steps back
             raise Superseded()
         return committed.value  # this call's (or its own earlier commit's, which answered UNKNOWN yet applied)
 
-    for number, chunk in enumerate(chunks):  # each chunk a call of its own, shared by its transaction's retries
-        record = commit_chunk(record, chunk, number == len(chunks) - 1)
+    for number, chunk in enumerate(work.chunks):  # each chunk a call of its own, shared by its transaction's retries
+        record = commit_chunk(record, chunk, number == len(work.chunks) - 1)
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
-            handoff.enqueue_children(record, handed_pages if children else None)
+            handoff.enqueue_children(record, handoff.handed_pages(children) if children else None)
     return record
-
-
-def _page(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> tuple[TaskPage, list[ndb.Key],
-                                                                              list[TaskPayload]]:
-    """This delivery's page, the keys of it still to process, and (a range task's first delivery only) its children.
-    A page handed out by the parent needs no query; a range task's first delivery scans its page and the pages after
-    it (one keys-only query in key order, never an offset); a redelivery reads the rest of the page its first
-    delivery fixed, up to its last key, whatever was added since."""
-    handed = payload.handed_keys  # the page's keys, when the parent scanned this page and handed it out
-    if handed is not None:
-        keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-        return record.page or TaskPage(handed[0], handed[-1], False), keys, []
-    if record.page is None:
-        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, handoff.scan_limit(job.page_size,
-                                                                                               job.fanout))
-        keys = scanned[:job.page_size]
-        page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        return page, keys, split(job, payload, scanned, record.weight) if page.more else []
-    return record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), []
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
@@ -101,14 +76,15 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     each handed to a child whole (as many as fit handoff.HANDED_BYTES); then the range beyond them, cut into up to
     `fanout` child ranges. Each child gets an equal share of the task's `weight` (the job ends when all of it is back:
     completion.py); the task keeps one share and the remainder for its own page."""
-    size, scanned_max = job.page_size, handoff.scan_limit(job.page_size, job.fanout) - 1  # without the one more key
-    pages = handoff.pages_to_hand_out(scanned[size:scanned_max], size)
-    covered = min(size * (len(pages) + 1), len(scanned))  # keys of its own page and of the pages handed out
+    size = job.page_size
+    in_pages = handoff.scan_limit(size, job.fanout) - 1  # the scan's limit less the one more key: its pages' keys
+    pages = handoff.pages_to_hand_out(scanned[size:in_pages], size)
+    own_and_handed = min(size * (1 + len(pages)), len(scanned))  # keys of its own page plus the pages handed out
     ranges = []
-    if len(scanned) > covered:  # keys remain after them: cut at __scatter__ quantiles, else by key arithmetic
-        end, hi = scanned[covered - 1], payload.hi_key
-        parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, read_len=covered,
-                                      per_task=scanned_max, k=job.fanout, samples=job.samples)
+    if len(scanned) > own_and_handed:  # keys remain after them: cut at __scatter__ quantiles, else by key arithmetic
+        end, hi = scanned[own_and_handed - 1], payload.hi_key
+        parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, read_len=own_and_handed,
+                                      per_task=in_pages, k=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
     share = weight // (len(pages) + len(ranges) + 1)
@@ -118,6 +94,31 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
     return ([payload.page_child(i, keys, share) for i, keys in enumerate(pages)] +
             [payload.range_child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
+
+
+class Visit(NamedTuple):
+    """What one delivery visits: its task's page, the keys of it still to process, and (a range task's first delivery
+    only) the children it splits into."""
+    page: TaskPage
+    keys: list[ndb.Key]
+    children: list[TaskPayload]
+
+
+def _page(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
+    """A page handed out by the parent needs no query; a range task's first delivery scans its page and the pages
+    after it (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page
+    its first delivery fixed, up to its last key, whatever was added since."""
+    handed = payload.handed_keys  # the page's keys, when the parent scanned this page and handed it out
+    if handed is not None:
+        keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
+        return Visit(record.page or TaskPage(handed[0], handed[-1], False), keys, [])
+    if record.page is None:
+        limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
+        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)
+        keys = scanned[:job.page_size]
+        page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
+        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
+    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
 class Superseded(Exception):

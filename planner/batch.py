@@ -24,7 +24,8 @@ from mapper.tree import split as split_children  # the split the mapper's tasks 
 from planner import figures
 from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_trip
 
-CHUNKS = {"legacy": ADD_CREDIT.chunk, "firestore": ADD_CREDIT.chunk_firestore or ADD_CREDIT.chunk}
+CHUNKS = {"legacy": ADD_CREDIT.per_transaction,
+          "firestore": ADD_CREDIT.per_transaction_firestore or ADD_CREDIT.per_transaction}
 
 
 # How a batch pipeline splits a kind first (Beam's ReadFromDatastore; its source in docs/lessons/numbers.md).

@@ -53,8 +53,8 @@ def _follow_up(job):
 
 
 SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, increments=None,
-                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)}, chunk=5,
-                                  chunk_firestore=None, on_done=_follow_up)
+                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
+                                  per_transaction=5, per_transaction_firestore=None, on_done=_follow_up)
 _end_if_all_back = completion.end_if_all_back
 
 

@@ -220,7 +220,8 @@ def test_every_chunk_fits_legacys_25_entity_groups(app, client, auth, task_queue
     the kept count's config and shard) and a full credit chunk (its accounts and the task's record) each commit in one
     delivery."""
     with pytest.raises(ValueError, match="does not fit"):
-        mapper_jobs.register(app, dataclasses.replace(ADD_CREDIT, name="too_wide", chunk=mapper_jobs.MAX_GROUPS))
+        too_wide = dataclasses.replace(ADD_CREDIT, name="too_wide", per_transaction=mapper_jobs.MAX_GROUPS)
+        mapper_jobs.register(app, too_wide)
     auth.admin()
     count = max(accounts_service.SEED_CHUNK, CREDIT_CHUNK) + 1  # a full chunk of each, and one more
     assert client.post("/api/accounts/seed", json={"count": count}).status_code == 202
@@ -372,7 +373,7 @@ def test_recount_fits_a_chunk_of_entries_from_as_many_blogs_in_one_transaction(a
     """A chunk's entries may each be in another blog (another entity group), and each repaired counter adds two groups
     (its config and a shard): the job's chunk keeps the worst case within legacy's 25 groups a transaction."""
     own = comments_service.COUNTERS
-    chunk = comments_recount.RECOUNT.chunk
+    chunk = comments_recount.RECOUNT.per_transaction
     with runtime.current().context():
         for b in range(chunk):
             blog_service.post_entry(f"rc{b:02d}", "one entry", "body", "boss@example.com")

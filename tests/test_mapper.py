@@ -290,9 +290,10 @@ def follow_ups(job_id):
 
 TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, increments=None,
                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
-                                 on_done=_follow_up, chunk_firestore=None),
+                                 on_done=_follow_up, per_transaction_firestore=None),
              # add_credit itself, its increments written as protobufs (mapper/bulk.py); FAULTS reach it in extra_jobs
-             dataclasses.replace(ADD_CREDIT, name="test_flaky_increments", on_done=_follow_up, chunk_firestore=None),
+             dataclasses.replace(ADD_CREDIT, name="test_flaky_increments", on_done=_follow_up,
+                                 per_transaction_firestore=None),
              jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
 
@@ -456,15 +457,15 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
     """A task is queued again from its parent's record (and the pages it handed out): when those are gone, the sweep
     says which, rather than fail on None."""
     job = MapperJob(id="j", name="add_credit", kind="Account", page_size=10, fanout=2, kind_end=ndb.Key(Account, 9))
-    assert sweep.payload_of(job, ndb.Key(TaskRecord, "j-0")) == handoff.root_payload(job)
+    assert handoff.payload_of(job, ndb.Key(TaskRecord, "j-0")) == handoff.root_payload(job)
     with pytest.raises(RuntimeError, match="parent's record is gone"):
-        sweep.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
     parent = TaskRecord(id="j-0", job="j", depth=0, weight=4,
                         children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
     with pytest.raises(RuntimeError, match="pages its parent handed out are gone"):
-        sweep.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
 
 
 def test_accounts_ids_lie_where_the_key_arithmetic_aims(ndb_context):
@@ -569,7 +570,8 @@ def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, cli
     """The same, forced: two of the root's children each read their chunk, wait for the other to have read its own,
     and only then write and commit. Sharing no entity, neither commit collides: no transaction is retried. (Chunks
     of 10: room in legacy's 25 entity groups for whatever else a chunk might write.)"""
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_narrow_credit", chunk=10, chunk_firestore=10))
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_narrow_credit", per_transaction=10,
+                                           per_transaction_firestore=10))
     keys = seed_accounts(400)
     job_id = start(client, auth, "test_narrow_credit", page_size=40, fanout=4)
     task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued

@@ -26,7 +26,7 @@ def _credit_dying_at(accounts, params, prepared):
 
 DIES_AT_JOB = dataclasses.replace(ADD_CREDIT, name="test_dies_at", apply=_credit_dying_at, increments=None,
                                   tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
-                                  chunk_firestore=None)
+                                  per_transaction_firestore=None)
 
 
 def _records(job_id):
