@@ -1,12 +1,6 @@
-"""The mapper, the fourth lesson: a tree of tasks over key ranges. tree.py (one task: scan, hand out, split, chunk
-with the record; read it first), delivery.py (a delivery of a task: the queue's handler around tree.py), task.py (a
-task's payload and record), keyrange.py (where to cut a range), key_arithmetic.py (key order, keys between keys),
-handoff.py (the pages a task hands out, its children enqueued), handback.py (a task cancelled or failed),
-completion.py (progress; a job ended exactly once, its on_done exactly once), sweep.py (tasks whose process died taken
-up again, on cron), service.py (starting, listing, cancelling jobs), jobs.py (what a job is, and the registry features
-add theirs to), models.py (a run), views.py (/jobs, /api/jobs).
-Features register their jobs with `jobs.register(app, job)` from their own init_app; the mapper knows none of them.
-"""
+"""The mapper, the fourth lesson: a tree of tasks over key ranges. Read tree.py first (one task: scan, hand out,
+split, chunk with the record), then delivery.py (the queue's handler around it); the others: docs/layout.md.
+Features register their jobs with `jobs.register(app, job)` from their own init_app; the mapper knows none of them."""
 from flask import Flask
 
 from core import features, runtime

@@ -102,32 +102,25 @@ def _element_between(kind: str, low: Ident | None, high: Ident | None, fraction:
         low, fraction = "", max(0.0, fraction * 2 - 1)
     if isinstance(high, int):  # names sort after every id: no name lies below one
         return None
-    name = _name_between(low, high, fraction)
-    return (kind, name) if name is not None else None
-
-
-def _name_between(low: str, high: str, fraction: float) -> str | None:
-    """A name between two names (low < high): past their common prefix, the next NAME_WIDTH characters read as
-    digits in a base fitted to the characters the two use (digits, lowercase, uppercase or their code point span)."""
-    prefix, na, nb, to_name = _name_numbers(low, high)
+    na, nb, to_name = _name_numbers(low, high)
     point = na + int((nb - na) * fraction)
-    if not na < point < nb:
-        return None
-    name = to_name(point)
-    return name if name is not None and low < name < high else None
+    name = to_name(point) if na < point < nb else None
+    return (kind, name) if name is not None and low < name < high else None
 
 
 def _name_beyond(low: str, high: str, times: int) -> str | None:
     """The name `times` (low..high) spans past high; None past the digits' end. GALLOP_ROOM lets it carry past the end
     of their common prefix ("acct-00999" on to "acct-01...")."""
-    prefix, na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
+    na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
     point = nb + (nb - na) * times
     name = to_name(point)
     return name if name is not None and name > high else None
 
 
-def _name_numbers(low: str, high: str, room: int = 0) -> tuple[str, int, int, Callable[[int], str | None]]:
-    """(common prefix less `room` characters, low as a number, high as a number, number -> name or None)."""
+def _name_numbers(low: str, high: str, room: int = 0) -> tuple[int, int, Callable[[int], str | None]]:
+    """(low as a number, high as a number, number -> name or None): past their common prefix (less `room`
+    characters), the next NAME_WIDTH characters read as digits in a base fitted to the characters the two use
+    (digits, lowercase, uppercase or their code point span)."""
     common = 0
     while common < len(low) and common < len(high) and low[common] == high[common]:
         common += 1
@@ -143,26 +136,19 @@ def _name_numbers(low: str, high: str, room: int = 0) -> tuple[str, int, int, Ca
 
     def number(text: str) -> int:
         digits = [min(max(ord(c) - first + 1, 1), base - 1) for c in text] + [0] * (NAME_WIDTH - len(text))
-        value = 0
-        for d in digits:
-            value = value * base + d
-        return value
+        return sum(digit * base ** power for digit, power in zip(digits, reversed(range(NAME_WIDTH)), strict=True))
 
     def to_name(point: int) -> str | None:
         if point >= base ** NAME_WIDTH:
             return None
-        digits = []
-        for _ in range(NAME_WIDTH):
-            point, d = divmod(point, base)
-            digits.append(d)
-        chars = []
-        for d in reversed(digits):
-            if d == 0:
+        chars = ""
+        for power in reversed(range(NAME_WIDTH)):  # the most significant digit first
+            digit = point // base ** power % base
+            if digit == 0:
                 break
-            code = first + d - 1
-            if 0xD800 <= code <= 0xDFFF:  # surrogates are not text; the next valid code point keeps the order
-                code = 0xE000
-            chars.append(chr(code))
-        return prefix + "".join(chars)
+            code = first + digit - 1
+            # surrogates are not text; the next valid code point keeps the order
+            chars += chr(0xE000 if 0xD800 <= code <= 0xDFFF else code)
+        return prefix + chars
 
-    return prefix, number(ra), number(rb), to_name
+    return number(ra), number(rb), to_name

@@ -20,8 +20,6 @@ SAMPLES = 512  # __scatter__ keys read when a job starts: a few per final range 
 MAX_PAGE_SIZE = 500
 MIN_FANOUT, MAX_FANOUT = 2, 16  # ranges a task splits the rest of its range into, at most
 LIST_LIMIT = 20
-
-
 ENDPOINT = "mapper.start"  # what a start's Idempotency-Key is scoped to, with its caller
 
 
@@ -78,7 +76,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
         completion.send_follow_up(job)
         return job, False
     completion.start_hints(job.id)
-    _enqueue_root(job)
+    handoff.enqueue(handoff.root_payload(job))
     return job, False
 
 
@@ -88,8 +86,7 @@ def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed 
         job.call = stamp
         ndb.put_multi([job, root] if root else [job])
 
-    inserted = once(lambda: idempotency.written(job.key.get(retries=0), request), insert,
-                    hot_key=job.key)
+    inserted = once(lambda: idempotency.written(job.key.get(retries=0), request), insert, hot_key=job.key)
     return job.key.get(use_cache=False) if inserted.replayed else job  # another request's job, or this call's
 
 
@@ -97,12 +94,8 @@ def _resent(first: MapperJob) -> MapperJob:
     """The job a resend's key started; its root task enqueued again while it runs (its name makes that one task), in
     case the first request died between the job's commit and its enqueue."""
     if not first.ended:
-        _enqueue_root(first)
+        handoff.enqueue(handoff.root_payload(first))
     return first
-
-
-def _enqueue_root(job: MapperJob) -> None:
-    handoff.enqueue(handoff.root_payload(job))
 
 
 def job_dict(job: MapperJob) -> dict[str, Any]:
@@ -148,6 +141,5 @@ def finish_job(job_id: object) -> MapperJob:
     return completion.end_by_admin(get_job(job_id))
 
 
-def job_timeline(job_id: object) -> dict[str, Any]:
-    job = get_job(job_id)
+def job_timeline(job: MapperJob) -> dict[str, Any]:
     return {"job": job_dict(job), **completion.timeline(job)}

@@ -17,12 +17,8 @@ CRON_HEADER = "X-Appengine-Cron"
 
 
 @bp.get("/jobs")
-def jobs() -> ResponseReturnValue:
-    """Recent jobs with their state, and (admins) a form per registered job."""
-    return _jobs_page()
-
-
-def _jobs_page(status: int = 200) -> tuple[str, int]:
+def jobs(status: int = 200) -> ResponseReturnValue:
+    """Recent jobs with their state, and (admins) a form per registered job (`status`: a refused form's)."""
     recent = [service.job_dict(job) for job in service.list_jobs()]
     return render_template("mapper/jobs.html", jobs=recent, registered=job_definitions.registered(),
                            max_page_size=service.MAX_PAGE_SIZE), status
@@ -40,7 +36,7 @@ def start_form() -> ResponseReturnValue:
         job = service.start_job(name, params, idempotency_key=request.form.get("start_token") or None,
                                 user=user["id"])
     except AppError as e:
-        return form_refused(e, _jobs_page)
+        return form_refused(e, jobs)
     return redirect(url_for("mapper.job", job_id=job.id))
 
 
@@ -66,11 +62,11 @@ def _timeline(job_id: str) -> dict[str, Any]:
     if cached is not None:
         found: dict[str, Any] = json.loads(zlib.decompress(cached))
         return found
-    ended = service.get_job(job_id).ended is not None  # 400 for a malformed id, 404 for no such job
-    found = service.job_timeline(job_id)  # the job read again from this request's context cache, no RPC
+    job = service.get_job(job_id)  # 400 for a malformed id, 404 for no such job
+    found = service.job_timeline(job)
     # `add`: a running copy cached meanwhile expires in seconds; an ended job's copy is the same whoever made it.
     cache.add(key, zlib.compress(json.dumps(found).encode()),
-              expire=TIMELINE_FINISHED_LIFETIME if ended else TIMELINE_RUNNING_LIFETIME)
+              expire=TIMELINE_FINISHED_LIFETIME if job.ended else TIMELINE_RUNNING_LIFETIME)
     return found
 
 
