@@ -23,6 +23,7 @@ from mapper.models import MapperJob
 MAX_SEED = 100_000
 SEED_BATCH = 500  # accounts per seed task
 SEED_HANDLER = "accounts.seed"
+SEED_ENDPOINT = "accounts.seed"  # what a seed's Idempotency-Key is scoped to, with its caller
 # The kept figures, created up front with all their shards: creating a counter inside many transactions at once would
 # make them collide on its config.
 COUNTERS = counters.owned("accounts")
@@ -48,9 +49,6 @@ def keep_figures() -> None:
     for short, config in zip((COUNT, BALANCE), COUNTERS.configs((COUNT, BALANCE)), strict=True):
         if config is None or config.num_shards < KEPT_SHARDS:
             COUNTERS.configure(short, KEPT_SHARDS)
-
-
-SEED_ENDPOINT = "accounts.seed"  # what a seed's Idempotency-Key is scoped to, with its caller
 
 
 def seed(count: object, idempotency_key: str | None = None, user: str = "") -> tuple[dict[str, Any], bool]:
