@@ -26,10 +26,6 @@ class AccountsAudit(ndb.Model):
     kept_balance = ndb.IntegerProperty(required=True, indexed=False)
     created = ndb.DateTimeProperty(auto_now=True, indexed=False)
 
-    @property
-    def ok(self) -> bool:
-        return (self.found_count, self.found_balance) == (self.kept_count, self.kept_balance)
-
 
 class SeedMarker(ExpiringMarker):
     """A seed sent with an Idempotency-Key: its first answer, under the key's marker name."""

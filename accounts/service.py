@@ -142,9 +142,9 @@ def latest_audit() -> dict[str, Any] | None:
     audit = AccountsAudit.get_by_id(AccountsAudit.LATEST)
     if audit is None:
         return None
-    return {"job": audit.job, "finished": clock.iso(audit.created), "ok": audit.ok,
-            "found": {"count": audit.found_count, "total_balance": audit.found_balance},
-            "kept": {"count": audit.kept_count, "total_balance": audit.kept_balance}}
+    found = {"count": audit.found_count, "total_balance": audit.found_balance}
+    kept = {"count": audit.kept_count, "total_balance": audit.kept_balance}
+    return {"job": audit.job, "finished": clock.iso(audit.created), "ok": found == kept, "found": found, "kept": kept}
 
 
 # --- the lesson in 2026: the kept figures beside COUNT and SUM aggregation queries -----------------------------------
