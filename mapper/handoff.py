@@ -58,7 +58,7 @@ def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
     return {child.task: child.keys for child in children if child.keys is not None}
 
 
-def kept(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
+def pages_entity(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
     """The entity to write with the record's first chunk, keeping `pages` (none when no page was handed out)."""
     return [HandedPages(key=HandedPages.key_for(record_key), pages=pages)] if pages else []
 

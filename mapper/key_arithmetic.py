@@ -28,18 +28,18 @@ def inside(samples: Sequence[ndb.Key], lo: ndb.Key | None, hi: ndb.Key) -> list[
     return [s for s in samples if (lo_o is None or order(s) > lo_o) and order(s) < hi_o]
 
 
-def by_id_density(page_start: ndb.Key | None, page_end: ndb.Key, hi: ndb.Key, page_len: int) -> float | None:
-    """About how many entities (page_end, hi] holds if its ids lie as densely as the page's `page_len` in
-    (page_start, page_end]: for keys that differ only in a last element of integer ids; None for any other keys."""
-    if page_start is None:
+def by_id_density(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, read_len: int) -> float | None:
+    """About how many entities (read_end, hi] holds if its ids lie as densely as the keys just read, `read_len` in
+    (read_start, read_end]: for keys that differ only in a last element of integer ids; None for any other keys."""
+    if read_start is None:
         return None
-    paths = [key.pairs() for key in (page_start, page_end, hi)]
+    paths = [key.pairs() for key in (read_start, read_end, hi)]
     if len({len(p) for p in paths}) != 1 or len({(p[:-1], p[-1][0]) for p in paths}) != 1:
         return None
     low, end, high = (p[-1][1] for p in paths)
     if not all(isinstance(i, int) for i in (low, end, high)) or not low < end <= high:
         return None
-    return page_len * (high - end) / (end - low)
+    return read_len * (high - end) / (end - low)
 
 
 def between(a: ndb.Key, b: ndb.Key, fraction: float) -> ndb.Key | None:

@@ -13,10 +13,11 @@ from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
 
 def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, read_len: int, per_task: int, k: int,
                  samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (read_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, at
-    most k (a few entities split k ways make k tasks that each pay a task's fixed costs). Its size is judged by the
-    samples' density over the `read_len` keys just read (read_start, read_end], else by its ids' density (the
-    Firestore emulator keeps no samples); unknown: k."""
+    """How many ranges the rest (read_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, so
+    each child's range is about half one scan, a margin of 2 for an estimate's error; at most k (a few entities split k
+    ways make k tasks that each pay a task's fixed costs). Its size is judged by the samples' density over the
+    `read_len` keys just read (read_start, read_end], else by its ids' density (the Firestore emulator keeps no
+    samples); unknown: k."""
     in_read = len(inside(samples, read_start, read_end)) + (read_end in samples)
     in_rest = len(inside(samples, read_end, hi)) + (hi in samples)
     if samples and in_read:
@@ -29,17 +30,17 @@ def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, rea
 
 
 def split_points(lo: ndb.Key, hi: ndb.Key, k: int, samples: Sequence[ndb.Key] = (),
-                 page_start: ndb.Key | None = None) -> list[ndb.Key]:
+                 read_start: ndb.Key | None = None) -> list[ndb.Key]:
     """Up to k-1 keys strictly between lo and hi, cutting (lo, hi] into ranges of about equal size: quantiles of the
     `samples` (sorted by `order`) when the range holds k-1 of them, else key arithmetic; fewer when the keys leave no
-    room. Where arithmetic cannot aim at hi, the points gallop on from the page [page_start, lo] (`gallop`)."""
+    room. Where arithmetic cannot aim at hi, points gallop on from the keys just read [read_start, lo] (`gallop`)."""
     within = inside(samples, lo, hi)
     if len(within) >= k - 1:
         points = [within[len(within) * j // k] for j in range(1, k)]
     else:
         points = [between(lo, hi, j / k) for j in range(1, k)]
-        if page_start is not None and not any(points):
-            points = gallop(page_start, lo, k)
+        if read_start is not None and not any(points):
+            points = gallop(read_start, lo, k)
     result, last = [], order(lo)
     for p in points:  # strictly increasing, strictly inside: arithmetic rounds, quantiles may repeat
         if p is not None and last < order(p) < order(hi):

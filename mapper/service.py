@@ -11,7 +11,7 @@ from core.errors import BadInput, Conflict, Unprocessable, found
 from core.exactly_once import once
 from core.transactions import transact
 from core.validate import whole_number
-from mapper import completion, handoff, jobs, key_arithmetic, tree
+from mapper import completion, handoff, jobs, key_arithmetic
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 
@@ -21,6 +21,8 @@ MAX_PAGE_SIZE = 500
 MIN_FANOUT, MAX_FANOUT = 2, 16  # ranges a task splits the rest of its range into, at most
 LIST_LIMIT = 20
 ENDPOINT = "mapper.start"  # what a start's Idempotency-Key is scoped to, with its caller
+
+KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, to sort by key
 
 
 def start_job(name: object, params: object = None, page_size: object = None, fanout: object = None,
@@ -54,7 +56,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     query = ndb.Query(kind=definition.kind)
     # The root range ends at the kind's largest key (none: the kind is empty). A descending key order needs a
     # composite index per kind (index.yaml), in production as in the emulator.
-    last = query.order(-tree.KEY).fetch(1, keys_only=True)
+    last = query.order(-KEY).fetch(1, keys_only=True)
     samples = query.order(ndb.GenericProperty("__scatter__")).fetch(SAMPLES, keys_only=True) if last and SAMPLES else []
     job = MapperJob(id=job_id, name=definition.name, params=params, kind=definition.kind, page_size=page_size,
                     fanout=fanout, kind_end=last[0] if last else None,

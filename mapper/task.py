@@ -79,6 +79,7 @@ class TaskRecord(ndb.Model):
     depth = ndb.IntegerProperty(required=True, indexed=False)
     weight = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
+    # The lesson's (tree.py): its page, how far it got, what it tallied, its children, the weight it gave back.
     page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,
     page_end = ndb.KeyProperty(indexed=False)  # its last,
     more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
@@ -90,12 +91,13 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # weight returned when ended: what children did not take
     error = ndb.TextProperty()
-    # Until when its delivery is trusted to be alive. Indexed: the sweep queries for leases run out.
+    # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
     revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
     recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
+    # The timeline's (/jobs/<id>).
     started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began
     updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 

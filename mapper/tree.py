@@ -3,10 +3,9 @@
 A task scans the first pages of its key range in one keys-only query in key order (never limit+offset, which reads
 and skips every key before its page: O(N^2) over a kind). It keeps the first page, hands each page after it whole to
 a child task, and splits the range beyond into up to `fanout` child ranges: a tree O(log N) deep that keeps every
-worker of the queue busy. Then it processes its page in chunks, each chunk's entities written in one transaction with
-the task's own record (how far the page got; its children), through core/exactly_once.py. So each entity is processed
-exactly once: a redelivery goes on from the record, another delivery finds it moved on and steps back, and no two
-tasks write one entity. The queue's handler around this is delivery.py; the reasoning: docs/lessons/mapper.md."""
+worker of the queue busy. It processes its page in chunks, each chunk's entities written in one transaction with its
+record (how far the page got; its children), exactly once (core/exactly_once.py): a redelivery goes on from the
+record; another delivery finds it moved on, steps back. Its queue handler: delivery.py; why: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -17,18 +16,15 @@ from mapper import bulk, handoff, jobs, keyrange
 from mapper.models import MapperJob
 from mapper.task import TaskPage, TaskPayload, TaskRecord
 
-KEY = ndb.model.ModelKey()  # the __key__ pseudo-property, for filters and sort orders on keys
-
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
-            lease: int) -> TaskRecord:
-    """One delivery's work on its task, in three steps; the record as it leaves it.
-    1. Its page's keys (`_page`): a range task's first delivery scans its page and the pages after it in one query and
+            lease_seconds: int) -> TaskRecord:
+    """One delivery's work on its task, in two steps; the record as it leaves it.
+    1. What it visits (`_visit`): a range task's first delivery scans its page and the pages after it in one query and
        `split`s the rest of its range into children; a redelivery goes on from its record.
     2. The page in chunks (`commit_chunk`): each chunk's entities and the record moved past them, in one transaction,
-       exactly once; the first chunk also records the children.
-    3. The children, queued once the first chunk committed."""
-    page, keys, children = _page(job, record, payload)
+       exactly once; the first chunk also records the children, which are queued as soon as it committed."""
+    page, keys, children = _visit(job, record, payload)
     work = bulk.page_work(definition, job.params, keys)  # how this job reads, changes and writes the page's chunks
 
     def commit_chunk(before: TaskRecord, chunk: list[ndb.Key], final: bool) -> TaskRecord:
@@ -36,13 +32,16 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
         (core/exactly_once.py: the record's `last_chunk_by` is the stamp). `before`: the record as this delivery
         left it. Superseded when another delivery moved the record on."""
         def look() -> Written | tuple[TaskRecord, list[Any]]:
-            # The record and the chunk in one lookup: no other task's transaction touches them, so tasks never collide.
+            # The record (an ndb model) and the chunk (as the job's store reads them: models, or protobufs) in one
+            # lookup: no other task's transaction touches them, so tasks never collide.
             current, *entities = work.store.get_multi([before.key] + chunk)
             if current is None and before.last_key is None and before.page_end is None:  # no delivery wrote it yet
                 current = TaskRecord.new(before.key, payload)
                 current.started = before.started  # when this delivery began, before its page query
             elif current is None or current.state != "running" or current.last_key != before.last_key:
-                return Written(current and current.last_chunk_by, current)  # moved on since this delivery read it
+                # Moved on since this delivery read it: by this call's commit that answered UNKNOWN yet applied (its
+                # stamp is this call's: MINE, go on from it), or by another delivery (ANOTHERS: Superseded, below).
+                return Written(current and current.last_chunk_by, current)
             return current, [e for e in entities if e is not None]  # deleted since the query: skipped
 
         def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
@@ -51,10 +50,10 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
             # deliveries all died) gets this delivery's start.
             current.started = current.started or before.started
             writes = work.change(entities)
-            first_chunk = current.page_end is None  # no chunk of this page committed yet
-            handed_out = handoff.kept(current.key, handoff.handed_pages(children)) if first_chunk else []
+            first_chunk = current.page_end is None  # no chunk of this page committed yet: it writes the handed pages
+            handed_out = handoff.pages_entity(current.key, handoff.handed_pages(children)) if first_chunk else []
             current.advance(page, chunk, len(entities), work.tally(entities), children, final)
-            current.renew(lease)  # this delivery is alive: the sweep leaves the task alone until the lease runs out
+            current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
             current.last_chunk_by = stamp
             work.store.put_multi([*writes, current, *handed_out])
             return current
@@ -67,8 +66,33 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     for number, chunk in enumerate(work.chunks):  # each chunk a call of its own, shared by its transaction's retries
         record = commit_chunk(record, chunk, number == len(work.chunks) - 1)
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
+            # None: a redelivery, which did not split; the children come from the record (and its HandedPages).
             handoff.enqueue_children(record, handoff.handed_pages(children) if children else None)
     return record
+
+
+class Visit(NamedTuple):
+    """What one delivery visits: its task's page, the keys of it still to process, the children it splits into."""
+    page: TaskPage
+    keys: list[ndb.Key]
+    children: list[TaskPayload]
+
+
+def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
+    """A page handed out by the parent needs no query; a range task's first delivery scans its page and the pages
+    after it (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page
+    its first delivery fixed, up to its last key, whatever was added since."""
+    handed = payload.handed_keys  # the page's keys, when the parent scanned this page and handed it out
+    if handed is not None:
+        keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
+        return Visit(record.page or TaskPage(handed[0], handed[-1], False), keys, [])
+    if record.page is None:
+        limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
+        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)
+        keys = scanned[:job.page_size]
+        page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
+        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
+    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
@@ -77,7 +101,7 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     `fanout` child ranges. Each child gets an equal share of the task's `weight` (the job ends when all of it is back:
     completion.py); the task keeps one share and the remainder for its own page."""
     size = job.page_size
-    in_pages = handoff.scan_limit(size, job.fanout) - 1  # the scan's limit less the one more key: its pages' keys
+    in_pages = size * (job.fanout + 1)  # a count: the keys of its own page and the `fanout` pages it may hand out
     pages = handoff.pages_to_hand_out(scanned[size:in_pages], size)
     own_and_handed = min(size * (1 + len(pages)), len(scanned))  # keys of its own page plus the pages handed out
     ranges = []
@@ -94,31 +118,6 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
     return ([payload.page_child(i, keys, share) for i, keys in enumerate(pages)] +
             [payload.range_child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
-
-
-class Visit(NamedTuple):
-    """What one delivery visits: its task's page, the keys of it still to process, and (a range task's first delivery
-    only) the children it splits into."""
-    page: TaskPage
-    keys: list[ndb.Key]
-    children: list[TaskPayload]
-
-
-def _page(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
-    """A page handed out by the parent needs no query; a range task's first delivery scans its page and the pages
-    after it (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page
-    its first delivery fixed, up to its last key, whatever was added since."""
-    handed = payload.handed_keys  # the page's keys, when the parent scanned this page and handed it out
-    if handed is not None:
-        keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-        return Visit(record.page or TaskPage(handed[0], handed[-1], False), keys, [])
-    if record.page is None:
-        limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
-        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)
-        keys = scanned[:job.page_size]
-        page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
-    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
 class Superseded(Exception):

@@ -50,7 +50,7 @@ def test_order_matches_datastore_key_order(ndb_context):
             ndb.Key(Branch, "a", Thing, 3), ndb.Key(Branch, 7, Thing, "x"), ndb.Key(Branch, "b", Thing, 1),
             ndb.Key(Thing, "a", Thing, 9)]
     ndb.put_multi([Thing(key=k) for k in keys])
-    stored = ndb.Query(kind="Thing").order(tree.KEY).fetch(keys_only=True)
+    stored = ndb.Query(kind="Thing").order(service.KEY).fetch(keys_only=True)
     assert stored == sorted(keys, key=key_arithmetic.order)
     with pytest.raises(TypeError):
         sorted(keys)  # why `order` exists
@@ -543,8 +543,8 @@ def test_a_finished_task_delivered_again_and_again_returns_its_credit_once(extra
     task_queue.drain(max_deliveries=1)  # the root: its page, then four children
     leaf = task_queue.queue.take()
     task_queue.deliver(leaf)
-    for _ in range(13):  # redeliveries (attempt 1+ read the finished record)
-        task_queue.deliver(leaf._replace(attempt=1))
+    for _ in range(13):  # redeliveries (delivery 1+ read the finished record)
+        task_queue.deliver(leaf._replace(delivery=1))
     assert job_status(client, job_id)["state"] == "running"  # siblings still out, however often the leaf came back
     task_queue.drain()
     assert balances(keys) == [10] * 200
@@ -727,7 +727,7 @@ def test_a_credit_lands_on_the_kept_balance_once_when_the_job_ends(app, client, 
 @pytest.mark.parametrize("job", FLAKY_JOBS)
 def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(job, extra_jobs, client, auth, task_queue):
     """An at-least-once queue may deliver a task again after its first delivery committed, as a first delivery
-    (attempt 0: it does not read its record first) or as a retry. Either finds the record moved on, in the chunk's
+    (delivery 0: it does not read its record first) or as a retry. Either finds the record moved on, in the chunk's
     own transaction, and credits nothing: the order is forced here, not left to threads meeting."""
     keys = seed_accounts(60)
     DONE.clear()
@@ -740,9 +740,9 @@ def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(job
         job = MapperJob.get_by_id(job_id)
         job.ended = None
         job.put()
-    assert not task_queue.deliver(root)  # attempt 0 again: its first chunk's transaction finds the record done
+    assert not task_queue.deliver(root)  # delivery 0 again: its first chunk's transaction finds the record done
     assert task_queue.responses[-1][1] == 409
-    assert task_queue.deliver(root._replace(attempt=1))  # a retry reads its record, finished: nothing to do
+    assert task_queue.deliver(root._replace(delivery=1))  # a retry reads its record, finished: nothing to do
     assert balances(keys) == [10] * 60
     with runtime.current().context():
         assert TaskRecord.get_by_id(f"{job_id}-0").processed == 60
@@ -751,7 +751,7 @@ def test_a_delivery_repeated_after_the_first_committed_credits_nothing_again(job
 @pytest.mark.parametrize("job", FLAKY_JOBS)
 def test_a_first_delivery_repeated_while_the_first_is_down_half_way_credits_nothing_again(job, extra_jobs, client, auth,
                                                                                           task_queue):
-    """A repeat of a task's first delivery (attempt 0: it does not read its record first) may come while the first
+    """A repeat of a task's first delivery (delivery 0: it does not read its record first) may come while the first
     is down half way through its page: its first chunk's transaction finds the record moved past where it starts,
     steps back (409) and credits nothing; the retry goes on from the record. The order forced, not left to threads."""
     keys = seed_accounts(60)  # the root's page holds all 60: chunks of 24, the third dies
@@ -760,9 +760,9 @@ def test_a_first_delivery_repeated_while_the_first_is_down_half_way_credits_noth
     root = task_queue.queue.take()
     assert not task_queue.deliver(root) and FAULTS["failures"] == 1
     assert balances(keys) == [10] * 48 + [0] * 12
-    assert not task_queue.deliver(root)  # attempt 0 again: a duplicate of the first delivery
+    assert not task_queue.deliver(root)  # delivery 0 again: a duplicate of the first delivery
     assert task_queue.responses[-1][1] == 409 and balances(keys) == [10] * 48 + [0] * 12
-    assert task_queue.deliver(root._replace(attempt=1))
+    assert task_queue.deliver(root._replace(delivery=1))
     task_queue.drain()
     assert balances(keys) == [10] * 60 and job_status(client, job_id)["state"] == "done"
 
