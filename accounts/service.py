@@ -76,7 +76,7 @@ def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
                 hot_key=key).replayed
 
 
-def seed_batch(payload: dict[str, Any], attempt: int = 0) -> dict[str, int]:
+def seed_batch(payload: dict[str, Any], delivery: int = 0) -> dict[str, int]:
     """One seed task: the accounts of its numbers that do not exist yet, SEED_CHUNK to a transaction. A payload `seed`
     did not make (numbers beyond MAX_SEED or more than SEED_BATCH of them) is a 422 that writes nothing."""
     seed_id = text(payload.get("seed"), "seed", 64)

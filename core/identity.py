@@ -30,8 +30,8 @@ SESSION_HOURS = 12  # a sign-in lasts this long from the moment it was made, how
 # holding the old value (a frozen server, not a restarted one), a revoked copy can pass for at most this long.
 GENERATION_LIFETIME = 600
 NEVER_SIGNED_OUT = "0"  # the generation of a person who never signed out (no entity)
-GENERATION_LEASE = b"lease:"  # a cached value that is a reader's lease (`generation`), never a generation (hex digits)
-GENERATION_LEASE_SECONDS = 10  # a reader that dies holding one leaves the others reading Datastore for this long
+GENERATION_CLAIM = b"claim:"  # a cached value that is a reader's claim (`generation`), never a generation (hex digits)
+GENERATION_CLAIM_SECONDS = 10  # a reader that dies holding one leaves the others reading Datastore for this long
 
 
 EMAIL_PATTERN = re.compile(r"[^@\s|<>\"']{1,64}@[A-Za-z0-9.-]{1,189}\.[A-Za-z]{2,24}")
@@ -129,24 +129,24 @@ def _generation_key(user_id: str) -> str:
 
 def generation(user_id: str) -> str:
     """The person's session generation: from the cache, else read by key and cached. A read from before a sign-out
-    must never be stored after it: the reader that misses takes a lease first (`add`, Facebook's memcache leases:
-    docs/security.md), reads, and stores its read only while its lease is still there (`replace_if`)."""
+    must never be stored after it: the reader that misses takes a claim first (`add`, Facebook's memcache "leases":
+    docs/security.md), reads, and stores its read only while its claim is still there (`replace_if`)."""
     cache, key = runtime.cache(), _generation_key(user_id)
     cached = cache.get(key)
-    if cached is not None and not cached.startswith(GENERATION_LEASE):
+    if cached is not None and not cached.startswith(GENERATION_CLAIM):
         return cached.decode()
-    lease = GENERATION_LEASE + secrets.token_hex(8).encode()
-    leased = cached is None and cache.add(key, lease, expire=GENERATION_LEASE_SECONDS) is True
+    claim = GENERATION_CLAIM + secrets.token_hex(8).encode()
+    claimed = cached is None and cache.add(key, claim, expire=GENERATION_CLAIM_SECONDS) is True
     found = SessionGeneration.get_by_id(user_id)
     value = found.value if found is not None else NEVER_SIGNED_OUT
-    if leased:
-        cache.replace_if(key, lease, value, expire=GENERATION_LIFETIME)
+    if claimed:
+        cache.replace_if(key, claim, value, expire=GENERATION_LIFETIME)
     return value
 
 
 def _renew_generation(user_id: str) -> None:
     """Sign-out: a new generation, written to Datastore first (the truth), then stored over the cached one: a store,
-    not a delete, so that it replaces any reader's lease too (`generation`)."""
+    not a delete, so that it replaces any reader's claim too (`generation`)."""
     value = secrets.token_hex(8)
     SessionGeneration(id=user_id, value=value).put()
     runtime.cache().set(_generation_key(user_id), value, expire=GENERATION_LIFETIME)

@@ -32,7 +32,7 @@ MAX_TASK_BYTES = 100 * 1024
 TOKEN_HEADER = "X-Tasks-Token"
 # What Cloud Tasks sends an App Engine task handler (https://cloud.google.com/tasks/docs/creating-appengine-handlers).
 # App Engine replaces X-AppEngine-* headers on outside requests, so a request with the queue header came from a queue
-# of this app. RetryCount counts every earlier attempt from 0.
+# of this app. RetryCount counts the earlier deliveries, from 0.
 QUEUE_HEADER = "X-AppEngine-QueueName"
 RETRY_HEADER = "X-AppEngine-TaskRetryCount"
 NAME_HEADER = "X-AppEngine-TaskName"
@@ -80,7 +80,7 @@ class Queue(Protocol):
     def enqueue(self, name: str, payload: dict, task_name: str, delay: float = 0) -> None: ...
 
 
-class Task(collections.namedtuple("Task", "handler payload name attempt")):
+class Task(collections.namedtuple("Task", "handler payload name delivery")):
     """A delivery: handler name, JSON payload, unique task name, and how many deliveries failed before this one."""
 
     def body(self) -> bytes:
@@ -97,7 +97,7 @@ class TaskRouter:
         self._handlers: dict[str, Callable[[dict, int], object]] = {}
 
     def register(self, name: str, fn: Callable[[dict, int], object]) -> None:
-        """fn(payload, attempt) handles the tasks named `name` (attempt counts from 0)."""
+        """fn(payload, delivery) handles the tasks named `name` (`delivery` counts from 0)."""
         if name in self._handlers:
             raise ValueError(f"a task handler is registered as {name!r} already")
         self._handlers[name] = fn

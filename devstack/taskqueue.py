@@ -18,7 +18,7 @@ def local_headers(token: str, task: Task) -> dict[str, str]:
     """The headers a test's or a benchmark's queue delivers `task` with: the token, and App Engine's task headers as
     Cloud Tasks sends them (devstack/cloudtasks.py sends the same)."""
     return {"Content-Type": "application/json", TOKEN_HEADER: token, QUEUE_HEADER: "mapper",
-            RETRY_HEADER: str(task.attempt), NAME_HEADER: task.name}
+            RETRY_HEADER: str(task.delivery), NAME_HEADER: task.name}
 
 
 class DrainedQueue:
@@ -43,7 +43,7 @@ class DrainedQueue:
 
     def drain(self, deliver, workers=1, max_deliveries=10_000, timeout=300):
         """Deliver until no task is left: deliver(task) -> True when it succeeded; a failed task goes to the back of
-        the line with attempt + 1 (as a queue retries it). Bounded in deliveries and time: tasks left when the time
+        the line with delivery + 1 (as a queue retries it). Bounded in deliveries and time: tasks left when the time
         runs out are an error, tasks left after `max_deliveries` are not. Returns the number of deliveries."""
         deadline, count, count_lock = time.monotonic() + timeout, [0], threading.Lock()
         busy = [0]
@@ -71,7 +71,7 @@ class DrainedQueue:
                 with count_lock:
                     if not ok:  # back in line before this worker stops counting as busy
                         with self.lock:
-                            self.pending.append(task._replace(attempt=task.attempt + 1))
+                            self.pending.append(task._replace(delivery=task.delivery + 1))
                     busy[0] -= 1
         threads = [threading.Thread(target=worker) for _ in range(workers)]
         for t in threads:

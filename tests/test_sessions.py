@@ -198,7 +198,7 @@ def test_a_generation_read_before_a_sign_out_is_never_cached_after_it(stack, eac
     old one from Datastore; the person signs out elsewhere (the new generation written, then stored in the cache);
     the first request then stores what it read. Forced in that order on both caches, with the sign-out's copy kept,
     and dropped before the store (an eviction, a flush). Stored, the old read would bring every signed-out cookie back
-    for GENERATION_LIFETIME; the reader's lease (identity.generation) keeps it out: the saved cookie stays nobody's."""
+    for GENERATION_LIFETIME; the reader's claim (identity.generation) keeps it out: the saved cookie stays nobody's."""
     app = make_app(stack, **stack.fresh(), **each_cache.env())
     with running(app, flush=True):
         client = app.test_client()

@@ -57,7 +57,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     assert 0 < split.kept_weight < split.weight == TOTAL_WEIGHT
     if end == "cancelled":
         assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 200
-    early_end = root._replace(attempt=1 if end == "cancelled" else tasks.MAX_DELIVERIES - 1)
+    early_end = root._replace(delivery=1 if end == "cancelled" else tasks.MAX_DELIVERIES - 1)
     if root_first:
         assert task_queue.deliver(early_end)
     task_queue.drain()  # the children (and, once every credit is back, nothing more)
@@ -105,7 +105,7 @@ def test_a_task_end_reads_no_more_records_as_its_job_grows_though_the_cache_lost
                 completion.end_if_all_back(job, 1)  # a credit of 1 to a sum the cache no longer has: changes nothing
             count = len(completion.records(job))
         rt.cache.flush()
-        assert task_queue.deliver(root._replace(attempt=1))  # reads its record, finds it ended: passes 0 on
+        assert task_queue.deliver(root._replace(delivery=1))  # reads its record, finds it ended: passes 0 on
         return cost.billed.reads, billed_from_header(task_queue.timings[-1]).reads, count
 
     task_queue.drain(max_deliveries=2)
@@ -157,7 +157,7 @@ def test_a_task_redelivered_after_its_delivery_died_before_adding_its_credit_end
     assert task_queue.deliver(root)
     monkeypatch.undo()
     assert job_status(client, job_id)["state"] == "running" and not task_queue.queue.pending
-    assert task_queue.deliver(root._replace(attempt=1))  # the queue's redelivery
+    assert task_queue.deliver(root._replace(delivery=1))  # the queue's redelivery
     task_queue.drain()  # the job's check
     final = job_status(client, job_id)
     assert (final["state"], final["processed"]) == ("done", 30), final
