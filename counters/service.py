@@ -63,9 +63,11 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
         config = configure(name, mode, listed=listed)
     listener = growth.listener(name) if config.mode == "adaptive" else None
     outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request), listener)
-    if outcome.replayed:  # the key's first request counted it: its answer
-        return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=True)
-    return Increment(True, attempts, outcome.value["shard"])  # the shard of the commit that counted
+    if outcome.wrote:  # this attempt's commit counted it
+        return Increment(True, attempts, outcome.value["shard"])
+    # The answer stored with the commit that counted: this call's earlier one, which answered UNKNOWN or timed out yet
+    # applied (MINE), or the key's first request's (a replay). So every send of the key answers the same.
+    return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=outcome.replayed)
 
 
 class OwnedCounters:
