@@ -68,7 +68,7 @@ class Marker(ndb.Model):
     """A keyed request that has been applied. Each feature subclasses it for a kind of its own, in the entity group
     its transaction writes, and chooses its caching there."""
     fingerprint = ndb.TextProperty()  # `fingerprint(target, content)` of the request that wrote it
-    call = ndb.TextProperty()  # the stamp: the id of the Call that wrote it (core.transactions.Call)
+    call = ndb.TextProperty()  # the stamp: the id of the Call that wrote it (core.exactly_once.Call)
     answer = ndb.JsonProperty()  # what the first answer is rebuilt from (the feature's own)
 
 

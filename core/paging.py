@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Page:
-    """`items` in the order shown, and the bookmarks of the pages around: each is where the neighbouring page's key
-    range starts (a sort key, an index), None where there is no such page."""
+    """`items` in the order shown; `next`/`prev` bookmark the pages after and before them (None: no such page): a
+    blog's, that page's first index; a comment page's, the sort key at its edge: the neighbour starts beyond it."""
     items: list
     next: object
     prev: object
