@@ -1,6 +1,7 @@
 """The add_credit job: every account credited once, in its chunk's transaction with the task's record, however often a
-task is delivered or dies. The job's credit lands on the kept balance once, when it ends (`settle`): no shared entity.
-"""
+task is delivered or dies (mapper/bulk.py `PageWork.change` applies it: a server-side increment on Firestore). The
+job's credit lands once, when it ends (`settle`), on the accounts' total balance, a sharded counter: no shared entity.
+BALANCE names both that counter and each Account's property."""
 from typing import Any
 
 from google.cloud import ndb
@@ -15,13 +16,12 @@ CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1  # legacy's 25 entity groups: 24 accou
 
 
 def _credit(params: dict[str, Any]) -> dict[str, int]:
-    """What the job adds to each account: the amount to its balance, an increment the mapper writes in each chunk's
-    transaction with the task's record (on Firestore without reading the accounts) and tallies on the record."""
+    """What the job adds to each account's balance: an increment, written and tallied by the mapper in each chunk."""
     return {BALANCE: params["amount"]}
 
 
 def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
-    """The job's whole credit onto the kept balance, in the transaction that ends the job (once)."""
+    """The job's whole credit onto the accounts' total balance, in the transaction that ends the job (once)."""
     return COUNTERS.add_in_transaction(BALANCE, tally[BALANCE]) if tally.get(BALANCE) else []
 
 

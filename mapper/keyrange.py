@@ -1,8 +1,8 @@
 """Where to cut a range of a kind's keys, and into how many ranges: the mapper's split (tree.py `split`).
 
-Split points are `__scatter__` samples when the range holds enough: Datastore (and the legacy emulator) keep that
-hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of the kind. Deep in
-the tree a range holds too few; then the points come from key arithmetic between its ends (key_arithmetic.py)."""
+Split points are `__scatter__` samples (read once, when the job starts: mapper/service.py) when the range holds enough:
+Datastore keeps that hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of
+the kind. Deep in the tree a range holds too few; then key arithmetic between its ends (key_arithmetic.py)."""
 import math
 from collections.abc import Sequence
 

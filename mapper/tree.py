@@ -1,11 +1,10 @@
 """One task of a mapper job, delivered by a queue at least once: the talk's "split big jobs into many small tasks".
 
 A task scans the first pages of its key range in one keys-only query in key order (never limit+offset, which reads
-and skips every key before its page: O(N^2) over a kind). It keeps the first page, hands each page after it whole to
-a child task, and splits the range beyond into up to `fanout` child ranges: a tree O(log N) deep that keeps every
-worker of the queue busy. It processes its page in chunks, each chunk's entities written in one transaction with its
-record (how far the page got; its children), exactly once (core/exactly_once.py): a redelivery goes on from the
-record; another delivery finds it moved on, steps back. Its queue handler: delivery.py; why: docs/lessons/mapper.md."""
+and skips every key before its page: O(N^2) over a kind). It keeps the first page (`page_size` keys), hands each page
+after it whole to a child task, and splits the range beyond into up to `fanout` child ranges: a tree O(log N) deep.
+It processes its page in chunks (the keys one transaction holds: 24 on legacy), each written with its record, exactly
+once (core/exactly_once.py). Its queue handler: delivery.py; the reasoning: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -19,7 +18,8 @@ from mapper.task import TaskPage, TaskPayload, TaskRecord
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
-    """One delivery's work on its task, in two steps; the record as it leaves it.
+    """One delivery's work on its task, in two steps; the record as it leaves it. `record`: as a redelivery read it,
+    or a new one, not yet written, on a first delivery (delivery.py).
     1. What it visits (`_visit`): a range task's first delivery scans its page and the pages after it in one query and
        `split`s the rest of its range into children; a redelivery goes on from its record.
     2. The page in chunks (`commit_chunk`): each chunk's entities and the record moved past them, in one transaction,
@@ -28,9 +28,10 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     work = bulk.page_work(definition, job.params, keys)  # how this job reads, changes and writes the page's chunks
 
     def commit_chunk(before: TaskRecord, chunk: list[ndb.Key], final: bool) -> TaskRecord:
-        """The chunk's entities changed and the record moved past them, in one transaction, exactly once
-        (core/exactly_once.py: the record's `last_chunk_by` is the stamp). `before`: the record as this delivery
-        left it. Superseded when another delivery moved the record on."""
+        """The chunk's entities changed and the record moved past them, in one transaction, exactly once: `once` looks
+        at the record (`look`), writes chunk and record stamped with this call (`write`), and says whose the write
+        is: WROTE (now), MINE (this call's commit that answered UNKNOWN yet applied) or ANOTHERS (another delivery's:
+        `replayed`, so this one steps back, Superseded). `before`: the record as this delivery left it."""
         def look() -> Written | tuple[TaskRecord, list[Any]]:
             # The record (an ndb model) and the chunk (as the job's store reads them: models, or protobufs) in one
             # lookup: no other task's transaction touches them, so tasks never collide.
@@ -39,8 +40,6 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
                 current = TaskRecord.new(before.key, payload)
                 current.started = before.started  # when this delivery began, before its page query
             elif current is None or current.state != "running" or current.last_key != before.last_key:
-                # Moved on since this delivery read it: by this call's commit that answered UNKNOWN yet applied (its
-                # stamp is this call's: MINE, go on from it), or by another delivery (ANOTHERS: Superseded, below).
                 return Written(current and current.last_chunk_by, current)
             return current, [e for e in entities if e is not None]  # deleted since the query: skipped
 
@@ -59,14 +58,15 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
             return current
 
         committed = once(look, write, run=work.store.transact)
-        if committed.replayed:  # another delivery moved the record on: this one steps back
+        if committed.replayed:  # ANOTHERS: another delivery moved the record on
             raise Superseded()
         return committed.value  # this call's (or its own earlier commit's, which answered UNKNOWN yet applied)
 
     for number, chunk in enumerate(work.chunks):  # each chunk a call of its own, shared by its transaction's retries
         record = commit_chunk(record, chunk, number == len(work.chunks) - 1)
         if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
-            # None: a redelivery, which did not split; the children come from the record (and its HandedPages).
+            # Again on every delivery: the queue drops a task name it has seen. None: this delivery split nothing, the
+            # record has the children (and HandedPages their pages).
             handoff.enqueue_children(record, handoff.handed_pages(children) if children else None)
     return record
 
@@ -101,18 +101,18 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     `fanout` child ranges. Each child gets an equal share of the task's `weight` (the job ends when all of it is back:
     completion.py); the task keeps one share and the remainder for its own page."""
     size = job.page_size
-    in_pages = size * (job.fanout + 1)  # a count: the keys of its own page and the `fanout` pages it may hand out
-    pages = handoff.pages_to_hand_out(scanned[size:in_pages], size)
+    scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
+    pages = handoff.pages_to_hand_out(scanned[size:scan_keys], size)
     own_and_handed = min(size * (1 + len(pages)), len(scanned))  # keys of its own page plus the pages handed out
     ranges = []
     if len(scanned) > own_and_handed:  # keys remain after them: cut at __scatter__ quantiles, else by key arithmetic
         end, hi = scanned[own_and_handed - 1], payload.hi_key
         parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, read_len=own_and_handed,
-                                      per_task=in_pages, k=job.fanout, samples=job.samples)
+                                      per_task=scan_keys, k=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
     share = weight // (len(pages) + len(ranges) + 1)
-    if share == 0:  # weight too finely divided (a long chain of ranges that could not split)
+    if share == 0:  # weight spent: each split divides it by 2 or more, so 2**62 at the root lasts 62 levels at most
         if weight < 2:  # no weight to hand on: the job fails rather than end with this range unvisited
             raise RuntimeError(f"task {payload.task}: its weight is spent and its range is not")
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
