@@ -53,7 +53,7 @@ MAPPER = ["tests/test_mapper.py", "tests/test_api_jobs.py"]
 # among them that reached it.
 MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
     "counters/simple.py": (None, COUNTERS),
-    "counters/service.py": (None, COUNTERS),
+    "counters/service.py": (None, [*COUNTERS, "tests/test_api_jobs.py"]),  # OwnedCounters: the accounts' figures
     "counters/writes.py": (None, COUNTERS),
     "blog/service.py": (None, ["tests/test_blog.py", "tests/test_api_blog.py"]),
     "comments/service.py": (None, COMMENTS),
@@ -61,7 +61,8 @@ MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
     "mapper/tree.py": (None, MAPPER),
     "mapper/handback.py": (None, [*MAPPER, KILLERS]),
     "mapper/completion.py": (None, [*MAPPER, "tests/test_termination.py"]),
-    "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py"]),
+    "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py",
+                                    *MAPPER]),  # transact_api: the mapper's increments jobs
     "core/exactly_once.py": (None, ["tests/test_once.py", "tests/test_counters.py", "tests/test_comments.py"]),
     # the session code only: the generation that sign-out renews, the cookie's checks, sign-in's and sign-out's
     # session (not the Google token checks nor the names shown)
