@@ -30,7 +30,7 @@ SESSION_HOURS = 12  # a sign-in lasts this long from the moment it was made, how
 # holding the old value (a frozen server, not a restarted one), a revoked copy can pass for at most this long.
 GENERATION_LIFETIME = 600
 NEVER_SIGNED_OUT = "0"  # the generation of a person who never signed out (no entity)
-GENERATION_CLAIM = b"claim:"  # a cached value that is a reader's claim (`generation`), never a generation (hex digits)
+GENERATION_CLAIM = b"lease:"  # a reader's claim (`generation`), not hex; the bytes earlier versions write and expect
 GENERATION_CLAIM_SECONDS = 10  # a reader that dies holding one leaves the others reading Datastore for this long
 
 

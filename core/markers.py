@@ -54,7 +54,7 @@ def purge_this_hour() -> None:
         log.warning("could not enqueue the idempotency markers' purge", exc_info=True)
 
 
-def purge(payload: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
+def purge(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
     """A task: delete the expired markers of every kind, PURGE_BATCHES batches at most, then hand on to the next part.
     Keys only: billed as one read, not one per entity. Eventually consistent on legacy Datastore: a key deleted a
     moment ago may come back once, and deleting it again is harmless (a marker is never rewritten)."""

@@ -41,7 +41,7 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
     record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
         handoff.enqueue_children(record)  # the delivery that ended it may have died before enqueueing them
-        return record, 0  # only the delivery that ended the record returned its weight
+        return record, 0  # only the delivery that ended the record passed its weight on
     definition = jobs.of(job)
     try:
         if definition is None:

@@ -3,8 +3,8 @@
 A task scans the first pages of its key range in one keys-only query in key order (never limit+offset, which reads
 and skips every key before its page: O(N^2) over a kind). It keeps the first page (`page_size` keys), hands each page
 after it whole to a child task, and splits the range beyond into up to `fanout` child ranges: a tree O(log N) deep.
-It processes its page in chunks (the keys one transaction holds: 24 on legacy), each written with its record, exactly
-once (core/exactly_once.py). Its queue handler: delivery.py; the reasoning: docs/lessons/mapper.md."""
+It processes its page in chunks (the keys one transaction holds: `jobs.chunk_size`), each written with its record,
+exactly once (core/exactly_once.py). Its queue handler: delivery.py; the reasoning: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ from mapper.task import TaskPage, TaskPayload, TaskRecord
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
     """One delivery's work on its task, in two steps; the record as it leaves it. `record`: as a redelivery read it,
-    or a new one, not yet written, on a first delivery (delivery.py).
+    or a new one on a first delivery, which does not read it (delivery.py; the root's is written at the job's start).
     1. What it visits (`_visit`): a range task's first delivery scans its page and the pages after it in one query and
        `split`s the rest of its range into children; a redelivery goes on from its record.
     2. The page in chunks (`commit_chunk`): each chunk's entities and the record moved past them, in one transaction,
