@@ -4,6 +4,7 @@ docs/mutants.md written from the outcome.
     make mutants                                    # every module of MODULES below, legacy emulator, memcached
     make mutants MODULES="comments/bookmarks.py"    # a subset (paths as below, space-separated)
     make mutants MODULES="..." TESTS="tests/test_comments.py"   # other test files for mutmut's stats run
+    make mutants ARGS=--resume                      # go on from the last run: only mutants it has no verdict on
 
 What it does, in order:
 1. extracts HEAD (`git archive`; ARGS="--commit REV": another commit; ARGS=--working-tree: the files git knows as
@@ -12,8 +13,11 @@ What it does, in order:
 2. writes mutmut's settings there (setup.cfg's [mutmut]: the modules, the test files, the fork server, this plugin);
 3. starts one emulator (DATASTORE's, at consistency 1.0, as tests/conftest.py's `stack`) that every mutant's pytest
    session borrows (devstack/mutants_plugin.py): the Java emulator starts once, not once per mutant;
-4. runs `mutmut run --max-children 1 <mutant globs>`: mutmut's stats run first runs the named test files once,
-   recording which tests reach each function; then each mutant runs only the tests that reached its function (-x);
+4. has mutmut write the mutants, then runs `mutmut run --max-children 1 <their names>`: mutmut's stats run first
+   runs the test files once, recording which tests reach each function; then each mutant runs only the tests that
+   reached its function (-x). With --resume, the verdicts of the last run are kept (mutmut's .meta files: mutmut
+   itself drops those of a function whose code changed since) and only the mutants without one are named, so a run
+   of many hours is made in parts, session by session;
 5. writes docs/mutants.md: the date, the commit, mutmut's version, per module mutants / killed / survived / timeout
    / score, the time per mutant, and each survivor's diff with a column for people to say why it survives (kept
    across runs for a survivor whose change is the same). A run over a subset replaces that subset's rows only.
@@ -90,12 +94,21 @@ def globs(modules: list[str]) -> list[str]:
     return found
 
 
-def scratch_tree(commit: str | None) -> None:
+def scratch_tree(commit: str | None, resume: bool) -> None:
     """WORK, fresh: the tree of `commit` (git archive), or with None the files git knows as the working tree has
     them now (uncommitted edits, others' too); this tool's pytest plugin as it is here (an older commit may predate
-    it); the virtualenv linked."""
+    it); the virtualenv linked. `resume`: mutmut's verdicts (mutants/**/*.meta), its stats (which tests reach each
+    function) and the sessions' timings are kept; every other file is written again."""
+    kept = {}
+    if resume and (WORK / "mutants").is_dir():
+        kept = {path.relative_to(WORK): path.read_bytes() for path in [*(WORK / "mutants").rglob("*"),
+                                                                        WORK / "sessions.jsonl"]
+                if path.suffix == ".meta" or path.name in ("mutmut-stats.json", "sessions.jsonl") and path.exists()}
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
+    for path, content in kept.items():
+        (WORK / path).parent.mkdir(parents=True, exist_ok=True)
+        (WORK / path).write_bytes(content)
     if commit is not None:
         archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=REPO, check=True,
                                  capture_output=True).stdout
@@ -132,6 +145,23 @@ def write_settings(modules: list[str], tests: list[str]) -> None:
         # a mutant's wall limit is (its tests' measured time + this) x 15: room for fixtures' setup, which mutmut's
         # measure leaves out, on a machine other suites share
         "timeout_constant = 5\n")
+
+
+def generate(env: dict[str, str]) -> None:
+    """mutmut's own first step, alone: the mutants written into WORK/mutants, and each module's .meta with a verdict
+    for every mutant (None: not run yet; kept from the last run where the function's code is the same)."""
+    subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c",
+                    "from mutmut.__main__ import create_mutants\n"
+                    "from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir\n"
+                    "copy_src_dir(); copy_also_copy_files(); create_mutants(1)"],
+                   cwd=WORK, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def undecided(modules: list[str]) -> list[str]:
+    """The mutants of `modules` (their listed functions) that have no verdict: not run yet, or run when no test
+    reached their function (stats from a narrower list of test files may have missed it)."""
+    return sorted(name for statuses in outcomes(modules).values() for name, status in statuses.items()
+                  if status in ("not checked", "no tests"))
 
 
 def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, list[str]]:
@@ -366,6 +396,8 @@ def main() -> int:
     parser.add_argument("--no-doc", action="store_true", help="leave docs/mutants.md as it is")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write docs/mutants.md from the last run's results in .devstack/mutants/")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the last run's verdicts and run only the mutants without one")
     parser.add_argument("--commit", default="HEAD", help="the commit to mutate (default: HEAD)")
     parser.add_argument("--working-tree", action="store_true",
                         help="mutate the working tree as it is now, uncommitted edits included, instead of a commit")
@@ -379,7 +411,9 @@ def main() -> int:
     if unknown:
         print(f"not among devstack/mutants.py's MODULES: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    tests = args.tests.split() or sorted({t for m in modules for t in MODULES[m][1]})
+    # Every module's test files, whichever modules run: mutmut drops every verdict when the list changes, so one
+    # list lets --resume keep them across runs over other modules.
+    tests = args.tests.split() or sorted({t for files in MODULES.values() for t in files[1]})
     backend, cache = backend_from_env(), cache_from_env()
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout.strip()
@@ -392,7 +426,7 @@ def main() -> int:
            "modules": modules, "note": args.note, "mutants": args.mutants.split()}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the emulator is still stopped
     started = time.monotonic()
-    scratch_tree(None if args.working_tree else commit)
+    scratch_tree(None if args.working_tree else commit, args.resume)
     write_settings(modules, tests)
     emulator = Stack(consistency=1.0, backend=backend).emulator
     emulator.start()
@@ -400,7 +434,10 @@ def main() -> int:
         env = {**os.environ, "DATASTORE": backend, "CACHE": cache, "MUTANTS_TIMINGS": str(WORK / "sessions.jsonl"),
                "MUTANTS_SHARED_EMULATOR": json.dumps({"backend": backend, "port": emulator.port,
                                                       "pid": emulator.proc.pid})}
-        code, summary = run_mutmut(args.mutants.split() or globs(modules), env, WORK / "mutmut.log")
+        generate(env)
+        names = args.mutants.split() or (undecided(modules) if args.resume else globs(modules))
+        print(f"{len(names)} mutants to run" + (" (the ones without a verdict)" if args.resume else ""), flush=True)
+        code, summary = run_mutmut(names, env, WORK / "mutmut.log") if names else (0, [])
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(emulator.proc.pid, signal.SIGCONT)
