@@ -147,6 +147,12 @@ def write_settings(modules: list[str], tests: list[str]) -> None:
         "timeout_constant = 5\n")
 
 
+def stats_tests(asked: str) -> list[str]:
+    """The test files of mutmut's stats run: the ones asked for, else every module's, whichever modules run: mutmut
+    drops every verdict when the list changes, so one list lets --resume keep them across runs over other modules."""
+    return asked.split() or sorted({t for _, files in MODULES.values() for t in files})
+
+
 def generate(env: dict[str, str]) -> None:
     """mutmut's own first step, alone: the mutants written into WORK/mutants, and each module's .meta with a verdict
     for every mutant (None: not run yet; kept from the last run where the function's code is the same)."""
@@ -167,7 +173,8 @@ def undecided(modules: list[str]) -> list[str]:
 def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, list[str]]:
     """mutmut's run, its output passed through and kept; its exit code and its last lines as printed."""
     command = [str(REPO / ".venv" / "bin" / "mutmut"), "run", "--max-children", "1", *names]
-    print(f"$ cd {WORK.relative_to(REPO)} && mutmut {' '.join(command[1:])}", flush=True)
+    shown = " ".join(command[1:4] + names[:3]) + (f" ... ({len(names)} names)" if len(names) > 3 else "")
+    print(f"$ cd {WORK.relative_to(REPO)} && mutmut {shown}", flush=True)
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=WORK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
@@ -411,9 +418,7 @@ def main() -> int:
     if unknown:
         print(f"not among devstack/mutants.py's MODULES: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    # Every module's test files, whichever modules run: mutmut drops every verdict when the list changes, so one
-    # list lets --resume keep them across runs over other modules.
-    tests = args.tests.split() or sorted({t for files in MODULES.values() for t in files[1]})
+    tests = stats_tests(args.tests)
     backend, cache = backend_from_env(), cache_from_env()
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout.strip()

@@ -1,0 +1,66 @@
+"""`make mutants --resume` (devstack/mutants.py): a run of many hours is made in parts only if each part keeps the
+verdicts of the last and runs the mutants that have none. mutmut itself is not run here (the real run is hours);
+its files are written as mutmut 3.8 writes them."""
+import json
+
+import pytest
+
+from devstack import mutants
+
+
+@pytest.fixture()
+def work(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutants, "WORK", tmp_path / "mutants-run")
+    return tmp_path / "mutants-run"
+
+
+def _meta(work, path, exit_codes):
+    meta = work / "mutants" / f"{path}.meta"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"exit_code_by_key": exit_codes, "hash_by_function_name": {}}))
+
+
+def test_a_resumed_run_keeps_the_verdicts_and_the_stats_and_writes_the_tree_again(work):
+    """--resume keeps mutmut's .meta files, its stats and the sessions' timings; every other file of the scratch tree
+    (a mutated module, an old source file) is written again from the commit."""
+    _meta(work, "counters/simple.py", {"counters.simple.x_total__mutmut_1": 1})
+    (work / "mutants" / "mutmut-stats.json").write_text("{}")
+    (work / "mutants" / "counters" / "simple.py").write_text("# a mutated copy from the last run")
+    (work / "sessions.jsonl").write_text('{"mutant": "stats", "exit": 0, "seconds": 1}\n')
+    (work / "main.py").write_text("# an old source file")
+    mutants.scratch_tree("HEAD", resume=True)
+    assert json.loads((work / "mutants" / "counters" / "simple.py.meta").read_text())["exit_code_by_key"] == {
+        "counters.simple.x_total__mutmut_1": 1}
+    assert (work / "mutants" / "mutmut-stats.json").exists() and (work / "sessions.jsonl").exists()
+    assert not (work / "mutants" / "counters" / "simple.py").exists()  # mutmut writes it again, keeping verdicts
+    assert (work / "main.py").read_text() != "# an old source file"
+    assert (work / "counters" / "simple.py").exists() and (work / ".venv").is_symlink()
+
+
+def test_a_run_that_does_not_resume_starts_from_nothing(work):
+    _meta(work, "counters/simple.py", {"counters.simple.x_total__mutmut_1": 1})
+    (work / "sessions.jsonl").write_text("{}\n")
+    mutants.scratch_tree("HEAD", resume=False)
+    assert not (work / "mutants").exists() and not (work / "sessions.jsonl").exists()
+
+
+def test_a_resumed_run_names_the_mutants_without_a_verdict_of_the_functions_asked_for(work):
+    """Not run yet (None) and "no tests" (33: the stats of a narrower list of test files may have missed the
+    function) are run again; killed (1), survived (0), timed out (36) are kept; core/identity.py's functions outside
+    its session code are never named."""
+    _meta(work, "counters/simple.py", {
+        "counters.simple.x_total__mutmut_1": 1, "counters.simple.x_total__mutmut_2": 0,
+        "counters.simple.x_total__mutmut_3": None, "counters.simple.x_total__mutmut_4": 33,
+        "counters.simple.x_total__mutmut_5": 36})
+    _meta(work, "core/identity.py", {"core.identity.x_sign_out__mutmut_1": None,
+                                     "core.identity.x_display_name__mutmut_1": None})
+    assert mutants.undecided(["counters/simple.py", "core/identity.py"]) == [
+        "core.identity.x_sign_out__mutmut_1", "counters.simple.x_total__mutmut_3", "counters.simple.x_total__mutmut_4"]
+
+
+def test_every_run_gives_mutmut_the_same_test_files():
+    """mutmut drops every verdict when its list of test files changes, so a run over some modules must name the same
+    files as a run over all of them, or --resume would keep nothing."""
+    every = sorted({t for _, files in mutants.MODULES.values() for t in files})
+    assert mutants.stats_tests("") == every
+    assert mutants.stats_tests("tests/test_once.py") == ["tests/test_once.py"]
