@@ -22,7 +22,9 @@ What it does, in order:
    / score, the time per mutant, and each survivor's diff with a column for people to say why it survives (kept
    across runs for a survivor whose change is the same). A run over a subset replaces that subset's rows only.
 
-Not part of `make test` or CI: a full run takes hours at one worker (docs/mutants.md, the trials' projection).
+Not part of `make test` or CI: a full run takes hours at one worker (docs/mutants.md, the trials' projection). To
+make it in parts, stop it (Ctrl-C, or SIGTERM to this script: each mutant's verdict is saved as it comes), write what
+it has (`ARGS=--report-only`), and go on later with `ARGS=--resume`.
 """
 import argparse
 import ast
@@ -76,7 +78,7 @@ MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
 }
 # mutmut's exit codes, as its stats module names them; "score" below is mutmut's own (its badge): killed and timed
 # out over all mutants but the skipped ones, so a mutant no test reaches ("no tests") counts against it.
-COLUMNS = ["mutants", "killed", "survived", "timeout", "no tests", "other", "score"]
+COLUMNS = ["mutants", "killed", "survived", "timeout", "no tests", "other", "not run", "score"]
 TABLE = ["lines", *COLUMNS, "s / mutant"]
 
 
@@ -178,10 +180,18 @@ def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, l
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=WORK, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-            out.write(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+                out.write(chunk)
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): mutmut stops its workers on SIGINT, its verdicts saved
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            finally:
+                proc.kill()
+            raise
         code = proc.wait()
     return code, printed_summary(log)
 
@@ -210,9 +220,10 @@ def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
 def counts(statuses: dict[str, str]) -> dict[str, str]:
     tally = dict.fromkeys(COLUMNS[:-1], 0)
     for status in statuses.values():
+        status = "not run" if status == "not checked" else status
         tally[status if status in tally else "other"] += 1
     tally["mutants"] = len(statuses)
-    tested = len(statuses) - sum(s == "skipped" for s in statuses.values())
+    tested = len(statuses) - sum(s == "skipped" for s in statuses.values()) - tally["not run"]
     score = f"{100 * (tally['killed'] + tally['timeout']) / tested:.1f}%" if tested else "-"
     return {**{k: str(v) for k, v in tally.items()}, "score": score}
 
@@ -337,7 +348,8 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "## Per module",
         "",
         "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",
-        "reaches (\"no tests\") counts against it. \"other\": suspicious, segfault, not checked. Lines: the module's",
+        "reaches (\"no tests\") counts against it; in a run stopped before its end, over the mutants it ran (\"not",
+        "run\": the ones left for `--resume`). \"other\": suspicious, segfault. Lines: the module's",
         "(the mutants of core/identity.py are its session code's only). s / mutant: the mean wall time of one",
         "mutant's pytest session. Each row names the run (date, commit) it comes from: a run over some modules",
         "replaces their rows only.",
@@ -409,9 +421,10 @@ def main() -> int:
     parser.add_argument("--working-tree", action="store_true",
                         help="mutate the working tree as it is now, uncommitted edits included, instead of a commit")
     args = parser.parse_args()
-    if args.report_only:
+    if args.report_only:  # also after a run that was stopped (its results so far, for --resume to go on from)
         run = json.loads((WORK / "run.json").read_text())
         run["summary"] = printed_summary(WORK / "mutmut.log")
+        run["seconds"] = run["seconds"] or round((WORK / "mutmut.log").stat().st_mtime - run["started"])
         return report(run, args.note or run.get("note"), write=True)
     modules = args.modules.split() or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
@@ -433,6 +446,8 @@ def main() -> int:
     started = time.monotonic()
     scratch_tree(None if args.working_tree else commit, args.resume)
     write_settings(modules, tests)
+    run |= {"started": time.time(), "seconds": 0}  # for --report-only after a run that was stopped
+    (WORK / "run.json").write_text(json.dumps(run, indent=1))
     emulator = Stack(consistency=1.0, backend=backend).emulator
     emulator.start()
     try:

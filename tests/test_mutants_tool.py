@@ -64,3 +64,12 @@ def test_every_run_gives_mutmut_the_same_test_files():
     every = sorted({t for _, files in mutants.MODULES.values() for t in files})
     assert mutants.stats_tests("") == every
     assert mutants.stats_tests("tests/test_once.py") == ["tests/test_once.py"]
+
+
+def test_a_stopped_runs_score_counts_the_mutants_it_ran_and_says_how_many_are_left():
+    """A mutant not run yet is neither killed nor survived: the score is over the ones run, and "not run" says how
+    many a --resume has left; a mutant no test reaches still counts against the score."""
+    tally = mutants.counts({"a": "killed", "b": "killed", "c": "timeout", "d": "survived", "e": "no tests",
+                            "f": "not checked", "g": "not checked"})
+    assert tally["not run"] == "2" and tally["mutants"] == "7"
+    assert tally["score"] == "60.0%"  # (2 killed + 1 timeout) / 5 run
