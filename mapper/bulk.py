@@ -90,8 +90,7 @@ class IncrementChunks:
         except core_exceptions.NotFound:  # an update found an entity deleted since the page's query
             if not self.blind:
                 raise
-            # the chunk again, reading its entities: the missing ones are skipped
-            return chunk_transaction(reads_all=True)
+            return chunk_transaction(reads_all=True)  # the chunk again, read: the missing entities are skipped
 
     def get_multi(self, keys: list[ndb.Key]) -> list[Any]:
         """Each key's entity as the transaction reads it: of the job's kind a ChunkEntity (not read where blind:

@@ -135,8 +135,7 @@ def timeline(job: MapperJob) -> dict[str, Any]:
               "start_s": round(((record.started or record.updated) - job.created).total_seconds(), 3),
               "end_s": round((record.updated - job.created).total_seconds(), 3),
               "critical": _path(record) in critical, "revived": record.revived or 0} for record in shown]
-    # a running job's tasks so far from its hints, which may fall short
-    made = (job.summary or {}).get("tasks", len(shown)) if job.ended else _hinted(job).tasks
+    made = (job.summary or {}).get("tasks", len(shown)) if job.ended else _hinted(job).tasks  # hints may fall short
     return {"tasks": tasks, "cut": max(made - len(shown), 0), "most_tasks": MOST_TASKS}
 
 

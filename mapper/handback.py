@@ -23,5 +23,5 @@ def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
         record.put()
         return record, record.returned
     record, passed_on = transact(txn)
-    handoff.enqueue_children(record)
+    handoff.enqueue_recorded_children(record)
     return record, passed_on

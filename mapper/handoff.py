@@ -1,7 +1,6 @@
-"""Handing a mapper task's children to the queue, and the pages it hands out. A handed page's keys are kept beside
-the task's record (HandedPages), not in it, so that a redelivery or the sweep can enqueue the same children again
-while the records, read whole when the job ends, stay small.
-"""
+"""Handing a mapper task's children to the queue, and its handouts (the pages it scanned after its own, each handed
+whole to a child as its page), kept beside the task's record (HandedPages), not in it: a redelivery or the sweep can
+enqueue the same children again while the records, read whole when the job ends, stay small."""
 from google.cloud import ndb
 
 from core import runtime
@@ -9,7 +8,7 @@ from mapper.models import MapperJob
 from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 
 TASK_HANDLER = "mapper.run"
-# At most this many bytes of urlsafe keys in all the pages one task hands out: each child's task surely under the
+# At most this many bytes of urlsafe keys in all the handouts of one task: each child's task surely under the
 # smallest task limit (100 KB for App Engine queues in the older API; Cloud Tasks takes 1 MB,
 # https://cloud.google.com/tasks/docs/quotas), and the HandedPages far under an entity's 1 MiB.
 HANDED_BYTES = 90_000
@@ -21,12 +20,12 @@ def scan_limit(page_size: int, fanout: int) -> int:
 
 
 class HandedPages(ndb.Model):
-    """The keys of the pages a task handed to its children ({child's path: urlsafe keys}). A child entity of the
-    record, so it is written in the record's first chunk's transaction without taking one more of the legacy
-    emulator's 25 entity groups; read only to enqueue the children again."""
+    """A task's handouts, {child's path: urlsafe keys} (the kind's and the property's stored names are older than the
+    word). A child entity of the record, so it is written in the record's first chunk's transaction without taking
+    one more of the legacy emulator's 25 entity groups; read only to enqueue the children again."""
     _use_cache = False
     _use_global_cache = False
-    pages = ndb.JsonProperty(default={})
+    handouts = ndb.JsonProperty("pages", default={})
 
     @classmethod
     def key_for(cls, record_key: ndb.Key) -> ndb.Key:
@@ -42,39 +41,42 @@ def enqueue(payload: TaskPayload) -> None:
     runtime.tasks().enqueue(TASK_HANDLER, payload.to_json(), payload.queue_name)
 
 
-def pages_to_hand_out(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
-    """`keys` cut into pages of `size`, as many of them as HANDED_BYTES of urlsafe keys hold."""
-    pages: list[list[ndb.Key]] = []
+def cut_handouts(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
+    """`keys` cut into handouts of `size`, as many of them as HANDED_BYTES of urlsafe keys hold."""
+    handouts: list[list[ndb.Key]] = []
     used = 0
     for i in range(0, len(keys), size):
         used += sum(len(key.urlsafe()) for key in keys[i:i + size])
         if used > HANDED_BYTES:
             break
-        pages.append(keys[i:i + size])
-    return pages
+        handouts.append(keys[i:i + size])
+    return handouts
 
 
-def handed_pages(children: list[TaskPayload]) -> dict[str, list[str]]:
+def handouts_of(children: list[TaskPayload]) -> dict[str, list[str]]:
     return {child.task: child.keys for child in children if child.keys is not None}
 
 
-def pages_entity(record_key: ndb.Key, pages: dict[str, list[str]]) -> list[HandedPages]:
-    """The entity to write with the record's first chunk, keeping `pages` (none when no page was handed out)."""
-    return [HandedPages(key=HandedPages.key_for(record_key), pages=pages)] if pages else []
+def handouts_entity(record_key: ndb.Key, handouts: dict[str, list[str]]) -> list[HandedPages]:
+    """The entity to write with the record's first chunk, keeping `handouts` (none when there are none)."""
+    return [HandedPages(key=HandedPages.key_for(record_key), handouts=handouts)] if handouts else []
 
 
-def enqueue_children(record: TaskRecord, pages: dict[str, list[str]] | None = None) -> None:
-    """Enqueue the tasks `record` split into (a handed page's keys from `pages`, else from its HandedPages)."""
-    if pages is None:
-        apart = any(child.get("keys_apart") for child in record.children)
-        kept_pages = HandedPages.key_for(record.key).get() if apart else None
-        if apart and kept_pages is None:
-            raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
-        pages = kept_pages.pages if kept_pages else {}
+def enqueue_children(record: TaskRecord, handouts: dict[str, list[str]]) -> None:
+    """Enqueue the tasks `record` split into, a handout child's keys from `handouts` (the split's, at hand)."""
     for child in record.children:
-        if child.get("keys_apart"):  # its page's keys are kept in the record's HandedPages
-            child = {**child, "keys": pages[child["task"]]}
+        if child.get("keys_apart"):  # its keys are kept apart from the record, in its HandedPages
+            child = {**child, "keys": handouts[child["task"]]}
         enqueue(TaskPayload.from_json(child))
+
+
+def enqueue_recorded_children(record: TaskRecord) -> None:
+    """Enqueue the tasks `record` split into, a handout child's keys read from the record's HandedPages."""
+    apart = any(child.get("keys_apart") for child in record.children)
+    kept = HandedPages.key_for(record.key).get() if apart else None
+    if apart and kept is None:
+        raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
+    enqueue_children(record, kept.handouts if kept else {})
 
 
 def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
@@ -92,5 +94,5 @@ def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
         kept_pages = HandedPages.key_for(parent_key).get()
         if kept_pages is None:
             raise RuntimeError(f"task {job_id}-{path}: the pages its parent handed out are gone")
-        child = {**child, "keys": kept_pages.pages[path]}
+        child = {**child, "keys": kept_pages.handouts[path]}
     return TaskPayload.from_json(child)

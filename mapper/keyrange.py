@@ -11,22 +11,22 @@ from google.cloud import ndb
 from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
 
 
-def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, read_len: int, per_task: int, k: int,
-                 samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (read_end, hi] is worth: about twice the `per_task`s (keys one task scans) it holds, so
-    each child's range is about half one scan, a margin of 2 for an estimate's error; at most k (a few entities split k
-    ways make k tasks that each pay a task's fixed costs). Its size is judged by the samples' density over the
-    `read_len` keys just read (read_start, read_end], else by its ids' density (the Firestore emulator keeps no
-    samples); unknown: k."""
+def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, own_and_handed: int, scan_keys: int,
+                 fanout: int, samples: Sequence[ndb.Key] = ()) -> int:
+    """How many ranges the rest (read_end, hi] is worth: about twice the scans (`scan_keys` keys each) it holds, so
+    each child's range is about half one scan, a margin of 2 for an estimate's error; at most `fanout` (a few
+    entities split `fanout` ways make as many tasks, each paying a task's fixed costs). Its size is judged by the
+    samples' density over the `own_and_handed` keys just read (read_start, read_end], else by its ids' density (the
+    Firestore emulator keeps no samples); unknown: `fanout`."""
     in_read = len(inside(samples, read_start, read_end)) + (read_end in samples)
     in_rest = len(inside(samples, read_end, hi)) + (hi in samples)
     if samples and in_read:
-        remaining: float | None = in_rest * read_len / in_read
+        remaining: float | None = in_rest * own_and_handed / in_read
     else:
-        remaining = by_id_density(read_start, read_end, hi, read_len)
+        remaining = by_id_density(read_start, read_end, hi, own_and_handed)
     if remaining is None:
-        return k
-    return max(1, min(k, math.ceil(2 * remaining / per_task)))
+        return fanout
+    return max(1, min(fanout, math.ceil(2 * remaining / scan_keys)))
 
 
 def split_points(lo: ndb.Key, hi: ndb.Key, k: int, samples: Sequence[ndb.Key] = (),

@@ -18,8 +18,7 @@ class MapperJob(idempotency.Marker):
     samples = ndb.KeyProperty(repeated=True, indexed=False)  # __scatter__ samples, sorted by key order
     created = ndb.DateTimeProperty(auto_now_add=True)
     cancelled = ndb.BooleanProperty(default=False, indexed=False)
-    # Indexed: the sweep queries the running jobs (ended == None).
-    ended = ndb.DateTimeProperty()
+    ended = ndb.DateTimeProperty()  # indexed: the sweep queries the running jobs (ended == None)
     ended_by = ndb.TextProperty()  # the stamp of the call that ended it
     outcome = ndb.TextProperty(choices=("done", "failed", "cancelled"))  # set with `ended`
     summary = ndb.JsonProperty()  # the job's figures when it ended: processed, tasks, depth, tally, revived
@@ -28,9 +27,8 @@ class MapperJob(idempotency.Marker):
     follow_up = ndb.StringProperty(choices=("pending", "ran"))
     follow_up_due = ndb.DateTimeProperty(indexed=False)
     follow_up_sent = ndb.IntegerProperty(default=0, indexed=False)
-    # One stamp field per writer (core.exactly_once.once): the sweep's latest send, and the run's commit.
-    resent_by = ndb.TextProperty()
-    ran_by = ndb.TextProperty()
+    resent_by = ndb.TextProperty()  # one stamp per writer (core.exactly_once.once): the sweep's latest send,
+    ran_by = ndb.TextProperty()  # and the run's commit
 
     @property
     def id(self) -> str:

@@ -26,8 +26,7 @@ SWEEP_BATCH = 100
 # A task taken up this many times in a row with no chunk committed between (TaskRecord.fruitless) fails, so that the
 # job ends ("failed") instead of being retried for ever.
 MAX_REVIVALS = 5
-# A lower bound on the lease in the query: an ended record's lease is null, and null sorts before every datetime.
-EPOCH = datetime.datetime(2000, 1, 1)
+EPOCH = datetime.datetime(2000, 1, 1)  # the query's lower bound on a lease: an ended record's is null, sorted first
 
 
 def sweep() -> dict[str, Any]:

@@ -14,7 +14,7 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: the key range (lo, hi] as urlsafe keys, or `keys`, a page its parent scanned and handed out."""
+    visits: the key range (lo, hi] as urlsafe keys, or `keys`, a handout: the page its parent scanned and handed it."""
     job: str
     task: str
     lo: str | None
@@ -57,7 +57,7 @@ class TaskPayload:
     def range_child(self, index: int, lo: ndb.Key, hi: ndb.Key, weight: int) -> "TaskPayload":
         return TaskPayload(self.job, f"{self.task}-{index}", lo.urlsafe().decode(), hi.urlsafe().decode(), weight)
 
-    def page_child(self, index: int, keys: list[ndb.Key], weight: int) -> "TaskPayload":
+    def handout_child(self, index: int, keys: list[ndb.Key], weight: int) -> "TaskPayload":
         return TaskPayload(self.job, f"{self.task}-{index}", None, None, weight, [k.urlsafe().decode() for k in keys])
 
 
@@ -87,7 +87,7 @@ class TaskRecord(ndb.Model):
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
-    # The payloads of the tasks it split into; a handed page's keys are kept apart (mapper/handoff.py).
+    # The payloads of the tasks it split into; a handout's keys are kept apart (mapper/handoff.py).
     children = ndb.JsonProperty(default=[])
     returned = ndb.IntegerProperty(default=0, indexed=False)  # weight returned when ended: what children did not take
     error = ndb.TextProperty()
@@ -97,8 +97,7 @@ class TaskRecord(ndb.Model):
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
     revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
     recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
-    # The timeline's (/jobs/<id>).
-    started = ndb.DateTimeProperty(indexed=False)  # when its first delivery began
+    started = ndb.DateTimeProperty(indexed=False)  # the timeline's (/jobs/<id>): when its first delivery began
     updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 
     @classmethod

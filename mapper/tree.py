@@ -2,9 +2,9 @@
 
 A task scans the first pages of its key range in one keys-only query in key order (never limit+offset, which reads
 and skips every key before its page: O(N^2) over a kind). It keeps the first page (`page_size` keys), hands each page
-after it whole to a child task, and splits the range beyond into up to `fanout` child ranges: a tree O(log N) deep.
-It processes its page in chunks (the keys one transaction holds: `jobs.chunk_size`), each written with its record,
-exactly once (core/exactly_once.py). Its queue handler: delivery.py; the reasoning: docs/lessons/mapper.md."""
+after it whole to a child (a handout), splits the range beyond into up to `fanout` child ranges (a tree O(log N) deep),
+and processes its page in chunks, each written with its record, exactly once. Its queue handler, where the job ends:
+delivery.py; why: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -22,102 +22,106 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     or a new one on a first delivery, which does not read it (delivery.py; the root's is written at the job's start).
     1. What it visits (`_visit`): a range task's first delivery scans its page and the pages after it in one query and
        `split`s the rest of its range into children; a redelivery goes on from its record.
-    2. The page in chunks (`commit_chunk`): each chunk's entities and the record moved past them, in one transaction,
-       exactly once; the first chunk also records the children, which are queued as soon as it committed."""
-    page, keys, children = _visit(job, record, payload)
-    work = bulk.page_work(definition, job.params, keys)  # how this job reads, changes and writes the page's chunks
-
-    def commit_chunk(before: TaskRecord, chunk: list[ndb.Key], final: bool) -> TaskRecord:
-        """The chunk's entities changed and the record moved past them, in one transaction, exactly once: `once` looks
-        at the record (`look`), writes chunk and record stamped with this call (`write`), and says whose the write
-        is: WROTE (now), MINE (this call's commit that answered UNKNOWN yet applied) or ANOTHERS (another delivery's:
-        `replayed`, so this one steps back, Superseded). `before`: the record as this delivery left it."""
-        def look() -> Written | tuple[TaskRecord, list[Any]]:
-            # The record (an ndb model) and the chunk (as the job's store reads them: models, or protobufs) in one
-            # lookup: no other task's transaction touches them, so tasks never collide.
-            current, *entities = work.store.get_multi([before.key] + chunk)
-            if current is None and before.last_key is None and before.page_end is None:  # no delivery wrote it yet
-                current = TaskRecord.new(before.key, payload)
-                current.started = before.started  # when this delivery began, before its page query
-            elif current is None or current.state != "running" or current.last_key != before.last_key:
-                return Written(current and current.last_chunk_by, current)
-            return current, [e for e in entities if e is not None]  # deleted since the query: skipped
-
-        def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
-            current, entities = read
-            # A record written before any delivery began (the root's at the job's start, the sweep's for a child whose
-            # deliveries all died) gets this delivery's start.
-            current.started = current.started or before.started
-            writes = work.change(entities)
-            first_chunk = current.page_end is None  # no chunk of this page committed yet: it writes the handed pages
-            handed_out = handoff.pages_entity(current.key, handoff.handed_pages(children)) if first_chunk else []
-            current.advance(page, chunk, len(entities), work.tally(entities), children, final)
-            current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
-            current.last_chunk_by = stamp
-            work.store.put_multi([*writes, current, *handed_out])
-            return current
-
-        committed = once(look, write, run=work.store.transact)
-        if committed.replayed:  # ANOTHERS: another delivery moved the record on
-            raise Superseded()
-        return committed.value  # this call's (or its own earlier commit's, which answered UNKNOWN yet applied)
-
+    2. Its page's keys still to do, in chunks (`commit_chunk`), each exactly once; the first chunk also records the
+       children, queued as soon as it committed (by every delivery: the queue drops a name it has seen)."""
+    visit = _visit(job, record, payload)
+    work = bulk.page_work(definition, job.params, visit.todo)  # how this job reads, changes and writes the chunks
     for number, chunk in enumerate(work.chunks):  # each chunk a call of its own, shared by its transaction's retries
-        record = commit_chunk(record, chunk, number == len(work.chunks) - 1)
-        if number == 0:  # the split is recorded (by this delivery or an earlier one): the children start now
-            # Again on every delivery: the queue drops a task name it has seen. None: this delivery split nothing, the
-            # record has the children (and HandedPages their pages).
-            handoff.enqueue_children(record, handoff.handed_pages(children) if children else None)
+        record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
+        if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
+            handoff.enqueue_children(record, visit.handouts)
+        elif number == 0:  # an earlier delivery split, or none did: the children as its record has them
+            handoff.enqueue_recorded_children(record)
     return record
 
 
-class Visit(NamedTuple):
-    """What one delivery visits: its task's page, the keys of it still to process, the children it splits into."""
-    page: TaskPage
-    keys: list[ndb.Key]
-    children: list[TaskPayload]
+def commit_chunk(work: bulk.PageWork, visit: "Visit", payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
+                 final: bool, lease_seconds: int) -> TaskRecord:
+    """The chunk's entities changed (`work.change`: the job's apply, add_credit's increments: bulk.py) and the record
+    moved past them, in one transaction, exactly once. `once` runs `look`, then `write` only if `look` found nothing:
+    `look` reads the record and says whether this chunk is written already (the record moved on from `before`, where
+    this delivery left it) and by whom (the stamp the record carries, `last_chunk_by`); `write` writes the chunk and
+    the record stamped with this call's id. Three outcomes: WROTE (now), MINE (this call's own earlier commit answered
+    UNKNOWN yet applied: go on from it), ANOTHERS (another delivery's: this one steps back, Superseded)."""
+    def look() -> Written | tuple[TaskRecord, list[Any]]:
+        # The record and the chunk (models, or protobufs) in one lookup: no other task's touches them, so no collision
+        current, *entities = work.store.get_multi([before.key] + chunk)
+        if current is None and before.last_key is None and before.page_end is None:  # no delivery wrote it yet
+            current = TaskRecord.new(before.key, payload)
+            current.started = before.started  # when this delivery began, before its page query
+        elif current is None or current.state != "running" or current.last_key != before.last_key:
+            return Written(current and current.last_chunk_by, current)
+        return current, [e for e in entities if e is not None]  # deleted since the query: skipped
+
+    def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
+        current, entities = read
+        current.started = current.started or before.started  # a record written before any delivery began has none
+        writes = work.change(entities)
+        first_chunk = current.page_end is None  # no chunk of this page committed yet: it writes the handouts
+        handed_out = handoff.handouts_entity(current.key, visit.handouts) if first_chunk else []
+        current.advance(visit.page, chunk, len(entities), work.tally(entities), visit.children, final)
+        current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
+        current.last_chunk_by = stamp
+        work.store.put_multi([*writes, current, *handed_out])
+        return current
+
+    committed = once(look, write, run=work.store.transact)
+    if committed.replayed:  # ANOTHERS: another delivery moved the record on
+        raise Superseded()
+    return committed.value  # WROTE or MINE: the record as this call's commit left it
 
 
-def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
-    """A page handed out by the parent needs no query; a range task's first delivery scans its page and the pages
-    after it (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page
-    its first delivery fixed, up to its last key, whatever was added since."""
-    handed = payload.handed_keys  # the page's keys, when the parent scanned this page and handed it out
+def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> "Visit":
+    """A handout from the parent needs no query; a range task's first delivery scans its page and the pages after it
+    (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page its first
+    delivery fixed, up to its last key, whatever was added since."""
+    handed = payload.handed_keys  # this task's page, when the parent scanned it and handed it out
     if handed is not None:
-        keys = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-        return Visit(record.page or TaskPage(handed[0], handed[-1], False), keys, [])
+        todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
+        return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
     if record.page is None:
         limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
         scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
-    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
+        children = split(job, payload, scanned, record.weight) if page.more else []
+        return Visit(page, keys, children, handoff.handouts_of(children))
+    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [], {})
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
     """The rest of the range after this task's page, as children: first the pages right after its own, from the scan,
     each handed to a child whole (as many as fit handoff.HANDED_BYTES); then the range beyond them, cut into up to
     `fanout` child ranges. Each child gets an equal share of the task's `weight` (the job ends when all of it is back:
-    completion.py); the task keeps one share and the remainder for its own page."""
+    completion.py); the task keeps one share and the remainder for its own page. E.g. page_size 100, fanout 4, weight
+    2**62, over 10,000 accounts: the scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4
+    pages (own_and_handed 500), cuts the rest (9,500 keys) into 4 ranges: 8 children, a share of 2**62 // 9 each."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    pages = handoff.pages_to_hand_out(scanned[size:scan_keys], size)
-    own_and_handed = min(size * (1 + len(pages)), len(scanned))  # keys of its own page plus the pages handed out
+    handouts = handoff.cut_handouts(scanned[size:scan_keys], size)
+    own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
     if len(scanned) > own_and_handed:  # keys remain after them: cut at __scatter__ quantiles, else by key arithmetic
         end, hi = scanned[own_and_handed - 1], payload.hi_key
-        parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, read_len=own_and_handed,
-                                      per_task=scan_keys, k=job.fanout, samples=job.samples)
+        parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, own_and_handed=own_and_handed,
+                                      scan_keys=scan_keys, fanout=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
-    share = weight // (len(pages) + len(ranges) + 1)
+    share = weight // (len(handouts) + len(ranges) + 1)
     if share == 0:  # weight spent: each split divides it by 2 or more, so 2**62 at the root lasts 62 levels at most
         if weight < 2:  # no weight to hand on: the job fails rather than end with this range unvisited
             raise RuntimeError(f"task {payload.task}: its weight is spent and its range is not")
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
-    return ([payload.page_child(i, keys, share) for i, keys in enumerate(pages)] +
-            [payload.range_child(len(pages) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
+    return ([payload.handout_child(i, keys, share) for i, keys in enumerate(handouts)] +
+            [payload.range_child(len(handouts) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
+
+
+class Visit(NamedTuple):
+    """What one delivery visits: its task's page, its keys still to do, its children and their handouts by path."""
+    page: TaskPage
+    todo: list[ndb.Key]
+    children: list[TaskPayload]
+    handouts: dict[str, list[str]]
 
 
 class Superseded(Exception):

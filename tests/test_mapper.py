@@ -397,7 +397,7 @@ def test_a_chunk_whose_commit_answered_unknown_but_applied_goes_on_from_it(extra
     delivery's chunk (not by another delivery) and goes on with the next chunk, crediting every account once."""
     keys = seed_accounts(60)  # the root's page holds all 60: three chunks of 24 (the job's chunk)
     job_id = start(client, auth, "test_flaky_credit", page_size=100)
-    answered = commit_answers_unknown(monkeypatch, "process.<locals>.commit_chunk.<locals>.write")
+    answered = commit_answers_unknown(monkeypatch, "commit_chunk.<locals>.write")
     task_queue.drain()
     monkeypatch.undo()
     root = [status for task, status, _ in task_queue.responses if task.name == f"{job_id}-0"]
@@ -693,7 +693,7 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     for record in records:
         apart = [child for child in record.children if child["keys_apart"]]
         assert all(child["keys"] is None for child in record.children)  # the record keeps no keys
-        pages = kept_pages[record.key.id()].pages if apart else {}
+        pages = kept_pages[record.key.id()].handouts if apart else {}
         assert sorted(pages) == sorted(child["task"] for child in apart)
         assert len(apart) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
     # a task that scanned more than it could hand out split the rest as ranges
