@@ -15,6 +15,6 @@ def init_app(app: Flask) -> None:
     features.add(app, features.Feature(
         name="mapper", nav=("mapper.jobs", "Jobs"),
         lesson=features.Lesson(
-            slug="mapper", title="4. Adaptive sharding: a mapper",
+            slug="mapper", title="4. Many small tasks: a mapper",
             sources=("mapper/tree.py", "mapper/task.py", "mapper/keyrange.py", "mapper/completion.py"),
             figure=demo.figure, card="mapper/_lesson.html", caveats=production.CAVEATS)))
