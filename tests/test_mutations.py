@@ -44,6 +44,9 @@ def test_the_outcome_is_written_into_the_rows_checked_cell_only(tmp_path, monkey
     assert missing == []
     assert lines[2] == "| A thing holds | x.md | `t` | killed (legacy): its check removed: `assert 1 == 2 \\| twice` |"
     assert lines[3] == "| Another | y.md | `u` | read |"
+    run.write_doc([run.Outcome(mutation, "legacy", "killed", "assert 0", "tests/test_x.py::test_holds[legacy]")])
+    assert doc.read_text().splitlines()[2].endswith(" | killed (legacy) by `test_holds[legacy]`: its check removed: "
+                                                    "`assert 0` |")  # which test caught it
     elsewhere = dataclasses.replace(mutation, row="Nowhere")
     assert run.write_doc([run.Outcome(elsewhere, "legacy", "killed", "x")]) == ["Nowhere"]
 

@@ -55,6 +55,7 @@ class Outcome:
     backend: str
     verdict: str  # killed, survived, error
     detail: str
+    test: str = ""  # the test that failed first on the broken code (pytest -x stops there)
 
 
 def load(only: str | None = None, entries: str = "*") -> list[Mutation]:
@@ -96,18 +97,20 @@ def scratch_copy() -> Path:
     return target
 
 
-def pytest(tree: Path, tests: list[str], backend: str) -> tuple[int, str]:
-    """Run `tests` in `tree` on `backend`: pytest's exit code, and the first failure's summary line."""
+def pytest(tree: Path, tests: list[str], backend: str) -> tuple[int, str, str]:
+    """Run `tests` in `tree` on `backend`: pytest's exit code, the first failure's assertion (else its summary line),
+    and the test that failed."""
     env = {**os.environ, "DATASTORE": backend}
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                               cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        return -1, f"no answer in {TIMEOUT} s"
+        return -1, f"no answer in {TIMEOUT} s", ""
     lines = done.stdout.splitlines()
     said = [line[1:].strip() for line in lines if line.startswith("E ")]  # the first failure's assertion
     failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return done.returncode, (said or failed or lines[-1:] or [""])[0][:300]
+    test = failed[0].split()[1] if failed and len(failed[0].split()) > 1 else ""  # "FAILED tests/x.py::t - ..."
+    return done.returncode, (said or failed or lines[-1:] or [""])[0][:300], test
 
 
 def run(mutations: list[Mutation], tree: Path) -> list[Outcome]:
@@ -123,17 +126,17 @@ def run(mutations: list[Mutation], tree: Path) -> list[Outcome]:
             key = (tuple(mutation.tests), backend)
             if key not in baseline:
                 baseline[key] = pytest(tree, mutation.tests, backend)
-            code, detail = baseline[key]
+            code, detail, _ = baseline[key]
             if code != 0:
                 outcomes.append(Outcome(mutation, backend, "error", f"fails unbroken (exit {code}): {detail}"))
                 continue
             path.write_text(text.replace(mutation.find, mutation.replace))
             try:
-                code, detail = pytest(tree, mutation.tests, backend)
+                code, detail, test = pytest(tree, mutation.tests, backend)
             finally:
                 path.write_text(text)
             verdict = "killed" if code == 1 else "survived" if code == 0 else "error"
-            outcomes.append(Outcome(mutation, backend, verdict, detail if code else "every named test passed"))
+            outcomes.append(Outcome(mutation, backend, verdict, detail if code else "every named test passed", test))
             print(f"{verdict:8} {backend:9} {mutation.row[:60]!r}: {detail[:150]}", flush=True)
     return outcomes
 
@@ -150,10 +153,16 @@ def write_doc(outcomes: list[Outcome]) -> list[str]:
         if len(at) != 1:
             missing.append(row)
             continue
-        checked = "; ".join(f"{o.verdict} ({o.backend}): {o.mutation.says}: `{_brief(o.detail)}`" for o in results)
+        checked = "; ".join(f"{o.verdict} ({o.backend}){_by(o.test)}: {o.mutation.says}: `{_brief(o.detail)}`"
+                            for o in results)
         lines[at[0]] = lines[at[0]].rstrip(" |").rsplit(" | ", 1)[0] + f" | {checked} |"
     DOC.write_text("\n".join(lines) + "\n")
     return missing
+
+
+def _by(test: str) -> str:
+    """Which of the row's tests caught the break (its name, the file is the row's), when pytest named one."""
+    return f" by `{test.rpartition('::')[2]}`" if test else ""
 
 
 def _brief(detail: str) -> str:
