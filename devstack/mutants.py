@@ -3,7 +3,7 @@ docs/mutants.md written from the outcome.
 
     make mutants                                    # every module of MODULES below, legacy emulator, memcached
     make mutants MODULES="comments/bookmarks.py"    # a subset (paths as below, space-separated)
-    make mutants MODULES="..." TESTS="tests/test_comments.py"   # other test files for mutmut's stats run
+    make mutants MODULES="..." TESTS="tests/test_comments.py"   # other test files for mutmut's stats run (a trial)
     make mutants ARGS=--resume                      # go on from the last run: only mutants it has no verdict on
 
 What it does, in order:
@@ -30,6 +30,7 @@ import argparse
 import ast
 import contextlib
 import datetime
+import difflib
 import fnmatch
 import importlib.metadata
 import json
@@ -50,31 +51,31 @@ WORK = REPO / ".devstack" / "mutants"
 DOC = REPO / "docs" / "mutants.md"
 PACKAGES = ["accounts", "appstats", "blog", "comments", "core", "counters", "latency", "mapper", "planner", "tour"]
 
-COUNTERS = ["tests/test_counters.py", "tests/test_api_counters.py"]
-KILLERS = "tests/test_mutants_bookmarks_handback.py"  # written to kill the trial's survivors (docs/mutants.md)
-COMMENTS = ["tests/test_comments.py", "tests/test_api_comments.py"]
-MAPPER = ["tests/test_mapper.py", "tests/test_api_jobs.py"]
-# Each module: the functions to mutate (None: all of them) and the test files of mutmut's stats run, the ones that
-# exercise it (found by what imports it or drives it through the API); mutmut then picks, per function, the tests
-# among them that reached it.
-MODULES: dict[str, tuple[list[str] | None, list[str]]] = {
-    "counters/simple.py": (None, COUNTERS),
-    "counters/service.py": (None, [*COUNTERS, "tests/test_api_jobs.py"]),  # OwnedCounters: the accounts' figures
-    "counters/writes.py": (None, COUNTERS),
-    "blog/service.py": (None, ["tests/test_blog.py", "tests/test_api_blog.py"]),
-    "comments/service.py": (None, COMMENTS),
-    "comments/bookmarks.py": (None, [*COMMENTS, KILLERS]),
-    "mapper/tree.py": (None, MAPPER),
-    "mapper/handback.py": (None, [*MAPPER, KILLERS]),
-    "mapper/completion.py": (None, [*MAPPER, "tests/test_termination.py"]),
-    "core/transactions.py": (None, ["tests/test_core.py", "tests/test_counters.py", "tests/test_comments.py",
-                                    *MAPPER]),  # transact_api: the mapper's increments jobs
-    "core/exactly_once.py": (None, ["tests/test_once.py", "tests/test_counters.py", "tests/test_comments.py"]),
+# The test files of mutmut's stats run, one list for every module (found by what imports each module or drives it
+# through the API): mutmut drops every verdict when the list changes, so a run over some modules names them all too,
+# and --resume keeps the verdicts. mutmut then picks, per function, the tests among them that reached it.
+TESTS = ["tests/test_counters.py", "tests/test_api_counters.py", "tests/test_idempotency.py",
+         "tests/test_blog.py", "tests/test_api_blog.py", "tests/test_comments.py", "tests/test_api_comments.py",
+         "tests/test_mapper.py", "tests/test_api_jobs.py", "tests/test_termination.py", "tests/test_accounts.py",
+         "tests/test_integrity.py", "tests/test_once.py", "tests/test_core.py", "tests/test_sessions.py",
+         "tests/test_mutants_bookmarks_handback.py"]  # the last written to kill the trial's survivors
+# Each module and the functions to mutate (None: all of them).
+MODULES: dict[str, list[str] | None] = {
+    "counters/simple.py": None,
+    "counters/service.py": None,
+    "counters/writes.py": None,
+    "blog/service.py": None,
+    "comments/service.py": None,
+    "comments/bookmarks.py": None,
+    "mapper/tree.py": None,
+    "mapper/handback.py": None,
+    "mapper/completion.py": None,
+    "core/transactions.py": None,
+    "core/exactly_once.py": None,
     # the session code only: the generation that sign-out renews, the cookie's checks, sign-in's and sign-out's
     # session (not the Google token checks nor the names shown)
-    "core/identity.py": (["_generation_key", "generation", "_renew_generation", "_session_is_current", "current_user",
-                          "_keep", "sign_out"],
-                         ["tests/test_sessions.py", "tests/test_core.py", "tests/test_api_comments.py"]),
+    "core/identity.py": ["_generation_key", "generation", "_renew_generation", "_session_is_current", "current_user",
+                         "_keep", "sign_out"],
 }
 # mutmut's exit codes, as its stats module names them; "score" below is mutmut's own (its badge): killed and timed
 # out over all mutants but the skipped ones, so a mutant no test reaches ("no tests") counts against it.
@@ -90,7 +91,7 @@ def globs(modules: list[str]) -> list[str]:
     """mutmut's mutant names to run: `pkg.mod.x_func__mutmut_N`, every function's or the listed ones'."""
     found = []
     for path in modules:
-        functions = MODULES[path][0]
+        functions = MODULES[path]
         found += [f"{module_name(path)}.x_{f}__mutmut_*" for f in functions] if functions else [
             f"{module_name(path)}.*"]
     return found
@@ -149,12 +150,6 @@ def write_settings(modules: list[str], tests: list[str]) -> None:
         "timeout_constant = 5\n")
 
 
-def stats_tests(asked: str) -> list[str]:
-    """The test files of mutmut's stats run: the ones asked for, else every module's, whichever modules run: mutmut
-    drops every verdict when the list changes, so one list lets --resume keep them across runs over other modules."""
-    return asked.split() or sorted({t for _, files in MODULES.values() for t in files})
-
-
 def generate(env: dict[str, str]) -> None:
     """mutmut's own first step, alone: the mutants written into WORK/mutants, and each module's .meta with a verdict
     for every mutant (None: not run yet; kept from the last run where the function's code is the same)."""
@@ -169,7 +164,7 @@ def undecided(modules: list[str]) -> list[str]:
     """The mutants of `modules` (their listed functions) that have no verdict: not run yet, or run when no test
     reached their function (stats from a narrower list of test files may have missed it)."""
     return sorted(name for statuses in outcomes(modules).values() for name, status in statuses.items()
-                  if status in ("not checked", "no tests"))
+                  if status in ("not run", "no tests"))
 
 
 def run_mutmut(names: list[str], env: dict[str, str], log: Path) -> tuple[int, list[str]]:
@@ -205,14 +200,16 @@ def printed_summary(log: Path) -> list[str]:
 
 
 def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
-    """Each mutant's status by module, from mutmut's meta files, restricted to the functions asked for."""
+    """Each mutant's status by module, from mutmut's meta files, restricted to the functions asked for (mutmut's
+    "not checked": "not run")."""
     from mutmut.stats import status_by_exit_code
     found = {}
     for path in modules:
         meta = json.loads((WORK / "mutants" / f"{path}.meta").read_text())
-        functions = MODULES[path][0]
+        functions = MODULES[path]
         keep = {f"{module_name(path)}.x_{f}__mutmut_" for f in functions} if functions else None
-        found[path] = {name: status_by_exit_code[code] for name, code in meta["exit_code_by_key"].items()
+        found[path] = {name: "not run" if code is None else status_by_exit_code[code]
+                       for name, code in meta["exit_code_by_key"].items()
                        if keep is None or any(name.startswith(prefix) for prefix in keep)}
     return found
 
@@ -220,7 +217,6 @@ def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
 def counts(statuses: dict[str, str]) -> dict[str, str]:
     tally = dict.fromkeys(COLUMNS[:-1], 0)
     for status in statuses.values():
-        status = "not run" if status == "not checked" else status
         tally[status if status in tally else "other"] += 1
     tally["mutants"] = len(statuses)
     tested = len(statuses) - sum(s == "skipped" for s in statuses.values()) - tally["not run"]
@@ -228,25 +224,35 @@ def counts(statuses: dict[str, str]) -> dict[str, str]:
     return {**{k: str(v) for k, v in tally.items()}, "score": score}
 
 
-def show(name: str) -> str:
-    """mutmut's diff of one mutant (its function before and after)."""
-    return subprocess.run([str(REPO / ".venv" / "bin" / "mutmut"), "show", name], cwd=WORK, capture_output=True,
-                          text=True, check=True).stdout
-
-
-def change_and_line(path: str, name: str, diff: str) -> tuple[str, int | None]:
-    """The changed lines of a mutant, `- before` / `+ after`, and the line of the file the first one is on."""
-    removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
-    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    change = " / ".join([f"- {r.strip()}" for r in removed] + [f"+ {a.strip()}" for a in added])
-    source = (WORK / path).read_text().splitlines()
-    function = name.rpartition(".")[2].split("__mutmut_")[0]
-    function = function.rpartition("ǁ")[2] if "ǁ" in function else function.removeprefix("x_")
-    start = next((node.lineno for node in ast.walk(ast.parse("\n".join(source)))
-                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function), 1)
-    line = next((i + 1 for i in range(start - 1, len(source)) if removed and source[i].strip() == removed[0].strip()),
-                None)
-    return change, line
+def mutant_changes(path: str) -> dict[str, tuple[str, int | None]]:
+    """Each mutant of `path` (mutmut's name), its change (`- before / + after`) and the line of the source file it
+    is on: in mutmut's copy of the module each function's mutant sits beside its unchanged copy (`__mutmut_orig`),
+    so they are compared line by line, the unchanged copy's lines counted from the function's own in the source."""
+    mutated = (WORK / "mutants" / path).read_text().splitlines()
+    copies = {node.name: mutated[node.lineno - 1:node.end_lineno]
+              for node in ast.walk(ast.parse("\n".join(mutated))) if isinstance(node, ast.FunctionDef)}
+    starts = {}  # "f" or "Class.method" -> the line of its `def` in the source
+    for node in ast.parse((WORK / path).read_text()).body:
+        for inner in [node, *node.body] if isinstance(node, ast.ClassDef) else [node]:
+            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                starts[f"{node.name}.{inner.name}" if inner is not node else inner.name] = inner.lineno
+    found: dict[str, tuple[str, int | None]] = {}
+    for name, lines in copies.items():
+        function, _, number = name.partition("__mutmut_")
+        if not number.isdigit():
+            continue
+        # mutmut names a function f `x_f`, a method m of class C `xǁCǁm`
+        qualified = function[2:].replace("ǁ", ".")
+        plain = qualified.rpartition(".")[2]
+        orig = [line.replace(f"{function}__mutmut_orig", plain) for line in copies[f"{function}__mutmut_orig"]]
+        lines = [line.replace(name, plain) for line in lines]
+        ops = difflib.SequenceMatcher(None, orig, lines).get_opcodes()
+        _, first, end, added, added_end = next((op for op in ops if op[0] != "equal"), ("", 0, 0, 0, 0))
+        change = " / ".join([f"- {line.strip()}" for line in orig[first:end]]
+                            + [f"+ {line.strip()}" for line in lines[added:added_end]])
+        where = starts.get(qualified)
+        found[f"{module_name(path)}.{name}"] = (change, where + first if where else None)
+    return found
 
 
 def cell(text: str) -> str:
@@ -309,10 +315,11 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
                     + f" | {statistics.mean(times) if times else 0:.1f} | {stamp} |")
     survivors = []
     for path in modules:
+        changes = mutant_changes(path)
         for name, status in sorted(found[path].items(), key=lambda item: int(item[0].rpartition("_")[2])):
             if status != "survived":
                 continue
-            change, line = change_and_line(path, name, show(name))
+            change, line = changes[name]
             short = name.removeprefix(module_name(path) + ".")
             changed = code(change)
             survivors.append(f"| `{path}` | {line or '?'} | `{short}` | {stamp} | {changed} | "
@@ -368,8 +375,46 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "|---|---|---|---|---|---|",
         *survivor_rows,
         "",
+        "## Beside the guarantees",
+        "",
+        "Each break of [guarantees.md](guarantees.md) (tests/mutations/*.toml) made in a module above, and mutmut's",
+        "mutants on the same lines, as the last run left them: what the row's tests are known to catch beyond the",
+        "break written for them (a mutant there that survived is a change on a guarantee's own lines that no test",
+        "caught).",
+        "",
+        "| guarantee | break | lines | mutmut's mutants on them |",
+        "|---|---|---|---|",
+        *beside_guarantees(),
+        "",
     ]
     DOC.write_text("\n".join(text))
+
+
+def beside_guarantees() -> list[str]:
+    """One row per break of tests/mutations/*.toml in a module with mutmut's verdicts: the mutants on its lines."""
+    from tests.mutations.run import load
+    known = [path for path in MODULES if (WORK / "mutants" / f"{path}.meta").exists()]
+    found, changes = outcomes(known), {path: mutant_changes(path) for path in known}
+    rows = []
+    for entry in load():
+        if entry.file not in found:
+            continue
+        text = (WORK / entry.file).read_text()
+        if text.count(entry.find) != 1:
+            rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}` | (its text is not found once) |")
+            continue
+        first = text[:text.index(entry.find)].count("\n") + 1
+        last = first + entry.find.strip("\n").count("\n")
+        on = {name: status for name, status in found[entry.file].items()
+              if first <= (changes[entry.file][name][1] or 0) <= last}
+        by_status: dict[str, list[str]] = {}
+        for name, status in sorted(on.items()):
+            by_status.setdefault(status, []).append(name.rpartition(".")[2])
+        said = "; ".join(f"{status} {len(names)}" + (f" ({', '.join(f'`{n}`' for n in names)})"
+                                                     if status in ("survived", "no tests") else "")
+                         for status, names in sorted(by_status.items())) or "none"
+        rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}`:{first}-{last} | {said} |")
+    return rows
 
 
 def sessions() -> list[dict]:
@@ -407,8 +452,8 @@ def timing_lines(seconds: float, stats_tests: list[str]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modules", default="", help="space-separated paths among MODULES (default: all of them)")
-    parser.add_argument("--tests", default="", help="space-separated test files for the stats run (default: each "
-                                                    "module's own, as MODULES lists them)")
+    parser.add_argument("--tests", default="", help="space-separated test files for the stats run (default: TESTS "
+                                                    "above; another list drops the last run's verdicts)")
     parser.add_argument("--mutants", default="", help="space-separated mutmut names (globs) to run instead of every "
                                                       "mutant of the modules, e.g. survivors after new tests")
     parser.add_argument("--note", help="a line added to docs/mutants.md's 'Last run' (e.g. that it was a trial)")
@@ -431,7 +476,7 @@ def main() -> int:
     if unknown:
         print(f"not among devstack/mutants.py's MODULES: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    tests = stats_tests(args.tests)
+    tests = args.tests.split() or TESTS
     backend, cache = backend_from_env(), cache_from_env()
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout.strip()
