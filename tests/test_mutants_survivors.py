@@ -8,7 +8,6 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from core import identity, runtime, transactions
 from core.errors import Conflict
-from counters import simple
 
 
 def test_an_increment_of_the_simple_counter_that_met_no_one_took_one_attempt(client):
