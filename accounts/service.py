@@ -73,7 +73,7 @@ def _mark_seed(request: idempotency.Keyed, answer: dict[str, Any]) -> bool:
     key = ndb.Key(SeedMarker, request.name)
     return once(lambda: idempotency.written(key.get(retries=0), request),
                 lambda _, stamp: SeedMarker.new(key, request, stamp, answer).put(),
-                hot_key=key).replayed
+                hot_key=key).by_another
 
 
 def seed_batch(payload: dict[str, Any], delivery: int = 0) -> dict[str, int]:
@@ -101,7 +101,7 @@ def _create_missing(keys: list[ndb.Key]) -> int:
                       + COUNTERS.add_in_transaction(COUNT, len(missing)))
         return len(missing)
     created = once(look, create)
-    return 0 if created.replayed else created.value
+    return 0 if created.by_another else created.value
 
 
 def summary(exactly: bool = True) -> dict[str, int]:

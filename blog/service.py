@@ -67,7 +67,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     if posted.wrote:
         return Posted(posted.value, False)
     # written already: by this call, whose commit answered UNKNOWN (MINE), or by the key's first request (a replay)
-    return Posted(_posted_entry(blog, posted.value["index"]), posted.replayed)
+    return Posted(_posted_entry(blog, posted.value["index"]), posted.by_another)
 
 
 def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntry], int | None]:

@@ -84,7 +84,7 @@ def commented(ref: EntryRef, user: people.User | None, text: object,
     written = ndb.Key(UserSequence, pseudonym, Comment, posted.value["id"]).get()
     if written is None:  # deleted since (no page deletes a comment; the console can): not posted again
         raise Conflict("This comment was sent before and has been removed since.", "comment_removed")
-    return comment_dict(written), posted.replayed
+    return comment_dict(written), posted.by_another
 
 
 def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,

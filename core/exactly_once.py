@@ -49,8 +49,9 @@ class Outcome(Generic[T]):
         return self.found == WROTE
 
     @property
-    def replayed(self) -> bool:
-        """Another call applied the effect: this one wrote nothing and answers what that one wrote."""
+    def by_another(self) -> bool:
+        """ANOTHERS: another call applied the effect (a resend, another delivery); this one wrote nothing and answers
+        what that one wrote (over HTTP, a replay)."""
         return self.found == ANOTHERS
 
 

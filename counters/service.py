@@ -67,7 +67,7 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
         return Increment(True, attempts, outcome.value["shard"])
     # The answer stored with the commit that counted: this call's earlier one, which answered UNKNOWN or timed out yet
     # applied (MINE), or the key's first request's (a replay). So every send of the key answers the same.
-    return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=outcome.replayed)
+    return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=outcome.by_another)
 
 
 class OwnedCounters:

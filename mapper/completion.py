@@ -208,7 +208,7 @@ def _end(job: MapperJob, sums: Figures) -> MapperJob | None:
         ndb.put_multi([current, *settled])
         return current
     ended = once(look, end, then=send_follow_up, hot_key=job.key)
-    return None if ended.replayed else ended.value
+    return None if ended.by_another else ended.value
 
 
 # --- the job's follow-up (JobDefinition.on_done): exactly once, by a task the sweep queues again until it ran --------
@@ -254,7 +254,7 @@ def run_follow_up(payload: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
         ndb.put_multi([current, *writes])
         return True
     ran = once(look, mark_ran, hot_key=job.key)
-    return {"ran": not ran.replayed and ran.value}
+    return {"ran": not ran.by_another and ran.value}
 
 
 def figures_of(job: MapperJob) -> Figures:

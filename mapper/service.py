@@ -89,7 +89,7 @@ def _insert(job: MapperJob, root: TaskRecord | None, request: idempotency.Keyed 
         ndb.put_multi([job, root] if root else [job])
 
     inserted = once(lambda: idempotency.written(job.key.get(retries=0), request), insert, hot_key=job.key)
-    return job.key.get(use_cache=False) if inserted.replayed else job  # another request's job, or this call's
+    return job.key.get(use_cache=False) if inserted.by_another else job  # another request's job, or this call's
 
 
 def _resent(first: MapperJob) -> MapperJob:

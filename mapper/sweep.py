@@ -95,7 +95,7 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         record.put()
         return None if ended or record.lease is None else record
     taken = once(look, take_up)
-    record = None if taken.replayed else taken.value
+    record = None if taken.by_another else taken.value
     if record is None or job is None:
         return None
     if record.state != "running":
@@ -163,4 +163,4 @@ def _resend_follow_up(key: ndb.Key, now: datetime.datetime) -> MapperJob | None:
         job.put()
         return job
     resent = once(look, resend, then=completion.send_follow_up, hot_key=key)
-    return None if resent.replayed else resent.value
+    return None if resent.by_another else resent.value

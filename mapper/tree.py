@@ -66,7 +66,7 @@ def commit_chunk(work: bulk.PageWork, visit: "Visit", payload: TaskPayload, befo
         return current
 
     committed = once(look, write, run=work.store.transact)
-    if committed.replayed:  # ANOTHERS: another delivery moved the record on
+    if committed.by_another:  # another delivery moved the record on
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
 

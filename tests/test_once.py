@@ -35,7 +35,7 @@ def test_nothing_written_writes_with_the_stamp_and_then_follows(ndb_context):
     followed, key = [], ndb.Key(Effect, "a")
     call = Call()
     done = _effect_once(key, followed, call)
-    assert (done.found, done.value, done.wrote, done.replayed) == (WROTE, "written now", True, False)
+    assert (done.found, done.value, done.wrote, done.by_another) == (WROTE, "written now", True, False)
     assert key.get().stamp == call.id and followed == ["written now"]
 
 
@@ -46,7 +46,7 @@ def test_another_calls_effect_is_answered_and_nothing_follows(ndb_context):
     _effect_once(key, [], first)
     followed = []
     done = _effect_once(key, followed)
-    assert (done.found, done.value, done.replayed) == (ANOTHERS, "written before", True)
+    assert (done.found, done.value, done.by_another) == (ANOTHERS, "written before", True)
     assert followed == [] and key.get().stamp == first.id  # not written again
 
 
