@@ -50,8 +50,7 @@ class Outcome(Generic[T]):
 
     @property
     def by_another(self) -> bool:
-        """ANOTHERS: another call applied the effect (a resend, another delivery); this one wrote nothing and answers
-        what that one wrote (over HTTP, a replay)."""
+        """ANOTHERS: another call (a resend, another delivery) applied it; this one answers that one's answer."""
         return self.found == ANOTHERS
 
 
