@@ -25,14 +25,14 @@ class CommentMarker(ExpiringMarker):
 
 
 class Comment(ndb.Model):
-    """A comment; child of its author's UserSequence, key name its sort key, so a bookmark is a get by key.
+    """A comment; child of its author's UserSequence. One value, five names: its id ("id" in service.comment_dict) =
+    key name = `sort_key` (made by service.sort_key()) = a page's after/before bookmark, so a bookmark is a get by key.
 
     Listing an entry's comments is a query across users' groups (`entry` equal, ordered by `sort_key`, both directions
-    declared in index.yaml): eventually consistent, which is why service.get_comments adds the reader's own newest
-    comments by key. The key path starts with the author, so key order is not comment order: hence `sort_key`.
-    Not in the global cache: posting must not depend on memcached, and comments are read by query.
-    """
-    _use_global_cache = False
+    declared in index.yaml): on legacy Datastore eventually consistent (Firestore's is strong), which is why
+    service.get_comments adds the reader's own newest comments by key. The key path starts with the author, so key
+    order is not comment order: hence `sort_key`. Not in the global cache: posting must not depend on memcached."""
+    _use_global_cache = False  # and comments are read by query, which no cache serves
     entry = ndb.StringProperty(required=True)  # "<blog>/<index>"
     sort_key = ndb.StringProperty(required=True)
     text = ndb.TextProperty(required=True)

@@ -1,10 +1,10 @@
 """Comments, the talk's third lesson: many users write at once with nothing shared to serialize them, and yet pages
 come in posting order (docs/lessons/comments.md).
 
-A comment's id, and its place in the order, is `<UTC time>|<user's pseudonym>|<user's sequence>`: time alone is not
-unique, nor time|user (one user, two tabs); all three are. The sequence is the user's own, in their own entity group,
-so no two users' comments ever touch one entity. Pages move both ways by that sort key, never an offset.
-"""
+A comment's id, and its place in the order, is `<UTC time>|<user's pseudonym>|<user's sequence>`, the time by the
+posting server's clock (so "posting order" is as good as the servers' clocks agree): time alone is not unique, nor
+time|user (one user, two tabs); all three are. The sequence is the user's own, in their own entity group, so no two
+users' comments ever touch one entity. Pages move both ways by that sort key, never an offset."""
 import datetime
 from collections.abc import Iterable
 from typing import Any
@@ -57,11 +57,10 @@ def commented(ref: EntryRef, user: people.User | None, text: object,
     request = idempotency.keyed(idempotency_key, user["id"], ENDPOINT, ref.path, {"text": text})
     pseudonym, author = people.pseudonym(user), people.display_name(user["email"])
     seq_key, call = ndb.Key(UserSequence, pseudonym), Call()
-    # The marker is a child of the user's sequence, in the group this transaction writes anyway; one key names one
-    # comment whatever the entry (the same key sent for another entry is a 409).
+    # Only the user's own entity group (sequence, comment, marker, the marker a child of the sequence): users never
+    # contend; their tabs take turns. One key names one comment whatever the entry (another entry's same key: 409).
     marker_key = ndb.Key(UserSequence, pseudonym, CommentMarker, request.name if request else call.id)
 
-    # Only the user's own entity group (sequence, comment, marker): users never contend; their tabs take turns.
     def look() -> Written | UserSequence | None:
         sequence, marker = ndb.get_multi([seq_key, marker_key], retries=0)
         return idempotency.written(marker, request) or sequence
@@ -75,8 +74,7 @@ def commented(ref: EntryRef, user: people.User | None, text: object,
         ndb.put_multi([sequence, comment, CommentMarker.new(marker_key, request, stamp, {"id": key_name})])
         return comment_dict(comment)
 
-    # Counted once, after the commit of this call (WROTE, or MINE: its commit answered UNKNOWN yet applied); a
-    # resend (ANOTHERS) was counted by its first send.
+    # Counted once, after this call's commit (WROTE, or MINE: UNKNOWN yet applied); ANOTHERS: by its first send.
     posted = once(look, post, then=lambda _: count_comment(ref), call=call,
                   busy_message="You are commenting very fast; try again.", hot_key=seq_key)
     if posted.wrote:
@@ -90,9 +88,12 @@ def commented(ref: EntryRef, user: people.User | None, text: object,
 def get_comments(ref: EntryRef, after: object = None, before: object = None, limit: object = None, last: bool = False,
                  own: Iterable[str] = ()) -> Page:
     """A page of an entry's comments, oldest first: the first, the one after `after`, the one before `before`, or with
-    `last` the newest; each fetches one more than it shows, to know whether there is a further page. The query spans
-    many users' entity groups, so it is eventually consistent: `own` (the ids of the reader's latest comments) are read
-    by key and merged in, so a person always sees what they just posted."""
+    `last` the newest; each fetches one more than it shows, to know whether there is a further page. `own`: the ids of
+    the reader's latest comments (their session's last five: views.py's RECENT_SESSION_KEY), read by key and merged
+    in, so a person sees what they just posted: legacy Datastore's query across users' groups is eventually consistent
+    and may miss them (Firestore in Datastore mode, App Engine's today, is strong: there the merge is a safety net).
+    A page owns the sort keys between its neighbours' pages and takes the own comments there: after=X, showing A..T,
+    more after: it owns (X, T) (owns_after=X, owns_before=T); an own comment past T is the next page's (after=T)."""
     entries.require_entry(ref)
     limit = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     if after is not None and before is not None:
@@ -111,10 +112,9 @@ def get_comments(ref: EntryRef, after: object = None, before: object = None, lim
         found = query.order(Comment.sort_key).fetch(limit + 1)
         shown = found[:limit]
         more_before, more_after = after_id is not None, len(found) > limit
-    # The page owns the sort keys between its neighbours' pages: the reader's own comments there belong on it.
-    low = after_id or (shown[0].sort_key if shown and more_before else None)
-    high = before_id or (shown[-1].sort_key if shown and more_after else None)
-    shown = bookmarks.with_own(shown, own, ref, low, high)
+    owns_after = after_id or (shown[0].sort_key if shown and more_before else None)  # None: no bound
+    owns_before = before_id or (shown[-1].sort_key if shown and more_after else None)
+    shown = bookmarks.with_own(shown, own, ref, owns_after, owns_before)
     return Page([comment_dict(c) for c in shown],
                 next=shown[-1].sort_key if shown and more_after else None,
                 prev=shown[0].sort_key if shown and more_before else None)

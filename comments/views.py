@@ -49,8 +49,7 @@ def _summaries(refs: list[EntryRef]) -> dict[EntryRef, dict[str, Any]]:
 
 
 def _section(ref: EntryRef, summary: dict[str, Any], form: Mapping[str, str] | None) -> str:
-    """The comments under an entry on its page: a page of them (`?after=`, `?before=`, `?page=last`), and the form,
-    refilled with `form` after a refused comment."""
+    """An entry's comments on its page (?after=, ?before=, ?page=last), and the form, refilled after a refusal."""
     args = request.args
     page = service.get_comments(ref, args.get("after"), args.get("before"), last=args.get("page") == "last",
                                 own=session.get(RECENT_SESSION_KEY, ()))
@@ -93,8 +92,7 @@ def api_post(blog: str, index: str) -> ResponseReturnValue:
 
 @bp.get("/api/blogs/<blog>/entries/<index>/comments")
 def api_list(blog: str, index: str) -> ResponseReturnValue:
-    """A page of the entry's comments, oldest first: `?after=<id>` or `?before=<id>`, `?limit=1..100`,
-    `?page=last` for the newest page."""
+    """A page of the entry's comments, oldest first: ?after=<id> or ?before=<id>, ?limit=1..100, ?page=last: newest."""
     args = request.args
     page = service.get_comments(blog_service.entry_ref(blog, index), args.get("after"), args.get("before"),
                                 args.get("limit"), last=args.get("page") == "last",
