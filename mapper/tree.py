@@ -1,10 +1,11 @@
 """One task of a mapper job, delivered by a queue at least once: the talk's "split big jobs into many small tasks".
 
-A task scans the first pages of its key range in one keys-only query in key order (never limit+offset, which reads
-and skips every key before its page: O(N^2) over a kind). It keeps the first page (`page_size` keys), hands each page
-after it whole to a child (a handout), splits the range beyond into up to `fanout` child ranges (a tree O(log N) deep),
-and processes its page in chunks, each written with its record, exactly once. Its queue handler, where the job ends:
-delivery.py; why: docs/lessons/mapper.md."""
+A task visits its key range (lo, hi], lo exclusive, hi inclusive (the root's: the kind up to its largest key at the
+job's start, so later entities with larger keys are not visited). Its first delivery scans its first pages in one
+keys-only query in key order (never limit+offset, which reads and skips every key before its page: O(N^2) over a
+kind), keeps a page (`page_size` keys), hands each after it whole to a child (a handout: that child's query saved),
+cuts the rest into up to `fanout` child ranges (a tree O(log N) deep), and does its page in chunks, each with its
+record, exactly once. Queue handler (where the job ends): delivery.py; why: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -16,18 +17,25 @@ from mapper.models import MapperJob
 from mapper.task import TaskPage, TaskPayload, TaskRecord
 
 
+class Visit(NamedTuple):
+    """What one delivery visits (`_visit`), in the order `process` uses it."""
+    page: TaskPage  # its task's page: its first and last keys, fixed by the task's first delivery
+    todo: list[ndb.Key]  # the page's keys still to do
+    children: list[TaskPayload]  # the tasks this delivery split the rest of its range into (a redelivery: none)
+    handouts: dict[str, list[str]]  # the pages it handed out whole, by child path: the children's keys, urlsafe
+
+
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
-    """One delivery's work on its task, in two steps; the record as it leaves it. `record`: as a redelivery read it,
-    or a new one on a first delivery, which does not read it (delivery.py; the root's is written at the job's start).
-    1. What it visits (`_visit`): a range task's first delivery scans its page and the pages after it in one query and
-       `split`s the rest of its range into children; a redelivery goes on from its record.
-    2. Its page's keys still to do, in chunks (`commit_chunk`), each exactly once; the first chunk also records the
-       children, queued as soon as it committed (by every delivery: the queue drops a name it has seen)."""
+    """One delivery's work on its task; the record as it leaves it. `record`: as a redelivery read it, or new on a
+    first delivery, which does not read it (delivery.py; the root's is written at the job's start). `_visit` scans and
+    `split`s, or goes on from the record; each chunk of the keys still to do commits once (`commit_chunk`); the first
+    also records the children, queued once it committed (by every delivery: the queue drops a name it has seen)."""
     visit = _visit(job, record, payload)
     work = bulk.page_work(definition, job.params, visit.todo)  # how this job reads, changes and writes the chunks
-    for number, chunk in enumerate(work.chunks):  # each chunk a call of its own, shared by its transaction's retries
+    for number, chunk in enumerate(work.chunks):  # one at least (bulk.py): an empty page still ends, queues children
         record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
+        # Died before queueing them? A redelivery does (the elif; delivery.py if the record ended), else sweep.py.
         if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
             handoff.enqueue_children(record, visit.handouts)
         elif number == 0:  # an earlier delivery split, or none did: the children as its record has them
@@ -35,48 +43,10 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     return record
 
 
-def commit_chunk(work: bulk.PageWork, visit: "Visit", payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
-                 final: bool, lease_seconds: int) -> TaskRecord:
-    """The chunk's entities changed (`work.change`: the job's apply, add_credit's increments: bulk.py) and the record
-    moved past them, in one transaction, exactly once. `once` runs `look`, then `write` only if `look` found nothing:
-    `look` reads the record and says whether this chunk is written already (the record moved on from `before`, where
-    this delivery left it) and by whom (the stamp the record carries, `last_chunk_by`); `write` writes the chunk and
-    the record stamped with this call's id. Three outcomes: WROTE (now), MINE (this call's own earlier commit answered
-    UNKNOWN yet applied: go on from it), ANOTHERS (another delivery's: this one steps back, Superseded)."""
-    def look() -> Written | tuple[TaskRecord, list[Any]]:
-        # The record and the chunk (models, or protobufs) in one lookup: no other task's touches them, so no collision
-        current, *entities = work.store.get_multi([before.key] + chunk)
-        if current is None and before.last_key is None and before.page_end is None:  # no delivery wrote it yet
-            current = TaskRecord.new(before.key, payload)
-            current.started = before.started  # when this delivery began, before its page query
-        elif current is None or current.state != "running" or current.last_key != before.last_key:
-            return Written(current and current.last_chunk_by, current)
-        return current, [e for e in entities if e is not None]  # deleted since the query: skipped
-
-    def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
-        current, entities = read
-        current.started = current.started or before.started  # a record written before any delivery began has none
-        writes = work.change(entities)
-        first_chunk = current.page_end is None  # no chunk of this page committed yet: it writes the handouts
-        handed_out = handoff.handouts_entity(current.key, visit.handouts) if first_chunk else []
-        current.advance(visit.page, chunk, len(entities), work.tally(entities), visit.children, final)
-        current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
-        current.last_chunk_by = stamp
-        work.store.put_multi([*writes, current, *handed_out])
-        return current
-
-    committed = once(look, write, run=work.store.transact)
-    if committed.by_another:  # another delivery moved the record on
-        raise Superseded()
-    return committed.value  # WROTE or MINE: the record as this call's commit left it
-
-
-def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> "Visit":
-    """A handout from the parent needs no query; a range task's first delivery scans its page and the pages after it
-    (one keys-only query in key order, never an offset) and splits; a redelivery reads the rest of the page its first
-    delivery fixed, up to its last key, whatever was added since."""
-    handed = payload.handed_keys  # this task's page, when the parent scanned it and handed it out
-    if handed is not None:
+def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
+    """A handout needs no query; a range task's first delivery scans its range (lo, hi], lo exclusive (one keys-only
+    query in key order) and splits; a redelivery reads the rest of the page its first fixed, new keys in it too."""
+    if (handed := payload.handed_keys) is not None:  # a handout: its page, as its parent scanned it
         todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
     if record.page is None:
@@ -90,12 +60,12 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> "Visit":
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
-    """The rest of the range after this task's page, as children: first the pages right after its own, from the scan,
-    each handed to a child whole (as many as fit handoff.HANDED_BYTES); then the range beyond them, cut into up to
-    `fanout` child ranges. Each child gets an equal share of the task's `weight` (the job ends when all of it is back:
-    completion.py); the task keeps one share and the remainder for its own page. E.g. page_size 100, fanout 4, weight
-    2**62, over 10,000 accounts: the scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4
-    pages (own_and_handed 500), cuts the rest (9,500 keys) into 4 ranges: 8 children, a share of 2**62 // 9 each."""
+    """The rest of the range after this task's page, as children: the next pages from the scan, each handed to a child
+    whole (as many as fit handoff.HANDED_BYTES), then the range beyond, cut into up to `fanout` ranges. Each child gets
+    an equal share of `weight` (the job ends when all is back: completion.py); the task keeps one share and the
+    remainder. E.g. page_size 100, fanout 4, weight 2**62, 10,000 accounts: the scan reads 501 keys (scan_keys 500, and
+    one more); the task keeps 100 (in chunks of 24 on legacy: 25 entity groups a transaction, one the record), hands out
+    4 pages (own_and_handed 500), cuts the rest (9,500) into 4 ranges: 8 children, 2**62 // 9 each."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = handoff.cut_handouts(scanned[size:scan_keys], size)
@@ -108,7 +78,7 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
     share = weight // (len(handouts) + len(ranges) + 1)
-    if share == 0:  # weight spent: each split divides it by 2 or more, so 2**62 at the root lasts 62 levels at most
+    if share == 0:  # weight spent: each split at least halves it, so 2**62 lasts 62 levels (10**9 entities: 12)
         if weight < 2:  # no weight to hand on: the job fails rather than end with this range unvisited
             raise RuntimeError(f"task {payload.task}: its weight is spent and its range is not")
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
@@ -116,12 +86,38 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
             [payload.range_child(len(handouts) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
 
 
-class Visit(NamedTuple):
-    """What one delivery visits: its task's page, its keys still to do, its children and their handouts by path."""
-    page: TaskPage
-    todo: list[ndb.Key]
-    children: list[TaskPayload]
-    handouts: dict[str, list[str]]
+def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
+                 final: bool, lease_seconds: int) -> TaskRecord:
+    """The chunk's entities changed (`work.change`: the job's `apply`, or add_credit's `increments`: bulk.py) and the
+    record moved past them, in one transaction, exactly once; `before`: the record as this delivery left it. `look`
+    says whether the record moved on from `before`, and by whom (its stamp); if not, `write` writes the chunk and the
+    record stamped with this call's id. WROTE, MINE (this call's commit answered UNKNOWN yet applied), or Superseded."""
+    def look() -> Written | tuple[TaskRecord, list[Any]]:
+        current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's touch these: no collision
+        # A first delivery never read its record: nothing stored and nothing in `before` means no delivery wrote it yet
+        if current is None and before.last_key is None and before.page_end is None:
+            current = TaskRecord.new(before.key, payload)
+            current.started = before.started  # when this delivery began, before its page query
+        elif current is None or current.state != "running" or current.last_key != before.last_key:
+            return Written(stamp=current and current.last_chunk_by, answer=current)
+        return current, [e for e in entities if e is not None]  # deleted since the query: skipped
+
+    def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
+        current, entities = read
+        current.started = current.started or before.started  # a record written before any delivery began has none
+        writes = work.change(entities)
+        handed_out = handoff.handouts_entity(current.key, visit.handouts) if current.page_end is None else []  # 1st
+        current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
+                        children=visit.children, final=final)
+        current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
+        current.last_chunk_by = stamp
+        work.store.put_multi([*writes, current, *handed_out])
+        return current
+
+    committed = once(look, write, run=work.store.transact)  # one call a chunk, shared by its transaction's retries
+    if committed.by_another:  # another delivery moved the record on
+        raise Superseded()
+    return committed.value  # WROTE or MINE: the record as this call's commit left it
 
 
 class Superseded(Exception):
