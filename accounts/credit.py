@@ -1,7 +1,7 @@
-"""The add_credit job: every account credited once, in its chunk's transaction with the task's record, however often a
-task is delivered or dies (mapper/bulk.py `PageWork.change` applies it: a server-side increment on Firestore). The
-job's credit lands once, when it ends (`settle`), on the accounts' total balance, a sharded counter: no shared entity.
-BALANCE names both that counter and each Account's property."""
+"""The add_credit job: in effect each chunk's transaction does `account.balance += amount` for its accounts and writes
+them with the task's record (as increments: mapper/bulk.py `PageWork.change`; on Firestore the server adds), so each is
+credited once however often a task is delivered or dies. The job's credit lands once, when it ends (`settle`), on the
+accounts' total balance, a sharded counter: no shared entity. BALANCE names that counter and each Account's property."""
 from typing import Any
 
 from google.cloud import ndb

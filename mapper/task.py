@@ -1,6 +1,7 @@
 """One task of a mapper job's tree: what it is given (TaskPayload) and what it did (TaskRecord, an entity). The root
 holds TOTAL_WEIGHT; a task that splits hands a share to each child and keeps the rest for its own page, returned when
-the page is done, so the returned weights sum to TOTAL_WEIGHT exactly when every task has ended."""
+the page is done, so the returned weights sum to TOTAL_WEIGHT exactly when every task has ended. A cache incr sums
+them as tasks end (no entity hot); the records' sum decides at TOTAL_WEIGHT, or if the cache lost it: completion.py."""
 import dataclasses
 import datetime
 
