@@ -91,9 +91,9 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
     """The chunk's entities changed (`work.change`: the job's `apply`, or add_credit's `increments`: bulk.py) and the
     record moved past them, in one transaction, exactly once; `before`: the record as this delivery left it. `look`
     says whether the record moved on from `before`, and by whom (its stamp); if not, `write` writes the chunk and the
-    record stamped with this call's id. WROTE, MINE (this call's commit answered UNKNOWN yet applied), or Superseded."""
+    record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS: Superseded."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
-        current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's touch these: no collision
+        current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
         # A first delivery never read its record: nothing stored and nothing in `before` means no delivery wrote it yet
         if current is None and before.last_key is None and before.page_end is None:
             current = TaskRecord.new(before.key, payload)
