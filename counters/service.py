@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Increment:
-    applied: bool  # the +1 is counted (once): always, for an answer that is not an error
+    applied: bool  # the API answer's `applied` field, kept for its clients: always True (a +1 not counted raises)
     attempts: int  # transactions tried; more than 1 means the increment met contention
     shard: int
     replayed: bool = False  # the key's first request counted it: this is that request's answer again
@@ -72,11 +72,10 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
 
 class OwnedCounters:
     """A feature's own counters (an entry's views, its comments), under the reserved name "<owner>:<name>".
-
+    Used by lessons 2-4's features (blog views, comment counts, accounts): skip it on a first read of lesson 1.
     The feature that owns them is the only writer: the public API refuses their names (403) and never lists them, so
     nobody can forge an entry's comment count. Adaptive and unlisted: most are written rarely (one shard) and a few by
-    many at once (they grow). Everything here takes and returns the feature's own short names.
-    """
+    many at once (they grow). Everything here takes and returns the feature's own short names."""
 
     def __init__(self, owner: str) -> None:
         self.prefix = f"{owner}{OWNER_SEPARATOR}"

@@ -52,9 +52,9 @@ def increment() -> int:
     jittered backoff, on a shard chosen afresh; on Firestore (pessimistic) a writer of a busy shard mostly waits for its
     lock instead, and takes 1.
 
-    A commit that fails as UNKNOWN may have applied, and its retry then counts twice: the talk's counter accepts that.
-    Beyond it, counters/service.py takes an idempotency key, and its writer (counters/writes.py) writes a marker in the
-    same commit."""
+    A commit that fails as UNKNOWN (its answer lost, so whether it applied is not known) may have applied, and its
+    retry then counts twice: the talk's counter accepts that. Beyond it, counters/service.py takes an idempotency key,
+    and its writer (counters/writes.py) writes a marker in the same commit."""
     attempts = 0
 
     def add_one() -> None:

@@ -63,11 +63,10 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
 class ShardWriter:
     """`writer(index)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
     Idempotency-Key (its marker, written with the +1, is where the call's stamp lives: core/exactly_once.py says which
-    of three it found, WROTE, MINE or ANOTHERS). The
-    `Outcome`'s value is the answer (attempts, shard) of the commit that counted: this attempt's (WROTE), this call's
-    earlier one that answered UNKNOWN yet applied (MINE: its shard, not this attempt's), or the key's first request's
-    (ANOTHERS: a replay, nothing counted). After a commit that counted, and only once, the cached total is `incr`ed
-    (which never creates it: a missing total is summed on the next read)."""
+    of three it found, WROTE, MINE or ANOTHERS). The `Outcome`'s value is the answer (attempts, shard) of the commit
+    that counted: this attempt's (WROTE), this call's earlier one that answered UNKNOWN yet applied (MINE: its shard,
+    not this attempt's), or the key's first request's (ANOTHERS: a replay, nothing counted). After a commit that
+    counted, and only once, the cached total is `incr`ed (never created: a missing total is summed on the next read)."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None) -> None:
         self.name, self.request, self.call, self.attempts = name, request, Call(), 0
@@ -108,18 +107,19 @@ class BlindShardWriter(ShardWriter):
         self.increments = increments
 
     def write(self, index: int) -> Outcome[dict]:
-        def increment(_: None, stamp: str) -> dict:
+        def add_one(_: None, stamp: str) -> dict:
             self.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
                                    insert=self._marker(index, stamp))
             return self._answer(index)
         try:  # the commit is the first look: it fails when the marker exists, so no read before it
-            return once(lambda: None, increment, self._counted, self.call, run=_as_one_commit)
+            return once(lambda: None, add_one, self._counted, self.call, run=_as_one_commit)
         except core_exceptions.AlreadyExists as exists:  # the marker: this call's own earlier commit, which answered
             written = self._look()  # UNKNOWN yet applied, or another send of the key's
             if written is None:  # swept between the commit and this read: its day is long over, nothing to answer
                 raise Conflict("This Idempotency-Key's increment has expired; use a new key.",
                                "idempotency_key_expired") from exists
-            return once(lambda: written, increment, self._counted, self.call, run=_as_one_commit)
+            # `once` again, its look the marker just read: it writes nothing, only runs `then` (the incr) when MINE
+            return once(lambda: written, add_one, self._counted, self.call, run=_as_one_commit)
 
 
 def _as_one_commit(commit: Callable[[], T]) -> T:
@@ -132,13 +132,13 @@ class TransactionalShardWriter(ShardWriter):
     """Legacy Datastore: the marker and the shard read and written in one transaction."""
 
     def write(self, index: int) -> Outcome[dict]:
-        def increment(_: None, stamp: str) -> dict:
+        def add_one(_: None, stamp: str) -> dict:
             key = CounterShard.key_for(self.name, index)
             shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment
             shard.count += 1
             ndb.put_multi([shard, self._marker(index, stamp)] if self.request else [shard])
             return self._answer(index)
-        return once(self._look, increment, self._counted, self.call,
+        return once(self._look, add_one, self._counted, self.call,
                     run=lambda txn: ndb.transaction(txn, retries=0))  # one attempt: `commit_on_a_shard` retries
 
 
