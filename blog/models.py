@@ -1,7 +1,6 @@
 """Blog entities: one entity group per blog, so that a post's index bump and its entry commit together and an
 ancestor query over the blog is strongly consistent. The price, about one post a second per blog, is plenty for a blog
-(comments, written by many, live elsewhere: see comments/). Why: docs/lessons/blog.md.
-"""
+(comments, written by many, live elsewhere: see comments/). Why: docs/lessons/blog.md."""
 from dataclasses import dataclass
 
 from google.cloud import ndb
@@ -10,11 +9,11 @@ from core.markers import ExpiringMarker
 
 
 class BlogIndex(ndb.Model):
-    """The blog itself, named after its index as in the talk: key name the blog's name, parent of its entries;
+    """The blog itself, named after its index as in the talk (BlogIndex is the blog; an entry's `index` is its number,
+    where "composite index" and "index scan" are Datastore's): key name the blog's name, parent of its entries;
     `max_index` is the highest entry index given out, and the version of its cached front page. Read by key on every
     page view, so in ndb's global cache (never stale: docs/lessons/blog.md#why-the-front-pages-key-names-max_index);
-    not in the in-context cache, so a long-lived context (a thread, a task) sees other processes' posts.
-    """
+    not in the in-context cache, so a long-lived context (a thread, a task) sees other processes' posts."""
     _use_cache = False
     max_index = ndb.IntegerProperty(required=True, indexed=False)
     created = ndb.DateTimeProperty(auto_now_add=True, indexed=False)
@@ -26,8 +25,7 @@ class BlogIndex(ndb.Model):
 
 class BlogEntry(ndb.Model):
     """An entry; child of its BlogIndex, key name "<blog>:<index>" (EntryRef.key), so a permalink is a get by key.
-    `index` is its only indexed property (pages query it); `body_html` is rendered and sanitized once, when written.
-    """
+    `index` is its only indexed property (pages query it); `body_html` is rendered and sanitized once, when written."""
     index = ndb.IntegerProperty(required=True)
     title = ndb.TextProperty(required=True)
     body = ndb.TextProperty(required=True)
@@ -40,8 +38,7 @@ class BlogEntry(ndb.Model):
 class EntryRef:
     """One entry's identity, and the only code that spells its names (`entry_ref` in blog/service.py makes one from a
     URL). Each spelling is fixed by data already stored: the key name "<blog>:<index>", the reference other entities
-    store ("<blog>/<index>"), the stem of its counters' names ("<blog>.<index>": no ':' or '/' in a counter name).
-    """
+    store ("<blog>/<index>"), the stem of its counters' names ("<blog>.<index>": no ':' or '/' in a counter name)."""
     blog: str
     index: int
 

@@ -2,8 +2,7 @@
 
 Datastore has no row count and no cheap OFFSET (`fetch(10, offset=5000)` still reads and skips 5,000 rows), so each
 entry gets the next index from its blog's BlogIndex in the transaction that writes it, and a page is one index scan at
-any depth. The front page, read far more than it changes, is cached under a key that names the blog's `max_index`.
-"""
+any depth. The front page, read far more than it changes, is cached under a key that names the blog's `max_index`."""
 import json
 import zlib
 from dataclasses import dataclass
@@ -44,8 +43,9 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
     request = idempotency.keyed(idempotency_key, caller, ENDPOINT, blog, {"title": title, "body": body})
     body_html = render_markdown(body)  # before the transaction: CPU work does not belong inside it
     blog_key, call = ndb.Key(BlogIndex, blog), Call()
-    # Two entity groups in one transaction (the blog's, and the marker's, a root: blog/models.py says why): the marker
-    # holds the call's stamp and commits with the post or not at all, which is what makes the post happen once.
+    # Two entity groups in one transaction (the blog's, and the marker's, a root: blog/models.py says why). Every post
+    # writes a marker, key or no key: it holds the call's stamp and commits with the post or not at all, so our own
+    # retry after a commit that answered UNKNOWN finds it, and the post happens once.
     marker_key = ndb.Key(PostMarker, request.name if request else call.id)
 
     def look() -> Written | BlogIndex | None:
@@ -62,6 +62,7 @@ def post_entry(blog: str, title: object, body: object, author: str, idempotency_
         ndb.put_multi([blog_index, entry, PostMarker.new(marker_key, request, stamp, {"index": index})])
         return entry_dict(entry)
 
+    # hot_key: this blog's posts take turns across processes (core/hotspots.py); the transaction still decides
     posted = once(look, post, then=lambda entry: _forget_front_pages(blog, entry["index"]), call=call,
                   busy_message="The blog is taking many posts at once; try again.", hot_key=blog_key)
     if posted.wrote:
@@ -81,7 +82,9 @@ def query_page(blog_key: ndb.Key, start: int, limit: int) -> tuple[list[BlogEntr
 
 def _page_cache_key(blog: str, max_index: int, limit: int) -> str:
     """The key of a blog's cached front page: it names `max_index`, which every post changes, so no reader is served
-    one older than a committed post (docs/lessons/blog.md#why-the-front-pages-key-names-max_index)."""
+    one older than a committed post. The BlogIndex read first is never older than Datastore (ndb's global cache locks
+    it before the commit and refills it only by compare-and-swap), and a reader who started before the post can store
+    only under the old key, which nobody asks for (docs/lessons/blog.md#why-the-front-pages-key-names-max_index)."""
     return f"blog-page:{blog}:{max_index}:{limit}"
 
 
@@ -100,7 +103,7 @@ def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> Blog
     size = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     top = blog_index.max_index
     first = top if start is None else min(validate_index(start, "start"), top)
-    newer = None if first == top else min(first + size, top)
+    newer = None if first == top else min(first + size, top)  # indexes are dense: no query finds it
     cache = runtime.cache()
     cache_key = _page_cache_key(blog, top, size) if first == top else None  # only the front page is cached
     if cache_key is not None:
