@@ -1,5 +1,7 @@
 """Tests written after `make mutants` (docs/mutants.md, "Survivors"): each pins a behaviour that one of mutmut's
 mutants changed while every test that reached its function still passed. Each says the guarantee it keeps."""
+import datetime
+
 import pytest
 from google.api_core import exceptions as core_exceptions
 from google.cloud import ndb
@@ -56,3 +58,74 @@ def test_signing_out_ends_the_sign_in_for_the_rest_of_the_request_too(app):
         identity.sign_out()
         assert identity.current_user() is None
 
+
+# --- mapper/completion.py: finishing by hand, the timeline, the revival hint ------------------------------------
+
+def _seeded_job(client, auth, task_queue, accounts, **job):
+    """An add_credit job started over `accounts` new accounts (their seed delivered), its tasks not yet delivered."""
+    auth.admin()
+    client.post("/api/accounts/seed", json={"count": accounts})
+    task_queue.drain()
+    started = client.post("/api/jobs", json={"name": "add_credit", "params": {"amount": 1}, **job})
+    assert started.status_code == 202
+    return started.get_json()["id"]
+
+
+def test_finishing_a_job_whose_ranges_are_out_says_it_is_running_and_how_far_it_got(client, auth, task_queue):
+    """An admin's finish of a job still running is a 409 that says so and how much of the key range has reported
+    back, with its code for clients (job_running), and changes nothing."""
+    job_id = _seeded_job(client, auth, task_queue, 30)
+    r = client.post(f"/api/jobs/{job_id}/finish")
+    assert r.status_code == 409
+    assert r.get_json()["error"] == {"code": "job_running",
+                                     "message": "The job is still running: 0% of its key range has reported back."}
+    assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "running"
+
+
+def test_a_revived_task_is_counted_while_the_job_runs_and_drawn_as_revived(client, auth, task_queue):
+    """The sweep's revival of a task whose delivery died shows at once on the running job (`revived`: 1, from the
+    job's hints) and, once done, on that task's bar in the timeline (its `revived` 1, every other task's 0)."""
+    from mapper import sweep
+    from mapper.task import TaskRecord
+    job_id = _seeded_job(client, auth, task_queue, 60, page_size=20, fanout=2)
+    task_queue.queue.take()  # the root's first delivery, lost: its lease runs out and the sweep takes it up
+    with runtime.current().context():
+        record = TaskRecord.get_by_id(f"{job_id}-0")
+        record.lease = record.lease - datetime.timedelta(days=1)
+        record.put()
+        assert sweep.sweep()["revived"] == [f"{job_id}-0"]
+    running = client.get(f"/api/jobs/{job_id}").get_json()
+    assert running["state"] == "running" and running["revived"] == 1
+    task_queue.drain()
+    tasks = client.get(f"/api/jobs/{job_id}/timeline").get_json()["tasks"]
+    assert len(tasks) > 1 and {t["task"]: t["revived"] for t in tasks} == {t["task"]: int(t["task"] == "0")
+                                                                             for t in tasks}
+
+
+def test_a_timeline_gives_times_in_milliseconds(client, auth, task_queue):
+    """Each bar's start and end are seconds from the job's start to the millisecond, as the page draws them: not
+    whole seconds (a job of a second would draw no bars), not finer than the clock's figures say."""
+    job_id = _seeded_job(client, auth, task_queue, 60, page_size=10, fanout=3)
+    task_queue.drain(workers=2)
+    times = [t[edge] for t in client.get(f"/api/jobs/{job_id}/timeline").get_json()["tasks"]
+             for edge in ("start_s", "end_s")]
+    assert all(round(s, 3) == s for s in times), times
+    assert sum(s != int(s) for s in times) > len(times) // 2, times  # a whole second would be one in a thousand
+
+
+def test_a_timelines_count_of_tasks_not_drawn_comes_from_the_job_not_the_hints(client, auth, task_queue,
+                                                                                monkeypatch):
+    """`cut` (tasks past MOST_TASKS, not drawn) is from the ended job's summary, which the cache cannot lose; while
+    the job runs it is from the hints, its only count then."""
+    from mapper import completion
+    job_id = _seeded_job(client, auth, task_queue, 120, page_size=10, fanout=4)
+    monkeypatch.setattr(completion, "MOST_TASKS", 1)
+    task_queue.drain(max_deliveries=3)  # three deliveries: the job runs, with tasks ended and children queued
+    running = client.get(f"/api/jobs/{job_id}/timeline").get_json()
+    ended_so_far = client.get(f"/api/jobs/{job_id}").get_json()["tasks"]
+    assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "running"
+    assert running["cut"] == max(ended_so_far - 1, 0) and ended_so_far > 1
+    task_queue.drain()
+    made = client.get(f"/api/jobs/{job_id}").get_json()["tasks"]
+    runtime.current().cache.flush()  # the hints gone
+    assert client.get(f"/api/jobs/{job_id}/timeline").get_json()["cut"] == made - 1 > 0
