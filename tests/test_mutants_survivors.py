@@ -129,3 +129,34 @@ def test_a_timelines_count_of_tasks_not_drawn_comes_from_the_job_not_the_hints(c
     made = client.get(f"/api/jobs/{job_id}").get_json()["tasks"]
     runtime.current().cache.flush()  # the hints gone
     assert client.get(f"/api/jobs/{job_id}/timeline").get_json()["cut"] == made - 1 > 0
+
+
+# --- every lesson: a lookup inside a transaction ---------------------------------------------------------------------
+
+def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_context, monkeypatch):
+    """Inside the app's transactions a lookup that meets a collision fails the attempt at once (`retries=0`), and the
+    app's own loop tries the whole transaction again (`transact`: after a short jittered wait; a named counter: on
+    another shard), instead of ndb trying the same lookup again from 1 s. The lessons' writes read so: the talk's
+    counter, a named counter's +1 with a key, a post, a comment, a task handed back."""
+    from google.cloud.ndb import _datastore_api
+
+    from blog.models import EntryRef as Entry
+    from comments import service as comments
+    from counters import service as counters
+    from counters import simple
+    from mapper.handback import hand_back
+    from mapper.task import TaskPayload, TaskRecord
+    retried_by_ndb, real = [], _datastore_api.make_call
+
+    def spy(rpc_name, request, retries=None, **options):
+        if rpc_name == "lookup" and request.read_options.transaction:
+            retried_by_ndb.append(retries)
+        return real(rpc_name, request, retries=retries, **options)
+    monkeypatch.setattr(_datastore_api, "make_call", spy)
+    simple.increment()
+    counters.increment("once", "order-1", caller="u1")
+    blog_service.post_entry("b", "t", "body", "boss@example.com")
+    comments.post_comment(Entry("b", 0), {"id": "dev-ann", "email": "ann@example.com"}, "hello")
+    payload = TaskPayload("job1", "0", None, None, 4)
+    hand_back(ndb.Key(TaskRecord, payload.name), payload, "done")
+    assert len(retried_by_ndb) >= 5 and set(retried_by_ndb) == {0}, retried_by_ndb
