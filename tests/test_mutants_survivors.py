@@ -160,3 +160,18 @@ def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_conte
     payload = TaskPayload("job1", "0", None, None, 4)
     hand_back(ndb.Key(TaskRecord, payload.name), payload, "done")
     assert len(retried_by_ndb) >= 5 and set(retried_by_ndb) == {0}, retried_by_ndb
+
+
+def test_a_check_of_a_job_that_has_ended_or_is_gone_does_nothing_and_says_so(app, client, auth, task_queue):
+    """A job's check task delivered after the job ended (its last task ended it first) or once the job is gone ends
+    nothing, queues no further check, and answers why (the queue's log shows it), as a 200: no retry."""
+    from core import tasks
+    from mapper import completion
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    task_queue.drain()
+    assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "done"
+    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    for job in (job_id, "0123456789abcdef"):
+        r = client.post(tasks.ROUTE.format(completion.CHECK_HANDLER), json={"job": job, "check": 1}, headers=token)
+        assert r.status_code == 200 and r.get_json() == {"skipped": "the job is gone or has ended"}
+    assert task_queue.queue.take() is None
