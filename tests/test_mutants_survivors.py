@@ -175,3 +175,21 @@ def test_a_check_of_a_job_that_has_ended_or_is_gone_does_nothing_and_says_so(app
         r = client.post(tasks.ROUTE.format(completion.CHECK_HANDLER), json={"job": job, "check": 1}, headers=token)
         assert r.status_code == 200 and r.get_json() == {"skipped": "the job is gone or has ended"}
     assert task_queue.queue.take() is None
+
+
+def test_an_admins_finish_of_a_job_deleted_meanwhile_is_a_404_that_says_it_is_gone(client, auth, task_queue):
+    """An admin finishes a job whose tasks have all reported back but that was never marked ended (its last task
+    died first), while someone deletes the job: the finish finds nothing to end and answers that the job is gone
+    (404 no_such_job), not a 500 on the missing job, nor a job it made up."""
+    from core.errors import NotFound
+    from mapper import completion
+    from mapper.models import MapperJob
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    task_queue.drain()
+    with runtime.current().context():
+        stale = MapperJob.get_by_id(job_id)
+        stale.ended = None  # as the admin's request read it: not ended
+        stale.key.delete()
+        with pytest.raises(NotFound) as gone:
+            completion.end_by_admin(stale)
+    assert (gone.value.message, gone.value.code) == ("The job is gone.", "no_such_job")
