@@ -1,7 +1,8 @@
 """The add_credit job: in effect each chunk's transaction does `account.balance += amount` for its accounts and writes
 them with the task's record (as increments: mapper/bulk.py `PageWork.change`; on Firestore the server adds), so each is
-credited once however often a task is delivered or dies. The job's credit lands once, when it ends (`settle`), on the
-accounts' total balance, a sharded counter: no shared entity. BALANCE names that counter and each Account's property."""
+credited once however often a task is delivered or dies. The mapper tallies amount x accounts per chunk; `settle` gets
+the sum, the job's whole credit, once, when it ends, and adds it to the accounts' total balance, a sharded counter: no
+shared entity. BALANCE names both: in `_credit` each Account's property, in `_settle_credit` the counter."""
 from typing import Any
 
 from google.cloud import ndb
@@ -26,9 +27,9 @@ def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Mo
 
 
 def _credit_params(params: dict[str, Any]) -> dict[str, int]:
-    """The job's checked params; once they are valid, the counters it settles into are created (keep_figures)."""
-    unknown = set(params) - {"amount"}
-    if unknown:
+    """The job's checked params; once valid, keep_figures makes the counters `settle` adds to with KEPT_SHARDS shards
+    (its transaction would make a one-shard counter)."""
+    if unknown := set(params) - {"amount"}:
         raise Unprocessable(f"Unknown params: {', '.join(sorted(unknown))}.", "bad_params")
     checked = {"amount": whole_number(params.get("amount"), "amount", 1, MAX_AMOUNT, from_json=True)}
     keep_figures()

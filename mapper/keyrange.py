@@ -13,8 +13,8 @@ from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
 
 def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, own_and_handed: int, scan_keys: int,
                  fanout: int, samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (read_end, hi] is worth: about twice the scans (`scan_keys` keys each) it holds, so
-    each child's range is about half one scan, a margin of 2 for an estimate's error; at most `fanout` (a few
+    """How many ranges the rest (read_end, hi] is worth: its keys x 2 / `scan_keys` (the keys one scan reads), so a
+    child's range holds about half a scan's keys, a margin of 2 for an estimate's error; at most `fanout` (a few
     entities split `fanout` ways make as many tasks, each paying a task's fixed costs). Its size is judged by the
     samples' density over the `own_and_handed` keys just read [read_start, read_end], else by its ids' density (the
     Firestore emulator keeps no samples); unknown: `fanout`."""
@@ -29,19 +29,19 @@ def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, own
     return max(1, min(fanout, math.ceil(2 * remaining / scan_keys)))
 
 
-def split_points(lo: ndb.Key, hi: ndb.Key, k: int, samples: Sequence[ndb.Key] = (),
+def split_points(after: ndb.Key, hi: ndb.Key, k: int, samples: Sequence[ndb.Key] = (),
                  read_start: ndb.Key | None = None) -> list[ndb.Key]:
-    """Up to k-1 keys strictly between lo and hi, cutting (lo, hi] into ranges of about equal size: quantiles of the
-    `samples` (sorted by `order`) when the range holds k-1 of them, else key arithmetic; fewer when the keys leave no
-    room. Where arithmetic cannot aim at hi, points gallop on from the keys just read [read_start, lo] (`gallop`)."""
-    within = inside(samples, lo, hi)
+    """Up to k-1 keys strictly between `after` (the last key read) and hi, cutting (after, hi] into ranges of about
+    equal size: `samples`' quantiles (by `order`) when the range holds k-1, else key arithmetic; fewer when the keys
+    leave no room. Where arithmetic cannot aim at hi, points gallop on from the keys read [read_start, after]."""
+    within = inside(samples, after, hi)
     if len(within) >= k - 1:
         points = [within[len(within) * j // k] for j in range(1, k)]
     else:
-        points = [between(lo, hi, j / k) for j in range(1, k)]
+        points = [between(after, hi, j / k) for j in range(1, k)]
         if read_start is not None and not any(points):
-            points = gallop(read_start, lo, k)
-    result, last = [], order(lo)
+            points = gallop(read_start, after, k)
+    result, last = [], order(after)
     for p in points:  # strictly increasing, strictly inside: arithmetic rounds, quantiles may repeat
         if p is not None and last < order(p) < order(hi):
             result.append(p)

@@ -76,11 +76,11 @@ class TaskRecord(ndb.Model):
     the global cache."""
     _use_cache = False
     _use_global_cache = False
+    # The lesson's fields (tree.py): whose task, its weight, its page, how far it got, what it tallied, its children.
     job = ndb.StringProperty(required=True)
-    depth = ndb.IntegerProperty(required=True, indexed=False)
+    # weight (its parent's share) = kept_weight + its children's; ended, returned = kept_weight = delivery's passed_on
     weight = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
-    # The lesson's (tree.py): its page, how far it got, what it tallied, its children, the weight it gave back.
     page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,
     page_end = ndb.KeyProperty(indexed=False)  # its last,
     more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
@@ -88,9 +88,8 @@ class TaskRecord(ndb.Model):
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
-    # The payloads of the tasks it split into; a handout's keys are kept apart (mapper/handoff.py).
-    children = ndb.JsonProperty(default=[])
-    returned = ndb.IntegerProperty(default=0, indexed=False)  # weight returned when ended: what children did not take
+    children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into (a handout's keys: handoff.py)
+    returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: what its children did not take
     error = ndb.TextProperty()
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
     lease = ndb.DateTimeProperty()
@@ -98,6 +97,7 @@ class TaskRecord(ndb.Model):
     fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
     revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
     recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
+    depth = ndb.IntegerProperty(required=True, indexed=False)  # the /jobs page's: its depth in the tree (0: the root)
     started = ndb.DateTimeProperty(indexed=False)  # the timeline's (/jobs/<id>): when its first delivery began
     updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 
@@ -112,6 +112,11 @@ class TaskRecord(ndb.Model):
         return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
 
     @property
+    def never_committed(self) -> bool:
+        """No chunk committed as this object has it: a first delivery's record, made without reading it: delivery.py."""
+        return self.last_key is None and self.page is None
+
+    @property
     def kept_weight(self) -> int:
         """The weight this task kept for its own page: what it did not hand to its children."""
         return self.weight - sum(child["weight"] for child in self.children or [])
@@ -119,7 +124,7 @@ class TaskRecord(ndb.Model):
     def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
                 final: bool) -> None:
         """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`)."""
-        if self.page_end is None:
+        if self.page is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
         if chunk:

@@ -1,11 +1,12 @@
 """One task of a mapper job, delivered by a queue at least once: the talk's "split big jobs into many small tasks".
 
-A task visits its key range (lo, hi], lo exclusive, hi inclusive (the root's: the kind up to its largest key at the
-job's start, so later entities with larger keys are not visited). Its first delivery scans its first pages in one
-keys-only query in key order (never limit+offset, which reads and skips every key before its page: O(N^2) over a
-kind), keeps a page (`page_size` keys), hands each after it whole to a child (a handout: that child's query saved),
-cuts the rest into up to `fanout` child ranges (a tree O(log N) deep), and does its page in chunks, each with its
-record, exactly once. Queue handler (where the job ends): delivery.py; why: docs/lessons/mapper.md."""
+The plain tree: a task scans its key range (lo, hi] in key order (one keys-only query; limit+offset would read every key
+before its page: O(N^2) over a kind), keeps its first page (`page_size` keys), cuts the rest of its range into up to
+`fanout` child ranges (a tree O(log N) deep), and does its page in chunks, each committed with its record, exactly once.
+Two optimisations. Handouts: the query reads on, and up to `fanout` pages after its own go ready-made to children,
+saving their queries. Cut points: `__scatter__` samples' quantiles where the range holds enough (keyrange.py). Weight
+only tells when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
+completion.py); ignore it on a first read. Queue handler: delivery.py; why: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
@@ -27,15 +28,15 @@ class Visit(NamedTuple):
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
-    """One delivery's work on its task; the record as it leaves it. `record`: as a redelivery read it, or new on a
-    first delivery, which does not read it (delivery.py; the root's is written at the job's start). `_visit` scans and
-    `split`s, or goes on from the record; each chunk of the keys still to do commits once (`commit_chunk`); the first
-    also records the children, queued once it committed (by every delivery: the queue drops a name it has seen)."""
+    """One delivery's work on its task; the record as it leaves it (`record`: as a redelivery read it, or new on a first
+    delivery, which does not read it: delivery.py). `_visit` scans and `split`s, or goes on from the record; each chunk
+    of the keys still to do commits once (`commit_chunk`). Children are queued by name after the first chunk commits (it
+    records them), so queueing twice is harmless (the queue drops a name it has seen). A handout child's keys are kept
+    in a HandedPages entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
     visit = _visit(job, record, payload)
     work = bulk.page_work(definition, job.params, visit.todo)  # how this job reads, changes and writes the chunks
     for number, chunk in enumerate(work.chunks):  # one at least (bulk.py): an empty page still ends, queues children
         record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
-        # Died before queueing them? A redelivery does (the elif; delivery.py if the record ended), else sweep.py.
         if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
             handoff.enqueue_children(record, visit.handouts)
         elif number == 0:  # an earlier delivery split, or none did: the children as its record has them
@@ -60,25 +61,25 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
-    """The rest of the range after this task's page, as children: the next pages from the scan, each handed to a child
-    whole (as many as fit handoff.HANDED_BYTES), then the range beyond, cut into up to `fanout` ranges. Each child gets
-    an equal share of `weight` (the job ends when all is back: completion.py); the task keeps one share and the
-    remainder. E.g. page_size 100, fanout 4, weight 2**62, 10,000 accounts: the scan reads 501 keys (scan_keys 500, and
-    one more); the task keeps 100 (in chunks of 24 on legacy: 25 entity groups a transaction, one the record), hands out
-    4 pages (own_and_handed 500), cuts the rest (9,500) into 4 ranges: 8 children, 2**62 // 9 each."""
+    """The rest of the range after this task's page, as children of two kinds: handouts, the next pages of the scan,
+    each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
+    up to `fanout`. Each child gets an equal share of `weight`, the task one share and the remainder: weight only tells
+    when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
+    completion.py); ignore it on a first read. E.g. page_size 100, fanout 4: the scan reads 501 keys (scan_keys 500, and
+    one more); the task keeps 100, hands out 4 pages (own_and_handed 500), cuts the rest into up to 4 ranges."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    handouts = handoff.cut_handouts(scanned[size:scan_keys], size)
+    handouts = handoff.cut_handouts(scanned[size:scan_keys], size)  # kind 1, handouts: the pages scanned after its own
     own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
-    if len(scanned) > own_and_handed:  # keys remain after them: cut at __scatter__ quantiles, else by key arithmetic
+    if len(scanned) > own_and_handed:  # kind 2, ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
         end, hi = scanned[own_and_handed - 1], payload.hi_key
         parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, own_and_handed=own_and_handed,
                                       scan_keys=scan_keys, fanout=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
     share = weight // (len(handouts) + len(ranges) + 1)
-    if share == 0:  # weight spent: each split at least halves it, so 2**62 lasts 62 levels (10**9 entities: 12)
+    if share == 0:  # no share left: each split at least halves the weight, so 2**62 lasts 62 levels (10**9 keys: 12)
         if weight < 2:  # no weight to hand on: the job fails rather than end with this range unvisited
             raise RuntimeError(f"task {payload.task}: its weight is spent and its range is not")
         return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
@@ -94,8 +95,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
     record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS: Superseded."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
-        # A first delivery never read its record: nothing stored and nothing in `before` means no delivery wrote it yet
-        if current is None and before.last_key is None and before.page_end is None:
+        if current is None and before.never_committed:  # a first delivery, and no record stored: none committed yet
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
@@ -106,7 +106,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
         current, entities = read
         current.started = current.started or before.started  # a record written before any delivery began has none
         writes = work.change(entities)
-        handed_out = handoff.handouts_entity(current.key, visit.handouts) if current.page_end is None else []  # 1st
+        handed_out = handoff.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final)
         current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
