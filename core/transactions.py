@@ -22,13 +22,13 @@ from core.errors import Unavailable
 
 T = TypeVar("T")
 
-# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN (which may have
-# applied: hence core/exactly_once.py).
+# What Datastore answers when transactions collide: ABORTED, and from the emulator sometimes UNKNOWN. UNKNOWN may have
+# applied too (hence core/exactly_once.py), but it is the emulator's word for a collision from a Datastore that is up,
+# so it is retried as one (up to max_attempts), not only the few times below, kept few for a Datastore that is away.
 CONTENTION_ERRORS = (core_exceptions.Aborted, core_exceptions.Unknown)
 # What a call answers when Datastore did not answer it in time or could not be reached: a commit sent may have applied
-# all the same (the request reached the server, the answer did not come back), as after UNKNOWN. So it is tried again
-# (core/exactly_once.py: its retry finds its own stamp if it did apply); but only a few times, since these also mean a
-# Datastore that is away, and the user should then have the 503 soon.
+# all the same (the request arrived, its answer did not), as after UNKNOWN, so it is tried again (its retry finds its
+# own stamp: core/exactly_once.py); but only a few times, since these also mean a Datastore that is away (503 soon).
 MAYBE_APPLIED_ERRORS = (core_exceptions.DeadlineExceeded, core_exceptions.ServiceUnavailable)
 MAYBE_APPLIED_ATTEMPTS = 3
 BUSY = "This is too busy right now; try again."

@@ -1,5 +1,5 @@
 """A counter's config, created and grown: by an admin (`increase_shards`), or by an adaptive counter itself: each
-process watches its own attempts at it (`listener`) and multiplies its shards (`grow`) while they keep colliding."""
+process watches its own attempts at it (`grower`) and multiplies its shards (`grow`) while they keep colliding."""
 import logging
 import threading
 from collections.abc import Callable
@@ -110,10 +110,10 @@ class ContentionWindow:
 contention = ContentionWindow()  # the process's own
 
 
-def listener(name: str) -> Callable[[int, bool], int]:
-    """What an adaptive counter's increment tells of each attempt (writes.commit_on_a_shard's `on_attempt`): heard
-    as it happens, so a stuck increment grows the counter at once. Returns the shard count to go on with."""
-    def on_attempt(num_shards: int, collided: bool) -> int:
+def grower(name: str) -> Callable[[int, bool], int]:
+    """What an adaptive counter's increment tells of each attempt (writes.commit_on_a_shard's `grow`): heard as it
+    happens, so a stuck increment grows the counter at once. Returns the shard count to go on with."""
+    def grow_if_colliding(num_shards: int, collided: bool) -> int:
         factor = contention.observe(name, num_shards, collided)
         if factor:
             grown = num_shards
@@ -127,7 +127,7 @@ def listener(name: str) -> Callable[[int, bool], int]:
             # Only a committed shard count is safe to use, since a total sums the shards below it.
             return max(num_shards, require_config(name).num_shards)
         return num_shards
-    return on_attempt
+    return grow_if_colliding
 
 
 def grow(name: str, seen_shards: int, factor: int) -> int:

@@ -61,12 +61,11 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
         if not create:
             raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
         config = configure(name, mode, listed=listed)
-    listener = growth.listener(name) if config.mode == "adaptive" else None
-    outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request), listener)
-    if outcome.wrote:  # this attempt's commit counted it
+    grow = growth.grower(name) if config.mode == "adaptive" else None  # more shards while attempts keep colliding
+    outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request), grow)
+    if outcome.wrote:  # this attempt's commit counted it, after `attempts` attempts
         return Increment(True, attempts, outcome.value["shard"])
-    # The answer stored with the commit that counted: this call's earlier one, which answered UNKNOWN or timed out yet
-    # applied (MINE), or the key's first request's (a replay). So every send of the key answers the same.
+    # MINE or ANOTHERS: the answer stored with the commit that counted (writes.ShardWriter), the same for every send.
     return Increment(True, outcome.value.get("attempts", 1), outcome.value.get("shard", 0), replayed=outcome.by_another)
 
 

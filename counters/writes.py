@@ -1,7 +1,6 @@
 """Writing a named counter: +1 on one of its shards in one commit, tried again on another shard when it collides.
 
-Where the two backends differ (docs/backends.md), one ShardWriter each, chosen by what the process's Datastore
-offers (core/datastore.py builds ServerIncrements for Firestore only):
+Where the two backends differ (docs/backends.md), one ShardWriter each, chosen by what the process's Datastore offers:
 - Firestore in Datastore mode (`BlindShardWriter`): a blind server-side increment, no read, so no lock to wait on;
   the idempotency marker is inserted in the same commit.
 - Legacy Datastore (`TransactionalShardWriter`): a read-modify-write transaction (the legacy emulator drops
@@ -30,50 +29,50 @@ SINGLE_SHARD_BACKOFF_CAP = 4.0
 
 
 def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
-                      on_attempt: Callable[[int, bool], int] | None = None) -> tuple[T, int]:
-    """`attempt(shard)` (one commit: a ShardWriter) on a random shard, through the app's one retry loop, whose
+                      grow: Callable[[int, bool], int] | None = None) -> tuple[T, int]:
+    """`attempt(index)` (one commit: a ShardWriter) on a random shard, through the app's one retry loop, whose
     collision policy here is: another shard at once. Any other shard is as good a place for the +1 and probably free,
     where ndb's retry would wait from 1 s and try the same one (the writers read with `retries=0` for that reason).
     With one shard there is nowhere to go, and an immediate retry meets the same writers: a jittered backoff.
-    `on_attempt(num_shards, collided)`, if given, hears of every attempt and returns the shard count to go on with
-    (growth.listener). Returns (attempt's result, attempts made): which shard counted is the result's to say (after
-    a commit that answered UNKNOWN yet applied, an earlier attempt's shard)."""
-    shard, attempts = random.randrange(num_shards), 0
+    `grow(num_shards, collided)` (growth.grower: adaptive counters) hears each attempt and returns the shard count to
+    go on with, more once enough recent ones collided. Returns (the result, naming the shard that counted; attempts)."""
+    index, attempts = random.randrange(num_shards), 0
 
     def on_this_shard() -> T:
         nonlocal attempts
         attempts += 1
-        return attempt(shard)
+        return attempt(index)
 
     def another_shard(collisions: int) -> None:
-        nonlocal num_shards, shard
-        if on_attempt:
-            num_shards = on_attempt(num_shards, True)
+        nonlocal num_shards, index
+        if grow:
+            num_shards = grow(num_shards, True)
         if num_shards > 1:
-            shard = (shard + random.randrange(1, num_shards)) % num_shards  # any shard but this one
+            index = (index + random.randrange(1, num_shards)) % num_shards  # any shard but this one
         else:
             backoff(collisions + 1, SINGLE_SHARD_BACKOFF, SINGLE_SHARD_BACKOFF_CAP)
 
     result = retried(on_this_shard, another_shard, MAX_ATTEMPTS, "The counter is too contended right now; try again.")
-    if on_attempt:  # outside `retried`: if growing fails, the +1 that already committed is not tried again
-        on_attempt(num_shards, False)
+    if grow:  # outside `retried`: if growing fails, the +1 that already committed is not tried again
+        grow(num_shards, False)
     return result, attempts
 
 
 class ShardWriter:
     """`writer(index)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
-    Idempotency-Key (its marker, written with the +1, is where the call's stamp lives: core/exactly_once.py says which
-    of three it found, WROTE, MINE or ANOTHERS). The `Outcome`'s value is the answer (attempts, shard) of the commit
-    that counted: this attempt's (WROTE), this call's earlier one that answered UNKNOWN yet applied (MINE: its shard,
-    not this attempt's), or the key's first request's (ANOTHERS: a replay, nothing counted). After a commit that
-    counted, and only once, the cached total is `incr`ed (never created: a missing total is summed on the next read)."""
+    Idempotency-Key (its marker, written with the +1, holds the call's stamp: core/exactly_once.py's `once` says which
+    of three it found). The `Outcome`'s value is the answer (attempts, shard) of the commit that counted: this
+    attempt's (WROTE), this call's earlier one that answered UNKNOWN yet applied (MINE: its shard, not this attempt's),
+    or the key's first request's (ANOTHERS: a replay, nothing counted). `attempts_stored` is `commit_on_a_shard`'s
+    count again, kept here to be stored in the marker's answer. After a commit that counted, and only once, the cached
+    total is `incr`ed (never created: a missing total is summed on the next read)."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None) -> None:
-        self.name, self.request, self.call, self.attempts = name, request, Call(), 0
+        self.name, self.request, self.call, self.attempts_stored = name, request, Call(), 0
         self.marker_key = AppliedIncrement.key_for(request) if request else None
 
     def __call__(self, index: int) -> Outcome[dict]:
-        self.attempts += 1
+        self.attempts_stored += 1
         return self.write(index)
 
     def write(self, index: int) -> Outcome[dict]:
@@ -86,7 +85,7 @@ class ShardWriter:
                                    self.request)
 
     def _answer(self, index: int) -> dict:
-        return {"attempts": self.attempts, "shard": index}
+        return {"attempts": self.attempts_stored, "shard": index}
 
     def _marker(self, index: int, stamp: str) -> AppliedIncrement | None:
         if self.request is None:
@@ -98,9 +97,13 @@ class ShardWriter:
 
 
 class BlindShardWriter(ShardWriter):
-    """Firestore in Datastore mode: a server-side increment, no transaction. The marker is inserted in the same commit,
-    and an insert fails (ALREADY_EXISTS, nothing written) when its marker exists: so the look at the marker needs no
-    transaction to make the +1 happen at most once; the commit itself is the check."""
+    """Firestore in Datastore mode: a server-side increment and the marker's insert in one commit, no transaction: the
+    insert is `once`'s look, failing (AlreadyExists, nothing written) when the marker exists. The three cases:
+    - the first commit: `once(lambda: None, ...)` finds nothing, writes the +1 with the marker: WROTE;
+    - this call's commit answered UNKNOWN yet applied, so its retry's insert fails: the marker is read and the second
+      `once(lambda: written, ...)` finds this call's stamp: MINE, nothing written again, only the cached total's incr;
+    - a resend of the key (another call): its insert fails the same way and the marker holds the first call's stamp:
+      ANOTHERS, answered with the first call's answer, nothing written or incremented."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None, increments: ServerIncrements) -> None:
         super().__init__(name, request)
@@ -111,20 +114,18 @@ class BlindShardWriter(ShardWriter):
             self.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
                                    insert=self._marker(index, stamp))
             return self._answer(index)
-        try:  # the commit is the first look: it fails when the marker exists, so no read before it
+        try:  # the insert is the look (the class's first case)
             return once(lambda: None, add_one, self._counted, self.call, run=_as_one_commit)
-        except core_exceptions.AlreadyExists as exists:  # the marker: this call's own earlier commit, which answered
-            written = self._look()  # UNKNOWN yet applied, or another send of the key's
+        except core_exceptions.AlreadyExists as exists:  # MINE or ANOTHERS: the marker says which
+            written = self._look()
             if written is None:  # swept between the commit and this read: its day is long over, nothing to answer
                 raise Conflict("This Idempotency-Key's increment has expired; use a new key.",
                                "idempotency_key_expired") from exists
-            # `once` again, its look the marker just read: it writes nothing, only runs `then` (the incr) when MINE
             return once(lambda: written, add_one, self._counted, self.call, run=_as_one_commit)
 
 
 def _as_one_commit(commit: Callable[[], T]) -> T:
-    """`once`'s `run` for a look and a write that need no transaction around them (the write's commit is its own
-    check): run as they are."""
+    """`once`'s `run` when the write's commit is its own check, with no transaction around it: run as it is."""
     return commit()
 
 
