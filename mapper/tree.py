@@ -63,10 +63,10 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
     """The rest of the range after this task's page, as children of two kinds: handouts, the next pages of the scan,
     each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
-    up to `fanout`. Each child gets an equal share of `weight`, the task one share and the remainder: weight only tells
-    when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
-    completion.py); ignore it on a first read. E.g. page_size 100, fanout 4: the scan reads 501 keys (scan_keys 500, and
-    one more); the task keeps 100, hands out 4 pages (own_and_handed 500), cuts the rest into up to 4 ranges."""
+    up to `fanout`: up to 2 x fanout children. Each gets an equal share of `weight`, the task one share and the
+    remainder (weight tells only when the job has ended: ignore it on a first read). E.g. page_size 100, fanout 4: the
+    scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4 pages (own_and_handed 500), cuts
+    the rest into up to 4 ranges."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = handoff.cut_handouts(scanned[size:scan_keys], size)  # kind 1, handouts: the pages scanned after its own
@@ -99,7 +99,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
-            return Written(stamp=current and current.last_chunk_by, answer=current)
+            return Written(stamp=current and current.last_chunk_by, answer=current)  # moved on: MINE or ANOTHERS
         return current, [e for e in entities if e is not None]  # deleted since the query: skipped
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
