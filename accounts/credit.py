@@ -1,8 +1,8 @@
 """The add_credit job: in effect each chunk's transaction does `account.balance += amount` for its accounts and writes
-them with the task's record (as increments: mapper/bulk.py `PageWork.change`; on Firestore the server adds), so each is
-credited once however often a task is delivered or dies. The mapper tallies amount x accounts per chunk; `settle` gets
-the sum, the job's whole credit, once, when it ends, and adds it to the accounts' total balance, a sharded counter: no
-shared entity. BALANCE names both: in `_credit` each Account's property, in `_settle_credit` the counter."""
+them with the task's record (as increments: bulk.py `PageWork.change`; on Firestore the server adds): each credited
+once however often a task is delivered or dies (a job with `apply` instead: comments/recount.py). The mapper tallies
+amount x accounts; `settle` gets the job's whole credit once, at its end, and adds it to the accounts' total balance, a
+sharded counter. BALANCE: in `_credit` each Account's property, in `_settle_credit` the counter."""
 from typing import Any
 
 from google.cloud import ndb

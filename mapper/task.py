@@ -1,7 +1,7 @@
-"""One task of a mapper job's tree: what it is given (TaskPayload) and what it did (TaskRecord, an entity). The root
-holds TOTAL_WEIGHT; a task that splits hands a share to each child and keeps the rest for its own page, returned when
-the page is done, so the returned weights sum to TOTAL_WEIGHT exactly when every task has ended. A cache incr sums
-them as tasks end (no entity hot); the records' sum decides at TOTAL_WEIGHT, or if the cache lost it: completion.py."""
+"""One task of a mapper job's tree: what it is given (TaskPayload: its range, or a handout's keys) and what it did
+(TaskRecord, an entity written with each chunk: its page, how far it got, its children). Weight, only for the job's
+end: the root holds TOTAL_WEIGHT, a task that splits gives each child a share and keeps the rest, returned when its
+page is done; the job has ended when the returned weights sum to TOTAL_WEIGHT (completion.py sums them)."""
 import dataclasses
 import datetime
 
@@ -78,7 +78,7 @@ class TaskRecord(ndb.Model):
     _use_global_cache = False
     # The lesson's fields (tree.py): whose task, its weight, its page, how far it got, what it tallied, its children.
     job = ndb.StringProperty(required=True)
-    # weight (its parent's share) = kept_weight + its children's; ended, returned = kept_weight = delivery's passed_on
+    # weight (its parent's share) = kept_weight + its children's shares; once it ended, returned = kept_weight
     weight = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
     page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,

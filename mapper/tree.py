@@ -95,7 +95,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
     record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS: Superseded."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
-        if current is None and before.never_committed:  # a first delivery, and no record stored: none committed yet
+        if current is None and before.never_committed:  # `before` made without a read (delivery.py), none stored
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
@@ -114,7 +114,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
         work.store.put_multi([*writes, current, *handed_out])
         return current
 
-    committed = once(look, write, run=work.store.transact)  # one call a chunk, shared by its transaction's retries
+    committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments: bulk.py
     if committed.by_another:  # another delivery moved the record on
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
