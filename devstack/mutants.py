@@ -402,7 +402,8 @@ def beside_guarantees() -> list[str]:
             continue
         text = (WORK / entry.file).read_text()
         if text.count(entry.find) != 1:
-            rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}` | (its text is not found once) |")
+            rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}` | (its text is not found once at the "
+                        "run's commit: the entry was re-aimed since) |")
             continue
         first = text[:text.index(entry.find)].count("\n") + 1
         last = first + entry.find.strip("\n").count("\n")
@@ -418,29 +419,31 @@ def beside_guarantees() -> list[str]:
     return rows
 
 
-def sessions() -> list[dict]:
-    """Each pytest session of the run, as devstack/mutants_plugin.py timed it: mutant ("stats", "" for the clean run,
-    "fail" for the forced failure, else a mutant's name), exit status, seconds."""
+def sessions(since: int = 0) -> list[dict]:
+    """Each pytest session, as devstack/mutants_plugin.py timed it: mutant ("stats", "" for the clean run, "fail" for
+    the forced failure, else a mutant's name), exit status, seconds. Kept across --resume runs: `since`, the number of
+    sessions before this run began, leaves out the earlier runs'."""
     path = WORK / "sessions.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()][since:] if path.exists() else []
 
 
-def per_mutant(module: str | None = None) -> list[float]:
-    return [s["seconds"] for s in sessions() if "__mutmut_" in s["mutant"]
+def per_mutant(module: str | None = None, since: int = 0) -> list[float]:
+    return [s["seconds"] for s in sessions(since) if "__mutmut_" in s["mutant"]
             and (module is None or s["mutant"].startswith(module_name(module) + ".x"))]
 
 
-def timing_lines(seconds: float, stats_tests: list[str]) -> list[str]:
+def timing_lines(seconds: float, stats_tests: list[str], since: int = 0) -> list[str]:
+    """This run's times (its sessions from `since` on)."""
     by_kind: dict[str, float] = {}  # "" twice: the clean run, and the fork server's collection (the longer is the run)
-    for s in sessions():
+    for s in sessions(since):
         if "__mutmut_" not in s["mutant"]:
             by_kind[s["mutant"]] = max(by_kind.get(s["mutant"], 0), s["seconds"])
     lines = [f"wall time: {seconds:.0f} s in all: mutant generation, mutmut's stats run over {len(stats_tests)} test "
              f"files ({by_kind.get('stats', 0):.0f} s), the clean run of the tests it found "
              f"({by_kind.get('', 0):.0f} s), the forced failure, then the mutants"]
-    times = per_mutant()
+    times = per_mutant(since=since)
     if times:
-        survived = [s["seconds"] for s in sessions() if "__mutmut_" in s["mutant"] and s["exit"] == 0]
+        survived = [s["seconds"] for s in sessions(since) if "__mutmut_" in s["mutant"] and s["exit"] == 0]
         lines.append(f"per mutant (its pytest session, as devstack/mutants_plugin.py timed it): {len(times)} "
                      f"mutants, mean {statistics.mean(times):.1f} s, median {statistics.median(times):.1f} s, "
                      f"longest {max(times):.1f} s, sum {sum(times):.0f} s"
@@ -492,7 +495,8 @@ def main() -> int:
     started = time.monotonic()
     scratch_tree(None if args.working_tree else commit, args.resume)
     write_settings(modules, tests)
-    run |= {"started": time.time(), "seconds": 0}  # for --report-only after a run that was stopped
+    run |= {"started": time.time(), "seconds": 0,  # for --report-only after a run that was stopped
+            "sessions_from": len(sessions())}
     (WORK / "run.json").write_text(json.dumps(run, indent=1))
     emulator = Stack(consistency=1.0, backend=backend).emulator
     emulator.start()
@@ -523,7 +527,7 @@ def report(run: dict, note: str | None, write: bool) -> int:
         found = {path: {name: status for name, status in statuses.items()
                         if any(fnmatch.fnmatch(name, pattern) for pattern in run["mutants"])}
                  for path, statuses in found.items()}
-    timing = timing_lines(run["seconds"], run["tests"])
+    timing = timing_lines(run["seconds"], run["tests"], run.get("sessions_from", 0))
     print()
     for path in modules:
         print(f"{path}: " + ", ".join(f"{k} {v}" for k, v in counts(found[path]).items()))
