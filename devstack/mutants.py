@@ -402,8 +402,8 @@ def beside_guarantees() -> list[str]:
             continue
         text = (WORK / entry.file).read_text()
         if text.count(entry.find) != 1:
-            rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}` | (its text is not found once at the "
-                        "run's commit: the entry was re-aimed since) |")
+            rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}` | (its text is not found once "
+                        "at the run's commit: the entry was re-aimed since) |")
             continue
         first = text[:text.index(entry.find)].count("\n") + 1
         last = first + entry.find.strip("\n").count("\n")
