@@ -67,16 +67,19 @@ def test_a_stopped_runs_score_counts_the_mutants_it_ran_and_says_how_many_are_le
     assert tally["score"] == "60.0%"  # (2 killed + 1 timeout) / 5 run
 
 
-def test_each_mutant_is_placed_on_the_source_line_it_changes(work):
+def test_each_mutant_is_placed_on_the_source_line_it_changes(work, monkeypatch):
     """docs/mutants.md's survivors and its rows beside the guarantees name the line a mutant changes: found from
     mutmut's own mutated copy of a module (written here by mutmut's generator), a function's and a method's."""
-    from mutmut.__main__ import write_all_mutants_to_file
+    from mutmut import configuration
+    from mutmut.mutation.file_mutation import mutate_file_contents
     source = ('"""A module."""\n\n\ndef add(a, b):\n    total = a + b\n    return total\n\n\n'
               'class Box:\n    def __init__(self):\n        self.size = 2\n')
     (work / "mutants").mkdir(parents=True)
     (work / "box.py").write_text(source)
-    with open(work / "mutants" / "box.py", "w") as out:
-        write_all_mutants_to_file(out=out, source=source, filename="box.py")
+    (work / "setup.cfg").write_text("[mutmut]\nsource_paths =\n    box.py\n")  # mutmut's settings, as a run's
+    monkeypatch.chdir(work)  # where mutmut reads them (else it guesses from the directory's name)
+    monkeypatch.setattr(configuration, "_config", None)
+    (work / "mutants" / "box.py").write_text(mutate_file_contents("box.py", source).code)
     changes = mutants.mutant_changes("box.py")
     assert changes and all(line for _, line in changes.values())
     lines = source.splitlines()
