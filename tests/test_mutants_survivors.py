@@ -193,3 +193,21 @@ def test_an_admins_finish_of_a_job_deleted_meanwhile_is_a_404_that_says_it_is_go
         with pytest.raises(NotFound) as gone:
             completion.end_by_admin(stale)
     assert (gone.value.message, gone.value.code) == ("The job is gone.", "no_such_job")
+
+
+def test_a_running_jobs_checks_back_off_then_come_every_minute(app, client, auth, task_queue, monkeypatch):
+    """A job's check tasks (which end a job whose last task died before ending it) come 1, 2, 4, 8, 15 and 30 s apart,
+    then every 60 s: soon after a death, and cheap for a job that runs long."""
+    from mapper import completion
+    job_id = _seeded_job(client, auth, task_queue, 10)  # its root task not delivered: the job runs
+    delays, enqueue = {}, task_queue.queue.enqueue
+
+    def noting(name, payload, task_name, delay=0):
+        if name == completion.CHECK_HANDLER:
+            delays[payload["check"]] = delay
+        return enqueue(name, payload, task_name, delay)
+    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    with runtime.current().context():
+        for number in range(1, 8):
+            assert "progress" in completion.run_check({"job": job_id, "check": number})
+    assert delays == {2: 2, 3: 4, 4: 8, 5: 15, 6: 30, 7: 60, 8: 60}
