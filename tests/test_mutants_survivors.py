@@ -211,3 +211,31 @@ def test_a_running_jobs_checks_back_off_then_come_every_minute(app, client, auth
         for number in range(1, 8):
             assert "progress" in completion.run_check({"job": job_id, "check": number})
     assert delays == {2: 2, 3: 4, 4: 8, 5: 15, 6: 30, 7: 60, 8: 60}
+
+
+def test_a_check_that_finds_every_task_back_ends_the_job_and_says_so(client, auth, task_queue, monkeypatch):
+    """A job whose last task died before ending it is ended by its next check, which answers how it finished; a job
+    deleted while the check sums its records is not made again: the check says it is gone."""
+    from accounts import service as accounts_service
+    from mapper import completion
+    from mapper.models import MapperJob
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    task_queue.drain()
+
+    def unfinish():  # as if its last task had died before ending it: not ended, its credit not yet settled
+        stuck = MapperJob.get_by_id(job_id)
+        stuck.ended = None
+        ndb.put_multi([stuck, *accounts_service.COUNTERS.add_in_transaction(accounts_service.BALANCE, -10)])
+    with runtime.current().context():
+        ndb.transaction(unfinish)
+        assert completion.run_check({"job": job_id, "check": 1}) == {"finished": "done"}
+        ndb.transaction(unfinish)
+        summed = completion._summed
+
+        def deleted_meanwhile(job):
+            job.key.delete()
+            return summed(job)
+        monkeypatch.setattr(completion, "_summed", deleted_meanwhile)
+        assert completion.run_check({"job": job_id, "check": 2}) == {"skipped": "the job is gone"}
+        assert MapperJob.get_by_id(job_id) is None
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 0  # the second end settled nothing
