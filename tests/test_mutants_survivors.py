@@ -214,28 +214,36 @@ def test_a_running_jobs_checks_back_off_then_come_every_minute(app, client, auth
 
 
 def test_a_check_that_finds_every_task_back_ends_the_job_and_says_so(client, auth, task_queue, monkeypatch):
-    """A job whose last task died before ending it is ended by its next check, which answers how it finished; a job
-    deleted while the check sums its records is not made again: the check says it is gone."""
+    """A job whose last task died before ending it is ended by its next check, which answers how it finished; so does
+    a check that another call beat to the end (it answers as that call ended it); a job deleted while the check sums
+    its records is not made again: the check says it is gone."""
     from accounts import service as accounts_service
     from mapper import completion
     from mapper.models import MapperJob
     job_id = _seeded_job(client, auth, task_queue, 10)
     task_queue.drain()
+    summed = completion._summed
 
     def unfinish():  # as if its last task had died before ending it: not ended, its credit not yet settled
         stuck = MapperJob.get_by_id(job_id)
         stuck.ended = None
         ndb.put_multi([stuck, *accounts_service.COUNTERS.add_in_transaction(accounts_service.BALANCE, -10)])
+
+    def ended_meanwhile(job):  # another call (the job's last task, another check) ends it first
+        assert completion._end(MapperJob.get_by_id(job_id), summed(job)) is not None
+        return summed(job)
+
+    def deleted_meanwhile(job):
+        job.key.delete()
+        return summed(job)
     with runtime.current().context():
         ndb.transaction(unfinish)
         assert completion.run_check({"job": job_id, "check": 1}) == {"finished": "done"}
         ndb.transaction(unfinish)
-        summed = completion._summed
-
-        def deleted_meanwhile(job):
-            job.key.delete()
-            return summed(job)
+        monkeypatch.setattr(completion, "_summed", ended_meanwhile)
+        assert completion.run_check({"job": job_id, "check": 2}) == {"finished": "done"}
+        ndb.transaction(unfinish)
         monkeypatch.setattr(completion, "_summed", deleted_meanwhile)
-        assert completion.run_check({"job": job_id, "check": 2}) == {"skipped": "the job is gone"}
+        assert completion.run_check({"job": job_id, "check": 3}) == {"skipped": "the job is gone"}
         assert MapperJob.get_by_id(job_id) is None
-    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 0  # the second end settled nothing
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 0  # each end settled once, the last none
