@@ -247,3 +247,14 @@ def test_a_check_that_finds_every_task_back_ends_the_job_and_says_so(client, aut
         assert completion.run_check({"job": job_id, "check": 3}) == {"skipped": "the job is gone"}
         assert MapperJob.get_by_id(job_id) is None
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 0  # each end settled once, the last none
+
+
+def test_a_check_of_a_running_job_answers_its_progress_to_four_places(client, auth, task_queue):
+    """A check that finds ranges still out answers how much of the key range has reported back, as a fraction to four
+    places (the queue's log shows it)."""
+    from mapper import completion
+    job_id = _seeded_job(client, auth, task_queue, 90, page_size=10, fanout=3)
+    task_queue.drain(max_deliveries=2)  # the root (split seven ways) and one child: 2/7 back
+    with runtime.current().context():
+        progress = completion.run_check({"job": job_id, "check": 1})["progress"]
+    assert 0 < progress < 1 and progress == round(progress, 4) and progress != round(progress, 2), progress
