@@ -1,6 +1,5 @@
 """Markdown tables read back: the benchmarks write their results as markdown (bench/results/*.md), and the planner
 (and the tests that hold it to them) read the figures from there rather than copying them."""
-from pathlib import Path
 
 
 def markdown_tables(text: str) -> dict[str, list[dict[str, str]]]:
@@ -21,7 +20,3 @@ def markdown_tables(text: str) -> dict[str, list[dict[str, str]]]:
             header = None
     return found
 
-
-def markdown_tables_in(path: Path) -> dict[str, list[dict[str, str]]]:
-    """The tables of the markdown file at `path`."""
-    return markdown_tables(path.read_text(encoding="utf-8"))

@@ -72,11 +72,13 @@ def enqueue_children(record: TaskRecord, handouts: dict[str, list[str]]) -> None
 
 def enqueue_recorded_children(record: TaskRecord) -> None:
     """Enqueue the tasks `record` split into, a handout child's keys read from the record's HandedPages."""
-    apart = any(child.get("keys_apart") for child in record.children)
-    kept = HandedPages.key_for(record.key).get() if apart else None
-    if apart and kept is None:
-        raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
-    enqueue_children(record, kept.handouts if kept else {})
+    enqueue_children(record, kept_handouts(record.key) if any(c.get("keys_apart") for c in record.children) else {})
+
+
+def kept_handouts(record_key: ndb.Key) -> dict[str, list[str]]:
+    if (kept := HandedPages.key_for(record_key).get()) is None:
+        raise RuntimeError(f"task {record_key.id()}: the pages it handed out are gone")
+    return kept.handouts
 
 
 def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
@@ -91,8 +93,5 @@ def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
     if child is None:
         raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
     if child.get("keys_apart"):
-        kept_pages = HandedPages.key_for(parent_key).get()
-        if kept_pages is None:
-            raise RuntimeError(f"task {job_id}-{path}: the pages its parent handed out are gone")
-        child = {**child, "keys": kept_pages.handouts[path]}
+        child = {**child, "keys": kept_handouts(parent_key)[path]}
     return TaskPayload.from_json(child)

@@ -15,7 +15,8 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: the key range (lo, hi] as urlsafe keys, or `keys`, a handout: the page its parent scanned and handed it."""
+    visits: the key range (lo, hi] as urlsafe keys (the root's: (None, the kind's largest key when the job started]),
+    or `keys`, a handout: the page its parent scanned and handed it."""
     job: str
     task: str
     lo: str | None
@@ -47,19 +48,28 @@ class TaskPayload:
         return ndb.Key(urlsafe=self.lo.encode()) if self.lo else None
 
     @property
-    def hi_key(self) -> ndb.Key | None:
-        return ndb.Key(urlsafe=self.hi.encode()) if self.hi else None
+    def hi_key(self) -> ndb.Key:
+        assert self.hi is not None, f"task {self.task} is a handout: it has no range"
+        return ndb.Key(urlsafe=self.hi.encode())
 
     @property
     def handed_keys(self) -> list[ndb.Key] | None:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
-    def range_child(self, index: int, lo: ndb.Key, hi: ndb.Key, weight: int) -> "TaskPayload":
-        return TaskPayload(self.job, f"{self.task}-{index}", lo.urlsafe().decode(), hi.urlsafe().decode(), weight)
-
-    def handout_child(self, index: int, keys: list[ndb.Key], weight: int) -> "TaskPayload":
-        return TaskPayload(self.job, f"{self.task}-{index}", None, None, weight, [k.urlsafe().decode() for k in keys])
+    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[tuple[ndb.Key, ndb.Key]], weight: int,
+                      page_end: ndb.Key) -> list["TaskPayload"]:
+        """A split's children ("<path>-0"...): one per handout, then one per range, each an equal share of `weight`
+        (the task keeps one, and the rest); too little to share (62 levels down): half to one child, (page_end, hi]."""
+        share = weight // (len(handouts) + len(ranges) + 1)
+        if share == 0:
+            if weight < 2:
+                raise RuntimeError(f"task {self.task}: its weight is spent and its range is not")
+            handouts, ranges, share = [], [(page_end, self.hi_key)], weight // 2
+        return ([TaskPayload(self.job, f"{self.task}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
+                 for i, keys in enumerate(handouts)] +
+                [TaskPayload(self.job, f"{self.task}-{len(handouts) + i}", lo.urlsafe().decode(),
+                             hi.urlsafe().decode(), share) for i, (lo, hi) in enumerate(ranges)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 The plain tree: a task scans its key range (lo, hi] in key order (one keys-only query; limit+offset would read every key
 before its page: O(N^2) over a kind), keeps its first page (`page_size` keys), cuts the rest of its range into up to
-`fanout` child ranges (a tree O(log N) deep), and does its page in chunks, each committed with its record, exactly once.
+`fanout` child ranges (a tree O(log N) deep), and does its page in chunks. Each chunk's transaction runs the job's map
+step on its entities (add_credit's: each account's balance += amount) and moves the task's record past them, so each
+entity is changed exactly once. The root's range is the whole kind: (None, its largest key when the job started].
 Two optimisations. Handouts: the query reads on, and up to `fanout` pages after its own go ready-made to children,
 saving their queries. Cut points: `__scatter__` samples' quantiles where the range holds enough (keyrange.py). Weight
 only tells when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
@@ -63,10 +65,9 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
     """The rest of the range after this task's page, as children of two kinds: handouts, the next pages of the scan,
     each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
-    up to `fanout`: up to 2 x fanout children. Each gets an equal share of `weight`, the task one share and the
-    remainder (weight tells only when the job has ended: ignore it on a first read). E.g. page_size 100, fanout 4: the
-    scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4 pages (own_and_handed 500), cuts
-    the rest into up to 4 ranges."""
+    up to `fanout`: up to 2 x fanout children, each given its share of `weight` (task.py `make_children`). E.g.
+    page_size 100, fanout 4: the scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4
+    pages (own_and_handed 500), cuts the rest, (the 500th key, hi], into up to 4 ranges."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = handoff.cut_handouts(scanned[size:scan_keys], size)  # kind 1, handouts: the pages scanned after its own
@@ -78,21 +79,16 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
                                       scan_keys=scan_keys, fanout=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
-    share = weight // (len(handouts) + len(ranges) + 1)
-    if share == 0:  # no share left: each split at least halves the weight, so 2**62 lasts 62 levels (10**9 keys: 12)
-        if weight < 2:  # no weight to hand on: the job fails rather than end with this range unvisited
-            raise RuntimeError(f"task {payload.task}: its weight is spent and its range is not")
-        return [payload.range_child(0, scanned[size - 1], payload.hi_key, weight // 2)]  # one child scans the rest
-    return ([payload.handout_child(i, keys, share) for i, keys in enumerate(handouts)] +
-            [payload.range_child(len(handouts) + i, lo, hi, share) for i, (lo, hi) in enumerate(ranges)])
+    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])
 
 
 def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool, lease_seconds: int) -> TaskRecord:
-    """The chunk's entities changed (`work.change`: the job's `apply`, or add_credit's `increments`: bulk.py) and the
-    record moved past them, in one transaction, exactly once; `before`: the record as this delivery left it. `look`
-    says whether the record moved on from `before`, and by whom (its stamp); if not, `write` writes the chunk and the
-    record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS: Superseded."""
+    """The chunk's entities changed by the job's map step (`work.change`: its `apply`, or add_credit's `increments`)
+    and the record moved past them, in one transaction, exactly once; `before`: the record as this delivery left it.
+    `look` says whether the record moved on from `before`, and by whom (its stamp); if not, `write` writes the chunk
+    and the record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS:
+    Superseded. `work.store`: ndb's models for an `apply` job, protobufs through the Datastore API for increments."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
         if current is None and before.never_committed:  # `before` made without a read (delivery.py), none stored
@@ -100,7 +96,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
             return Written(stamp=current and current.last_chunk_by, answer=current)  # moved on: MINE or ANOTHERS
-        return current, [e for e in entities if e is not None]  # deleted since the query: skipped
+        return current, [e for e in entities if e is not None]  # deleted since the query: skipped (Firestore: bulk.py)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read

@@ -464,7 +464,7 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
                         children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
-    with pytest.raises(RuntimeError, match="pages its parent handed out are gone"):
+    with pytest.raises(RuntimeError, match="pages it handed out are gone"):
         handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
 
 

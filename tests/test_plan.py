@@ -15,7 +15,7 @@ from google.cloud import ndb
 from bench.harness import bill_cell
 from core import billing, production_latency, runtime
 from core.settings import WriteBudget
-from core.tables import markdown_tables_in
+from core.tables import markdown_tables
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
 from mapper.handoff import scan_limit
@@ -259,7 +259,7 @@ def test_the_openapi_document_states_the_planners_own_bounds():
 
 def tables(name):
     """{section heading: [row as {column: cell}]} of each markdown table in bench/results/<name>."""
-    return markdown_tables_in(RESULTS / name)
+    return markdown_tables((RESULTS / name).read_text(encoding="utf-8"))
 
 
 def backend_of(heading):
