@@ -1,13 +1,15 @@
-"""The add_credit job: in effect each chunk's transaction does `account.balance += amount` for its accounts and writes
-them with the task's record (as increments: bulk.py `PageWork.change`; on Firestore the server adds): each credited
-once however often a task is delivered or dies (a job with `apply` instead: comments/recount.py). The mapper tallies
-amount x accounts; `settle` gets the job's whole credit once, at its end, and adds it to the accounts' total balance, a
-sharded counter. BALANCE: in `_credit` each Account's property, in `_settle_credit` the counter."""
+"""The add_credit job, lesson 4's example. `credit` is its map step, the talk's `account.balance += amount`, which the
+mapper runs in each chunk's transaction with the task's record: each account credited once however often a task is
+delivered or dies. Its `increments` are the same change, which the mapper writes instead, as protobufs (a tenth of
+ndb's client CPU) and on Firestore as the server's increments, unread (mapper/bulk.py); tests/test_mapper.py holds the
+two equal. `settle` adds the job's tally, its whole credit, once, at its end, to the accounts' total balance."""
 from typing import Any
 
 from google.cloud import ndb
 
-from accounts.service import ACCOUNTS_CHUNK_FIRESTORE, BALANCE, COUNTERS, keep_figures
+from accounts.models import Account
+from accounts.service import ACCOUNTS_CHUNK_FIRESTORE, COUNTERS, keep_figures
+from accounts.service import BALANCE as TOTAL_BALANCE  # the counter of all accounts' balances
 from core.errors import Unprocessable
 from core.validate import whole_number
 from mapper import jobs as mapper_jobs
@@ -16,14 +18,20 @@ MAX_AMOUNT = 1_000_000
 CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1  # legacy's 25 entity groups: 24 accounts and the task's record
 
 
-def _credit(params: dict[str, Any]) -> dict[str, int]:
-    """What the job adds to each account's balance: an increment, written and tallied by the mapper in each chunk."""
-    return {BALANCE: params["amount"]}
+def credit(accounts: list[Account], params: dict[str, Any], prepared: None) -> list[Account]:
+    """The map step: each account of the chunk gets the amount, in the chunk's transaction."""
+    for account in accounts:
+        account.balance += params["amount"]
+    return accounts
+
+
+def _tally(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
+    return {TOTAL_BALANCE: params["amount"] * len(accounts)}  # the chunk's credit (through `credit` or increments)
 
 
 def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
     """The job's whole credit onto the accounts' total balance, in the transaction that ends the job (once)."""
-    return COUNTERS.add_in_transaction(BALANCE, tally[BALANCE]) if tally.get(BALANCE) else []
+    return COUNTERS.add_in_transaction(TOTAL_BALANCE, tally[TOTAL_BALANCE]) if tally.get(TOTAL_BALANCE) else []
 
 
 def _credit_params(params: dict[str, Any]) -> dict[str, int]:
@@ -39,6 +47,6 @@ def _credit_params(params: dict[str, Any]) -> dict[str, int]:
 ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    increments=_credit, settle=_settle_credit, parse_params=_credit_params,
-    fields=(("amount", "Amount", 10),), per_transaction=CREDIT_CHUNK,
-    per_transaction_firestore=ACCOUNTS_CHUNK_FIRESTORE)
+    apply=credit, increments=lambda params: {"balance": params["amount"]},  # each account's property, += amount
+    tally=_tally, settle=_settle_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),),
+    per_transaction=CREDIT_CHUNK, per_transaction_firestore=ACCOUNTS_CHUNK_FIRESTORE)

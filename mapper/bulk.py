@@ -26,23 +26,19 @@ class PageWork:
     definition: JobDefinition
     params: dict
     prepared: Any  # what its prepare read once for the page, outside any transaction (apply's `prepared`)
-    deltas: dict[str, int] | None  # an increments job's ({"balance": 10}); None for a job with its own apply
+    deltas: dict[str, int] | None  # an increments job's ({"balance": 10}), written instead of apply; else None
     chunks: list[list[ndb.Key]]
     store: "ModelChunks | IncrementChunks"
 
     def change(self, entities: list) -> list:
         """What to write for a chunk's entities: the job's apply, or an increments job's mutations."""
-        if self.definition.apply:
+        if self.deltas is None:
             return self.definition.apply(entities, self.params, self.prepared) if entities else []
-        return [incremented(entity, self.deltas or {}) for entity in entities]
+        return [incremented(entity, self.deltas) for entity in entities]
 
     def tally(self, entities: list) -> dict[str, int] | None:
-        """What a chunk adds to the record's tally: the job's own tally, else an increments job's sums of its deltas."""
-        if not entities:
-            return None
-        if self.definition.tally:
-            return self.definition.tally(entities, self.params)
-        return {name: delta * len(entities) for name, delta in (self.deltas or {}).items()}
+        """What a chunk adds to the record's tally (the job's `tally`, if it has one)."""
+        return self.definition.tally(entities, self.params) if self.definition.tally and entities else None
 
 
 def page_work(definition: JobDefinition, params: dict, keys: list[ndb.Key]) -> PageWork:

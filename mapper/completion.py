@@ -2,7 +2,7 @@
 (the records are the truth, the cache's running sum a hint); then its on_done, once. Why: docs/lessons/mapper.md.
 Weight-throwing termination detection: S.-T. Huang, "Detecting termination of distributed computations by external
 agents", ICDCS 1989; recovery: F. Mattern, "Global quiescence detection based on credit distribution and recovery",
-Information Processing Letters 30(4), 1989 (his "credit" is this weight)."""
+Information Processing Letters 30(4), 1989 (what he calls credit, this app calls weight)."""
 import dataclasses
 import datetime
 from typing import Any

@@ -1,5 +1,5 @@
 """Handing a mapper task's children to the queue, and its handouts (the pages it scanned after its own, each handed
-whole to a child as its page), kept beside the task's record (HandedPages), not in it: a redelivery or the sweep can
+whole to a child as its page), kept beside the task's record (KeptHandouts), not in it: a redelivery or the sweep can
 enqueue the same children again while the records, read whole when the job ends, stay small."""
 from google.cloud import ndb
 
@@ -10,7 +10,7 @@ from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 TASK_HANDLER = "mapper.run"
 # At most this many bytes of urlsafe keys in all the handouts of one task: each child's task surely under the
 # smallest task limit (100 KB for App Engine queues in the older API; Cloud Tasks takes 1 MB,
-# https://cloud.google.com/tasks/docs/quotas), and the HandedPages far under an entity's 1 MiB.
+# https://cloud.google.com/tasks/docs/quotas), and the KeptHandouts far under an entity's 1 MiB.
 HANDED_BYTES = 90_000
 
 
@@ -19,17 +19,17 @@ def scan_limit(page_size: int, fanout: int) -> int:
     return page_size * (fanout + 1) + 1
 
 
-class HandedPages(ndb.Model):
-    """A task's handouts, {child's path: urlsafe keys} (the kind's and the property's stored names are older than the
-    word). A child entity of the record, so it is written in the record's first chunk's transaction without taking
-    one more of the legacy emulator's 25 entity groups; read only to enqueue the children again."""
+class KeptHandouts(ndb.Model):
+    """A task's handouts, {child's path: urlsafe keys}. A child entity of the record, so it is written in the record's
+    first chunk's transaction without taking one more of the legacy emulator's 25 entity groups; read only to enqueue
+    the children again."""
     _use_cache = False
     _use_global_cache = False
-    handouts = ndb.JsonProperty("pages", default={})
+    handouts = ndb.JsonProperty(default={})
 
     @classmethod
     def key_for(cls, record_key: ndb.Key) -> ndb.Key:
-        return ndb.Key(cls, "pages", parent=record_key)
+        return ndb.Key(cls, "handouts", parent=record_key)
 
 
 def root_payload(job: MapperJob) -> TaskPayload:
@@ -54,29 +54,29 @@ def cut_handouts(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
 
 
 def handouts_of(children: list[TaskPayload]) -> dict[str, list[str]]:
-    return {child.task: child.keys for child in children if child.keys is not None}
+    return {child.path: child.keys for child in children if child.keys is not None}
 
 
-def handouts_entity(record_key: ndb.Key, handouts: dict[str, list[str]]) -> list[HandedPages]:
+def handouts_entity(record_key: ndb.Key, handouts: dict[str, list[str]]) -> list[KeptHandouts]:
     """The entity to write with the record's first chunk, keeping `handouts` (none when there are none)."""
-    return [HandedPages(key=HandedPages.key_for(record_key), handouts=handouts)] if handouts else []
+    return [KeptHandouts(key=KeptHandouts.key_for(record_key), handouts=handouts)] if handouts else []
 
 
 def enqueue_children(record: TaskRecord, handouts: dict[str, list[str]]) -> None:
     """Enqueue the tasks `record` split into, a handout child's keys from `handouts` (the split's, at hand)."""
     for child in record.children:
-        if child.get("keys_apart"):  # its keys are kept apart from the record, in its HandedPages
-            child = {**child, "keys": handouts[child["task"]]}
+        if child.get("keys_apart"):  # its keys are kept apart from the record, in its KeptHandouts
+            child = {**child, "keys": handouts[child["path"]]}
         enqueue(TaskPayload.from_json(child))
 
 
 def enqueue_recorded_children(record: TaskRecord) -> None:
-    """Enqueue the tasks `record` split into, a handout child's keys read from the record's HandedPages."""
+    """Enqueue the tasks `record` split into, a handout child's keys read from the record's KeptHandouts."""
     enqueue_children(record, kept_handouts(record.key) if any(c.get("keys_apart") for c in record.children) else {})
 
 
 def kept_handouts(record_key: ndb.Key) -> dict[str, list[str]]:
-    if (kept := HandedPages.key_for(record_key).get()) is None:
+    if (kept := KeptHandouts.key_for(record_key).get()) is None:
         raise RuntimeError(f"task {record_key.id()}: the pages it handed out are gone")
     return kept.handouts
 
@@ -89,7 +89,7 @@ def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
         return root_payload(job)
     parent_key = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}")
     parent = parent_key.get()
-    child = next((c for c in parent.children if c["task"] == path), None) if parent else None
+    child = next((c for c in parent.children if c["path"] == path), None) if parent else None
     if child is None:
         raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
     if child.get("keys_apart"):

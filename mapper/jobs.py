@@ -20,9 +20,9 @@ MAX_GROUPS = 25
 class JobDefinition:
     """A job that can be run over every entity of `kind` (each run of it: a MapperJob).
 
-    `apply(entities, params, prepared)` runs in the chunk's transaction and returns the entities to write. Or
-    `increments(params)` ({"balance": 10}) for a job that only adds whole numbers: written as protobufs past ndb (the
-    kind must use neither of its caches; mapper/bulk.py), tallied, unless `tally` is given, as what it added.
+    `apply(entities, params, prepared)`, the map step, runs in the chunk's transaction and returns the entities to
+    write. A job whose apply only adds whole numbers may give them as `increments(params)` ({"balance": 10}) too,
+    written instead as protobufs past ndb (the kind must use neither of ndb's caches; mapper/bulk.py).
     `prepare(keys, params)` runs before, outside any transaction, for what a transaction may not do (queries without
     an ancestor); its result is apply's `prepared`.
     `per_transaction`: entities a chunk's transaction holds, at most MAX_GROUPS - 1 - the groups apply writes beside
@@ -38,7 +38,7 @@ class JobDefinition:
     kind: str
     title: str
     description: str
-    apply: Callable[[list, dict, Any], list] | None = None
+    apply: Callable[[list, dict, Any], list]
     increments: Callable[[dict], dict[str, int]] | None = None
     parse_params: Callable[[dict], dict] = lambda params: _no_params(params)
     prepare: Callable[[list, dict], Any] | None = None
@@ -52,10 +52,6 @@ class JobDefinition:
     per_transaction_firestore: int | None = None
     page_size: int = 100
     fanout: int = 4
-
-    def __post_init__(self) -> None:
-        if (self.apply is None) == (self.increments is None):
-            raise ValueError(f"{self.name}: a job has apply or increments, one of them")
 
 
 JOBS = "mapper.jobs"  # the runtime's registry of this app's jobs by name

@@ -16,9 +16,9 @@ def parts_needed(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, own
     """How many ranges the rest (read_end, hi] is worth: its keys x 2 / `scan_keys` (the keys one scan reads), so a
     child's range holds about half a scan's keys, a margin of 2 for an estimate's error; at most `fanout` (a few
     entities split `fanout` ways make as many tasks, each paying a task's fixed costs). Its size is judged by the
-    samples' density over the `own_and_handed` keys just read (those in (read_start, read_end]), else by its ids'
-    density (the Firestore emulator keeps no samples); unknown: `fanout`."""
-    in_read = len(inside(samples, read_start, read_end)) + (read_end in samples)
+    density of samples among the `own_and_handed` keys just read (counted in (read_start, read_end], as the rest's in
+    (read_end, hi]), else by its ids' density (the Firestore emulator keeps no samples); unknown: `fanout`."""
+    in_read = len(inside(samples, read_start, read_end)) + (read_end in samples)  # `inside`: strictly between its ends
     in_rest = len(inside(samples, read_end, hi)) + (hi in samples)
     if samples and in_read:
         remaining: float | None = in_rest * own_and_handed / in_read

@@ -15,10 +15,9 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: the key range (lo, hi] as urlsafe keys (the root's: (None, the kind's largest key when the job started]),
-    or `keys`, a handout: the page its parent scanned and handed it."""
+    visits: a key range (lo, hi], urlsafe (the root's: tree.py), or `keys`, a handout: a page its parent scanned."""
     job: str
-    task: str
+    path: str
     lo: str | None
     hi: str | None
     weight: int
@@ -27,7 +26,7 @@ class TaskPayload:
 
     @classmethod
     def from_json(cls, data: dict) -> "TaskPayload":
-        return cls(job=data["job"], task=data["task"], lo=data.get("lo"), hi=data.get("hi"),
+        return cls(job=data["job"], path=data["path"], lo=data.get("lo"), hi=data.get("hi"),
                    weight=data["weight"], keys=data.get("keys"), revived=data.get("revived") or 0)
 
     def to_json(self) -> dict:
@@ -36,7 +35,7 @@ class TaskPayload:
     @property
     def name(self) -> str:
         """The task's name in the queue, and its record's key name."""
-        return f"{self.job}-{self.task}"
+        return f"{self.job}-{self.path}"
 
     @property
     def queue_name(self) -> str:
@@ -49,7 +48,7 @@ class TaskPayload:
 
     @property
     def hi_key(self) -> ndb.Key:
-        assert self.hi is not None, f"task {self.task} is a handout: it has no range"
+        assert self.hi is not None, f"task {self.path} is a handout: it has no range"
         return ndb.Key(urlsafe=self.hi.encode())
 
     @property
@@ -64,11 +63,11 @@ class TaskPayload:
         share = weight // (len(handouts) + len(ranges) + 1)
         if share == 0:
             if weight < 2:
-                raise RuntimeError(f"task {self.task}: its weight is spent and its range is not")
+                raise RuntimeError(f"task {self.path}: its weight is spent and its range is not")
             handouts, ranges, share = [], [(page_end, self.hi_key)], weight // 2
-        return ([TaskPayload(self.job, f"{self.task}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
+        return ([TaskPayload(self.job, f"{self.path}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
                  for i, keys in enumerate(handouts)] +
-                [TaskPayload(self.job, f"{self.task}-{len(handouts) + i}", lo.urlsafe().decode(),
+                [TaskPayload(self.job, f"{self.path}-{len(handouts) + i}", lo.urlsafe().decode(),
                              hi.urlsafe().decode(), share) for i, (lo, hi) in enumerate(ranges)])
 
 
@@ -114,7 +113,7 @@ class TaskRecord(ndb.Model):
     @classmethod
     def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
         now = clock.now()
-        return cls(key=key, job=payload.job, depth=payload.task.count("-"), weight=payload.weight, started=now,
+        return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, started=now,
                    updated=now)
 
     @property

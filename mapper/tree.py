@@ -34,7 +34,7 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     delivery, which does not read it: delivery.py). `_visit` scans and `split`s, or goes on from the record; each chunk
     of the keys still to do commits once (`commit_chunk`). Children are queued by name after the first chunk commits (it
     records them), so queueing twice is harmless (the queue drops a name it has seen). A handout child's keys are kept
-    in a HandedPages entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
+    in a KeptHandouts entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
     visit = _visit(job, record, payload)
     work = bulk.page_work(definition, job.params, visit.todo)  # how this job reads, changes and writes the chunks
     for number, chunk in enumerate(work.chunks):  # one at least (bulk.py): an empty page still ends, queues children
@@ -66,8 +66,9 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     """The rest of the range after this task's page, as children of two kinds: handouts, the next pages of the scan,
     each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
     up to `fanout`: up to 2 x fanout children, each given its share of `weight` (task.py `make_children`). E.g.
-    page_size 100, fanout 4: the scan reads 501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4
-    pages (own_and_handed 500), cuts the rest, (the 500th key, hi], into up to 4 ranges."""
+    page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task keeps
+    100, hands out 4 pages (fewer if their keys pass HANDED_BYTES; own_and_handed 500), cuts the rest, (the 500th key,
+    hi], into up to 4 ranges."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = handoff.cut_handouts(scanned[size:scan_keys], size)  # kind 1, handouts: the pages scanned after its own
@@ -84,19 +85,19 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
 
 def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool, lease_seconds: int) -> TaskRecord:
-    """The chunk's entities changed by the job's map step (`work.change`: its `apply`, or add_credit's `increments`)
-    and the record moved past them, in one transaction, exactly once; `before`: the record as this delivery left it.
-    `look` says whether the record moved on from `before`, and by whom (its stamp); if not, `write` writes the chunk
-    and the record stamped with this call's id. WROTE; MINE (its commit answered UNKNOWN yet applied); ANOTHERS:
-    Superseded. `work.store`: ndb's models for an `apply` job, protobufs through the Datastore API for increments."""
+    """Change the chunk's entities by the job's map step (`work.change`: its `apply`, or add_credit's `increments`) and
+    move the record past them, in one transaction, exactly once; `before` is the record as this delivery left it.
+    `look` finds the record (1) not yet stored, (2) moved on since `before`: by this call's own commit, which answered
+    UNKNOWN yet applied (MINE), or by another delivery (ANOTHERS: Superseded), or (3) as `before` left it: then `write`
+    writes the chunk and the record, stamped. `work.store`: ndb for an `apply` job, protobufs for increments."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
-        if current is None and before.never_committed:  # `before` made without a read (delivery.py), none stored
+        if current is None and before.never_committed:  # 1. a first delivery's first chunk (delivery.py: made unread)
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
-            return Written(stamp=current and current.last_chunk_by, answer=current)  # moved on: MINE or ANOTHERS
-        return current, [e for e in entities if e is not None]  # deleted since the query: skipped (Firestore: bulk.py)
+            return Written(stamp=current and current.last_chunk_by, answer=current)  # 2. moved on: MINE or ANOTHERS
+        return current, [e for e in entities if e is not None]  # 3. as `before` left it (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
@@ -117,4 +118,4 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
 
 
 class Superseded(Exception):
-    """Another delivery of the same task moved its record on: this one must stop and let the queue try later."""
+    """Another delivery moved the task's record on: this one stops (409); a later delivery resumes if that one died."""

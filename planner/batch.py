@@ -136,7 +136,7 @@ class Tree:
     """The mapper's tree over evenly spread keys, as mapper/tree.py cuts it (`fan_out`)."""
     tasks: int
     range_tasks: int  # tasks that list their range (a keys-only query each)
-    handing: int  # range tasks that handed pages out (each keeps them in a HandedPages entity)
+    handing: int  # range tasks that handed pages out (each keeps them in a KeptHandouts entity)
     depth: int
     transactions: int  # chunks, each one transaction with the task's record
     path: Calls  # the longest chain of calls: for a job, from its start to its end (`fan_out`)

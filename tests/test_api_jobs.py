@@ -92,7 +92,7 @@ def test_job_listing_newest_first(client, auth, task_queue):
 
 def test_the_task_route_only_answers_the_queue(client, auth, app):
     auth.admin()
-    payload = {"job": "0123456789abcdef", "task": "0", "lo": None, "hi": None, "weight": 1}
+    payload = {"job": "0123456789abcdef", "path": "0", "lo": None, "hi": None, "weight": 1}
     assert client.post("/api/tasks/mapper.run", json=payload).status_code == 403
     assert client.post("/api/tasks/mapper.run", json=payload,
                        headers={tasks.TOKEN_HEADER: "forged"}).status_code == 403

@@ -15,7 +15,7 @@ from accounts.models import Account
 from bench.harness import billed_from_header, retried_in
 from core import runtime, tasks
 from mapper import bulk, completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
-from mapper.handoff import HandedPages
+from mapper.handoff import KeptHandouts
 from mapper.models import MapperJob
 from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 from tests.support import api_commit_answers_unknown, billed, commit_answers_unknown, writers_meet_before_writing
@@ -461,7 +461,7 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
     with pytest.raises(RuntimeError, match="parent's record is gone"):
         handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
     parent = TaskRecord(id="j-0", job="j", depth=0, weight=4,
-                        children=[{"job": "j", "task": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
+                        children=[{"job": "j", "path": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
     with pytest.raises(RuntimeError, match="pages it handed out are gone"):
@@ -626,6 +626,21 @@ def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(
     assert client.get("/api/accounts/summary").get_json()["total_balance"] == 490
 
 
+def test_add_credits_map_step_and_its_increments_are_one_change(app, client, auth, task_queue):
+    """add_credit's map step `credit` (the talk's `balance += amount`, through ndb's models) and its increments (what
+    the mapper writes instead: protobufs, on Firestore the server's) credit the same: balances, tallies, kept total."""
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_plain_credit", increments=None))
+    keys = seed_accounts(60)
+    plain = start(client, auth, "test_plain_credit", params={"amount": 3}, page_size=25)
+    task_queue.drain()
+    assert balances(keys) == [3] * 60
+    fast = start(client, auth, params={"amount": 5}, page_size=25)
+    task_queue.drain()
+    assert balances(keys) == [8] * 60
+    assert [job_status(client, job_id)["tally"] for job_id in (plain, fast)] == [{"balance": 180}, {"balance": 300}]
+    assert client.get("/api/accounts/summary").get_json()["total_balance"] == 480
+
+
 def test_an_increment_keeps_the_entitys_other_properties(app, client, auth, task_queue):
     """A server-side increment is an update with an empty property mask (mapper/bulk.py): without the mask, Firestore
     would replace each account with its key and balance, dropping `created_by`; on legacy the account is read whole
@@ -689,12 +704,12 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600
     with runtime.current().context():
         records = TaskRecord.query(TaskRecord.job == job_id).fetch()
-        kept_pages = {r.key.id(): HandedPages.key_for(r.key).get() for r in records}
+        kept_pages = {r.key.id(): KeptHandouts.key_for(r.key).get() for r in records}
     for record in records:
         apart = [child for child in record.children if child["keys_apart"]]
         assert all(child["keys"] is None for child in record.children)  # the record keeps no keys
         pages = kept_pages[record.key.id()].handouts if apart else {}
-        assert sorted(pages) == sorted(child["task"] for child in apart)
+        assert sorted(pages) == sorted(child["path"] for child in apart)
         assert len(apart) <= 1 and sum(len(k) for page in pages.values() for k in page) <= one_page + 40
     # a task that scanned more than it could hand out split the rest as ranges
     assert any(any(c["keys_apart"] for c in r.children) and any(not c["keys_apart"] for c in r.children)

@@ -67,7 +67,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     final = job_status(client, job_id)
     assert (final["state"], final["progress"]) == (end, 1), final
     records, hinted = _records(job_id)
-    assert {f"{job_id}-{child['task']}" for child in split.children} <= {r.key.id() for r in records}
+    assert {f"{job_id}-{child['path']}" for child in split.children} <= {r.key.id() for r in records}
     assert all(r.state != "running" for r in records)
     assert sum(r.returned for r in records) == TOTAL_WEIGHT  # the whole, not more
     assert hinted == TOTAL_WEIGHT  # the running sum the tasks added to, likewise
