@@ -10,6 +10,6 @@ from mapper import jobs as mapper_jobs
 def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
     runtime.of(app).tasks.register(service.SEED_HANDLER, service.seed_batch)
-    mapper_jobs.register(app, credit.ADD_CREDIT)
-    mapper_jobs.register(app, service.AUDIT)
+    for job in (credit.ADD_CREDIT, credit.ADD_CREDIT_INCREMENTS, service.AUDIT):
+        mapper_jobs.register(app, job)
     features.add(app, features.Feature(name="accounts", nav=("accounts.index", "Accounts"), seed=demo.seed))

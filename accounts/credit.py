@@ -1,8 +1,9 @@
 """The add_credit job, lesson 4's example. `credit` is its map step, the talk's `account.balance += amount`, which the
 mapper runs in each chunk's transaction with the task's record: each account credited once however often a task is
-delivered or dies. Its `increments` are the same change, which the mapper writes instead, as protobufs (a tenth of
-ndb's client CPU) and on Firestore as the server's increments, unread (mapper/bulk.py); tests/test_mapper.py holds the
-two equal. `settle` adds the job's tally, its whole credit, once, at its end, to the accounts' total balance."""
+delivered or dies. `settle` adds the job's tally, its whole credit, once, at its end, to the accounts' total balance.
+Beyond the talk, add_credit_increments: the same change written as increments, protobufs past ndb (a tenth of its
+client CPU) and on Firestore the server's, unread (mapper/bulk.py); the benchmarks run it; a test holds them equal."""
+import dataclasses
 from typing import Any
 
 from google.cloud import ndb
@@ -25,10 +26,6 @@ def credit(accounts: list[Account], params: dict[str, Any], prepared: None) -> l
     return accounts
 
 
-def _tally(accounts: list[Account], params: dict[str, Any]) -> dict[str, int]:
-    return {TOTAL_BALANCE: params["amount"] * len(accounts)}  # the chunk's credit (through `credit` or increments)
-
-
 def _settle_credit(tally: dict[str, int], params: dict[str, Any]) -> list[ndb.Model]:
     """The job's whole credit onto the accounts' total balance, in the transaction that ends the job (once)."""
     return COUNTERS.add_in_transaction(TOTAL_BALANCE, tally[TOTAL_BALANCE]) if tally.get(TOTAL_BALANCE) else []
@@ -47,6 +44,9 @@ def _credit_params(params: dict[str, Any]) -> dict[str, int]:
 ADD_CREDIT = mapper_jobs.JobDefinition(
     name="add_credit", kind="Account", title="Give every account credit",
     description="Adds the amount to every account's balance, exactly once each, even when tasks are retried.",
-    apply=credit, increments=lambda params: {"balance": params["amount"]},  # each account's property, += amount
-    tally=_tally, settle=_settle_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),),
+    apply=credit, tally=lambda accounts, params: {TOTAL_BALANCE: params["amount"] * len(accounts)},  # its credit
+    settle=_settle_credit, parse_params=_credit_params, fields=(("amount", "Amount", 10),),
     per_transaction=CREDIT_CHUNK, per_transaction_firestore=ACCOUNTS_CHUNK_FIRESTORE)
+ADD_CREDIT_INCREMENTS = dataclasses.replace(  # `credit` as increments of each account's property
+    ADD_CREDIT, name="add_credit_increments", title="Give every account credit, as increments", description="The "
+    "same credit written as increments: on Firestore the server's.", increments=lambda p: {"balance": p["amount"]})

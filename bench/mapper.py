@@ -13,8 +13,8 @@ turns at production's rate).
    exactly once. With `--beam-python`, Beam's own pipeline (bench/beam_pipeline.py, in its own virtualenv: `make
    bench-beam`) is timed beside it in every column, so that the baseline is held to what it stands for; under a
    profile its process is given the stand-in's address as DATASTORE_EMULATOR_HOST, as the app's processes are.
-1. The adaptive fan-out (mapper/): the job `add_credit`, its tasks delivered by 8 workers through the app's task route
-   (the queue the tests drain, delivering on 8 threads in this process).
+1. The adaptive fan-out (mapper/): the job `add_credit_increments` (add_credit written as increments), its tasks
+   delivered by 8 workers through the app's task route (the queue the tests drain, on 8 threads in this process).
 1b. The same job in the deployed shape: started through the API of the app served by gunicorn (app.yaml's two
    workers of eight threads), its tasks delivered by devstack's local Cloud Tasks under queue.yaml's rate (50/s),
    bucket (50), concurrency (32) and retries, as Cloud Tasks delivers them on App Engine. What honouring queue.yaml
@@ -58,7 +58,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import datastore, ndb
 from google.cloud.datastore.query import PropertyFilter
 
-from accounts.credit import ADD_CREDIT
+from accounts.credit import ADD_CREDIT_INCREMENTS
 from accounts.models import Account
 from bench import harness
 from core import billing, costs, production_latency, runtime, tasks
@@ -117,7 +117,7 @@ def cursor_walk():
         keys, cursor, more = query.fetch_page(PAGE, start_cursor=cursor, keys_only=True)
         querying += time.perf_counter() - start
         rows += len(keys)
-        size = mapper_jobs.chunk_size(ADD_CREDIT)  # the mapper's transactions on this backend
+        size = mapper_jobs.chunk_size(ADD_CREDIT_INCREMENTS)  # the mapper's transactions on this backend
         for i in range(0, len(keys), size):
             credit_chunk(keys[i:i + size])
         if not more or not keys:
@@ -253,7 +253,7 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
     entities, and as the mapper writes them now (mapper/bulk.py: protobufs; on Firestore unread server-side
     increments), on one thread; this process's CPU per account (µs, the median of `repeats` runs of `chunks`
     chunks)."""
-    size = mapper_jobs.chunk_size(ADD_CREDIT)
+    size = mapper_jobs.chunk_size(ADD_CREDIT_INCREMENTS)
     client = pipeline_client(rt)
     plain_keys = [client.key("Account", key.id()) for key in keys]
 
@@ -265,7 +265,7 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
             client.put_multi(accounts)
 
     def bulk_chunk(chunk):
-        work = mapper_bulk.page_work(ADD_CREDIT, {"amount": 1}, chunk)
+        work = mapper_bulk.page_work(ADD_CREDIT_INCREMENTS, {"amount": 1}, chunk)
         work.store.transact(lambda: work.store.put_multi(work.change(work.store.get_multi(chunk))))
     spent = {}
     for name, credit, chosen in (("ndb's models", credit_chunk, keys),
@@ -282,7 +282,7 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
     return spent
 
 
-def fan_out(app, fanout, job_name="add_credit", page=PAGE):
+def fan_out(app, fanout, job_name="add_credit_increments", page=PAGE):
     queue = runtime.tasks().queue
     chains = harness.TaskChains(queue)
     try:
@@ -322,7 +322,7 @@ def queued_fan_out(server, fanout, page=PAGE):
     """The job started through the served app's API; timed until the app says it is done. Its deliveries' bills are
     in responses to the local Cloud Tasks, not here: not counted (the same tasks as the in-process fan-out's)."""
     admin = signed_in(server.url, ADMIN, admin=True)
-    response = admin.post(f"{server.url}/api/jobs", json={"name": "add_credit", "params": {"amount": 1},
+    response = admin.post(f"{server.url}/api/jobs", json={"name": "add_credit_increments", "params": {"amount": 1},
                                                             "page_size": page, "fanout": fanout}, timeout=60)
     response.raise_for_status()
     job_id = response.json()["id"]
@@ -341,7 +341,7 @@ def _job_figures(job_id):
     # Each chunk's transaction writes its task's record: under a profile, one entity written that many times in a row,
     # which the stand-in holds to ENTITY_WRITES_PER_S after a burst of ENTITY_WRITE_BURST. The writes past the burst,
     # summed over the tasks.
-    size = mapper_jobs.chunk_size(ADD_CREDIT)
+    size = mapper_jobs.chunk_size(ADD_CREDIT_INCREMENTS)
     past = sum(max(0, -(-r.processed // size) - production_latency.ENTITY_WRITE_BURST) for r in records)
     return {"rows": rows, "tasks": status.tasks, "depth": status.depth, "past burst": past}
 
@@ -508,7 +508,7 @@ def measure(args, stack, app):
                 shape = f", {figures['tasks']} tasks, depth {figures['depth']}" if "tasks" in figures else ""
                 print(f"round {round_number + 1}: {variant} {figures['seconds']:.1f} s{shape}", flush=True)
     results["fault"], results["listings"] = twice, listings
-    results["chunk"] = mapper_jobs.chunk_size(ADD_CREDIT)
+    results["chunk"] = mapper_jobs.chunk_size(ADD_CREDIT_INCREMENTS)
     if rt.settings.latency != "none":
         return results, None, None
     with rt.context():
@@ -767,9 +767,9 @@ def report(args, measured):
     text = (f"# Mapper: batch pipeline vs fan-out vs cursor walk vs offset, {args.accounts:,} accounts\n\n"
             f"{harness.machine_line(sorted({b for b, _ in measured}))}; {args.rounds} rounds, medians"
             f"{_walked(args)}; page {PAGE}, "
-            f"{ADD_CREDIT.per_transaction} accounts a transaction on the legacy emulator (its 25 entity groups), "
-            f"{ADD_CREDIT.per_transaction_firestore} on Firestore (no limit of groups). The Firestore emulator has no "
-            f"__scatter__ samples: its fan-out splits by "
+            f"{ADD_CREDIT_INCREMENTS.per_transaction} accounts a transaction on the legacy emulator (its 25 entity "
+            f"groups), {ADD_CREDIT_INCREMENTS.per_transaction_firestore} on Firestore (no limit of groups). The "
+            f"Firestore emulator has no __scatter__ samples: its fan-out splits by "
             f"key arithmetic alone. {harness.BILL_NOTE} The fan-out's bill is the sum of its deliveries' own (their "
             f"Server-Timing headers) and its start's.\n\n{harness.WHOSE_FIGURES}"
             f"{_BEAM_WHOSE if args.beam_python else ''}\n\n" + "\n".join(sections))

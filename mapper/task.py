@@ -97,7 +97,7 @@ class TaskRecord(ndb.Model):
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
-    children = ndb.JsonProperty(default=[])  # the payloads of the tasks it split into (a handout's keys: handoff.py)
+    children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in handoff.KeptHandouts)
     returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: what its children did not take
     error = ndb.TextProperty()
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.

@@ -63,7 +63,7 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
-    """The rest of the range after this task's page, as children of two kinds: handouts, the next pages of the scan,
+    """The rest of the range after this task's page, as children of two sorts: handouts, the next pages of the scan,
     each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
     up to `fanout`: up to 2 x fanout children, each given its share of `weight` (task.py `make_children`). E.g.
     page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task keeps
@@ -71,16 +71,16 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     hi], into up to 4 ranges."""
     size = job.page_size
     scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    handouts = handoff.cut_handouts(scanned[size:scan_keys], size)  # kind 1, handouts: the pages scanned after its own
-    own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # keys of its own page plus those handed out
+    handout_pages = handoff.cut_handouts(scanned[size:scan_keys], size)  # first handouts: pages scanned after its own
+    own_and_handed = min(size * (1 + len(handout_pages)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
-    if len(scanned) > own_and_handed:  # kind 2, ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
+    if len(scanned) > own_and_handed:  # then ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
         end, hi = scanned[own_and_handed - 1], payload.hi_key
         parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, own_and_handed=own_and_handed,
                                       scan_keys=scan_keys, fanout=job.fanout, samples=job.samples)
         bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
         ranges = list(itertools.pairwise(bounds))
-    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])
+    return payload.make_children(handout_pages, ranges, weight, page_end=scanned[size - 1])
 
 
 def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],

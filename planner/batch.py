@@ -11,7 +11,7 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import ndb
 
-from accounts.credit import ADD_CREDIT
+from accounts.credit import ADD_CREDIT_INCREMENTS  # the job bench/mapper.py measures
 from core import billing, production_latency
 from core.costs import plural
 from core.features import REPO
@@ -24,8 +24,8 @@ from mapper.tree import split as split_children  # the split the mapper's tasks 
 from planner import figures
 from planner.figures import Plan, bench_tables, calls_in_turn, priced, round_trip
 
-CHUNKS = {"legacy": ADD_CREDIT.per_transaction,
-          "firestore": ADD_CREDIT.per_transaction_firestore or ADD_CREDIT.per_transaction}
+CHUNKS = {"legacy": ADD_CREDIT_INCREMENTS.per_transaction,
+          "firestore": ADD_CREDIT_INCREMENTS.per_transaction_firestore or ADD_CREDIT_INCREMENTS.per_transaction}
 
 
 # How a batch pipeline splits a kind first (Beam's ReadFromDatastore; its source in docs/lessons/numbers.md).
@@ -165,7 +165,7 @@ KEYS_FROM, KEYS_PROJECT = 2 ** 52, "scalable-demo"
 
 
 def _key(number: int) -> ndb.Key:
-    return ndb.Key(ADD_CREDIT.kind, KEYS_FROM + number, project=KEYS_PROJECT, namespace=None, database=None)
+    return ndb.Key(ADD_CREDIT_INCREMENTS.kind, KEYS_FROM + number, project=KEYS_PROJECT, namespace=None, database=None)
 
 
 @functools.cache
@@ -290,7 +290,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
               f"delivery), all the work ({work_ms / 1000:.1f} s) over min({instances}, {concurrent:g} the queue "
               f"runs at once) = {at_once} tasks at once, and {tree.tasks} tasks dispatched at {queue.rate:g} a second "
               f"({dispatch_s:.2f} s) = {wall_s:.2f} s")
-    read = 0 if backend == "firestore" else entities  # add_credit's increments: unread on Firestore (below)
+    read = 0 if backend == "firestore" else entities  # the job's increments: unread on Firestore (below)
     on_kind = entities + read
     plan.figure("a new kind's first operations a second", RAMP_START, "operations/s", "production", RAMP_SOURCE)
     plan.figure("then more every 5 minutes", 50, "%", "production", RAMP_SOURCE)
@@ -310,7 +310,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("wall_s", "Fan-out: wall time, model medians, s", round(wall_s, 2),
                 f"{wall_s:.2f} s on a kind already taking traffic; {ramped:.2f} s on a new kind (500/50/5)" + bench)
 
-    # add_credit is an increments job (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
+    # add_credit_increments (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
     # The job's own: its start's queries and transactions, the root's read of it, its end's reads; the job and the
     # root's record written at its start, the job and the credit's shard at its end.
     job_reads, job_writes = start.queries + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2

@@ -37,7 +37,7 @@ SIGNALS = os.environ.get("CRASH_SIGNALS")
 
 def _slow_credit(accounts, params, prepared):
     """add_credit through ndb's models, each chunk after CHUNK_SECONDS (in its transaction): a delivery is long enough
-    to be killed half way. (add_credit itself, written as protobufs, is killed in tests/test_crashes.py too.)"""
+    to be killed half way. (add_credit_increments, written as protobufs, is killed in tests/test_crashes.py too.)"""
     time.sleep(CHUNK_SECONDS)
     for account in accounts:
         account.balance += params["amount"]
@@ -52,8 +52,7 @@ def _follow_up(job):
     return [CrashFollowUp(parent=ndb.Key("Job", job.id))]
 
 
-SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit, increments=None,
-                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
+SLOW_CREDIT = dataclasses.replace(ADD_CREDIT, name="test_slow_credit", apply=_slow_credit,
                                   per_transaction=5, per_transaction_firestore=None, on_done=_follow_up)
 _end_if_all_back = completion.end_if_all_back
 

@@ -235,7 +235,8 @@ def test_a_post_whose_worker_dies_after_its_commit_is_posted_once_when_sent_agai
 
 def test_a_job_finishes_and_credits_each_account_once_when_a_worker_is_killed(fleet):
     before = _balances(fleet)
-    final = _run_job(fleet, "add_credit", 7, killing=lambda _: (time.sleep(0.3), fleet.kill_workers(1)), page_size=10)
+    final = _run_job(fleet, "add_credit_increments", 7, killing=lambda _: (time.sleep(0.3), fleet.kill_workers(1)),
+                     page_size=10)
     assert (final["state"], final["processed"]) == ("done", ACCOUNTS), final
     _credited_once(before, _balances(fleet), 7)
 

@@ -10,7 +10,7 @@ import pytest
 from google.cloud import ndb
 
 from accounts import service as accounts_service
-from accounts.credit import ADD_CREDIT
+from accounts.credit import ADD_CREDIT, ADD_CREDIT_INCREMENTS
 from accounts.models import Account
 from bench.harness import billed_from_header, retried_in
 from core import runtime, tasks
@@ -288,11 +288,10 @@ def follow_ups(job_id):
         return [job_id for _ in FollowUp.query(ancestor=ndb.Key("Job", job_id)).fetch()]
 
 
-TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit, increments=None,
-                                 tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
+TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit,
                                  on_done=_follow_up, per_transaction_firestore=None),
-             # add_credit itself, its increments written as protobufs (mapper/bulk.py); FAULTS reach it in extra_jobs
-             dataclasses.replace(ADD_CREDIT, name="test_flaky_increments", on_done=_follow_up,
+             # add_credit_increments, written as protobufs (mapper/bulk.py); FAULTS reach it in extra_jobs
+             dataclasses.replace(ADD_CREDIT_INCREMENTS, name="test_flaky_increments", on_done=_follow_up,
                                  per_transaction_firestore=None),
              jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
                          apply=lambda *a: 1 / 0))
@@ -570,13 +569,13 @@ def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, cli
     """The same, forced: two of the root's children each read their chunk, wait for the other to have read its own,
     and only then write and commit. Sharing no entity, neither commit collides: no transaction is retried. (Chunks
     of 10: room in legacy's 25 entity groups for whatever else a chunk might write.)"""
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_narrow_credit", per_transaction=10,
+    jobs.register(app, dataclasses.replace(ADD_CREDIT_INCREMENTS, name="test_narrow_credit", per_transaction=10,
                                            per_transaction_firestore=10))
     keys = seed_accounts(400)
     job_id = start(client, auth, "test_narrow_credit", page_size=40, fanout=4)
     task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued
     assert len(task_queue.queue.pending) >= 2
-    # the first two chunks' commits (add_credit's, as protobufs: mapper/bulk.py): both read before either writes
+    # the first two chunks' commits (as protobufs: mapper/bulk.py): both read before either writes
     writers_meet_before_writing(monkeypatch, at=(bulk.IncrementChunks, "put_multi"))
     task_queue.drain(workers=2)
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 400
@@ -602,18 +601,19 @@ def test_an_increments_chunk_whose_commit_answered_unknown_but_applied_goes_on_f
     assert sum(retried_in(timing) for timing in task_queue.timings) == 1
 
 
-def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(app, client, auth, task_queue):
-    """An increments job's chunk on Firestore does not read its accounts: a server-side `update` of one deleted since
-    the page's query fails the commit (NOT_FOUND), and the chunk runs again reading them, skipping the deleted one,
-    in the same delivery; on legacy the chunk reads them and skips it. Either way it is not made again, and the tally
-    counts the rest."""
+@pytest.mark.parametrize("job", [ADD_CREDIT, ADD_CREDIT_INCREMENTS], ids=["apply", "increments"])
+def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(app, client, auth, task_queue, job):
+    """add_credit's chunk reads its accounts and skips one deleted since the page's query. add_credit_increments'
+    chunk on Firestore does not read them: a server-side `update` of the deleted one fails the commit (NOT_FOUND), and
+    the chunk runs again reading them, skipping it, in the same delivery (on legacy it reads them and skips it).
+    Either way the account is not made again, and the tally counts the rest."""
     keys = seed_accounts(50)
     gone = keys[30]
 
     def delete_one(page_keys, params):  # after the page's query, before its chunks: outside their transactions
         if gone in page_keys:
             gone.delete()
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_deleting_credit", prepare=delete_one))
+    jobs.register(app, dataclasses.replace(job, name="test_deleting_credit", prepare=delete_one))
     job_id = start(client, auth, "test_deleting_credit", page_size=100)
     task_queue.drain()
     final = job_status(client, job_id)
@@ -627,14 +627,13 @@ def test_an_account_deleted_after_its_page_was_listed_is_skipped_not_made_again(
 
 
 def test_add_credits_map_step_and_its_increments_are_one_change(app, client, auth, task_queue):
-    """add_credit's map step `credit` (the talk's `balance += amount`, through ndb's models) and its increments (what
-    the mapper writes instead: protobufs, on Firestore the server's) credit the same: balances, tallies, kept total."""
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_plain_credit", increments=None))
+    """add_credit's map step `credit` (the talk's `balance += amount`, through ndb's models) and add_credit_increments
+    (the same change as protobufs, on Firestore the server's increments) credit the same: balances, tallies, total."""
     keys = seed_accounts(60)
-    plain = start(client, auth, "test_plain_credit", params={"amount": 3}, page_size=25)
+    plain = start(client, auth, params={"amount": 3}, page_size=25)
     task_queue.drain()
     assert balances(keys) == [3] * 60
-    fast = start(client, auth, params={"amount": 5}, page_size=25)
+    fast = start(client, auth, "add_credit_increments", params={"amount": 5}, page_size=25)
     task_queue.drain()
     assert balances(keys) == [8] * 60
     assert [job_status(client, job_id)["tally"] for job_id in (plain, fast)] == [{"balance": 180}, {"balance": 300}]
@@ -647,7 +646,7 @@ def test_an_increment_keeps_the_entitys_other_properties(app, client, auth, task
     and written back whole."""
     with runtime.current().context():
         keys = put_in_batches([Account(balance=5, created_by=f"seed-{i}") for i in range(30)])
-    job_id = start(client, auth, page_size=100)
+    job_id = start(client, auth, "add_credit_increments", page_size=100)
     task_queue.drain()
     assert job_status(client, job_id)["state"] == "done"
     with runtime.current().context():
@@ -659,7 +658,7 @@ def test_an_increments_job_on_firestore_reads_only_its_records(app, client, auth
     """On Firestore an increments job's chunks read the task's record alone, not its accounts: the job is billed far
     fewer reads than accounts (on legacy, about one an account: each is read in its chunk's transaction)."""
     seed_accounts(200)
-    job_id = start(client, auth, page_size=100)
+    job_id = start(client, auth, "add_credit_increments", page_size=100)
     task_queue.drain()
     assert job_status(client, job_id)["state"] == "done"
     reads = sum(billed_from_header(timing).reads for timing in task_queue.timings)

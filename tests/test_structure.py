@@ -27,7 +27,7 @@ def test_each_app_keeps_its_own_runtime_and_registries(stack):
     one, two = runtime.of(first), runtime.of(second)
     assert one is not two and one.registry(mapper_jobs.JOBS) is not two.registry(mapper_jobs.JOBS)
     assert set(one.registry(mapper_jobs.JOBS)) == set(two.registry(mapper_jobs.JOBS)) == {
-        "add_credit", "audit_accounts", "recount_comments"}
+        "add_credit", "add_credit_increments", "audit_accounts", "recount_comments"}
     with running(second):
         client = second.test_client()
         assert client.post("/api/session", json={"email": "boss@example.com", "admin": True}).status_code == 200

@@ -24,8 +24,7 @@ def _credit_dying_at(accounts, params, prepared):
     return accounts
 
 
-DIES_AT_JOB = dataclasses.replace(ADD_CREDIT, name="test_dies_at", apply=_credit_dying_at, increments=None,
-                                  tally=lambda accounts, params: {"balance": params["amount"] * len(accounts)},
+DIES_AT_JOB = dataclasses.replace(ADD_CREDIT, name="test_dies_at", apply=_credit_dying_at,
                                   per_transaction_firestore=None)
 
 
