@@ -78,6 +78,12 @@ MODULES: dict[str, list[str] | None] = {
     "core/identity.py": ["_generation_key", "generation", "_renew_generation", "_session_is_current", "current_user",
                          "_keep", "sign_out"],
 }
+# Code only Firestore runs (classes or functions by module): the legacy run's tests reach it without judging it, so
+# its mutants are judged by a run with DATASTORE=firestore (`DATASTORE=firestore make mutants ARGS=--resume`, in its
+# own scratch tree, FIRESTORE_WORK), whose verdicts the report takes for them. counters/writes.py's BlindShardWriter:
+# a server-side increment and the marker's insert in one commit, the backend's own writer (legacy's is transactional).
+FIRESTORE_ONLY: dict[str, list[str]] = {"counters/writes.py": ["BlindShardWriter"]}
+FIRESTORE_WORK = REPO / ".devstack" / "mutants-firestore"
 # mutmut's exit codes, as its stats module names them; "score" below is mutmut's own (its badge): killed and timed
 # out over all mutants but the skipped ones, so a mutant no test reaches ("no tests") counts against it.
 COLUMNS = ["mutants", "killed", "survived", "timeout", "no tests", "other", "not run", "score"]
@@ -86,6 +92,14 @@ TABLE = ["lines", *COLUMNS, "s / mutant"]
 
 def module_name(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
+
+
+def firestore_only(name: str) -> bool:
+    """Whether mutmut's mutant `name` is in FIRESTORE_ONLY's code (mutmut names a function f's mutants `x_f__mutmut_N`,
+    a method m's of class C `xǁCǁm__mutmut_N`)."""
+    module, _, mutant = name.rpartition(".")
+    return any(mutant.startswith((f"xǁ{code}ǁ", f"x_{code}__mutmut_"))
+               for path, codes in FIRESTORE_ONLY.items() if module_name(path) == module for code in codes)
 
 
 def globs(modules: list[str]) -> list[str]:
@@ -212,6 +226,14 @@ def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
         found[path] = {name: "not run" if code is None else status_by_exit_code[code]
                        for name, code in meta["exit_code_by_key"].items()
                        if keep is None or any(name.startswith(prefix) for prefix in keep)}
+    judged = FIRESTORE_WORK / "mutants"
+    if WORK != FIRESTORE_WORK:  # the legacy run's report: FIRESTORE_ONLY's code as the Firestore run judged it
+        for path in set(found) & set(FIRESTORE_ONLY):
+            meta_file = judged / f"{path}.meta"
+            there = json.loads(meta_file.read_text())["exit_code_by_key"] if meta_file.exists() else {}
+            for name in [name for name in found[path] if firestore_only(name)]:
+                code = there.get(name)
+                found[path][name] = "not run" if code is None else status_by_exit_code[code]
     return found
 
 
@@ -346,6 +368,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         f"- commit: {run['commit']}" + (f" ({run['dirty']})" if run.get("dirty") else ""),
         f"- tool: mutmut {run['version']}, one worker (`--max-children 1`), fork server isolation",
         f"- backend: DATASTORE={run['backend']} CACHE={run['cache']}",
+        firestore_run(),
         f"- modules: {', '.join(f'`{m}`' for m in modules)}",
         f"- stats run's test files: {', '.join(f'`{t}`' for t in run['tests'])}",
         f"- mutmut's summary as printed: {'; '.join(f'`{line}`' for line in run['summary']) or '(none)'}",
@@ -389,6 +412,18 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "",
     ]
     DOC.write_text("\n".join(text))
+
+
+def firestore_run() -> str:
+    """The line naming the Firestore run whose verdicts FIRESTORE_ONLY's code takes (or that there is none yet)."""
+    code = "; ".join(f"`{path}`'s {', '.join(f'`{c}`' for c in codes)}" for path, codes in FIRESTORE_ONLY.items())
+    if not (FIRESTORE_WORK / "run.json").exists():
+        return f"- Firestore-only code ({code}): no run with DATASTORE=firestore yet, so its mutants are \"not run\""
+    run = json.loads((FIRESTORE_WORK / "run.json").read_text())
+    summary = printed_summary(FIRESTORE_WORK / "mutmut.log") if (FIRESTORE_WORK / "mutmut.log").exists() else []
+    return (f"- Firestore-only code ({code}): its mutants as the run with DATASTORE=firestore CACHE={run['cache']} of "
+            f"{run['date']} at {run['commit'][:12]} judged them; mutmut's summary there as printed: "
+            + ("; ".join(f"`{line}`" for line in summary) or "(none)"))
 
 
 def beside_guarantees() -> list[str]:
@@ -454,6 +489,7 @@ def timing_lines(seconds: float, stats_tests: list[str], since: int = 0) -> list
 
 
 def main() -> int:
+    global WORK  # the Firestore run's is FIRESTORE_WORK
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modules", default="", help="space-separated paths among MODULES (default: all of them)")
     parser.add_argument("--tests", default="", help="space-separated test files for the stats run (default: TESTS "
@@ -482,6 +518,8 @@ def main() -> int:
         return 2
     tests = args.tests.split() or TESTS
     backend, cache = backend_from_env(), cache_from_env()
+    if backend != "legacy":  # the Firestore run: FIRESTORE_ONLY's code alone, in a scratch tree of its own
+        WORK, modules = FIRESTORE_WORK, [m for m in modules if m in FIRESTORE_ONLY]
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.commit}^{{commit}}"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout.strip()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, check=True, capture_output=True,
@@ -505,7 +543,11 @@ def main() -> int:
                "MUTANTS_SHARED_EMULATOR": json.dumps({"backend": backend, "port": emulator.port,
                                                       "pid": emulator.proc.pid})}
         generate(env)
-        names = args.mutants.split() or (undecided(modules) if args.resume else globs(modules))
+        if WORK == FIRESTORE_WORK:  # FIRESTORE_ONLY's mutants by name: all of them, or those without a verdict
+            every = undecided(modules) if args.resume else [n for found in outcomes(modules).values() for n in found]
+            names = args.mutants.split() or [name for name in every if firestore_only(name)]
+        else:
+            names = args.mutants.split() or (undecided(modules) if args.resume else globs(modules))
         print(f"{len(names)} mutants to run" + (" (the ones without a verdict)" if args.resume else ""), flush=True)
         code, summary = run_mutmut(names, env, WORK / "mutmut.log") if names else (0, [])
     finally:
@@ -517,7 +559,7 @@ def main() -> int:
     if code != 0:
         print(f"mutmut exited {code}: see {WORK / 'mutmut.log'}", file=sys.stderr)
         return code
-    return report(run, args.note, write=not args.no_doc)
+    return report(run, args.note, write=not args.no_doc and WORK != FIRESTORE_WORK)  # the legacy run's writes it
 
 
 def report(run: dict, note: str | None, write: bool) -> int:

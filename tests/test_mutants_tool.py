@@ -11,6 +11,7 @@ from devstack import mutants
 @pytest.fixture()
 def work(tmp_path, monkeypatch):
     monkeypatch.setattr(mutants, "WORK", tmp_path / "mutants-run")
+    monkeypatch.setattr(mutants, "FIRESTORE_WORK", tmp_path / "mutants-firestore")
     return tmp_path / "mutants-run"
 
 
@@ -56,6 +57,20 @@ def test_a_resumed_run_names_the_mutants_without_a_verdict_of_the_functions_aske
                                      "core.identity.x_display_name__mutmut_1": None})
     assert mutants.undecided(["counters/simple.py", "core/identity.py"]) == [
         "core.identity.x_sign_out__mutmut_1", "counters.simple.x_total__mutmut_3", "counters.simple.x_total__mutmut_4"]
+
+
+def test_firestore_only_code_is_judged_by_the_firestore_run(work):
+    """counters/writes.py's BlindShardWriter runs on Firestore only: the legacy run's verdicts on its mutants (tests
+    reach it there without judging it) give way to the Firestore run's, or to "not run" before there is one; the rest
+    of the module keeps the legacy run's."""
+    blind, other = "counters.writes.xǁBlindShardWriterǁwrite__mutmut_1", "counters.writes.x_shard_writer__mutmut_1"
+    _meta(work, "counters/writes.py", {blind: 0, other: 0})
+    assert mutants.outcomes(["counters/writes.py"])["counters/writes.py"] == {blind: "not run", other: "survived"}
+    assert "no run with DATASTORE=firestore yet" in mutants.firestore_run()
+    _meta(mutants.FIRESTORE_WORK, "counters/writes.py", {blind: 1, other: 0})
+    assert mutants.outcomes(["counters/writes.py"])["counters/writes.py"] == {blind: "killed", other: "survived"}
+    assert mutants.firestore_only(blind) and not mutants.firestore_only(other)
+    assert not mutants.firestore_only("counters.simple.xǁBlindShardWriterǁwrite__mutmut_1")
 
 
 def test_a_stopped_runs_score_counts_the_mutants_it_ran_and_says_how_many_are_left():
