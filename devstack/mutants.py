@@ -69,7 +69,7 @@ MODULES: dict[str, list[str] | None] = {
     "comments/service.py": None,
     "comments/bookmarks.py": None,
     "mapper/tree.py": None,
-    "mapper/handback.py": None,
+    "mapper/unvisited.py": None,
     "mapper/completion.py": None,
     "core/transactions.py": None,
     "core/exactly_once.py": None,

@@ -10,9 +10,9 @@ from google.cloud import ndb
 from core import clock, runtime, tasks
 from core.errors import Conflict
 from mapper import completion, handoff, jobs, tree
-from mapper.handback import hand_back
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
+from mapper.unvisited import end_unvisited
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def run_task(body: dict[str, Any], delivery: int = 0) -> dict[str, Any]:
         return {"skipped": "the job is gone or has ended"}
     record_key = ndb.Key(TaskRecord, payload.name)
     if job.cancelled:  # the rest of its range left unvisited and its weight handed back: the job still ends
-        record, passed_on = hand_back(record_key, payload, "done")
+        record, passed_on = end_unvisited(record_key, payload, "done")
     else:
         record, passed_on = _run(job, record_key, payload, delivery)
     if record.returned:  # only the delivery that ended the record passes its weight on; any other passes 0
@@ -56,4 +56,4 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
         if delivery + 1 < tasks.MAX_DELIVERIES:
             raise
         log.exception("mapper task %s failed for good", record_key.id())
-        return hand_back(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])
+        return end_unvisited(record_key, payload, "failed", f"{type(e).__name__}: {e}"[:2000])

@@ -15,9 +15,9 @@ from core import clock, runtime
 from core.exactly_once import Written, once
 from core.transactions import transact
 from mapper import completion, handoff
-from mapper.handback import hand_back
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
+from mapper.unvisited import end_unvisited
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,7 +103,7 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     payload = dataclasses.replace(handoff.payload_of(job, record.key), revived=record.revived)
     if record.fruitless > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
-        _, passed_on = hand_back(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
+        _, passed_on = end_unvisited(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
         completion.end_if_all_back(job, passed_on)
         return "failed"
     handoff.enqueue(payload)

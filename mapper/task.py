@@ -15,7 +15,7 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: a key range (lo, hi], urlsafe (the root's: tree.py), or `keys`, a handout: a page its parent scanned."""
+    visits: a key range (lo, hi], urlsafe (the root's: handoff.root_payload), or `keys`, a handout: a page scanned."""
     job: str
     path: str
     lo: str | None

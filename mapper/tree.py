@@ -4,7 +4,7 @@ The plain tree: a task scans its key range (lo, hi] in key order (one keys-only 
 before its page: O(N^2) over a kind), keeps its first page (`page_size` keys), cuts the rest of its range into up to
 `fanout` child ranges (a tree O(log N) deep), and does its page in chunks. Each chunk's transaction runs the job's map
 step on its entities (add_credit's: each account's balance += amount) and moves the task's record past them, so each
-entity is changed exactly once. The root's range is the whole kind: (None, its largest key when the job started].
+entity is changed exactly once. The root's range: (None, the kind's largest key at the start] (handoff.root_payload).
 Two optimisations. Handouts: the query reads on, and up to `fanout` pages after its own go ready-made to children,
 saving their queries. Cut points: `__scatter__` samples' quantiles where the range holds enough (keyrange.py). Weight
 only tells when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
@@ -36,8 +36,8 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     records them), so queueing twice is harmless (the queue drops a name it has seen). A handout child's keys are kept
     in a KeptHandouts entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
     visit = _visit(job, record, payload)
-    work = bulk.page_work(definition, job.params, visit.todo)  # how this job reads, changes and writes the chunks
-    for number, chunk in enumerate(work.chunks):  # one at least (bulk.py): an empty page still ends, queues children
+    work = bulk.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
+    for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
         record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
         if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
             handoff.enqueue_children(record, visit.handouts)
@@ -54,7 +54,7 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
         return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
     if record.page is None:
         limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
-        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)
+        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
         children = split(job, payload, scanned, record.weight) if page.more else []
@@ -75,11 +75,11 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     own_and_handed = min(size * (1 + len(handout_pages)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
     if len(scanned) > own_and_handed:  # then ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
-        end, hi = scanned[own_and_handed - 1], payload.hi_key
-        parts = keyrange.parts_needed(read_start=scanned[0], read_end=end, hi=hi, own_and_handed=own_and_handed,
-                                      scan_keys=scan_keys, fanout=job.fanout, samples=job.samples)
-        bounds = [end] + (keyrange.split_points(end, hi, parts, job.samples, scanned[0]) if parts > 1 else []) + [hi]
-        ranges = list(itertools.pairwise(bounds))
+        rest_after, hi = scanned[own_and_handed - 1], payload.hi_key  # the rest: (rest_after, hi]
+        parts = keyrange.parts_needed(first_read=scanned[0], rest_after=rest_after, hi=hi, samples=job.samples,
+                                      own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout)
+        cuts = keyrange.split_points(rest_after, hi, parts, job.samples, scanned[0]) if parts > 1 else []
+        ranges = list(itertools.pairwise([rest_after, *cuts, hi]))
     return payload.make_children(handout_pages, ranges, weight, page_end=scanned[size - 1])
 
 
@@ -91,8 +91,8 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
     UNKNOWN yet applied (MINE), or by another delivery (ANOTHERS: Superseded), or (3) as `before` left it: then `write`
     writes the chunk and the record, stamped. `work.store`: ndb for an `apply` job, protobufs for increments."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
-        current, *entities = work.store.get_multi([before.key] + chunk)  # no other task touches these: no collision
-        if current is None and before.never_committed:  # 1. a first delivery's first chunk (delivery.py: made unread)
+        current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's: only this task's deliveries
+        if current is None and before.never_committed:  # 1. a first delivery, which made its record unread: delivery.py
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:

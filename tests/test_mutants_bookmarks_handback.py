@@ -12,8 +12,8 @@ from blog.models import EntryRef
 from comments import bookmarks, service
 from core import clock, runtime
 from core.errors import BadInput
-from mapper.handback import hand_back
 from mapper.task import TaskPayload, TaskRecord
+from mapper.unvisited import end_unvisited
 
 
 def _user(name):
@@ -45,9 +45,9 @@ def test_a_record_handed_back_twice_returns_its_weight_once(ndb_context):
     """The hand-back that ends a record returns the weight the task kept for its page; any later one (a retry, a
     redelivery) returns 0 and leaves the record as the first left it, so the job's weights still sum exactly."""
     key, payload = _running(weight=12)
-    record, returned = hand_back(key, payload, "done")
+    record, returned = end_unvisited(key, payload, "done")
     assert (returned, record.state, record.returned) == (12, "done", 12)
-    record, again = hand_back(key, payload, "failed", "late")
+    record, again = end_unvisited(key, payload, "failed", "late")
     assert again == 0
     stored = key.get()
     assert (stored.state, stored.returned, stored.error) == ("done", 12, None)
@@ -58,7 +58,7 @@ def test_a_failed_hand_back_stores_its_error_and_when_it_ended(ndb_context):
     timeline's bar ends there)."""
     key, payload = _running()
     before = clock.now()
-    hand_back(key, payload, "failed", "RuntimeError: boom")
+    end_unvisited(key, payload, "failed", "RuntimeError: boom")
     stored = key.get()
     assert (stored.state, stored.error) == ("failed", "RuntimeError: boom")
     assert stored.updated is not None and stored.updated >= before
@@ -71,7 +71,7 @@ def test_an_ended_record_keeps_a_lease_only_while_it_has_children_for_the_sweep(
     child = TaskPayload("job1", "0-0", None, None, 5)
     key, payload = _running(weight=12, children=[child])
     before = clock.now()
-    record, returned = hand_back(key, payload, "done")
+    record, returned = end_unvisited(key, payload, "done")
     seconds = runtime.current().settings.mapper_lease_seconds
     assert returned == 7 and key.get().returned == 7
     lease = key.get().lease
@@ -79,7 +79,7 @@ def test_an_ended_record_keeps_a_lease_only_while_it_has_children_for_the_sweep(
     assert lease <= clock.now() + datetime.timedelta(seconds=seconds)
     assert [task.name for task in task_queue.queue.pending] == [child.queue_name]
     alone, alone_payload = _running(task="1", weight=3)
-    hand_back(alone, alone_payload, "done")
+    end_unvisited(alone, alone_payload, "done")
     assert alone.get().lease is None
 
 
@@ -88,7 +88,7 @@ def test_a_task_handed_back_before_its_first_chunk_gets_its_record(ndb_context):
     key, ended, with the payload's job and weight, and returns that weight."""
     payload = TaskPayload("job1", "0-3", None, None, 9)
     key = ndb.Key(TaskRecord, payload.name)
-    record, returned = hand_back(key, payload, "done")
+    record, returned = end_unvisited(key, payload, "done")
     assert returned == 9 and record.key == key
     stored = key.get()
     assert (stored.job, stored.weight, stored.state, stored.returned) == ("job1", 9, "done", 9)

@@ -144,8 +144,8 @@ def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_conte
     from comments import service as comments
     from counters import service as counters
     from counters import simple
-    from mapper.handback import hand_back
     from mapper.task import TaskPayload, TaskRecord
+    from mapper.unvisited import end_unvisited
     retried_by_ndb, real = [], _datastore_api.make_call
 
     def spy(rpc_name, request, retries=None, **options):
@@ -158,7 +158,7 @@ def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_conte
     blog_service.post_entry("b", "t", "body", "boss@example.com")
     comments.post_comment(Entry("b", 0), {"id": "dev-ann", "email": "ann@example.com"}, "hello")
     payload = TaskPayload("job1", "0", None, None, 4)
-    hand_back(ndb.Key(TaskRecord, payload.name), payload, "done")
+    end_unvisited(ndb.Key(TaskRecord, payload.name), payload, "done")
     assert len(retried_by_ndb) >= 5 and set(retried_by_ndb) == {0}, retried_by_ndb
 
 

@@ -1,5 +1,5 @@
 """The mapper's termination credit on the real stack (weight-throwing, mapper/task.py): a task that ends early after it
-split hands back only the share it kept, and a job's end reads its records once, not once per task end."""
+split returns only the share it kept, and a job's end reads its records once, not once per task end."""
 import dataclasses
 
 import pytest
@@ -40,7 +40,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
                                                                                 task_queue):
     """The root splits (its first chunk records its children and queues them), then dies half way through its page;
     it then ends early, cancelled or failed for good (its last allowed delivery dies too), before or after its
-    children ended. Its children return their own shares: the root returns only what it kept. Were it to hand back
+    children ended. Its children return their own shares: the root returns only what it kept. Were it to return
     its whole credit, the returned credit would pass the whole (the job never ends) or reach it while children are
     still out (the job ends with ranges unvisited)."""
     DIES_AT.clear()

@@ -1,4 +1,4 @@
-"""A mapper task ended before its page is done: its job was cancelled, or it failed for good."""
+"""A mapper task ended unvisited, before its page is done: its job was cancelled, or it failed for good."""
 from google.cloud import ndb
 
 from core import clock, runtime
@@ -7,9 +7,9 @@ from mapper import handoff
 from mapper.task import TaskPayload, TaskRecord
 
 
-def hand_back(record_key: ndb.Key, payload: TaskPayload, state: str,
+def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
               error: str | None = None) -> tuple[TaskRecord, int]:
-    """End the task's record unvisited, `state`, its kept weight returned, so the job still ends; its children are
+    """End the task's record unvisited, `state`, returning its kept weight, so the job still ends; its children are
     enqueued again. (The record, the weight this call passes on to the job's running sum: 0 when another delivery
     ended it first.) Idempotent by state, so no stamp: an attempt after an UNKNOWN commit finds the record ended and
     passes on 0, and the job's checks sum the records, which hold this weight."""
