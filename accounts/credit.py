@@ -2,7 +2,8 @@
 mapper runs in each chunk's transaction with the task's record: each account credited once however often a task is
 delivered or dies. `settle` adds the job's tally, its whole credit, once, at its end, to the accounts' total balance.
 Beyond the talk, add_credit_increments: the same change written as increments, protobufs past ndb (a tenth of its
-client CPU) and on Firestore the server's, unread (mapper/bulk.py); the benchmarks run it; a test holds them equal."""
+client CPU) and on Firestore the server's, unread (mapper/increments.py); the benchmarks run it; a test holds them
+equal."""
 import dataclasses
 from typing import Any
 

@@ -65,11 +65,12 @@ from core import billing, costs, production_latency, runtime, tasks
 from core.transactions import transact
 from devstack import taskqueue
 from devstack.serving import queued, signed_in, wait_until
-from mapper import bulk as mapper_bulk
+from mapper import chunks as mapper_chunks
 from mapper import completion
+from mapper import increments as mapper_increments
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
-from mapper.handoff import scan_limit
+from mapper.children import scan_limit
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 from planner.batch import PIPELINE_SAMPLES, PIPELINE_SPLITS
@@ -99,7 +100,7 @@ def seed(count):
 
 def credit_chunk(keys):
     """A chunk of accounts credited 1 in one transaction through ndb, as the walk does (and the mapper did before its
-    increments were written as protobufs: mapper/bulk.py)."""
+    increments were written as protobufs: mapper/increments.py)."""
     def txn():
         accounts = [a for a in ndb.get_multi(keys) if a is not None]
         for account in accounts:
@@ -213,9 +214,9 @@ def pipeline_fault(rt, keys, balance):
 def faulty_credit(accounts_before_failing):
     """add_credit, failing one chunk once `accounts_before_failing` accounts were credited: the same fault as the
     pipeline's, met by the mapper (its task fails, the queue delivers it again, and it resumes from its record).
-    Injected where each account's increment is made (mapper/bulk.py `incremented`, in the chunk's transaction), as the
-    tests inject theirs; yields whether it fired."""
-    credited, failed, lock, real = [0], [False], threading.Lock(), mapper_bulk.incremented
+    Injected where each account's increment is made (mapper/increments.py `incremented`, in the chunk's
+    transaction), as the tests inject theirs; yields whether it fired."""
+    credited, failed, lock, real = [0], [False], threading.Lock(), mapper_increments.incremented
 
     def incremented(entity, deltas):
         with lock:
@@ -224,11 +225,11 @@ def faulty_credit(accounts_before_failing):
                 raise RuntimeError("a worker lost half way (injected)")
             credited[0] += 1
         return real(entity, deltas)
-    mapper_bulk.incremented = incremented
+    mapper_increments.incremented = incremented
     try:
         yield failed
     finally:
-        mapper_bulk.incremented = real
+        mapper_increments.incremented = real
 
 
 def page_query_costs(keys):
@@ -250,7 +251,7 @@ def page_query_costs(keys):
 def chunk_cpu(rt, keys, chunks=5, repeats=3):
     """Why the fan-out's client CPU is what it is: a chunk's transaction (its accounts credited 1, without the task's
     record) through ndb's models (credit_chunk, how the mapper wrote them before), through google-cloud-datastore's
-    entities, and as the mapper writes them now (mapper/bulk.py: protobufs; on Firestore unread server-side
+    entities, and as the mapper writes them now (mapper/increments.py: protobufs; on Firestore unread server-side
     increments), on one thread; this process's CPU per account (µs, the median of `repeats` runs of `chunks`
     chunks)."""
     size = mapper_jobs.chunk_size(ADD_CREDIT_INCREMENTS)
@@ -265,7 +266,7 @@ def chunk_cpu(rt, keys, chunks=5, repeats=3):
             client.put_multi(accounts)
 
     def bulk_chunk(chunk):
-        work = mapper_bulk.page_work(ADD_CREDIT_INCREMENTS, {"amount": 1}, chunk)
+        work = mapper_chunks.page_work(ADD_CREDIT_INCREMENTS, {"amount": 1}, chunk)
         work.store.transact(lambda: work.store.put_multi(work.change(work.store.get_multi(chunk))))
     spent = {}
     for name, credit, chosen in (("ndb's models", credit_chunk, keys),

@@ -193,7 +193,7 @@ class Preflight:
         # Refused, not warned: databases in OPTIMISTIC_WITH_ENTITY_GROUPS "are still subject to the 25 entity group
         # transaction limit as well as the 1 write per second limit"
         # (https://cloud.google.com/datastore/docs/upgrade-to-firestore), and a mapper chunk is one transaction over a
-        # page of root entities (100 by default, mapper/bulk.py), so every job would fail. The mode is the Admin API's
+        # page of root entities (100 by default, mapper/jobs.py), so every job would fail. The mode is the Admin API's
         # Database.concurrencyMode, "not recommended for any new databases"
         # (https://cloud.google.com/firestore/docs/reference/rest/v1/projects.databases#concurrencymode).
         if database.get("concurrencyMode") == "OPTIMISTIC_WITH_ENTITY_GROUPS":

@@ -9,7 +9,7 @@ from google.cloud import ndb
 
 from core import clock, runtime, tasks
 from core.errors import Conflict
-from mapper import completion, handoff, jobs, tree
+from mapper import children, completion, jobs, tree
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
 from mapper.unvisited import end_unvisited
@@ -40,7 +40,7 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
     record = (record_key.get() if delivery or payload.revived else None) or TaskRecord.new(record_key, payload)
     record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
-        handoff.enqueue_recorded_children(record)  # the delivery that ended it may have died before enqueueing them
+        children.enqueue_recorded_children(record)  # the delivery that ended it may have died before enqueueing them
         return record, 0  # only the delivery that ended the record passed its weight on
     definition = jobs.of(job)
     try:

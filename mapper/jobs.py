@@ -22,7 +22,7 @@ class JobDefinition:
 
     `apply(entities, params, prepared)`, the map step, runs in the chunk's transaction and returns the entities to
     write. A job whose apply only adds whole numbers may give them as `increments(params)` ({"balance": 10}) too,
-    written instead as protobufs past ndb (the kind must use neither of ndb's caches; mapper/bulk.py).
+    written instead as protobufs past ndb (the kind must use neither of ndb's caches; mapper/increments.py).
     `prepare(keys, params)` runs before, outside any transaction, for what a transaction may not do (queries without
     an ancestor); its result is apply's `prepared`.
     `per_transaction`: entities a chunk's transaction holds, at most MAX_GROUPS - 1 - the groups apply writes beside

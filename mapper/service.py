@@ -11,7 +11,7 @@ from core.errors import BadInput, Conflict, Unprocessable, found
 from core.exactly_once import once
 from core.transactions import transact
 from core.validate import whole_number
-from mapper import completion, handoff, jobs, key_arithmetic
+from mapper import children, completion, jobs, key_arithmetic
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 
@@ -67,7 +67,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
     else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
-        payload = handoff.root_payload(job)
+        payload = children.root_payload(job)
         root = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
         root.started = None  # its first delivery's begin, set by that delivery (tree.py)
         root.renew(runtime.current().settings.mapper_lease_seconds)
@@ -78,7 +78,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
         completion.send_follow_up(job)
         return job, False
     completion.start_hints(job.id)
-    handoff.enqueue(handoff.root_payload(job))
+    children.enqueue(children.root_payload(job))
     return job, False
 
 
@@ -96,7 +96,7 @@ def _resent(first: MapperJob) -> MapperJob:
     """The job a resend's key started; its root task enqueued again while it runs (its name makes that one task), in
     case the first request died between the job's commit and its enqueue."""
     if not first.ended:
-        handoff.enqueue(handoff.root_payload(first))
+        children.enqueue(children.root_payload(first))
     return first
 
 

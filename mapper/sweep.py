@@ -14,7 +14,7 @@ from google.cloud import ndb
 from core import clock, runtime
 from core.exactly_once import Written, once
 from core.transactions import transact
-from mapper import completion, handoff
+from mapper import children, completion
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
 from mapper.unvisited import end_unvisited
@@ -100,13 +100,13 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         return None
     if record.state != "running":
         return _children_recorded(job, record)
-    payload = dataclasses.replace(handoff.payload_of(job, record.key), revived=record.revived)
+    payload = dataclasses.replace(children.payload_of(job, record.key), revived=record.revived)
     if record.fruitless > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
         _, passed_on = end_unvisited(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
         completion.end_if_all_back(job, passed_on)
         return "failed"
-    handoff.enqueue(payload)
+    children.enqueue(payload)
     completion.hint_revived(job.id)
     return "revived"
 
@@ -119,7 +119,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
                                       strict=True) if record is None]
     for child in missing:
-        payload = dataclasses.replace(handoff.payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
+        payload = dataclasses.replace(children.payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
 
         def look(payload: TaskPayload = payload) -> Written | None:
             found = ndb.Key(TaskRecord, payload.name).get(retries=0)  # written by its delivery meanwhile, or by this
@@ -133,7 +133,7 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
             record.put()
 
         def queue_it(_: None, payload: TaskPayload = payload) -> None:
-            handoff.enqueue(payload)
+            children.enqueue(payload)
             completion.hint_revived(job.id)
         once(look, create, then=queue_it)
 

@@ -15,7 +15,7 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: a key range (lo, hi], urlsafe (the root's: handoff.root_payload), or `keys`, a handout: a page scanned."""
+    visits: a key range (lo, hi], urlsafe (the root's: children.root_payload), or `keys`, a handout: a page scanned."""
     job: str
     path: str
     lo: str | None
@@ -97,7 +97,7 @@ class TaskRecord(ndb.Model):
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
-    children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in handoff.KeptHandouts)
+    children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in children.KeptHandouts)
     returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: what its children did not take
     error = ndb.TextProperty()
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.

@@ -4,18 +4,18 @@ The plain tree: a task scans its key range (lo, hi] in key order (one keys-only 
 before its page: O(N^2) over a kind), keeps its first page (`page_size` keys), cuts the rest of its range into up to
 `fanout` child ranges (a tree O(log N) deep), and does its page in chunks. Each chunk's transaction runs the job's map
 step on its entities (add_credit's: each account's balance += amount) and moves the task's record past them, so each
-entity is changed exactly once. The root's range: (None, the kind's largest key at the start] (handoff.root_payload).
+entity is changed exactly once. The root's range: (None, the kind's largest key at the start] (children.root_payload).
 Two optimisations. Handouts: the query reads on, and up to `fanout` pages after its own go ready-made to children,
 saving their queries. Cut points: `__scatter__` samples' quantiles where the range holds enough (keyrange.py). Weight
 only tells when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
-completion.py); ignore it on a first read. Queue handler: delivery.py; why: docs/lessons/mapper.md."""
+completion.py); ignore it on a first read. Queue handler: delivery.py; the words, and why: docs/lessons/mapper.md."""
 import itertools
 from typing import Any, NamedTuple
 
 from google.cloud import ndb
 
 from core.exactly_once import Written, once
-from mapper import bulk, handoff, jobs, keyrange
+from mapper import children, chunks, jobs, keyrange
 from mapper.models import MapperJob
 from mapper.task import TaskPage, TaskPayload, TaskRecord
 
@@ -36,13 +36,13 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     records them), so queueing twice is harmless (the queue drops a name it has seen). A handout child's keys are kept
     in a KeptHandouts entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
     visit = _visit(job, record, payload)
-    work = bulk.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
+    work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
         record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
         if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
-            handoff.enqueue_children(record, visit.handouts)
+            children.enqueue_children(record, visit.handouts)
         elif number == 0:  # an earlier delivery split, or none did: the children as its record has them
-            handoff.enqueue_recorded_children(record)
+            children.enqueue_recorded_children(record)
     return record
 
 
@@ -53,25 +53,25 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
         todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
     if record.page is None:
-        limit = handoff.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
-        scanned = bulk.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
+        limit = children.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
+        scanned = chunks.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        children = split(job, payload, scanned, record.weight) if page.more else []
-        return Visit(page, keys, children, handoff.handouts_of(children))
-    return Visit(record.page, bulk.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [], {})
+        made = split(job, payload, scanned, record.weight) if page.more else []
+        return Visit(page, keys, made, children.handouts_of(made))
+    return Visit(record.page, chunks.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [], {})
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
     """The rest of the range after this task's page, as children of two sorts: handouts, the next pages of the scan,
-    each given whole to a child (up to `fanout`, within handoff.HANDED_BYTES); then ranges, the range beyond, cut into
+    each given whole to a child (up to `fanout`, within children.HANDED_BYTES); then ranges, the range beyond, cut into
     up to `fanout`: up to 2 x fanout children, each given its share of `weight` (task.py `make_children`). E.g.
     page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task keeps
     100, hands out 4 pages (fewer if their keys pass HANDED_BYTES; own_and_handed 500), cuts the rest, (the 500th key,
     hi], into up to 4 ranges."""
     size = job.page_size
-    scan_keys = handoff.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    handout_pages = handoff.cut_handouts(scanned[size:scan_keys], size)  # first handouts: pages scanned after its own
+    scan_keys = children.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
+    handout_pages = children.cut_handouts(scanned[size:scan_keys], size)  # first handouts: pages scanned after its own
     own_and_handed = min(size * (1 + len(handout_pages)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
     if len(scanned) > own_and_handed:  # then ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
@@ -83,16 +83,16 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     return payload.make_children(handout_pages, ranges, weight, page_end=scanned[size - 1])
 
 
-def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
+def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool, lease_seconds: int) -> TaskRecord:
-    """Change the chunk's entities by the job's map step (`work.change`: its `apply`, or add_credit's `increments`) and
+    """Change the chunk's entities by the job's map step (`work.change`: its `apply`, or its `increments`) and
     move the record past them, in one transaction, exactly once; `before` is the record as this delivery left it.
     `look` finds the record (1) not yet stored, (2) moved on since `before`: by this call's own commit, which answered
     UNKNOWN yet applied (MINE), or by another delivery (ANOTHERS: Superseded), or (3) as `before` left it: then `write`
     writes the chunk and the record, stamped. `work.store`: ndb for an `apply` job, protobufs for increments."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's: only this task's deliveries
-        if current is None and before.never_committed:  # 1. a first delivery, which made its record unread: delivery.py
+        if current is None and before.never_committed:  # 1. a first delivery built it without a read (delivery.py)
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
@@ -103,7 +103,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
         current, entities = read
         current.started = current.started or before.started  # a record written before any delivery began has none
         writes = work.change(entities)
-        handed_out = handoff.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st
+        handed_out = children.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final)
         current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
@@ -111,7 +111,7 @@ def commit_chunk(work: bulk.PageWork, visit: Visit, payload: TaskPayload, before
         work.store.put_multi([*writes, current, *handed_out])
         return current
 
-    committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments: bulk.py
+    committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
     if committed.by_another:  # another delivery moved the record on
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it

@@ -3,7 +3,7 @@ from google.cloud import ndb
 
 from core import clock, runtime
 from core.transactions import transact
-from mapper import handoff
+from mapper import children
 from mapper.task import TaskPayload, TaskRecord
 
 
@@ -23,5 +23,5 @@ def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
         record.put()
         return record, record.returned
     record, passed_on = transact(txn)
-    handoff.enqueue_recorded_children(record)
+    children.enqueue_recorded_children(record)
     return record, passed_on

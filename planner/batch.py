@@ -15,7 +15,7 @@ from accounts.credit import ADD_CREDIT_INCREMENTS  # the job bench/mapper.py mea
 from core import billing, production_latency
 from core.costs import plural
 from core.features import REPO
-from mapper.handoff import HANDED_BYTES, scan_limit
+from mapper.children import HANDED_BYTES, scan_limit
 from mapper.jobs import MAX_GROUPS
 from mapper.models import MapperJob
 from mapper.service import SAMPLES
@@ -160,7 +160,7 @@ def queries_for(listed: int, limit: int, backend: str) -> int:
 
 # The keys a modelled range holds: add_credit's kind, spread evenly, consecutive ids from where Datastore's scattered
 # ids begin (mapper/key_arithmetic.py), in the demo's project, so that a handed-out page's keys take the bytes the
-# demo's accounts' take (mapper/handoff.py HANDED_BYTES).
+# demo's accounts' take (mapper/children.py HANDED_BYTES).
 KEYS_FROM, KEYS_PROJECT = 2 ** 52, "scalable-demo"
 
 
@@ -254,7 +254,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     handed = len(split_sizes(entities, page_size, fanout)[0]) if entities > page_size else 0
     plan.line(f"the tree, cut by the mapper's own split over evenly spread keys: each range task lists its page and "
               f"{fanout} pages more, hands out as many of those as {HANDED_BYTES:,} bytes of keys hold (the root "
-              f"{handed}, mapper/handoff.py) and splits the rest up to {fanout} ways: {tree.tasks} tasks "
+              f"{handed}, mapper/children.py) and splits the rest up to {fanout} ways: {tree.tasks} tasks "
               f"({tree.range_tasks} listing a range), depth {tree.depth}")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))
@@ -310,7 +310,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     plan.answer("wall_s", "Fan-out: wall time, model medians, s", round(wall_s, 2),
                 f"{wall_s:.2f} s on a kind already taking traffic; {ramped:.2f} s on a new kind (500/50/5)" + bench)
 
-    # add_credit_increments (mapper/bulk.py): on Firestore its accounts get server-side increments, unread.
+    # add_credit_increments (mapper/increments.py): on Firestore its accounts get server-side increments, unread.
     # The job's own: its start's queries and transactions, the root's read of it, its end's reads; the job and the
     # root's record written at its start, the job and the credit's shard at its end.
     job_reads, job_writes = start.queries + START_TRANSACTIONS + 1 + 1 + SETTLE_LOOKUPS, 2 + 2

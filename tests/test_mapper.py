@@ -14,8 +14,8 @@ from accounts.credit import ADD_CREDIT, ADD_CREDIT_INCREMENTS
 from accounts.models import Account
 from bench.harness import billed_from_header, retried_in
 from core import runtime, tasks
-from mapper import bulk, completion, handoff, jobs, key_arithmetic, keyrange, service, sweep, tree
-from mapper.handoff import KeptHandouts
+from mapper import children, completion, increments, jobs, key_arithmetic, keyrange, service, sweep, tree
+from mapper.children import KeptHandouts
 from mapper.models import MapperJob
 from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 from tests.support import api_commit_answers_unknown, billed, commit_answers_unknown, writers_meet_before_writing
@@ -290,7 +290,7 @@ def follow_ups(job_id):
 
 TEST_JOBS = (dataclasses.replace(ADD_CREDIT, name="test_flaky_credit", apply=_flaky_credit,
                                  on_done=_follow_up, per_transaction_firestore=None),
-             # add_credit_increments, written as protobufs (mapper/bulk.py); FAULTS reach it in extra_jobs
+             # add_credit_increments, written as protobufs (mapper/increments.py); FAULTS reach it in extra_jobs
              dataclasses.replace(ADD_CREDIT_INCREMENTS, name="test_flaky_increments", on_done=_follow_up,
                                  per_transaction_firestore=None),
              jobs.JobDefinition(name="test_always_fails", kind="Account", title="t", description="t",
@@ -303,12 +303,12 @@ def extra_jobs(app, monkeypatch):
     increments job's chunks too, as each entity's mutation is made."""
     for job in TEST_JOBS:
         jobs.register(app, job)
-    incremented = bulk.incremented
+    incremented = increments.incremented
 
     def faulty(entity, deltas):
         _fault([entity])
         return incremented(entity, deltas)
-    monkeypatch.setattr(bulk, "incremented", faulty)
+    monkeypatch.setattr(increments, "incremented", faulty)
     return app
 
 
@@ -456,15 +456,15 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
     """A task is queued again from its parent's record (and the pages it handed out): when those are gone, the sweep
     says which, rather than fail on None."""
     job = MapperJob(id="j", name="add_credit", kind="Account", page_size=10, fanout=2, kind_end=ndb.Key(Account, 9))
-    assert handoff.payload_of(job, ndb.Key(TaskRecord, "j-0")) == handoff.root_payload(job)
+    assert children.payload_of(job, ndb.Key(TaskRecord, "j-0")) == children.root_payload(job)
     with pytest.raises(RuntimeError, match="parent's record is gone"):
-        handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        children.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
     parent = TaskRecord(id="j-0", job="j", depth=0, weight=4,
                         children=[{"job": "j", "path": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
     with pytest.raises(RuntimeError, match="pages it handed out are gone"):
-        handoff.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        children.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
 
 
 def test_accounts_ids_lie_where_the_key_arithmetic_aims(ndb_context):
@@ -575,8 +575,8 @@ def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, cli
     job_id = start(client, auth, "test_narrow_credit", page_size=40, fanout=4)
     task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued
     assert len(task_queue.queue.pending) >= 2
-    # the first two chunks' commits (as protobufs: mapper/bulk.py): both read before either writes
-    writers_meet_before_writing(monkeypatch, at=(bulk.IncrementChunks, "put_multi"))
+    # the first two chunks' commits (as protobufs: mapper/increments.py): both read before either writes
+    writers_meet_before_writing(monkeypatch, at=(increments.IncrementChunks, "put_multi"))
     task_queue.drain(workers=2)
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 400
     assert [t for t in task_queue.timings if "retried;" in t] == []
@@ -641,9 +641,9 @@ def test_add_credits_map_step_and_its_increments_are_one_change(app, client, aut
 
 
 def test_an_increment_keeps_the_entitys_other_properties(app, client, auth, task_queue):
-    """A server-side increment is an update with an empty property mask (mapper/bulk.py): without the mask, Firestore
-    would replace each account with its key and balance, dropping `created_by`; on legacy the account is read whole
-    and written back whole."""
+    """A server-side increment is an update with an empty property mask (mapper/increments.py): without the mask,
+    Firestore would replace each account with its key and balance, dropping `created_by`; on legacy the account is
+    read whole and written back whole."""
     with runtime.current().context():
         keys = put_in_batches([Account(balance=5, created_by=f"seed-{i}") for i in range(30)])
     job_id = start(client, auth, "add_credit_increments", page_size=100)
@@ -678,9 +678,9 @@ def test_a_job_runs_one_query_per_scan_and_a_handed_page_none(app, client, auth,
     task_queue.drain()  # one worker: each response beside its own Server-Timing
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 1000
     queries = {task.name: re.search(r"(\d+) RunQuery", timing) for (task, _, _), timing in
-               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == handoff.TASK_HANDLER}
+               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == children.TASK_HANDLER}
     handed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
-              if task.handler == handoff.TASK_HANDLER and task.payload.get("keys")}
+              if task.handler == children.TASK_HANDLER and task.payload.get("keys")}
     assert handed and all(queries[name] is None for name in handed)  # a handed page runs no query
     ranges = [name for name in queries if name not in handed]
     assert all(queries[name] and queries[name][1] == "1" for name in ranges)  # a range task runs one
@@ -697,7 +697,7 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     them); the rest of its scan it splits as ranges, and still every account is credited once."""
     keys = seed_accounts(600)
     one_page = sum(len(k.urlsafe()) for k in keys[40:80])
-    monkeypatch.setattr(handoff, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
+    monkeypatch.setattr(children, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
     job_id = start(client, auth, page_size=40, fanout=4)
     task_queue.drain()
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600

@@ -193,8 +193,10 @@ def test_each_lessons_first_file_with_its_imports_is_read_within_its_budget():
 
 # The app's code: main.py and its packages' .py files, as issue #72 measured them (9,360 lines at b375cab, 2026-11-29
 # 01:38; its "no larger than today's" is the target). Issues #71, #73-#76 then added about 725 (10,085 at ba50fdd,
-# when #72's refactor began); the refactor took it to 9,752, where this holds it: more code is a choice to make here.
-APP_LINES_MAX = 9_752
+# when #72's refactor began); the refactor took it to 9,752. Then 10 more, a choice: mapper/bulk.py split in two, so
+# that lesson 4's reader meets the plain chunks (chunks.py) apart from the increments beyond the talk (increments.py).
+# More code is a choice to make here.
+APP_LINES_MAX = 9_762
 
 
 def app_lines(root: Path) -> int:

@@ -1,10 +1,8 @@
-"""How a job reads, changes and writes a task's page (PageWork), and where a chunk's transaction reads and writes: the
-job's ndb models (ModelChunks), or, for an increments job, protobufs through the Datastore API itself
-(IncrementChunks): a tenth of ndb's client CPU (bench/results/mapper.md). On Firestore an increments chunk is not
-read: each entity gets a server-side increment, an `update`, so one deleted since the scan fails the commit
-(NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so there each is read and written
-back. Why: docs/lessons/mapper.md.
-"""
+"""Beyond the talk: a job that gives its change as whole-number increments (add_credit_increments) has its chunks
+written as protobufs through the Datastore API itself (IncrementChunks), a tenth of ndb's client CPU (bench/results/
+mapper.md). On Firestore such a chunk is not read: each entity gets a server-side increment, an `update`, so one deleted
+since the scan fails the commit (NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so
+there each is read and written back."""
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -15,49 +13,7 @@ from google.cloud.ndb import model as ndb_model
 
 from core import runtime
 from core.datastore import EntityPb, MutationPb, entity_pb
-from core.transactions import transact, transact_api
-from mapper.jobs import JobDefinition, chunk_size
-
-
-@dataclasses.dataclass
-class PageWork:
-    """How a job reads, changes and writes one task's page (`page_work`): the page cut into `chunks`, where each
-    chunk's transaction reads and writes (`store`), and the job's change to a chunk's entities and its tally of them."""
-    definition: JobDefinition
-    params: dict
-    prepared: Any  # what its prepare read once for the page, outside any transaction (apply's `prepared`)
-    deltas: dict[str, int] | None  # an increments job's ({"balance": 10}), written instead of apply; else None
-    chunks: list[list[ndb.Key]]
-    store: "ModelChunks | IncrementChunks"
-
-    def change(self, entities: list) -> list:
-        """What to write for a chunk's entities: the job's apply, or an increments job's mutations."""
-        if self.deltas is None:
-            return self.definition.apply(entities, self.params, self.prepared) if entities else []
-        return [incremented(entity, self.deltas) for entity in entities]
-
-    def tally(self, entities: list) -> dict[str, int] | None:
-        """What a chunk adds to the record's tally (the job's `tally`, if it has one)."""
-        return self.definition.tally(entities, self.params) if self.definition.tally and entities else None
-
-
-def page_work(definition: JobDefinition, params: dict, keys: list[ndb.Key]) -> PageWork:
-    """A run's work on the page `keys`: its job's models through ndb, or an increments job's protobufs."""
-    prepared = definition.prepare(keys, params) if definition.prepare else None
-    size = chunk_size(definition)
-    chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
-    if definition.increments is None:
-        return PageWork(definition, params, prepared, None, chunks, ModelChunks())
-    blind = runtime.current().datastore.increments is not None
-    return PageWork(definition, params, prepared, definition.increments(params), chunks,
-                    IncrementChunks(definition.kind, blind))
-
-
-class ModelChunks:
-    """A chunk's entities as the job's ndb models: any job's."""
-    get_multi = staticmethod(ndb.get_multi)
-    put_multi = staticmethod(ndb.put_multi)
-    transact = staticmethod(transact)
+from core.transactions import transact_api
 
 
 @dataclasses.dataclass
@@ -125,8 +81,3 @@ def incremented(entity: ChunkEntity, deltas: dict[str, int]) -> Any:
             raise TypeError(f"{entity.key}: {name} is not a whole number")
         value.integer_value += delta
     return MutationPb(upsert=entity.pb)
-
-
-def page_keys(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
-    """The kind's keys in (after, upto], in key order, through the Datastore API itself (core/datastore.Bulk)."""
-    return runtime.current().datastore.bulk.keys(kind, after, upto, limit)
