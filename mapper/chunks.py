@@ -1,5 +1,5 @@
 """How a job reads, changes and writes a task's page (PageWork): its keys cut into chunks, one transaction each, read
-and written as the job's ndb models (ModelChunks), or as protobufs for a job that gives its change as increments
+and written as the job's ndb models (NdbStore), or as protobufs for a job that gives its change as increments
 (increments.py); and the scan, a range's keys in key order (`page_keys`). Why: docs/lessons/mapper.md."""
 import dataclasses
 from typing import Any
@@ -20,7 +20,7 @@ class PageWork:
     prepared: Any  # what its prepare read once for the page, outside any transaction (apply's `prepared`)
     deltas: dict[str, int] | None  # an increments job's ({"balance": 10}), written instead of apply; else None
     chunks: list[list[ndb.Key]]
-    store: "ModelChunks | increments.IncrementChunks"
+    store: "NdbStore | increments.IncrementStore"
 
     def change(self, entities: list) -> list:
         """What to write for a chunk's entities: the job's apply, or an increments job's mutations."""
@@ -34,18 +34,18 @@ class PageWork:
 
 
 def page_work(definition: JobDefinition, params: dict, keys: list[ndb.Key]) -> PageWork:
-    """A run's work on the page `keys`: its job's models through ndb, or an increments job's protobufs."""
+    """A delivery's work on the page `keys`: its job's models through ndb, or an increments job's protobufs."""
     prepared = definition.prepare(keys, params) if definition.prepare else None
     size = chunk_size(definition)
     chunks = [keys[i:i + size] for i in range(0, len(keys), size)] or [[]]  # an empty page: one chunk, the record
     if definition.increments is None:
-        return PageWork(definition, params, prepared, None, chunks, ModelChunks())
+        return PageWork(definition, params, prepared, None, chunks, NdbStore())
     blind = runtime.current().datastore.increments is not None
     return PageWork(definition, params, prepared, definition.increments(params), chunks,
-                    increments.IncrementChunks(definition.kind, blind))
+                    increments.IncrementStore(definition.kind, blind))
 
 
-class ModelChunks:
+class NdbStore:
     """A chunk's entities as the job's ndb models: any job's."""
     get_multi = staticmethod(ndb.get_multi)
     put_multi = staticmethod(ndb.put_multi)

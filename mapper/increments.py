@@ -1,5 +1,5 @@
 """Beyond the talk: a job that gives its change as whole-number increments (add_credit_increments) has its chunks
-written as protobufs through the Datastore API itself (IncrementChunks), a tenth of ndb's client CPU (bench/results/
+written as protobufs through the Datastore API itself (IncrementStore), a tenth of ndb's client CPU (bench/results/
 mapper.md). On Firestore such a chunk is not read: each entity gets a server-side increment, an `update`, so one deleted
 since the scan fails the commit (NOT_FOUND) rather than being made again; the legacy emulator drops transforms, so
 there each is read and written back."""
@@ -23,7 +23,7 @@ class ChunkEntity:
     pb: Any = None
 
 
-class IncrementChunks:
+class IncrementStore:
     """A chunk's entities as ChunkEntity, written as mutations in the transaction's commit; `blind`: not read."""
 
     def __init__(self, kind: str, blind: bool) -> None:

@@ -53,7 +53,7 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
         todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
     if record.page is None:
-        limit = children.scan_limit(job.page_size, job.fanout)  # its page, the pages to hand out, one key more
+        limit = children.scan_limit(job.page_size, job.fanout)  # page_size x (fanout + 1) + 1: see `split`
         scanned = chunks.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
@@ -76,7 +76,7 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
     ranges = []
     if len(scanned) > own_and_handed:  # then ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
         rest_after, hi = scanned[own_and_handed - 1], payload.hi_key  # the rest: (rest_after, hi]
-        parts = keyrange.parts_needed(first_read=scanned[0], rest_after=rest_after, hi=hi, samples=job.samples,
+        parts = keyrange.parts_needed(first_scanned=scanned[0], rest_after=rest_after, hi=hi, samples=job.samples,
                                       own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout)
         cuts = keyrange.split_points(rest_after, hi, parts, job.samples, scanned[0]) if parts > 1 else []
         ranges = list(itertools.pairwise([rest_after, *cuts, hi]))
@@ -101,9 +101,9 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
-        current.started = current.started or before.started  # a record written before any delivery began has none
+        current.started = current.started or before.started  # none if made by the job's start or the sweep
         writes = work.change(entities)
-        handed_out = children.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st
+        handed_out = children.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st chunk
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final)
         current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then

@@ -64,7 +64,7 @@ def test_a_mapper_chunks_increment_the_backend_drops_fails_the_chunk(legacy_stac
     with running(_app(legacy_stack)), runtime.current().context():
         key = ndb.Key(CounterShard, "dropped|1")
         CounterShard(key=key, count=1).put()
-        store = increments.IncrementChunks("CounterShard", blind=True)  # as if misconfigured: increments sent to legacy
+        store = increments.IncrementStore("CounterShard", blind=True)  # as if misconfigured: increments sent to legacy
         with pytest.raises(RuntimeError, match="did not apply a server-side increment"):
             store.transact(lambda: store.put_multi([increments.incremented(e, {"count": 1})
                                                     for e in store.get_multi([key])]))

@@ -576,7 +576,7 @@ def test_two_tasks_whose_chunks_write_at_the_same_moment_do_not_collide(app, cli
     task_queue.drain(max_deliveries=1)  # the root: its page, then its children queued
     assert len(task_queue.queue.pending) >= 2
     # the first two chunks' commits (as protobufs: mapper/increments.py): both read before either writes
-    writers_meet_before_writing(monkeypatch, at=(increments.IncrementChunks, "put_multi"))
+    writers_meet_before_writing(monkeypatch, at=(increments.IncrementStore, "put_multi"))
     task_queue.drain(workers=2)
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 400
     assert [t for t in task_queue.timings if "retried;" in t] == []

@@ -98,7 +98,8 @@ def test_three_ndb_futures_in_flight_wait_together(stack):
     assert cost.datastore["Lookup"] == 3
     print(f"three Lookups in flight: {wall:.3f} s; the stand-in waited {cost.waited_s:.3f} s in all")
     assert cost.waited_s >= 3 * 0.2  # each waited its 10 keys' round trip (~0.3 s), less the emulator's time
-    assert wall < cost.waited_s / 2, (wall, cost.waited_s)  # together: one after another would be all three
+    # together: about one wait of three (a third of the sum, more on a busy machine); one after another, the sum
+    assert wall < cost.waited_s * 2 / 3, (wall, cost.waited_s)
 
 
 def test_no_datastore_rpc_waits_in_the_apps_own_process(stack, caplog, monkeypatch):
