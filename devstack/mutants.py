@@ -106,7 +106,7 @@ def globs(modules: list[str]) -> list[str]:
     """mutmut's mutant names to run: `pkg.mod.x_func__mutmut_N`, every function's or the listed ones'."""
     found = []
     for path in modules:
-        functions = MODULES[path]
+        functions = MODULES.get(path)  # None too for a module renamed since the run
         found += [f"{module_name(path)}.x_{f}__mutmut_*" for f in functions] if functions else [
             f"{module_name(path)}.*"]
     return found
@@ -221,7 +221,7 @@ def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
     found = {}
     for path in modules:
         meta = json.loads((WORK / "mutants" / f"{path}.meta").read_text())
-        functions = MODULES[path]
+        functions = MODULES.get(path)  # None too for a module renamed since the run
         keep = {f"{module_name(path)}.x_{f}__mutmut_" for f in functions} if functions else None
         found[path] = {name: "not run" if code is None else status_by_exit_code[code]
                        for name, code in meta["exit_code_by_key"].items()

@@ -59,7 +59,7 @@ class TaskPayload:
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[tuple[ndb.Key, ndb.Key]], weight: int,
                       page_end: ndb.Key) -> list["TaskPayload"]:
         """A split's children ("<path>-0"...): one per handout, then one per range, each an equal share of `weight`
-        (the task keeps one, and the rest); too little to share (62 levels down): half to one child, (page_end, hi]."""
+        (the task keeps one and the rest); shared 9 ways, 2**62 lasts 19 levels, then half goes to one child."""
         share = weight // (len(handouts) + len(ranges) + 1)
         if share == 0:
             if weight < 2:

@@ -258,3 +258,27 @@ def test_a_check_of_a_running_job_answers_its_progress_to_four_places(client, au
     with runtime.current().context():
         progress = completion.run_check({"job": job_id, "check": 1})["progress"]
     assert 0 < progress < 1 and progress == round(progress, 4) and progress != round(progress, 2), progress
+
+
+def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
+    """A job's follow-up task (its on_done, run once after the job ended) delivered when there is nothing to run
+    answers why, as a 200 (no retry), and runs no on_done: the job is gone, its name is no job of this app's, its job
+    has no on_done, or its follow-up ran already (a late redelivery)."""
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from core import tasks
+    from mapper import completion, jobs
+    from mapper.models import MapperJob
+    ran = []
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_noted_follow_up",
+                                           on_done=lambda job: ran.append(job.id) or []))
+    with runtime.current().context():
+        for job_id, name, follow_up in (("1" * 16, "no_longer_a_job", "pending"), ("2" * 16, "add_credit", "pending"),
+                                        ("3" * 16, "test_noted_follow_up", "ran")):
+            MapperJob(id=job_id, name=name, kind="Account", page_size=10, fanout=2, follow_up=follow_up).put()
+    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    for job_id in ("0" * 16, "1" * 16, "2" * 16, "3" * 16):
+        r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": job_id}, headers=token)
+        assert (r.status_code, r.get_json()) == (200, {"skipped": "no follow-up pending"}), job_id
+    assert ran == []
