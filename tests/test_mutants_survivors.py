@@ -282,3 +282,28 @@ def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, clie
         r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": job_id}, headers=token)
         assert (r.status_code, r.get_json()) == (200, {"skipped": "no follow-up pending"}), job_id
     assert ran == []
+
+
+def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_409_saying_the_key_expired(
+        firestore_stack, monkeypatch):
+    """On Firestore a keyed increment's marker insert is its look (counters/writes.py BlindShardWriter): refused, the
+    marker exists, so it is read for its stamp. Swept between the two (its day over), the increment counts nothing
+    again and answers 409 idempotency_key_expired, telling the client to use a new key. On either backend's suite."""
+    import uuid
+
+    from core import idempotency
+    from counters.models import CounterShard
+    from counters.writes import BlindShardWriter
+    from main import create_app
+    from tests.support import running, settings_for
+    app = create_app(settings_for(firestore_stack, DATASTORE_NAMESPACE=f"t{uuid.uuid4().hex[:16]}"), TESTING=True)
+    with running(app), runtime.current().context():
+        request = idempotency.keyed("k-swept", "u1", "counters.increment", "swept", None)
+        increments = runtime.current().datastore.increments
+        BlindShardWriter("swept", request, increments)(0)
+        monkeypatch.setattr(BlindShardWriter, "_look", lambda self: None)  # the marker gone when it is read
+        with pytest.raises(Conflict) as expired:
+            BlindShardWriter("swept", request, increments)(0)
+        assert CounterShard.key_for("swept", 0).get(use_cache=False).count == 1
+    assert (expired.value.status, expired.value.code, expired.value.message) == (
+        409, "idempotency_key_expired", "This Idempotency-Key's increment has expired; use a new key.")
