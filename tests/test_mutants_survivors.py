@@ -289,15 +289,11 @@ def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_40
     """On Firestore a keyed increment's marker insert is its look (counters/writes.py BlindShardWriter): refused, the
     marker exists, so it is read for its stamp. Swept between the two (its day over), the increment counts nothing
     again and answers 409 idempotency_key_expired, telling the client to use a new key. On either backend's suite."""
-    import uuid
-
     from core import idempotency
     from counters.models import CounterShard
     from counters.writes import BlindShardWriter
-    from main import create_app
-    from tests.support import running, settings_for
-    app = create_app(settings_for(firestore_stack, DATASTORE_NAMESPACE=f"t{uuid.uuid4().hex[:16]}"), TESTING=True)
-    with running(app), runtime.current().context():
+    from tests.support import make_app, running
+    with running(make_app(firestore_stack, checked=False, **firestore_stack.fresh())), runtime.current().context():
         request = idempotency.keyed("k-swept", "u1", "counters.increment", "swept", None)
         increments = runtime.current().datastore.increments
         BlindShardWriter("swept", request, increments)(0)
