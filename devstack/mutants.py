@@ -226,10 +226,9 @@ def outcomes(modules: list[str]) -> dict[str, dict[str, str]]:
         found[path] = {name: "not run" if code is None else status_by_exit_code[code]
                        for name, code in meta["exit_code_by_key"].items()
                        if keep is None or any(name.startswith(prefix) for prefix in keep)}
-    judged = FIRESTORE_WORK / "mutants"
     if WORK != FIRESTORE_WORK:  # the legacy run's report: FIRESTORE_ONLY's code as the Firestore run judged it
         for path in set(found) & set(FIRESTORE_ONLY):
-            meta_file = judged / f"{path}.meta"
+            meta_file = FIRESTORE_WORK / "mutants" / f"{path}.meta"
             there = json.loads(meta_file.read_text())["exit_code_by_key"] if meta_file.exists() else {}
             for name in [name for name in found[path] if firestore_only(name)]:
                 code = there.get(name)
