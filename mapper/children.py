@@ -53,32 +53,26 @@ def cut_handouts(keys: list[ndb.Key], size: int) -> list[list[ndb.Key]]:
     return handouts
 
 
-def handouts_of(children: list[TaskPayload]) -> dict[str, list[str]]:
-    return {child.path: child.keys for child in children if child.keys is not None}
-
-
-def handouts_entity(record_key: ndb.Key, handouts: dict[str, list[str]]) -> list[KeptHandouts]:
-    """The entity to write with the record's first chunk, keeping `handouts` (none when there are none)."""
+def kept_apart(record_key: ndb.Key, children: list[TaskPayload]) -> list[KeptHandouts]:
+    """The entity keeping the handout children's keys, written with the record's first chunk (none without handouts)."""
+    handouts = {child.path: child.keys for child in children if child.keys is not None}
     return [KeptHandouts(key=KeptHandouts.key_for(record_key), handouts=handouts)] if handouts else []
 
 
-def enqueue_children(record: TaskRecord, handouts: dict[str, list[str]]) -> None:
-    """Enqueue the tasks `record` split into, a handout child's keys from `handouts` (the split's, at hand)."""
-    for child in record.children:
-        if child.get("keys_apart"):  # its keys are kept apart from the record, in its KeptHandouts
-            child = {**child, "keys": handouts[child["path"]]}
-        enqueue(TaskPayload.from_json(child))
+def recorded(record: TaskRecord) -> list[TaskPayload]:
+    """The children `record` split into, each as it was given: a handout's keys read back from its KeptHandouts."""
+    if not any(child.get("keys_apart") for child in record.children):
+        return [TaskPayload.from_json(child) for child in record.children]
+    if (kept := KeptHandouts.key_for(record.key).get()) is None:
+        raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
+    return [TaskPayload.from_json({**child, "keys": kept.handouts[child["path"]]} if child.get("keys_apart") else child)
+            for child in record.children]
 
 
-def enqueue_recorded_children(record: TaskRecord) -> None:
-    """Enqueue the tasks `record` split into, a handout child's keys read from the record's KeptHandouts."""
-    enqueue_children(record, kept_handouts(record.key) if any(c.get("keys_apart") for c in record.children) else {})
-
-
-def kept_handouts(record_key: ndb.Key) -> dict[str, list[str]]:
-    if (kept := KeptHandouts.key_for(record_key).get()) is None:
-        raise RuntimeError(f"task {record_key.id()}: the pages it handed out are gone")
-    return kept.handouts
+def enqueue_all(payloads: list[TaskPayload]) -> None:
+    """Queue each of a task's children by name: queueing one twice is harmless (the queue drops a name it has seen)."""
+    for payload in payloads:
+        enqueue(payload)
 
 
 def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
@@ -87,11 +81,8 @@ def payload_of(job: MapperJob, key: ndb.Key) -> TaskPayload:
     job_id, path = key.id().split("-", 1)
     if path == "0":
         return root_payload(job)
-    parent_key = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}")
-    parent = parent_key.get()
-    child = next((c for c in parent.children if c["path"] == path), None) if parent else None
+    parent = ndb.Key(TaskRecord, f"{job_id}-{path.rsplit('-', 1)[0]}").get()
+    child = next((c for c in recorded(parent) if c.path == path), None) if parent else None
     if child is None:
         raise RuntimeError(f"task {job_id}-{path}: its parent's record is gone, or never split into it")
-    if child.get("keys_apart"):
-        child = {**child, "keys": kept_handouts(parent_key)[path]}
-    return TaskPayload.from_json(child)
+    return child

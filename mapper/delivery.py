@@ -40,7 +40,7 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
     record = (record_key.get() if delivery or payload.revived else None) or TaskRecord.new(record_key, payload)
     record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
-        children.enqueue_recorded_children(record)  # the delivery that ended it may have died before enqueueing them
+        children.enqueue_all(children.recorded(record))  # the delivery that ended it may have died before queueing them
         return record, 0  # only the delivery that ended the record passed its weight on
     definition = jobs.of(job)
     try:

@@ -1,14 +1,23 @@
-"""Where to cut a range of a kind's keys, and into how many ranges: the mapper's split (tree.py `split`).
+"""Where to cut the rest of a mapper task's range, and into how many ranges (`ranges`: tree.py `split`).
 
 Split points are `__scatter__` samples (read once, when the job starts: mapper/service.py) when the range holds enough:
 Datastore keeps that hidden property on a pseudo-random sample of entities, so samples sorted by key are quantiles of
 the kind. Deep in the tree a range holds too few; then key arithmetic between its ends (key_arithmetic.py)."""
+import itertools
 import math
 from collections.abc import Sequence
 
 from google.cloud import ndb
 
 from mapper.key_arithmetic import between, by_id_density, gallop, inside, order
+
+
+def ranges(rest_after: ndb.Key, hi: ndb.Key, *, first_scanned: ndb.Key | None, own_and_handed: int, scan_keys: int,
+           fanout: int, samples: Sequence[ndb.Key]) -> list[tuple[ndb.Key, ndb.Key]]:
+    """The rest, (rest_after, hi], cut into `parts_needed` ranges at `split_points`: [(lo, hi], ...], in key order."""
+    parts = parts_needed(first_scanned, rest_after, hi, own_and_handed, scan_keys, fanout, samples)
+    cuts = split_points(rest_after, hi, parts, samples, first_scanned) if parts > 1 else []
+    return list(itertools.pairwise([rest_after, *cuts, hi]))
 
 
 def parts_needed(first_scanned: ndb.Key | None, rest_after: ndb.Key, hi: ndb.Key, own_and_handed: int, scan_keys: int,

@@ -9,7 +9,6 @@ Two optimisations. Handouts: the query reads on, and up to `fanout` pages after 
 saving their queries. Cut points: `__scatter__` samples' quantiles where the range holds enough (keyrange.py). Weight
 only tells when the job has ended (the job's 2**62 is shared down the tree and comes back as tasks end: task.py,
 completion.py); ignore it on a first read. Queue handler: delivery.py; the words, and why: docs/lessons/mapper.md."""
-import itertools
 from typing import Any, NamedTuple
 
 from google.cloud import ndb
@@ -24,63 +23,55 @@ class Visit(NamedTuple):
     """What one delivery visits (`_visit`), in the order `process` uses it."""
     page: TaskPage  # its task's page: its first and last keys, fixed by the task's first delivery
     todo: list[ndb.Key]  # the page's keys still to do
-    children: list[TaskPayload]  # the tasks this delivery split the rest of its range into (a redelivery: none)
-    handouts: dict[str, list[str]]  # the pages it handed out whole, by child path: the children's keys, urlsafe
+    children: list[TaskPayload]  # what this delivery split the rest of its range into, handouts with their keys
 
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
     """One delivery's work on its task; the record as it leaves it (`record`: as a redelivery read it, or new on a first
     delivery, which does not read it: delivery.py). `_visit` scans and `split`s, or goes on from the record; each chunk
-    of the keys still to do commits once (`commit_chunk`). Children are queued by name after the first chunk commits (it
-    records them), so queueing twice is harmless (the queue drops a name it has seen). A handout child's keys are kept
-    in a KeptHandouts entity beside the record, so a later delivery (or the sweep) reads them back and queues them."""
+    of the keys still to do commits once (`commit_chunk`). The first chunk records the children; then they are queued,
+    by name, so a redelivery queueing them again is harmless."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
         record = commit_chunk(work, visit, payload, record, chunk, number == len(work.chunks) - 1, lease_seconds)
-        if number == 0 and visit.children:  # this delivery split: the children's handouts are at hand
-            children.enqueue_children(record, visit.handouts)
-        elif number == 0:  # an earlier delivery split, or none did: the children as its record has them
-            children.enqueue_recorded_children(record)
+        if number == 0:  # this delivery's split, or an earlier delivery's as its record keeps it
+            children.enqueue_all(visit.children or children.recorded(record))
     return record
 
 
 def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
-    """A handout needs no query; a range task's first delivery scans its range (lo, hi], lo exclusive (one keys-only
-    query in key order) and splits; a redelivery reads the rest of the page its first fixed, new keys in it too."""
+    """A range task's first delivery scans its range (lo, hi], lo exclusive (one keys-only query in key order) and
+    splits; a redelivery reads the rest of the page its first fixed, new keys in it too; a handout needs no query."""
     if (handed := payload.handed_keys) is not None:  # a handout: its page, as its parent scanned it
         todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-        return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [], {})
+        return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [])
     if record.page is None:
         limit = children.scan_limit(job.page_size, job.fanout)  # page_size x (fanout + 1) + 1: see `split`
         scanned = chunks.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        made = split(job, payload, scanned, record.weight) if page.more else []
-        return Visit(page, keys, made, children.handouts_of(made))
-    return Visit(record.page, chunks.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [], {})
+        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
+    return Visit(record.page, chunks.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
-    """The rest of the range after this task's page, as children of two sorts: handouts, the next pages of the scan,
-    each given whole to a child (up to `fanout`, within children.HANDED_BYTES); then ranges, the range beyond, cut into
-    up to `fanout`: up to 2 x fanout children, each given its share of `weight` (task.py `make_children`). E.g.
-    page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task keeps
-    100, hands out 4 pages (fewer if their keys pass HANDED_BYTES; own_and_handed 500), cuts the rest, (the 500th key,
-    hi], into up to 4 ranges."""
+    """The rest of the range after this task's page, as children, each given its share of `weight` (task.py
+    `make_children`). The plain tree: ranges, the rest cut into up to `fanout` (`keyrange.ranges`). Handouts first:
+    the pages the scan read after its own, each given whole to a child (up to `fanout`, within children.HANDED_BYTES),
+    so the ranges start after the last handed key. E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 =
+    501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4 pages, cuts (the 500th key, hi]."""
     size = job.page_size
     scan_keys = children.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    handout_pages = children.cut_handouts(scanned[size:scan_keys], size)  # first handouts: pages scanned after its own
-    own_and_handed = min(size * (1 + len(handout_pages)), len(scanned))  # keys of its own page plus those handed out
+    handouts = children.cut_handouts(scanned[size:scan_keys], size)  # the pages scanned after its own
+    own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # keys of its own page plus those handed out
     ranges = []
-    if len(scanned) > own_and_handed:  # then ranges: the keys left, cut at __scatter__ quantiles or key arithmetic
-        rest_after, hi = scanned[own_and_handed - 1], payload.hi_key  # the rest: (rest_after, hi]
-        parts = keyrange.parts_needed(first_scanned=scanned[0], rest_after=rest_after, hi=hi, samples=job.samples,
-                                      own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout)
-        cuts = keyrange.split_points(rest_after, hi, parts, job.samples, scanned[0]) if parts > 1 else []
-        ranges = list(itertools.pairwise([rest_after, *cuts, hi]))
-    return payload.make_children(handout_pages, ranges, weight, page_end=scanned[size - 1])
+    if len(scanned) > own_and_handed:  # keys are left: (the last key kept or handed out, hi]
+        ranges = keyrange.ranges(scanned[own_and_handed - 1], payload.hi_key, first_scanned=scanned[0],
+                                 own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout,
+                                 samples=job.samples)
+    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])
 
 
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
@@ -92,7 +83,7 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
     writes the chunk and the record, stamped. `work.store`: ndb for an `apply` job, protobufs for increments."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's: only this task's deliveries
-        if current is None and before.never_committed:  # 1. a first delivery built it without a read (delivery.py)
+        if current is None and before.never_committed:  # 1. not stored yet: the first chunk (delivery.py)
             current = TaskRecord.new(before.key, payload)
             current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
@@ -103,12 +94,12 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         current, entities = read
         current.started = current.started or before.started  # none if made by the job's start or the sweep
         writes = work.change(entities)
-        handed_out = children.handouts_entity(current.key, visit.handouts) if current.page is None else []  # 1st chunk
+        handouts = children.kept_apart(current.key, visit.children) if current.page is None else []  # the 1st chunk
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final)
         current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
         current.last_chunk_by = stamp
-        work.store.put_multi([*writes, current, *handed_out])
+        work.store.put_multi([*writes, current, *handouts])
         return current
 
     committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments

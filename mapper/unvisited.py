@@ -23,5 +23,5 @@ def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
         record.put()
         return record, record.returned
     record, passed_on = transact(txn)
-    children.enqueue_recorded_children(record)
+    children.enqueue_all(children.recorded(record))
     return record, passed_on
