@@ -1,6 +1,6 @@
 """How a job reads, changes and writes a task's page (PageWork): its keys cut into chunks, one transaction each, read
 and written as the job's ndb models (NdbStore), or as protobufs for a job that gives its change as increments
-(increments.py); and the scan, a range's keys in key order (`page_keys`). Why: docs/lessons/mapper.md."""
+(increments.py); and the scan, a range's keys in key order (`keys_in_range`). Why: docs/lessons/mapper.md."""
 import dataclasses
 from typing import Any
 
@@ -52,7 +52,7 @@ class NdbStore:
     transact = staticmethod(transact)
 
 
-def page_keys(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
+def keys_in_range(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
     """The kind's keys in (after, upto], in key order, through the Datastore API itself (core/datastore.Bulk): ndb's
     `Query(kind=kind).filter(KEY > after, KEY <= upto).order(KEY).fetch(limit, keys_only=True)`, with less CPU."""
     return runtime.current().datastore.bulk.keys(kind, after, upto, limit)

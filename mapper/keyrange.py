@@ -22,7 +22,7 @@ def ranges(rest_after: ndb.Key, hi: ndb.Key, *, first_scanned: ndb.Key | None, o
 
 def parts_needed(first_scanned: ndb.Key | None, rest_after: ndb.Key, hi: ndb.Key, own_and_handed: int, scan_keys: int,
                  fanout: int, samples: Sequence[ndb.Key] = ()) -> int:
-    """How many ranges the rest (rest_after, hi] is worth: its keys x 2 / `scan_keys` (the keys one scan reads), so a
+    """How many ranges the rest (rest_after, hi] is worth: its keys x 2 / `scan_keys` (a page and its handouts), so a
     child's range holds about half a scan's keys, a margin of 2 for an estimate's error; at most `fanout` (a few
     entities split `fanout` ways make as many tasks, each paying a task's fixed costs). Its size is judged by the
     density of samples among the `own_and_handed` keys just read (counted in (first_scanned, rest_after], as the

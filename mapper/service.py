@@ -69,7 +69,6 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
         payload = children.root_payload(job)
         root = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-        root.started = None  # its first delivery's begin, set by that delivery (tree.py)
         root.renew(runtime.current().settings.mapper_lease_seconds)
     inserted = _insert(job, root, request)
     if inserted is not job:  # the same key's other request, at the same moment, got there first

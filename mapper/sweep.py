@@ -128,7 +128,6 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
         def create(_: None, stamp: str, payload: TaskPayload = payload) -> None:
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
             record.revived, record.fruitless, record.recorded_by = 1, 1, stamp
-            record.started = None  # set by its first delivery (tree.py)
             record.renew(lease)
             record.put()
 

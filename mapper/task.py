@@ -112,9 +112,7 @@ class TaskRecord(ndb.Model):
 
     @classmethod
     def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
-        now = clock.now()
-        return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, started=now,
-                   updated=now)
+        return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, updated=clock.now())
 
     @property
     def page(self) -> TaskPage | None:

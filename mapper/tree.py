@@ -21,17 +21,18 @@ from mapper.task import TaskPage, TaskPayload, TaskRecord
 
 class Visit(NamedTuple):
     """What one delivery visits (`_visit`), in the order `process` uses it."""
-    page: TaskPage  # its task's page: its first and last keys, fixed by the task's first delivery
+    page: TaskPage  # its task's page: its first and last keys, fixed by the task's first chunk to commit
     todo: list[ndb.Key]  # the page's keys still to do
     children: list[TaskPayload]  # what this delivery split the rest of its range into, handouts with their keys
 
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload,
             lease_seconds: int) -> TaskRecord:
-    """One delivery's work on its task; the record as it leaves it (`record`: as a redelivery read it, or new on a first
-    delivery, which does not read it: delivery.py). `_visit` scans and `split`s, or goes on from the record; each chunk
-    of the keys still to do commits once (`commit_chunk`). The first chunk records the children; then they are queued,
-    by name, so a redelivery queueing them again is harmless."""
+    """One delivery's work on its task (`job`: this run of `definition`, the registered job); the record as it leaves it
+    (`record`: as a redelivery read it, or new on a first delivery, which does not read it: delivery.py). `_visit` scans
+    and `split`s, or goes on from the record; each chunk of the keys still to do commits once (`commit_chunk`). Only
+    then are the children queued: a delivery that scans again may split differently (new keys, other cut points), so
+    the first chunk to commit fixes the page and the children in the record, and the names queued are those."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
@@ -43,17 +44,17 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
 
 def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     """A range task's first delivery scans its range (lo, hi], lo exclusive (one keys-only query in key order) and
-    splits; a redelivery reads the rest of the page its first fixed, new keys in it too; a handout needs no query."""
-    if (handed := payload.handed_keys) is not None:  # a handout: its page, as its parent scanned it
+    splits; a redelivery reads the rest of the page fixed by its record, new keys in it too; a handout child, none."""
+    if (handed := payload.handed_keys) is not None:  # a handout child: its page, as its parent scanned it
         todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
         return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [])
-    if record.page is None:
+    if record.page is None:  # no chunk committed yet (a first delivery, or one after a delivery died before its first)
         limit = children.scan_limit(job.page_size, job.fanout)  # page_size x (fanout + 1) + 1: see `split`
-        scanned = chunks.page_keys(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
+        scanned = chunks.keys_in_range(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
         return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
-    return Visit(record.page, chunks.page_keys(job.kind, record.last_key or payload.lo_key, record.page.end), [])
+    return Visit(record.page, chunks.keys_in_range(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
@@ -71,35 +72,35 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
         ranges = keyrange.ranges(scanned[own_and_handed - 1], payload.hi_key, first_scanned=scanned[0],
                                  own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout,
                                  samples=job.samples)
-    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])
+    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])  # page_end: if weight is spent
 
 
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool, lease_seconds: int) -> TaskRecord:
-    """Change the chunk's entities by the job's map step (`work.change`: its `apply`, or its `increments`) and
-    move the record past them, in one transaction, exactly once; `before` is the record as this delivery left it.
-    `look` finds the record (1) not yet stored, (2) moved on since `before`: by this call's own commit, which answered
-    UNKNOWN yet applied (MINE), or by another delivery (ANOTHERS: Superseded), or (3) as `before` left it: then `write`
-    writes the chunk and the record, stamped. `work.store`: ndb for an `apply` job, protobufs for increments."""
+    """Change the chunk's entities by the job's map step (`work.change`: add_credit's runs `credit`) and move the
+    record past them, in one transaction, exactly once; `before` is the record as this delivery left it. `look` finds
+    the record (1) not stored: no chunk of the task committed, `before` is new (delivery.py), (2) moved on, or gone:
+    by this call's own commit, which answered UNKNOWN yet applied (MINE), or by another delivery (ANOTHERS: Superseded),
+    or (3) as `before` left it: then `write` writes the chunk and the record, stamped. `work.store` is ndb (chunks.py),
+    unless the job gives its change as increments (then protobufs: increments.py)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         current, *entities = work.store.get_multi([before.key] + chunk)  # no other task's: only this task's deliveries
-        if current is None and before.never_committed:  # 1. not stored yet: the first chunk (delivery.py)
+        if current is None and before.never_committed:  # 1. not stored yet: the task's first chunk
             current = TaskRecord.new(before.key, payload)
-            current.started = before.started  # when this delivery began, before its page query
         elif current is None or current.state != "running" or current.last_key != before.last_key:
-            return Written(stamp=current and current.last_chunk_by, answer=current)  # 2. moved on: MINE or ANOTHERS
+            return Written(stamp=current and current.last_chunk_by, answer=current)  # 2. MINE, or ANOTHERS (or gone)
         return current, [e for e in entities if e is not None]  # 3. as `before` left it (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
-        current.started = current.started or before.started  # none if made by the job's start or the sweep
+        current.started = current.started or before.started  # when the delivery that first commits began
         writes = work.change(entities)
-        handouts = children.kept_apart(current.key, visit.children) if current.page is None else []  # the 1st chunk
+        kept = children.kept_apart(current.key, visit.children) if current.page is None else []  # with the 1st chunk
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final)
         current.renew(lease_seconds)  # this delivery is alive: the sweep leaves the task alone until then
         current.last_chunk_by = stamp
-        work.store.put_multi([*writes, current, *handouts])
+        work.store.put_multi([*writes, current, *kept])
         return current
 
     committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
