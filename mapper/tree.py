@@ -18,6 +18,8 @@ from mapper import children, chunks, jobs, keyrange
 from mapper.models import MapperJob
 from mapper.task import TaskPage, TaskPayload, TaskRecord
 
+Range = tuple[ndb.Key, ndb.Key]  # (lo, hi]: lo excluded
+
 
 class Visit(NamedTuple):
     """What one delivery visits (`_visit`), in the order `process` uses it."""
@@ -53,16 +55,19 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
         scanned = chunks.keys_in_range(job.kind, payload.lo_key, payload.hi_key, limit)  # keys only, in key order
         keys = scanned[:job.page_size]
         page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
-        return Visit(page, keys, split(job, payload, scanned, record.weight) if page.more else [])
+        if not page.more:
+            return Visit(page, keys, [])
+        handouts, ranges = split(job, payload, scanned)  # each child then given its share of the weight (task.py)
+        return Visit(page, keys, payload.make_children(handouts, ranges, record.weight, page_end=page.end))
     return Visit(record.page, chunks.keys_in_range(job.kind, record.last_key or payload.lo_key, record.page.end), [])
 
 
-def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: int) -> list[TaskPayload]:
-    """The rest of the range after this task's page, as children, each given its share of `weight` (task.py
-    `make_children`). The plain tree: ranges, the rest cut into up to `fanout` (`keyrange.ranges`). Handouts first:
-    the pages the scan read after its own, each given whole to a child (up to `fanout`, within children.HANDED_BYTES),
-    so the ranges start after the last handed key. E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 =
-    501 keys (scan_keys 500, and one more); the task keeps 100, hands out 4 pages, cuts (the 500th key, hi]."""
+def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
+    """The rest of the range after this task's page, for its children: (handouts, ranges). The plain tree: ranges, the
+    rest cut into up to `fanout` (`keyrange.ranges`). Handouts first: the pages the scan read after its own, each to
+    be given whole to a child (up to `fanout`, within children.HANDED_BYTES), so the ranges start after the last handed
+    key. E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the
+    task keeps 100, hands out 4 pages, cuts (the 500th key, hi]."""
     size = job.page_size
     scan_keys = children.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = children.cut_handouts(scanned[size:scan_keys], size)  # the pages scanned after its own
@@ -72,7 +77,7 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key], weight: 
         ranges = keyrange.ranges(scanned[own_and_handed - 1], payload.hi_key, first_scanned=scanned[0],
                                  own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout,
                                  samples=job.samples)
-    return payload.make_children(handouts, ranges, weight, page_end=scanned[size - 1])  # page_end: if weight is spent
+    return handouts, ranges
 
 
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],

@@ -184,10 +184,8 @@ def split_sizes(entities: int, page: int, fanout: int) -> tuple[list[int], list[
     with contextlib.nullcontext() if in_request else _offline_client().context():
         listed = [_key(i) for i in range(1, min(entities, scan_limit(page, fanout)) + 1)]
         payload = TaskPayload("plan", "0", None, _key(entities).urlsafe().decode(), TOTAL_WEIGHT)
-        children = split_children(job, payload, listed, TOTAL_WEIGHT)
-        pages = [len(c.keys) for c in children if c.keys is not None]
-        ranges = [(c.lo_key, c.hi_key) for c in children if c.keys is None]
-        return pages, [hi.id() - lo.id() for lo, hi in ranges if lo and hi]
+        handouts, ranges = split_children(job, payload, listed)
+        return [len(keys) for keys in handouts], [hi.id() - lo.id() for lo, hi in ranges if lo and hi]
 
 
 def fan_out(entities: int, page: int, fanout: int, chunk: int, backend: str = "firestore") -> Tree:

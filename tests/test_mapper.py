@@ -481,13 +481,14 @@ def test_a_split_never_hands_out_more_weight_than_it_has(ndb_context):
     job = MapperJob(id="j", name="t", kind="Account", page_size=2, fanout=2, samples=[])
     scanned = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
     payload = TaskPayload("j", "0", None, ndb.Key(Account, 99).urlsafe().decode(), 100)
-    children = tree.split(job, payload, scanned, 100)
+    handouts, ranges = tree.split(job, payload, scanned)
+    children = payload.make_children(handouts, ranges, 100, page_end=scanned[1])
     assert [bool(c.keys) for c in children].count(True) == 2 and len(children) >= 3
     assert len({c.weight for c in children}) == 1 and sum(c.weight for c in children) < 100
-    tight = tree.split(job, payload, scanned, 3)
+    tight = payload.make_children(handouts, ranges, 3, page_end=scanned[1])
     assert len(tight) == 1 and tight[0].keys is None and tight[0].weight == 1 and tight[0].lo_key == scanned[1]
     with pytest.raises(RuntimeError, match="weight is spent"):
-        tree.split(job, payload, scanned, 1)
+        payload.make_children(handouts, ranges, 1, page_end=scanned[1])
 
 
 @pytest.mark.parametrize("job", FLAKY_JOBS)

@@ -624,9 +624,8 @@ def test_the_planners_tree_is_the_mappers_own_split(entities, page, fanout):
         if len(listed) <= page:
             return 1, 1, 1, 0
         payload = TaskPayload("t", "0", key(lo).urlsafe().decode(), key(hi).urlsafe().decode(), TOTAL_WEIGHT)
-        children = _split(job, payload, listed, TOTAL_WEIGHT)
-        pages = [c for c in children if c.keys is not None]
-        ranges = [mappers_tree(c.lo_key.id() - 2 ** 52, c.hi_key.id() - 2 ** 52) for c in children if c.keys is None]
+        pages, cut = _split(job, payload, listed)
+        ranges = [mappers_tree(lo.id() - 2 ** 52, hi.id() - 2 ** 52) for lo, hi in cut]
         return (1 + len(pages) + sum(r[0] for r in ranges), 1 + max([1 if pages else 0] + [r[1] for r in ranges]),
                 1 + sum(r[2] for r in ranges), (1 if pages else 0) + sum(r[3] for r in ranges))
 
