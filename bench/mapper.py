@@ -70,7 +70,7 @@ from mapper import completion
 from mapper import increments as mapper_increments
 from mapper import jobs as mapper_jobs
 from mapper import service as mapper
-from mapper.children import scan_limit
+from mapper.chunks import scan_limit
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 from planner.batch import PIPELINE_SAMPLES, PIPELINE_SPLITS

@@ -4,12 +4,12 @@ Features register their jobs with `jobs.register(app, job)` from their own init_
 from flask import Flask
 
 from core import features, runtime
-from mapper import children, completion, delivery, demo, production, views
+from mapper import completion, delivery, demo, production, queueing, views
 
 
 def init_app(app: Flask) -> None:
     app.register_blueprint(views.bp)
-    runtime.of(app).tasks.register(children.TASK_HANDLER, delivery.run_task)
+    runtime.of(app).tasks.register(queueing.TASK_HANDLER, delivery.run_task)
     runtime.of(app).tasks.register(completion.CHECK_HANDLER, completion.run_check)
     runtime.of(app).tasks.register(completion.DONE_HANDLER, completion.run_follow_up)
     features.add(app, features.Feature(

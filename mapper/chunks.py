@@ -52,6 +52,11 @@ class NdbStore:
     transact = staticmethod(transact)
 
 
+def scan_limit(page_size: int, fanout: int) -> int:
+    """The most keys a range task's scan reads: its page, `fanout` pages to hand out, one key to say if any remain."""
+    return page_size * (fanout + 1) + 1
+
+
 def keys_in_range(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:
     """The kind's keys in (after, upto], in key order, through the Datastore API itself (core/datastore.Bulk): ndb's
     `Query(kind=kind).filter(KEY > after, KEY <= upto).order(KEY).fetch(limit, keys_only=True)`, with less CPU."""

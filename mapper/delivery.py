@@ -7,9 +7,9 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, runtime, tasks
+from core import clock, tasks
 from core.errors import Conflict
-from mapper import children, completion, jobs, tree
+from mapper import completion, jobs, queueing, tree
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
 from mapper.unvisited import end_unvisited
@@ -40,14 +40,14 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, delivery: in
     record = (record_key.get() if delivery or payload.revived else None) or TaskRecord.new(record_key, payload)
     record.started = record.started or clock.now()  # a record written before any delivery began has none yet
     if record.state != "running":
-        children.enqueue_all(children.recorded(record))  # the delivery that ended it may have died before queueing them
+        queueing.enqueue_all(queueing.recorded(record))  # the delivery that ended it may have died before queueing them
         return record, 0  # only the delivery that ended the record passed its weight on
     definition = jobs.of(job)
     try:
         if definition is None:
             raise RuntimeError(f"job {job.name!r} is not registered in this version of the app")
         processed_before = record.processed
-        record = tree.process(job, definition, record, payload, runtime.current().settings.mapper_lease_seconds)
+        record = tree.process(job, definition, record, payload)
         completion.hint(job, record, record.processed - processed_before, record.state == "done")
         return record, record.returned
     except tree.Superseded:  # another delivery moved the record on: it is alive, and ends the record

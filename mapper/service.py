@@ -6,12 +6,12 @@ from typing import Any
 
 from google.cloud import ndb
 
-from core import clock, idempotency, runtime, validate
+from core import clock, idempotency, validate
 from core.errors import BadInput, Conflict, Unprocessable, found
 from core.exactly_once import once
 from core.transactions import transact
 from core.validate import whole_number
-from mapper import children, completion, jobs, key_arithmetic
+from mapper import completion, jobs, key_arithmetic, queueing
 from mapper.models import MapperJob
 from mapper.task import TaskRecord
 
@@ -67,9 +67,9 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
     if not last:  # nothing to visit: done at once
         completion.mark_ended(job, "done", {"processed": 0, "tasks": 0, "depth": 0})
     else:  # the root's record, leased: if every delivery of the root dies before its first commit, the sweep runs it
-        payload = children.root_payload(job)
+        payload = queueing.root_payload(job)
         root = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
-        root.renew(runtime.current().settings.mapper_lease_seconds)
+        root.renew()
     inserted = _insert(job, root, request)
     if inserted is not job:  # the same key's other request, at the same moment, got there first
         return _resent(inserted), True
@@ -77,7 +77,7 @@ def start(name: object, params: object = None, page_size: object = None, fanout:
         completion.send_follow_up(job)
         return job, False
     completion.start_hints(job.id)
-    children.enqueue(children.root_payload(job))
+    queueing.enqueue(queueing.root_payload(job))
     return job, False
 
 
@@ -95,7 +95,7 @@ def _resent(first: MapperJob) -> MapperJob:
     """The job a resend's key started; its root task enqueued again while it runs (its name makes that one task), in
     case the first request died between the job's commit and its enqueue."""
     if not first.ended:
-        children.enqueue(children.root_payload(first))
+        queueing.enqueue(queueing.root_payload(first))
     return first
 
 

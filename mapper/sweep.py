@@ -14,7 +14,7 @@ from google.cloud import ndb
 from core import clock, runtime
 from core.exactly_once import Written, once
 from core.transactions import transact
-from mapper import children, completion
+from mapper import completion, queueing
 from mapper.models import MapperJob
 from mapper.task import TaskPayload, TaskRecord
 from mapper.unvisited import end_unvisited
@@ -73,7 +73,6 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
     "failed" (taken up MAX_REVIVALS times already), or None (it moved on, or its job has ended)."""
     job = MapperJob.get_by_id(key.id().split("-", 1)[0])
     ended = job is None or job.ended is not None
-    lease = runtime.current().settings.mapper_lease_seconds
 
     def look() -> Written | TaskRecord:
         record = key.get(retries=0)
@@ -91,7 +90,7 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         else:
             record.revived, record.fruitless = record.revived + 1, (record.fruitless or 0) + 1
             record.revived_by = stamp
-            record.renew(lease)  # the new delivery's: if it dies too, the next run after this lease takes it up
+            record.renew()  # the new delivery's: if it dies too, the next run after this lease takes it up
         record.put()
         return None if ended or record.lease is None else record
     taken = once(look, take_up)
@@ -100,13 +99,13 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
         return None
     if record.state != "running":
         return _children_recorded(job, record)
-    payload = dataclasses.replace(children.payload_of(job, record.key), revived=record.revived)
+    payload = dataclasses.replace(queueing.payload_of(job, record.key), revived=record.revived)
     if record.fruitless > MAX_REVIVALS:
         log.error("mapper task %s died %d times; failed for good", key.id(), record.fruitless)
         _, passed_on = end_unvisited(key, payload, "failed", f"taken up again {MAX_REVIVALS} times, and died each time")
         completion.end_if_all_back(job, passed_on)
         return "failed"
-    children.enqueue(payload)
+    queueing.enqueue(payload)
     completion.hint_revived(job.id)
     return "revived"
 
@@ -114,12 +113,11 @@ def _take_up(key: ndb.Key, now: datetime.datetime) -> str | None:
 def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
     """Each child of an ended record without a record of its own (every delivery died before its first commit) gets
     one, leased, and its task queued again; then the parent's lease is cleared."""
-    lease = runtime.current().settings.mapper_lease_seconds
     payloads = [TaskPayload.from_json(child) for child in parent.children]
     missing = [p for p, record in zip(payloads, ndb.get_multi([ndb.Key(TaskRecord, p.name) for p in payloads]),
                                       strict=True) if record is None]
     for child in missing:
-        payload = dataclasses.replace(children.payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
+        payload = dataclasses.replace(queueing.payload_of(job, ndb.Key(TaskRecord, child.name)), revived=1)
 
         def look(payload: TaskPayload = payload) -> Written | None:
             found = ndb.Key(TaskRecord, payload.name).get(retries=0)  # written by its delivery meanwhile, or by this
@@ -128,11 +126,11 @@ def _children_recorded(job: MapperJob, parent: TaskRecord) -> str | None:
         def create(_: None, stamp: str, payload: TaskPayload = payload) -> None:
             record = TaskRecord.new(ndb.Key(TaskRecord, payload.name), payload)
             record.revived, record.fruitless, record.recorded_by = 1, 1, stamp
-            record.renew(lease)
+            record.renew()
             record.put()
 
         def queue_it(_: None, payload: TaskPayload = payload) -> None:
-            children.enqueue(payload)
+            queueing.enqueue(payload)
             completion.hint_revived(job.id)
         once(look, create, then=queue_it)
 

@@ -7,7 +7,7 @@ import datetime
 
 from google.cloud import ndb
 
-from core import clock
+from core import clock, runtime
 
 TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): completion.py
 
@@ -15,7 +15,7 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: a key range (lo, hi], urlsafe (the root's: children.root_payload), or `keys`, a handout: a page scanned."""
+    visits: a key range (lo, hi], urlsafe (the root's: queueing.root_payload), or `keys`, a handout: a page scanned."""
     job: str
     path: str
     lo: str | None
@@ -97,7 +97,7 @@ class TaskRecord(ndb.Model):
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
-    children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in children.KeptHandouts)
+    children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in queueing.KeptHandouts)
     returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: what its children did not take
     error = ndb.TextProperty()
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
@@ -129,8 +129,10 @@ class TaskRecord(ndb.Model):
         return self.weight - sum(child["weight"] for child in self.children or [])
 
     def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
-                final: bool) -> None:
-        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`)."""
+                final: bool, started: datetime.datetime | None) -> None:
+        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`), and renew
+        its lease; `started`: when the delivery began, for the timeline."""
+        self.started = self.started or started
         if self.page is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
@@ -142,9 +144,12 @@ class TaskRecord(ndb.Model):
             self.tally = summed(self.tally or {}, tally)
         if final:
             self.state, self.returned = "done", self.kept_weight
+        self.renew()  # its delivery is alive: the sweep leaves the task alone until the lease runs out
 
-    def renew(self, seconds: int) -> None:
-        """The lease after a commit: `seconds` on while running, or ended with children the sweep checks; else none."""
+    def renew(self) -> None:
+        """The lease after a commit: `mapper_lease_seconds` on while running, or ended with children the sweep checks
+        (sweep.py); else none."""
+        seconds = runtime.current().settings.mapper_lease_seconds
         self.lease = (clock.now() + datetime.timedelta(seconds=seconds) if self.state == "running" or self.children
                       else None)
 

@@ -1,9 +1,9 @@
 """A mapper task ended unvisited, before its page is done: its job was cancelled, or it failed for good."""
 from google.cloud import ndb
 
-from core import clock, runtime
+from core import clock
 from core.transactions import transact
-from mapper import children
+from mapper import queueing
 from mapper.task import TaskPayload, TaskRecord
 
 
@@ -19,9 +19,9 @@ def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
             return record, 0
         record.state, record.error, record.updated = state, error, clock.now()
         record.returned = record.kept_weight
-        record.renew(runtime.current().settings.mapper_lease_seconds)  # ended: a lease only to check its children
+        record.renew()  # ended: a lease only to check its children
         record.put()
         return record, record.returned
     record, passed_on = transact(txn)
-    children.enqueue_all(children.recorded(record))
+    queueing.enqueue_all(queueing.recorded(record))
     return record, passed_on

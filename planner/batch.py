@@ -15,9 +15,10 @@ from accounts.credit import ADD_CREDIT_INCREMENTS  # the job bench/mapper.py mea
 from core import billing, production_latency
 from core.costs import plural
 from core.features import REPO
-from mapper.children import HANDED_BYTES, scan_limit
+from mapper.chunks import scan_limit
 from mapper.jobs import MAX_GROUPS
 from mapper.models import MapperJob
+from mapper.queueing import HANDED_BYTES
 from mapper.service import SAMPLES
 from mapper.task import TOTAL_WEIGHT, TaskPayload
 from mapper.tree import split as split_children  # the split the mapper's tasks run
@@ -160,7 +161,7 @@ def queries_for(listed: int, limit: int, backend: str) -> int:
 
 # The keys a modelled range holds: add_credit's kind, spread evenly, consecutive ids from where Datastore's scattered
 # ids begin (mapper/key_arithmetic.py), in the demo's project, so that a handed-out page's keys take the bytes the
-# demo's accounts' take (mapper/children.py HANDED_BYTES).
+# demo's accounts' take (mapper/queueing.py HANDED_BYTES).
 KEYS_FROM, KEYS_PROJECT = 2 ** 52, "scalable-demo"
 
 
@@ -252,7 +253,7 @@ def plan_batch(entities: int, page_size: int, fanout: int, instances: int, backe
     handed = len(split_sizes(entities, page_size, fanout)[0]) if entities > page_size else 0
     plan.line(f"the tree, cut by the mapper's own split over evenly spread keys: each range task lists its page and "
               f"{fanout} pages more, hands out as many of those as {HANDED_BYTES:,} bytes of keys hold (the root "
-              f"{handed}, mapper/children.py) and splits the rest up to {fanout} ways: {tree.tasks} tasks "
+              f"{handed}, mapper/queueing.py) and splits the rest up to {fanout} ways: {tree.tasks} tasks "
               f"({tree.range_tasks} listing a range), depth {tree.depth}")
     plan.answer("depth", "Fan-out: tree depth", tree.depth, str(tree.depth))
     plan.answer("tasks", "Fan-out: tasks", tree.tasks, str(tree.tasks))

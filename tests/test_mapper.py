@@ -14,9 +14,9 @@ from accounts.credit import ADD_CREDIT, ADD_CREDIT_INCREMENTS
 from accounts.models import Account
 from bench.harness import billed_from_header, retried_in
 from core import runtime, tasks
-from mapper import children, completion, increments, jobs, key_arithmetic, keyrange, service, sweep, tree
-from mapper.children import KeptHandouts
+from mapper import completion, increments, jobs, key_arithmetic, keyrange, queueing, service, sweep, tree
 from mapper.models import MapperJob
+from mapper.queueing import KeptHandouts
 from mapper.task import TOTAL_WEIGHT, TaskPayload, TaskRecord
 from tests.support import api_commit_answers_unknown, billed, commit_answers_unknown, writers_meet_before_writing
 
@@ -456,15 +456,15 @@ def test_the_sweep_says_so_when_what_a_task_was_given_is_gone(ndb_context):
     """A task is queued again from its parent's record (and the pages it handed out): when those are gone, the sweep
     says which, rather than fail on None."""
     job = MapperJob(id="j", name="add_credit", kind="Account", page_size=10, fanout=2, kind_end=ndb.Key(Account, 9))
-    assert children.payload_of(job, ndb.Key(TaskRecord, "j-0")) == children.root_payload(job)
+    assert queueing.payload_of(job, ndb.Key(TaskRecord, "j-0")) == queueing.root_payload(job)
     with pytest.raises(RuntimeError, match="parent's record is gone"):
-        children.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        queueing.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
     parent = TaskRecord(id="j-0", job="j", depth=0, weight=4,
                         children=[{"job": "j", "path": "0-1", "lo": None, "hi": None, "weight": 2, "keys": None,
                                    "keys_apart": True}])
     parent.put()
     with pytest.raises(RuntimeError, match="pages it handed out are gone"):
-        children.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
+        queueing.payload_of(job, ndb.Key(TaskRecord, "j-0-1"))
 
 
 def test_accounts_ids_lie_where_the_key_arithmetic_aims(ndb_context):
@@ -679,9 +679,9 @@ def test_a_job_runs_one_query_per_scan_and_a_handed_page_none(app, client, auth,
     task_queue.drain()  # one worker: each response beside its own Server-Timing
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 1000
     queries = {task.name: re.search(r"(\d+) RunQuery", timing) for (task, _, _), timing in
-               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == children.TASK_HANDLER}
+               zip(task_queue.responses, task_queue.timings, strict=True) if task.handler == queueing.TASK_HANDLER}
     handed = {task.name: task.payload["keys"] for task, _, _ in task_queue.responses
-              if task.handler == children.TASK_HANDLER and task.payload.get("keys")}
+              if task.handler == queueing.TASK_HANDLER and task.payload.get("keys")}
     assert handed and all(queries[name] is None for name in handed)  # a handed page runs no query
     ranges = [name for name in queries if name not in handed]
     assert all(queries[name] and queries[name][1] == "1" for name in ranges)  # a range task runs one
@@ -698,7 +698,7 @@ def test_pages_handed_out_stay_within_their_byte_budget(app, client, auth, task_
     them); the rest of its scan it splits as ranges, and still every account is credited once."""
     keys = seed_accounts(600)
     one_page = sum(len(k.urlsafe()) for k in keys[40:80])
-    monkeypatch.setattr(children, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
+    monkeypatch.setattr(queueing, "HANDED_BYTES", one_page + 40)  # about one page of keys, never two
     job_id = start(client, auth, page_size=40, fanout=4)
     task_queue.drain()
     assert job_status(client, job_id)["state"] == "done" and balances(keys) == [10] * 600

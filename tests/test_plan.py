@@ -18,7 +18,7 @@ from core.settings import WriteBudget
 from core.tables import markdown_tables
 from counters.growth import ContentionWindow
 from counters.models import ADAPTIVE_MAX_SHARDS
-from mapper.children import scan_limit
+from mapper.chunks import scan_limit
 from planner import batch, blog, comments, counter, figures, request, service
 from planner.figures import Rate
 from tests.support import billed, csrf_token, timing
@@ -604,11 +604,11 @@ def test_the_mapper_tree_by_hand():
 def test_the_planners_tree_is_the_mappers_own_split(entities, page, fanout):
     """The planner's tree is the one mapper/tree.py's split cuts, here run task by task on evenly spread keys
     (consecutive ids, no __scatter__ samples). Among the shapes: a rest just over half a listing, which the mapper
-    splits in two (750 in pages of 100), and pages whose keys exceed mapper/children.py's HANDED_BYTES, of which the
+    splits in two (750 in pages of 100), and pages whose keys exceed mapper/queueing.py's HANDED_BYTES, of which the
     mapper hands out fewer (pages of 500 and of 1,000)."""
     from google.auth.credentials import AnonymousCredentials
 
-    from mapper.children import scan_limit
+    from mapper.chunks import scan_limit
     from mapper.models import MapperJob
     from mapper.task import TOTAL_WEIGHT, TaskPayload
     from mapper.tree import split as _split

@@ -14,11 +14,6 @@ TASK_HANDLER = "mapper.run"
 HANDED_BYTES = 90_000
 
 
-def scan_limit(page_size: int, fanout: int) -> int:
-    """The most keys a range task's scan reads: its page, `fanout` pages to hand out, one key to say if any remain."""
-    return page_size * (fanout + 1) + 1
-
-
 class KeptHandouts(ndb.Model):
     """A task's handouts, {child's path: urlsafe keys}. A child entity of the record, so it is written in the record's
     first chunk's transaction without taking one more of the legacy emulator's 25 entity groups; read only to enqueue
