@@ -21,7 +21,8 @@ CREDIT_CHUNK = mapper_jobs.MAX_GROUPS - 1  # legacy's 25 entity groups: 24 accou
 
 
 def credit(accounts: list[Account], params: dict[str, Any], prepared: None) -> list[Account]:
-    """The map step: each account of the chunk gets the amount, in the chunk's transaction."""
+    """The map step: each account of the chunk gets the amount, in the chunk's transaction (`prepared`: what a job's
+    `prepare` read once for the page; add_credit has none)."""
     for account in accounts:
         account.balance += params["amount"]
     return accounts

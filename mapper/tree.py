@@ -56,7 +56,8 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
     if not page.more:
         return Visit(page, keys, [])
-    handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children, each given a share of the weight
+    handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
+    # Each child gets a share of the task's weight; past ~19 levels too little is left: one range child, half of it.
     return Visit(page, keys, payload.make_children(handouts, ranges, record.weight, page_end=page.end))
 
 
@@ -67,10 +68,11 @@ def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
     """The rest of the range after this task's page, for its children: (handouts, ranges). The plain tree: ranges, the
-    rest cut into up to `fanout` (`keyrange.ranges`). Handouts first: the pages the scan read after its own, each to
-    be given whole to a child (up to `fanout`, within queueing.HANDED_BYTES), so the ranges start after the last handed
-    key. E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the
-    task keeps 100, hands out 4 pages, cuts (the 500th key, hi]."""
+    rest cut into about 2 x its estimated keys / a scan's, at most `fanout` (`keyrange.ranges`). Handouts first: the
+    pages the scan read after its own, each to be given whole to a child, so the ranges start after the last handed key.
+    E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task
+    keeps 100, hands out 4 pages, cuts (the 500th key, hi]. Fewer handouts when their keys pass queueing.HANDED_BYTES
+    (pages of 1,000, say): the keys not handed out go to the ranges, whose children scan them again."""
     size = job.page_size
     scan_keys = chunks.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
     handouts = queueing.cut_handouts(scanned[size:scan_keys], size)  # the pages scanned after its own
@@ -86,17 +88,16 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's runs `credit`) and move the
-    record past them, in one transaction, exactly once (`once`); `before`: the record as this delivery left it.
-    `look` finds the record (1) not stored: no chunk of the task committed yet; (2) moved on since `before` (or gone):
-    some commit did this chunk, and `once` tells by its stamp (`last_chunk_by`) whether it was this call's own, which
-    answered UNKNOWN yet applied (MINE), or another delivery's (ANOTHERS: Superseded); (3) as `before` left it: then
-    `write` writes the chunk and the record, stamped. `work.store`: ndb (chunks.py; increments.py for increments)."""
+    record past them, in one transaction, exactly once (`once`, by `look` and `write`); `before`: the record as this
+    delivery left it. `work.store` is ndb's (chunks.py), or protobufs for an increments job (increments.py)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
-        current, *entities = work.store.get_multi([before.key] + chunk)  # only this task's deliveries write these
-        if current is None and before.never_committed:  # 1. `before` was made, not read (a first delivery)
-            current = TaskRecord.new(before.key, payload)
-        elif current is None or current.state != "running" or current.last_key != before.last_key:
-            return Written(stamp=current and current.last_chunk_by, answer=current)  # 2. MINE, or ANOTHERS
+        current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
+        if current is None and before.never_committed:  # 1. not stored: the task's first chunk (`before` is the
+            current = TaskRecord.new(before.key, payload)  # record a first delivery made unread: delivery.py)
+        elif current is None:  # gone: its job was deleted; as if another delivery had moved it on
+            return Written(stamp=None, answer=None)
+        elif current.state != "running" or current.last_key != before.last_key:  # 2. moved on since `before`: by
+            return Written(stamp=current.last_chunk_by, answer=current)  # this call (MINE) or another (ANOTHERS)?
         return current, [e for e in entities if e is not None]  # 3. as `before` left it (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
@@ -106,12 +107,12 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final, started=before.started)
         kept = queueing.kept_apart(current.key, visit.children) if first else []  # handout keys beside the record
-        current.last_chunk_by = stamp
+        current.last_chunk_by = stamp  # the stamp `once` compares with its call's, on a retry
         work.store.put_multi([*writes, current, *kept])
         return current
 
     committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
-    if committed.by_another:  # another delivery moved the record on
+    if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
 
