@@ -64,8 +64,7 @@ def recorded(record: TaskRecord) -> list[TaskPayload]:
             for child in record.children]
 
 
-def enqueue_all(payloads: list[TaskPayload]) -> None:
-    """Queue each of a task's children by name: queueing one twice is harmless (the queue drops a name it has seen)."""
+def enqueue_all(payloads: list[TaskPayload]) -> None:  # by name: the queue drops a name it has seen
     for payload in payloads:
         enqueue(payload)
 

@@ -59,7 +59,8 @@ class TaskPayload:
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[tuple[ndb.Key, ndb.Key]], weight: int,
                       page_end: ndb.Key) -> list["TaskPayload"]:
         """A split's children ("<path>-0"...): one per handout, then one per range, each an equal share of `weight`
-        (the task keeps one and the rest); shared 9 ways, 2**62 lasts 19 levels, then half goes to one child."""
+        (it keeps one, and the rest). Shared 9 ways at fanout 4 (4 + 4 + its own), 2**62 lasts 19 levels; past them,
+        one range child (page_end, hi] takes half, its would-be handouts' keys too."""
         share = weight // (len(handouts) + len(ranges) + 1)
         if share == 0:
             if weight < 2:

@@ -1,14 +1,14 @@
 """One task of a mapper job: the talk's "split big jobs into many small tasks". A queue delivers it at least once.
 
-The plain tree. A task, given a key range (lo, hi] (the root's: the kind's, up to its largest key when the job started):
-1. scans its range: one keys-only query in key order (limit+offset would read every key before a page: O(N^2));
-2. keeps the first page (`page_size` keys) and cuts the rest of its range into up to `fanout` child ranges, each a
-   task that does the same: a tree O(log N) deep, its tasks running side by side;
+A task, given a key range (lo, hi] (the root's: the kind's, up to its largest key when the job started), with the
+job's `page_size` (100 by default) and `fanout` (4: at most that many handouts and that many ranges):
+1. scans its range: one keys-only query in key order for its page and `fanout` pages more (not limit+offset: O(N^2));
+2. keeps the first page, hands each page after it whole to a child (a handout: the child runs no query), and cuts the
+   rest of its range into up to `fanout` child ranges, each a task that does the same: a tree O(log N) deep;
 3. does its page in chunks. Each chunk's transaction runs the job's map step on its entities (add_credit's: balance
    += amount) and moves the task's record past them: each entity is changed exactly once, however often delivered.
-Two optimisations: handouts (the scan reads `fanout` pages more, each handed whole to a child, which runs no query)
-and cut points at `__scatter__` quantiles (keyrange.py). Weight (task.py) only tells when the job has ended: read it
-last. The queue's handler around this: delivery.py. The words, and why: docs/lessons/mapper.md."""
+Cut points: `__scatter__` quantiles (keyrange.py). Weight (task.py) only tells when the job has ended: read it last.
+The queue's handler around this: delivery.py. The words, and why: docs/lessons/mapper.md."""
 from typing import Any, NamedTuple
 
 from google.cloud import ndb
@@ -30,9 +30,10 @@ class Visit(NamedTuple):
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """One delivery's work on its task (`job`: this run of `definition`, the registered job): what to visit, then each
-    chunk committed once (`commit_chunk`), then the children queued. `record` is as a redelivery read it, or new on a
-    first delivery, which does not read it (delivery.py). Children are queued only once the first chunk has committed,
-    and as its record has them: a delivery that scans again may split differently (new keys, other cut points)."""
+    chunk committed once (`commit_chunk`), then the children queued. `record`: as a redelivery read it, or, on a first
+    delivery, `TaskRecord.new`, unread (one lookup fewer a task: delivery.py). Children are queued only once the first
+    chunk has committed, and as its record has them: a delivery that scans again may split differently (new keys,
+    other cut points). A redelivery queues them again: they are named tasks, and the queue drops a name it has seen."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
@@ -67,9 +68,9 @@ def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
-    """The rest of the range after this task's page, for its children: (handouts, ranges). The plain tree: ranges, the
-    rest cut into about 2 x its estimated keys / a scan's, at most `fanout` (`keyrange.ranges`). Handouts first: the
-    pages the scan read after its own, each to be given whole to a child, so the ranges start after the last handed key.
+    """The rest of the range after this task's page, for its children: (handouts, ranges). Handouts: the pages the scan
+    read after its own, each to be given whole to a child. Ranges: what lies beyond the last handed key, cut into n
+    about 2 x (its estimated keys / a scan's keys), 1 <= n <= `fanout` (`keyrange.ranges`; where: read later).
     E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task
     keeps 100, hands out 4 pages, cuts (the 500th key, hi]. Fewer handouts when their keys pass queueing.HANDED_BYTES
     (pages of 1,000, say): the keys not handed out go to the ranges, whose children scan them again."""

@@ -284,6 +284,35 @@ def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, clie
     assert ran == []
 
 
+def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, client, auth, task_queue, monkeypatch):
+    """A job's follow-up (its on_done, committed with the mark that it ran) reads the job in its transaction as the
+    lessons' writes do: a lookup that meets a collision fails the attempt at once (`retries=0`), and `once` tries the
+    whole transaction again, instead of ndb trying the same lookup again from 1 s."""
+    import dataclasses
+
+    from google.cloud.ndb import _datastore_api
+
+    from accounts.credit import ADD_CREDIT
+    from core import tasks
+    from mapper import completion, jobs
+    from mapper.models import MapperJob
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_follow_up_lookup", on_done=lambda job: []))
+    with runtime.current().context():
+        MapperJob(id="4" * 16, name="test_follow_up_lookup", kind="Account", page_size=10, fanout=2,
+                  follow_up="pending").put()
+    in_transaction, real = [], _datastore_api.make_call
+
+    def spy(rpc_name, request, retries=None, **options):
+        if rpc_name == "lookup" and request.read_options.transaction:
+            in_transaction.append(retries)
+        return real(rpc_name, request, retries=retries, **options)
+    monkeypatch.setattr(_datastore_api, "make_call", spy)
+    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": "4" * 16}, headers=token)
+    assert (r.status_code, r.get_json()) == (200, {"ran": True})
+    assert in_transaction and set(in_transaction) == {0}, in_transaction
+
+
 def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_409_saying_the_key_expired(
         firestore_stack, monkeypatch):
     """On Firestore a keyed increment's marker insert is its look (counters/writes.py BlindShardWriter): refused, the
