@@ -133,12 +133,24 @@ def test_a_timelines_count_of_tasks_not_drawn_comes_from_the_job_not_the_hints(c
 
 # --- every lesson: a lookup inside a transaction ---------------------------------------------------------------------
 
+def _retries_of_lookups_in_transactions(monkeypatch) -> list:
+    """The `retries` of each Lookup sent inside a transaction from now on, as ndb's RPC call is given them."""
+    from google.cloud.ndb import _datastore_api
+    seen, real = [], _datastore_api.make_call
+
+    def spy(rpc_name, request, retries=None, **options):
+        if rpc_name == "lookup" and request.read_options.transaction:
+            seen.append(retries)
+        return real(rpc_name, request, retries=retries, **options)
+    monkeypatch.setattr(_datastore_api, "make_call", spy)
+    return seen
+
+
 def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_context, monkeypatch):
     """Inside the app's transactions a lookup that meets a collision fails the attempt at once (`retries=0`), and the
     app's own loop tries the whole transaction again (`transact`: after a short jittered wait; a named counter: on
     another shard), instead of ndb trying the same lookup again from 1 s. The lessons' writes read so: the talk's
     counter, a named counter's +1 with a key, a post, a comment, a task handed back."""
-    from google.cloud.ndb import _datastore_api
 
     from blog.models import EntryRef as Entry
     from comments import service as comments
@@ -146,13 +158,7 @@ def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_conte
     from counters import simple
     from mapper.task import TaskPayload, TaskRecord
     from mapper.unvisited import end_unvisited
-    retried_by_ndb, real = [], _datastore_api.make_call
-
-    def spy(rpc_name, request, retries=None, **options):
-        if rpc_name == "lookup" and request.read_options.transaction:
-            retried_by_ndb.append(retries)
-        return real(rpc_name, request, retries=retries, **options)
-    monkeypatch.setattr(_datastore_api, "make_call", spy)
+    retried_by_ndb = _retries_of_lookups_in_transactions(monkeypatch)
     simple.increment()
     counters.increment("once", "order-1", caller="u1")
     blog_service.post_entry("b", "t", "body", "boss@example.com")
@@ -290,8 +296,6 @@ def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, cli
     whole transaction again, instead of ndb trying the same lookup again from 1 s."""
     import dataclasses
 
-    from google.cloud.ndb import _datastore_api
-
     from accounts.credit import ADD_CREDIT
     from core import tasks
     from mapper import completion, jobs
@@ -300,13 +304,7 @@ def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, cli
     with runtime.current().context():
         MapperJob(id="4" * 16, name="test_follow_up_lookup", kind="Account", page_size=10, fanout=2,
                   follow_up="pending").put()
-    in_transaction, real = [], _datastore_api.make_call
-
-    def spy(rpc_name, request, retries=None, **options):
-        if rpc_name == "lookup" and request.read_options.transaction:
-            in_transaction.append(retries)
-        return real(rpc_name, request, retries=retries, **options)
-    monkeypatch.setattr(_datastore_api, "make_call", spy)
+    in_transaction = _retries_of_lookups_in_transactions(monkeypatch)
     token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": "4" * 16}, headers=token)
     assert (r.status_code, r.get_json()) == (200, {"ran": True})
