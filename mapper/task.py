@@ -86,10 +86,8 @@ class TaskRecord(ndb.Model):
     the global cache."""
     _use_cache = False
     _use_global_cache = False
-    # The lesson's fields (tree.py): whose task, its weight, its page, how far it got, what it tallied, its children.
+    # The lesson's fields (tree.py): whose task, its page, how far it got and by whose commit, its tally, its children.
     job = ndb.StringProperty(required=True)
-    # weight (its parent's share) = kept_weight + its children's shares; once it ended, returned = kept_weight
-    weight = ndb.IntegerProperty(required=True, indexed=False)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
     page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,
     page_end = ndb.KeyProperty(indexed=False)  # its last,
@@ -99,8 +97,10 @@ class TaskRecord(ndb.Model):
     processed = ndb.IntegerProperty(default=0, indexed=False)
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in queueing.KeptHandouts)
-    returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: what its children did not take
     error = ndb.TextProperty()
+    # For the job's end, read last: weight = kept_weight + its children's shares.
+    weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
+    returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: kept_weight, what no child took
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
