@@ -1,6 +1,6 @@
 """How a job reads, changes and writes a task's page (PageWork): its keys cut into chunks, one transaction each, read
-and written as the job's ndb models (NdbStore), or as protobufs for a job that gives its change as increments
-(increments.py); and the scan, a range's keys in key order (`keys_in_range`). Why: docs/lessons/mapper.md."""
+and written as the job's ndb models (NdbStore); and the scan, a range's keys in key order (`keys_in_range`). Beyond
+the lesson (skip on a first read): `deltas` and `IncrementStore`, for a job that gives its change as increments."""
 import dataclasses
 from typing import Any
 
