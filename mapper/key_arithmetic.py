@@ -1,7 +1,6 @@
 """Key order and key arithmetic. Datastore orders keys by their paths, element by element: kind (by bytes), then the
 id or name, ids before names, ids by number, names by bytes (as Python's str order); an ancestor before its
-descendants. ndb keys of mixed id types do not compare (TypeError), hence `order`.
-"""
+descendants. ndb keys of mixed id types do not compare (TypeError), hence `order`."""
 from collections.abc import Callable, Sequence
 
 from google.cloud import ndb

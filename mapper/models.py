@@ -1,6 +1,5 @@
 """A mapper job's run (MapperJob). No entity is written by many tasks: the job is written when it starts, ends or is
-cancelled, each task writes only its own record (task.py), so a thousand tasks ending at once contend on nothing.
-"""
+cancelled, each task writes only its own record (task.py), so a thousand tasks ending at once contend on nothing."""
 from google.cloud import ndb
 
 from core import idempotency

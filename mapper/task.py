@@ -136,6 +136,7 @@ class TaskRecord(ndb.Model):
         self.started = self.started or started
         if self.page is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
+            # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
         if chunk:
             self.last_key = chunk[-1]

@@ -33,7 +33,8 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     chunk committed once (`commit_chunk`), then the children queued. `record`: as a redelivery read it, or, on a first
     delivery, `TaskRecord.new`, unread (one lookup fewer a task: delivery.py). Children are queued only once the first
     chunk has committed, and as its record has them: a delivery that scans again may split differently (new keys,
-    other cut points). A redelivery queues them again: they are named tasks, and the queue drops a name it has seen."""
+    other cut points). A redelivery queues them again (named tasks: the queue drops a name it has seen); a delivery of
+    a task already ended never gets here: delivery.py queues its recorded children again."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
