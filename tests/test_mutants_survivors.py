@@ -330,3 +330,17 @@ def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_40
         assert CounterShard.key_for("swept", 0).get(use_cache=False).count == 1
     assert (expired.value.status, expired.value.code, expired.value.message) == (
         409, "idempotency_key_expired", "This Idempotency-Key's increment has expired; use a new key.")
+
+
+def test_a_blog_page_reads_limit_plus_one_entries_at_any_depth(ndb_context):
+    """A page of `limit` entries is one index scan of limit + 1 rows at any depth (the extra row gives the next page's
+    start): billed limit + 1 entity reads, never the rest of the blog below the page nor one row more."""
+    from blog.models import BlogIndex
+    from core import costs
+    for i in range(8):
+        blog_service.post_entry("b", f"t{i}", "body", "boss@example.com")
+    for start in (7, 4):
+        with costs.measured() as cost:
+            entries, next_start = blog_service.query_page(ndb.Key(BlogIndex, "b"), start, 2)
+        assert [e.index for e in entries] == [start, start - 1] and next_start == start - 2
+        assert cost.billed.reads == 2 + 1, cost.billed
