@@ -9,7 +9,7 @@ from google.cloud import ndb
 from blog import service as blog_service
 from blog.models import EntryRef
 from core import identity, runtime, transactions
-from core.errors import Conflict
+from core.errors import Conflict, Unavailable
 
 
 def test_an_increment_of_the_simple_counter_that_met_no_one_took_one_attempt(client):
@@ -344,3 +344,21 @@ def test_a_blog_page_reads_limit_plus_one_entries_at_any_depth(ndb_context):
             entries, next_start = blog_service.query_page(ndb.Key(BlogIndex, "b"), start, 2)
         assert [e.index for e in entries] == [start, start - 1] and next_start == start - 2
         assert cost.billed.reads == 2 + 1, cost.billed
+
+
+def test_a_bulk_transaction_that_collides_every_time_is_tried_thirty_times_with_backoff_then_a_503(ndb_context,
+                                                                                                  monkeypatch):
+    """The Datastore API's path (`transact_api`: an increments job's chunk) retries a collision as `transact` does: up
+    to 30 attempts in all, each after the same full-jitter backoff (from 0.02 s, capped at 1 s), then a 503. Each
+    attempt is a real transaction begun on the emulator; the chunk's body answers ABORTED, as a collided commit."""
+    attempts, waits = [], []
+
+    def collides(transaction):
+        attempts.append(transaction.id)
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: waits.append((attempt, base, cap)))
+    with pytest.raises(Unavailable) as refused:
+        transactions.transact_api(collides)
+    assert refused.value.code == "contention"
+    assert len(attempts) == 30 and len(set(attempts)) == 30  # a new transaction each time
+    assert waits == [(n, 0.02, 1.0) for n in range(29)]  # none after the last: the 503 at once
