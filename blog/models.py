@@ -62,8 +62,9 @@ class EntryRef:
 
 
 class PostMarker(ExpiringMarker):
-    """A post that has been applied (core/idempotency.py): a root entity, key name the marker name of the caller's
-    Idempotency-Key (or the call's id), its answer the entry's index. Written in the post's transaction: a retry (the
-    client's, or ours after an UNKNOWN commit) finds it and answers with the entry instead of spending a second index.
+    """A post that has been applied (core/idempotency.py): key name the marker name of the caller's Idempotency-Key
+    (or the call's id), its answer the entry's index. Written in the post's transaction: a retry (the client's, or ours
+    after an UNKNOWN commit) finds it and answers with the entry instead of spending a second index. A root, not the
+    blog's child: named by the caller and the key only, it is found when the key is sent to another blog (a 409).
     Read only in that transaction: not globally cached."""
     _use_global_cache = False

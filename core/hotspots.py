@@ -69,4 +69,4 @@ class HotEntities:
 
 def _claim_name(key: ndb.Key) -> str:
     """The claim's cache key: the entity's full key (project, namespace, path), hashed to fit memcached's 250 bytes."""
-    return "lease:" + hashlib.sha1(key.urlsafe()).hexdigest()  # the earlier versions' word: all take turns on one key
+    return "claim:" + hashlib.sha1(key.urlsafe()).hexdigest()

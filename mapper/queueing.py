@@ -56,9 +56,8 @@ def kept_apart(record_key: ndb.Key, children: list[TaskPayload]) -> list[KeptHan
 
 def recorded(record: TaskRecord) -> list[TaskPayload]:
     """The children `record` split into, each as it was given: a handout's keys read back from its KeptHandouts."""
-    if not any(child.get("keys_apart") for child in record.children):
-        return [TaskPayload.from_json(child) for child in record.children]
-    if (kept := KeptHandouts.key_for(record.key).get()) is None:
+    apart = any(child.get("keys_apart") for child in record.children)
+    if apart and (kept := KeptHandouts.key_for(record.key).get()) is None:
         raise RuntimeError(f"task {record.key.id()}: the pages it handed out are gone")
     return [TaskPayload.from_json({**child, "keys": kept.handouts[child["path"]]} if child.get("keys_apart") else child)
             for child in record.children]

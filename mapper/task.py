@@ -15,7 +15,7 @@ TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): co
 @dataclasses.dataclass(frozen=True)
 class TaskPayload:
     """A task's body in the queue: its job, its path ("0" the root, "0-2" its third child), its weight, and what it
-    visits: a key range (lo, hi], urlsafe (the root's: queueing.root_payload), or `keys`, a handout: a page scanned."""
+    visits: a range (lo, hi] or a handout's `keys`, urlsafe for JSON (code reads `lo_key`, `hi_key`, `handed_keys`)."""
     job: str
     path: str
     lo: str | None
@@ -58,14 +58,9 @@ class TaskPayload:
 
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[tuple[ndb.Key, ndb.Key]], weight: int,
                       page_end: ndb.Key) -> list["TaskPayload"]:
-        """A split's children ("<path>-0"...): one per handout, then one per range, each an equal share of `weight`
-        (it keeps one, and the rest). Shared 9 ways at fanout 4 (4 + 4 + its own), 2**62 lasts 19 levels; past them,
-        one range child (page_end, hi] takes half, its would-be handouts' keys too."""
-        share = weight // (len(handouts) + len(ranges) + 1)
-        if share == 0:
-            if weight < 2:
-                raise RuntimeError(f"task {self.path}: its weight is spent and its range is not")
-            handouts, ranges, share = [], [(page_end, self.hi_key)], weight // 2
+        """A split's children ("<path>-0"...): one per handout, then one per range, each with an equal share of
+        `weight` (`shares`, read last: when too little is left, it gives one range child the rest of the range)."""
+        handouts, ranges, share = shares(weight, handouts, ranges, (page_end, self.hi_key), self.path)
         return ([TaskPayload(self.job, f"{self.path}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
                  for i, keys in enumerate(handouts)] +
                 [TaskPayload(self.job, f"{self.path}-{len(handouts) + i}", lo.urlsafe().decode(),
@@ -158,3 +153,13 @@ class TaskRecord(ndb.Model):
 
 def summed(tally: dict, more: dict) -> dict:
     return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
+
+
+def shares(weight: int, handouts: list, ranges: list, rest: tuple[ndb.Key, ndb.Key], path: str) -> tuple:
+    """Weight, for the job's end: (handouts, ranges, each one's equal share; the task keeps one, and the remainder).
+    Shared 9 ways at fanout 4, 2**62 lasts 19 levels; past them, one range child takes half: `rest`, (page end, hi]."""
+    if share := weight // (len(handouts) + len(ranges) + 1):
+        return handouts, ranges, share
+    if weight < 2:
+        raise RuntimeError(f"task {path}: its weight is spent and its range is not")
+    return [], [rest], weight // 2

@@ -29,17 +29,15 @@ class Visit(NamedTuple):
 
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
-    """One delivery's work on its task (`job`: this run of `definition`, the registered job): what to visit, then each
-    chunk committed once (`commit_chunk`), then the children queued. `record`: as a redelivery read it, or, on a first
-    delivery, `TaskRecord.new`, unread (one lookup fewer a task: delivery.py). Children are queued only once the first
-    chunk has committed, and as its record has them: a delivery that scans again may split differently (new keys,
-    other cut points). A redelivery queues them again (named tasks: the queue drops a name it has seen); a delivery of
-    a task already ended never gets here: delivery.py queues its recorded children again."""
+    """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
+    (`commit_chunk`), then the children queued as the first commit recorded them (a delivery that scans again may split
+    differently), again by each redelivery (named tasks: the queue drops a name it has seen). `record`: as a redelivery
+    read it, or on a first delivery `TaskRecord.new`, unread (one lookup fewer a task: delivery.py)."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
         record = commit_chunk(work, visit, payload, record, chunk, final=number == len(work.chunks) - 1)
-        if number == 0:  # the children this delivery split into, else those an earlier delivery recorded
+        if number == 0:  # this delivery's first commit: the children it split into, else those the record has
             queueing.enqueue_all(visit.children if visit.children else queueing.recorded(record))
     return record
 
@@ -59,7 +57,6 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     if not page.more:
         return Visit(page, keys, [])
     handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
-    # Each child gets a share of the task's weight; past ~19 levels too little is left: one range child, half of it.
     return Visit(page, keys, payload.make_children(handouts, ranges, record.weight, page_end=page.end))
 
 
@@ -89,18 +86,21 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
 
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool) -> TaskRecord:
-    """Change the chunk's entities by the job's map step (`work.change`: add_credit's runs `credit`) and move the
-    record past them, in one transaction, exactly once (`once`, by `look` and `write`); `before`: the record as this
-    delivery left it. `work.store` is ndb's (chunks.py), or protobufs for an increments job (increments.py)."""
+    """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
+    past them, in one transaction, exactly once (`once`: `look`, then `write`); `before`: as this delivery left it."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
+        """The record, read with the chunk, and what `once` makes of it:
+        - not stored yet (a first delivery's first chunk), or as `before` left it: nothing written, `write` (WROTE);
+        - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
+        - moved on by another delivery (another stamp), or gone, its job deleted (no stamp): ANOTHERS."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
-        if current is None and before.never_committed:  # 1. not stored: the task's first chunk (`before` is the
-            current = TaskRecord.new(before.key, payload)  # record a first delivery made unread: delivery.py)
-        elif current is None:  # gone: its job was deleted; as if another delivery had moved it on
+        if current is None and before.never_committed:  # not stored: a first delivery made `before` unread
+            current = TaskRecord.new(before.key, payload)
+        elif current is None:  # gone
             return Written(stamp=None, answer=None)
-        elif current.state != "running" or current.last_key != before.last_key:  # 2. moved on since `before`: by
-            return Written(stamp=current.last_chunk_by, answer=current)  # this call (MINE) or another (ANOTHERS)?
-        return current, [e for e in entities if e is not None]  # 3. as `before` left it (deleted entities skipped)
+        elif current.state != "running" or current.last_key != before.last_key:  # moved on since `before`
+            return Written(stamp=current.last_chunk_by, answer=current)
+        return current, [e for e in entities if e is not None]  # as `before` left it (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
@@ -114,10 +114,10 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         return current
 
     committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
-    if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
+    if committed.by_another:  # another delivery moved the record on (its stamp is not this call's), or it is gone
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
 
 
 class Superseded(Exception):
-    """Another delivery moved the task's record on: this one stops (409); a later delivery resumes if that one died."""
+    """Another delivery moved the task's record on, or its job is gone: this one stops (409); a later one resumes."""
