@@ -362,3 +362,19 @@ def test_a_bulk_transaction_that_collides_every_time_is_tried_thirty_times_with_
     assert refused.value.code == "contention"
     assert len(attempts) == 30 and len(set(attempts)) == 30  # a new transaction each time
     assert waits == [(n, 0.02, 1.0) for n in range(29)]  # none after the last: the 503 at once
+
+
+def test_a_cached_front_page_is_its_own_blogs_at_its_own_size_with_its_bookmark(ndb_context):
+    """The cached front page is keyed by blog, max_index and page size, and keeps the next page's bookmark: a second
+    blog at the same max_index, or the same blog at another size, is never served the first one's page, and a cached
+    front page still leads on to the older entries."""
+    for blog in ("b1", "b2"):
+        for n in range(3):
+            blog_service.post_entry(blog, f"{blog} entry {n}", "body", "boss@example.com", None, "u1")
+    first = blog_service.get_page("b1", limit=2)
+    again = blog_service.get_page("b1", limit=2)
+    assert (first.cached, again.cached) == (False, True)
+    assert [e["title"] for e in again.items] == ["b1 entry 2", "b1 entry 1"] and again.next == first.next == 0
+    assert [e["title"] for e in blog_service.get_page("b2", limit=2).items] == ["b2 entry 2", "b2 entry 1"]
+    assert [e["title"] for e in blog_service.get_page("b1", limit=3).items] == ["b1 entry 2", "b1 entry 1",
+                                                                               "b1 entry 0"]
