@@ -378,3 +378,11 @@ def test_a_cached_front_page_is_its_own_blogs_at_its_own_size_with_its_bookmark(
     assert [e["title"] for e in blog_service.get_page("b2", limit=2).items] == ["b2 entry 2", "b2 entry 1"]
     assert [e["title"] for e in blog_service.get_page("b1", limit=3).items] == ["b1 entry 2", "b1 entry 1",
                                                                                "b1 entry 0"]
+
+
+def test_a_page_of_a_blog_that_does_not_exist_is_a_404_that_says_so(client):
+    """Asking for the entries of a blog no one started is a 404 whose code (`no_such_blog`) and message
+    name the blog, not an empty page: a client can tell a missing blog from an empty one."""
+    r = client.get("/api/blogs/nowhere/entries")
+    assert r.status_code == 404
+    assert r.get_json()["error"] == {"code": "no_such_blog", "message": "There is no blog named 'nowhere'."}
