@@ -319,10 +319,15 @@ def first_cell(row: str) -> str:
     return row.split(" | ", 1)[0].removeprefix("| ").strip("` ")
 
 
+def rows_left_alone(heading: str, modules: list[str]) -> list[str]:
+    """The rows of section `heading` to keep: those of MODULES this run left alone. A module no longer in MODULES
+    (renamed, or no longer mutated) has its rows dropped: its figures would describe code that is gone."""
+    return [row for row in existing_rows(heading) if first_cell(row) in set(MODULES) - set(modules)]
+
+
 def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[str, str], timing: list[str],
               note: str | None) -> None:
-    kept_modules = [row for row in existing_rows("Per module") if first_cell(row) not in modules]
-    kept_survivors = [row for row in existing_rows("Survivors") if first_cell(row) not in modules]
+    kept_modules, kept_survivors = rows_left_alone("Per module", modules), rows_left_alone("Survivors", modules)
     said = {}  # (mutant, change) -> what a person wrote in the last column
     for row in existing_rows("Survivors"):
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]

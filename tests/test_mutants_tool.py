@@ -103,3 +103,15 @@ def test_each_mutant_is_placed_on_the_source_line_it_changes(work, monkeypatch):
         assert lines[line - 1].strip() == before, (name, change, line)
     assert {line for _, line in changes.values()} == {5, 11}  # `total = a + b` and `self.size = 2`
     assert any("Box" in name for name in changes)
+
+
+def test_a_run_keeps_the_rows_of_the_modules_it_left_alone_and_drops_a_renamed_modules(tmp_path, monkeypatch):
+    """A run over some modules keeps the other modules' rows of docs/mutants.md; a module no longer in MODULES (as
+    mapper/handback.py, renamed mapper/unvisited.py) loses its rows, which would score code that is gone."""
+    doc = tmp_path / "mutants.md"
+    doc.write_text("# Mutants\n\n## Per module\n\n| module | lines |\n|---|---|\n"
+                   "| `counters/simple.py` | 88 |\n| `comments/bookmarks.py` | 46 |\n| `mapper/handback.py` | 27 |\n"
+                   "\n## Survivors\n\n| module | line |\n|---|---|\n| `mapper/handback.py` | 20 |\n")
+    monkeypatch.setattr(mutants, "DOC", doc)
+    assert mutants.rows_left_alone("Per module", ["comments/bookmarks.py"]) == ["| `counters/simple.py` | 88 |"]
+    assert mutants.rows_left_alone("Survivors", ["comments/bookmarks.py"]) == []
