@@ -299,8 +299,9 @@ def existing_rows(heading: str) -> list[str]:
     return rows
 
 
-def earlier_runs(keep: int = 9) -> list[str]:
-    """The `keep` newest run entries ("### ...") of docs/mutants.md's "Runs", as they are written there."""
+def earlier_runs(date: str, keep: int = 9) -> list[str]:
+    """The `keep` newest run entries ("### ...") of docs/mutants.md's "Runs", as they are written there, but the run
+    of `date`'s own: a report written again while its run goes on (--report-only) replaces that run's entry."""
     if not DOC.exists():
         return []
     entries: list[list[str]] = []
@@ -312,6 +313,7 @@ def earlier_runs(keep: int = 9) -> list[str]:
             entries.append([line])
         elif inside and entries:
             entries[-1].append(line)
+    entries = [entry for entry in entries if not entry[0].startswith(f"### {date}:")]
     return [line for entry in entries[:keep] for line in entry]
 
 
@@ -379,7 +381,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         *[f"- {line}" for line in timing],
         *([f"- {note}"] if note else []),
         "",
-        *earlier_runs(),
+        *earlier_runs(run["date"]),
         "## Per module",
         "",
         "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",

@@ -115,3 +115,14 @@ def test_a_run_keeps_the_rows_of_the_modules_it_left_alone_and_drops_a_renamed_m
     monkeypatch.setattr(mutants, "DOC", doc)
     assert mutants.rows_left_alone("Per module", ["comments/bookmarks.py"]) == ["| `counters/simple.py` | 88 |"]
     assert mutants.rows_left_alone("Survivors", ["comments/bookmarks.py"]) == []
+
+
+def test_a_report_written_again_while_its_run_goes_on_replaces_that_runs_entry(tmp_path, monkeypatch):
+    """`--report-only` during a run of hours writes the doc again; the run's entry under "Runs" is its newest state,
+    once, while the earlier runs' entries stay as they were written."""
+    doc = tmp_path / "mutants.md"
+    doc.write_text("# Mutants\n\n## Runs\n\n### 2026-11-30 01:45 UTC: `a.py`\n\n- summary: 10\n\n"
+                   "### 2026-11-29 22:47 UTC: `a.py`\n\n- summary: 5\n\n## Per module\n")
+    monkeypatch.setattr(mutants, "DOC", doc)
+    assert mutants.earlier_runs("2026-11-30 01:45 UTC") == ["### 2026-11-29 22:47 UTC: `a.py`", "", "- summary: 5", ""]
+    assert len(mutants.earlier_runs("2026-11-30 09:00 UTC")) == 8
