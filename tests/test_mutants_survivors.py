@@ -386,3 +386,32 @@ def test_a_page_of_a_blog_that_does_not_exist_is_a_404_that_says_so(client):
     r = client.get("/api/blogs/nowhere/entries")
     assert r.status_code == 404
     assert r.get_json()["error"] == {"code": "no_such_blog", "message": "There is no blog named 'nowhere'."}
+
+
+def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queue, monkeypatch):
+    """A job's follow-up writes the job (the mark that it ran) in its turn at the job's entity, as every write to a
+    hot entity does (core/hotspots.py): the job is the entity its tasks' ends, checks and follow-ups all write."""
+    import contextlib
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from core import tasks
+    from mapper import completion, jobs
+    from mapper.models import MapperJob
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_follow_up_turn", on_done=lambda job: []))
+    with runtime.current().context():
+        MapperJob(id="5" * 16, name="test_follow_up_turn", kind="Account", page_size=10, fanout=2,
+                  follow_up="pending").put()
+    hot = runtime.of(app).hot_entities
+    turns, real_turn = [], hot.turn
+
+    @contextlib.contextmanager
+    def noted_turn(key):
+        turns.append(key)
+        with real_turn(key):
+            yield
+    monkeypatch.setattr(hot, "turn", noted_turn)
+    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
+    r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": "5" * 16}, headers=token)
+    assert (r.status_code, r.get_json()) == (200, {"ran": True})
+    assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", "5" * 16)]
