@@ -10,6 +10,7 @@ from google.cloud import ndb
 from core import clock, runtime
 
 TOTAL_WEIGHT = 2 ** 62  # weight-throwing termination detection (Huang 1989): completion.py
+Range = tuple[ndb.Key, ndb.Key]  # (lo, hi]: lo excluded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
-    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[tuple[ndb.Key, ndb.Key]], weight: int,
+    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], weight: int,
                       page_end: ndb.Key) -> list["TaskPayload"]:
         """A split's children ("<path>-0"...): one per handout, then one per range, each with an equal share of
         `weight` (`shares`, read last: when too little is left, it gives one range child the rest of the range)."""
@@ -155,7 +156,8 @@ def summed(tally: dict, more: dict) -> dict:
     return {name: tally.get(name, 0) + more.get(name, 0) for name in tally.keys() | more.keys()}
 
 
-def shares(weight: int, handouts: list, ranges: list, rest: tuple[ndb.Key, ndb.Key], path: str) -> tuple:
+def shares(weight: int, handouts: list[list[ndb.Key]], ranges: list[Range], rest: Range,
+           path: str) -> tuple[list[list[ndb.Key]], list[Range], int]:
     """Weight, for the job's end: (handouts, ranges, each one's equal share; the task keeps one, and the remainder).
     Shared 9 ways at fanout 4, 2**62 lasts 19 levels; past them, one range child takes half: `rest`, (page end, hi]."""
     if share := weight // (len(handouts) + len(ranges) + 1):

@@ -16,9 +16,7 @@ from google.cloud import ndb
 from core.exactly_once import Written, once
 from mapper import chunks, jobs, keyrange, queueing
 from mapper.models import MapperJob
-from mapper.task import TaskPage, TaskPayload, TaskRecord
-
-Range = tuple[ndb.Key, ndb.Key]  # (lo, hi]: lo excluded
+from mapper.task import Range, TaskPage, TaskPayload, TaskRecord
 
 
 class Visit(NamedTuple):
