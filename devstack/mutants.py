@@ -534,7 +534,7 @@ def main() -> int:
     run = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
            "dirty": f"the working tree, with uncommitted changes to {', '.join(dirty)}" if dirty else "",
            "version": importlib.metadata.version("mutmut"), "backend": backend, "cache": cache, "tests": tests,
-           "modules": modules, "note": args.note, "mutants": args.mutants.split()}
+           "modules": modules, "note": args.note, "mutants": args.mutants.split(), "resume": args.resume}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the emulator is still stopped
     started = time.monotonic()
     scratch_tree(None if args.working_tree else commit, args.resume)
@@ -568,13 +568,20 @@ def main() -> int:
     return report(run, args.note, write=not args.no_doc and WORK != FIRESTORE_WORK)  # the legacy run's writes it
 
 
+def shown(run: dict) -> dict[str, dict[str, str]]:
+    """The verdicts a report shows, per module: a trial over some mutants (--mutants) shows those only; a resumed run
+    (--resume, with or without --mutants) kept every other verdict, so it shows every mutant of its modules."""
+    found = outcomes(run["modules"])
+    if not run.get("mutants") or run.get("resume"):
+        return found
+    return {path: {name: status for name, status in statuses.items()
+                   if any(fnmatch.fnmatch(name, pattern) for pattern in run["mutants"])}
+            for path, statuses in found.items()}
+
+
 def report(run: dict, note: str | None, write: bool) -> int:
     modules = run["modules"]
-    found = outcomes(modules)
-    if run.get("mutants"):  # a run over some mutants: those only
-        found = {path: {name: status for name, status in statuses.items()
-                        if any(fnmatch.fnmatch(name, pattern) for pattern in run["mutants"])}
-                 for path, statuses in found.items()}
+    found = shown(run)
     timing = timing_lines(run["seconds"], run["tests"], run.get("sessions_from", 0))
     print()
     for path in modules:

@@ -126,3 +126,13 @@ def test_a_report_written_again_while_its_run_goes_on_replaces_that_runs_entry(t
     monkeypatch.setattr(mutants, "DOC", doc)
     assert mutants.earlier_runs("2026-11-30 01:45 UTC") == ["### 2026-11-29 22:47 UTC: `a.py`", "", "- summary: 5", ""]
     assert len(mutants.earlier_runs("2026-11-30 09:00 UTC")) == 8
+
+
+def test_a_trial_over_some_mutants_shows_those_and_a_resumed_run_shows_every_verdict(work):
+    """`--mutants` alone is a trial: its report shows the mutants it named. With `--resume` the other verdicts were
+    kept, so the report shows every mutant of the modules (not a table of the few named this time)."""
+    _meta(work, "counters/simple.py", {"counters.simple.x_total__mutmut_1": 1, "counters.simple.x_total__mutmut_2": 0})
+    trial = {"modules": ["counters/simple.py"], "mutants": ["counters.simple.x_total__mutmut_1"]}
+    assert mutants.shown(trial) == {"counters/simple.py": {"counters.simple.x_total__mutmut_1": "killed"}}
+    assert mutants.shown({**trial, "resume": True}) == {"counters/simple.py": {
+        "counters.simple.x_total__mutmut_1": "killed", "counters.simple.x_total__mutmut_2": "survived"}}
