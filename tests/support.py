@@ -130,6 +130,11 @@ class Tasks:
         self.timings.append(response.headers.get("Server-Timing", ""))
         return 200 <= response.status_code < 300
 
+    def post(self, handler, payload):
+        """`payload` posted to `handler`'s task route as the queue would (its token), now: the app's response."""
+        return self.app.test_client().post(tasks.ROUTE.format(handler), json=payload,
+                                           headers={tasks.TOKEN_HEADER: self.token})
+
     def drain(self, workers=1, deliver=None, **limits):
         return self.queue.drain(deliver or self.deliver, workers=workers, **limits)
 

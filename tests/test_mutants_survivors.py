@@ -10,6 +10,7 @@ from blog import service as blog_service
 from blog.models import EntryRef
 from core import identity, runtime, transactions
 from core.errors import Conflict, Unavailable
+from mapper.completion import DONE_HANDLER
 
 
 def test_an_increment_of_the_simple_counter_that_met_no_one_took_one_attempt(client):
@@ -171,14 +172,12 @@ def test_a_lookup_inside_the_apps_transactions_is_never_retried_by_ndb(ndb_conte
 def test_a_check_of_a_job_that_has_ended_or_is_gone_does_nothing_and_says_so(app, client, auth, task_queue):
     """A job's check task delivered after the job ended (its last task ended it first) or once the job is gone ends
     nothing, queues no further check, and answers why (the queue's log shows it), as a 200: no retry."""
-    from core import tasks
     from mapper import completion
     job_id = _seeded_job(client, auth, task_queue, 10)
     task_queue.drain()
     assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "done"
-    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     for job in (job_id, "0123456789abcdef"):
-        r = client.post(tasks.ROUTE.format(completion.CHECK_HANDLER), json={"job": job, "check": 1}, headers=token)
+        r = task_queue.post(completion.CHECK_HANDLER, {"job": job, "check": 1})
         assert r.status_code == 200 and r.get_json() == {"skipped": "the job is gone or has ended"}
     assert task_queue.queue.take() is None
 
@@ -273,8 +272,7 @@ def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, clie
     import dataclasses
 
     from accounts.credit import ADD_CREDIT
-    from core import tasks
-    from mapper import completion, jobs
+    from mapper import jobs
     from mapper.models import MapperJob
     ran = []
     jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_noted_follow_up",
@@ -283,30 +281,33 @@ def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, clie
         for job_id, name, follow_up in (("1" * 16, "no_longer_a_job", "pending"), ("2" * 16, "add_credit", "pending"),
                                         ("3" * 16, "test_noted_follow_up", "ran")):
             MapperJob(id=job_id, name=name, kind="Account", page_size=10, fanout=2, follow_up=follow_up).put()
-    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
     for job_id in ("0" * 16, "1" * 16, "2" * 16, "3" * 16):
-        r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": job_id}, headers=token)
+        r = task_queue.post(DONE_HANDLER, {"job": job_id})
         assert (r.status_code, r.get_json()) == (200, {"skipped": "no follow-up pending"}), job_id
     assert ran == []
+
+
+def _job_with_its_follow_up_pending(app, name: str) -> str:
+    """A job of a job definition `name` (add_credit's, with an on_done writing nothing) that has ended and whose
+    follow-up is yet to run: its id."""
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from mapper import jobs
+    from mapper.models import MapperJob
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name=name, on_done=lambda job: []))
+    with runtime.of(app).context():
+        MapperJob(id="4" * 16, name=name, kind="Account", page_size=10, fanout=2, follow_up="pending").put()
+    return "4" * 16
 
 
 def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, client, auth, task_queue, monkeypatch):
     """A job's follow-up (its on_done, committed with the mark that it ran) reads the job in its transaction as the
     lessons' writes do: a lookup that meets a collision fails the attempt at once (`retries=0`), and `once` tries the
     whole transaction again, instead of ndb trying the same lookup again from 1 s."""
-    import dataclasses
-
-    from accounts.credit import ADD_CREDIT
-    from core import tasks
-    from mapper import completion, jobs
-    from mapper.models import MapperJob
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_follow_up_lookup", on_done=lambda job: []))
-    with runtime.current().context():
-        MapperJob(id="4" * 16, name="test_follow_up_lookup", kind="Account", page_size=10, fanout=2,
-                  follow_up="pending").put()
+    job_id = _job_with_its_follow_up_pending(app, "test_follow_up_lookup")
     in_transaction = _retries_of_lookups_in_transactions(monkeypatch)
-    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
-    r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": "4" * 16}, headers=token)
+    r = task_queue.post(DONE_HANDLER, {"job": job_id})
     assert (r.status_code, r.get_json()) == (200, {"ran": True})
     assert in_transaction and set(in_transaction) == {0}, in_transaction
 
@@ -392,16 +393,7 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
     """A job's follow-up writes the job (the mark that it ran) in its turn at the job's entity, as every write to a
     hot entity does (core/hotspots.py): the job is the entity its tasks' ends, checks and follow-ups all write."""
     import contextlib
-    import dataclasses
-
-    from accounts.credit import ADD_CREDIT
-    from core import tasks
-    from mapper import completion, jobs
-    from mapper.models import MapperJob
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_follow_up_turn", on_done=lambda job: []))
-    with runtime.current().context():
-        MapperJob(id="5" * 16, name="test_follow_up_turn", kind="Account", page_size=10, fanout=2,
-                  follow_up="pending").put()
+    job_id = _job_with_its_follow_up_pending(app, "test_follow_up_turn")
     hot = runtime.of(app).hot_entities
     turns, real_turn = [], hot.turn
 
@@ -411,7 +403,6 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
         with real_turn(key):
             yield
     monkeypatch.setattr(hot, "turn", noted_turn)
-    token = {tasks.TOKEN_HEADER: tasks.local_token(runtime.of(app).settings.secret_key)}
-    r = client.post(tasks.ROUTE.format(completion.DONE_HANDLER), json={"job": "5" * 16}, headers=token)
+    r = task_queue.post(DONE_HANDLER, {"job": job_id})
     assert (r.status_code, r.get_json()) == (200, {"ran": True})
-    assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", "5" * 16)]
+    assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", job_id)]
