@@ -406,3 +406,19 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
     r = task_queue.post(DONE_HANDLER, {"job": job_id})
     assert (r.status_code, r.get_json()) == (200, {"ran": True})
     assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", job_id)]
+
+
+def test_a_comments_page_asked_wrongly_names_what_is_wrong(client, auth):
+    """A page of comments asked with both bookmarks, or with a limit out of range, is a 400 whose code and message say
+    which input to fix (the one error contract, docs/api.md): a client can act on it without guessing."""
+    auth.admin()
+    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
+    auth.sign_in("ann@example.com")
+    cid = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"}).get_json()["id"]
+    listing = "/api/blogs/news/entries/0/comments"
+    r = client.get(listing, query_string={"after": cid, "before": cid})
+    assert (r.status_code, r.get_json()["error"]) == (400, {"code": "bad_bookmark",
+                                                            "message": "Give after or before, not both."})
+    r = client.get(listing, query_string={"limit": 0})
+    assert (r.status_code, r.get_json()["error"]) == (400, {"code": "bad_limit",
+                                                            "message": "limit must be a whole number from 1 to 100."})
