@@ -1,5 +1,4 @@
-"""Accounts, the mapper's demo kind: seeding many (in tasks), their summary and audit (service.py), the add_credit
-job (credit.py), models.py, views.py (/accounts and /api/accounts)."""
+"""Accounts, the mapper's demo kind: seeding (in tasks), the summary and audit (service.py), add_credit (credit.py)."""
 from flask import Flask
 
 from accounts import credit, demo, service, views

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-EXTENSION = "features"
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class Features:
 
 
 def of(app: Any) -> Features:
-    return app.extensions.setdefault(EXTENSION, Features())
+    return app.extensions.setdefault("features", Features())
 
 
 def add(app: Any, feature: Feature) -> None:

@@ -34,13 +34,10 @@ def build(app: Any) -> dict:
     """The document for `app`: core's part, then each blueprint's, in the order they were registered."""
     core = Path(__file__).parent
     document = yaml.safe_load((core / FILE).read_text(encoding="utf-8"))
-    seen = {core}
     extensions = []
-    for blueprint in app.blueprints.values():
-        folder = Path(blueprint.root_path)
+    for folder in dict.fromkeys(Path(blueprint.root_path) for blueprint in app.blueprints.values()):  # each once
         path = folder / FILE
-        part = None if folder in seen or not path.exists() else yaml.safe_load(path.read_text(encoding="utf-8"))
-        seen.add(folder)
+        part = yaml.safe_load(path.read_text(encoding="utf-8")) if folder != core and path.exists() else None
         if not part:
             continue
         _merge(document["paths"], part.get("paths", {}), "paths")

@@ -33,7 +33,7 @@ def by_id_density(read_start: ndb.Key | None, read_end: ndb.Key, hi: ndb.Key, re
     if read_start is None:
         return None
     paths = [key.pairs() for key in (read_start, read_end, hi)]
-    if len({len(p) for p in paths}) != 1 or len({(p[:-1], p[-1][0]) for p in paths}) != 1:
+    if len({(p[:-1], p[-1][0]) for p in paths}) != 1:  # another parent path, or another kind
         return None
     low, end, high = (p[-1][1] for p in paths)
     if not all(isinstance(i, int) for i in (low, end, high)) or not low < end <= high:
@@ -50,19 +50,14 @@ def between(a: ndb.Key, b: ndb.Key, fraction: float) -> ndb.Key | None:
         i += 1
     if i == len(pb):
         return None  # b is a or an ancestor of a: nothing lies between
-    prefix = list(pa[:i])
     kind_b, ident_b = pb[i]
-    if i == len(pa):  # a is an ancestor of b: its children of b's kind below b's element
-        element = _element_between(kind_b, None, ident_b, fraction)
-    else:
-        kind_a, ident_a = pa[i]
-        if kind_a == kind_b:
-            element = _element_between(kind_a, ident_a, ident_b, fraction)
-        else:  # another kind follows: aim among a's kind's keys after a's element
-            element = _element_between(kind_a, ident_a, None, fraction)
+    # a an ancestor of b: aim among its children of b's kind, below b's element
+    kind_a, ident_a = pa[i] if i < len(pa) else (kind_b, None)
+    # another kind follows a's element: aim among a's kind's keys after it
+    element = _element_between(kind_a, ident_a, ident_b if kind_a == kind_b else None, fraction)
     if element is None:
         return None
-    return ndb.Key(pairs=prefix + [element], project=a.project(), namespace=a.namespace())
+    return ndb.Key(pairs=[*pa[:i], element], project=a.project(), namespace=a.namespace())
 
 
 def gallop(start: ndb.Key, end: ndb.Key, k: int) -> list[ndb.Key]:
@@ -70,7 +65,7 @@ def gallop(start: ndb.Key, end: ndb.Key, k: int) -> list[ndb.Key]:
     for a range whose far end arithmetic cannot aim at, with no __scatter__ samples (the Firestore emulator has none),
     so the unknown rest gallops on in turn, a tree of logarithmic depth. Only keys differing in their last element."""
     pa, pb = start.pairs(), end.pairs()
-    if len(pa) != len(pb) or pa[:-1] != pb[:-1] or pa[-1][0] != pb[-1][0]:
+    if pa[:-1] != pb[:-1] or pa[-1][0] != pb[-1][0]:
         return []
     kind, low, high = pb[-1][0], pa[-1][1], pb[-1][1]
     steps = [sum(4 ** i for i in range(j + 1)) for j in range(k - 1)]  # 1, 5, 21, 85 pages on
@@ -78,7 +73,10 @@ def gallop(start: ndb.Key, end: ndb.Key, k: int) -> list[ndb.Key]:
         ids = [high + (high - low) * m for m in steps]
         elements = [(kind, i) for i in ids if i < ID_CEILING]
     elif isinstance(low, str) and isinstance(high, str) and low < high:
-        elements = [(kind, n) for n in (_name_beyond(low, high, m) for m in steps) if n is not None]
+        # GALLOP_ROOM lets a name carry past the end of their common prefix ("acct-00999" on to "acct-01...")
+        na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
+        names = [to_name(nb + (nb - na) * m) for m in steps]
+        elements = [(kind, n) for n in names if n is not None and n > high]
     else:
         return []
     return [ndb.Key(pairs=list(pb[:-1]) + [e], project=end.project(), namespace=end.namespace()) for e in elements]
@@ -97,7 +95,7 @@ def _element_between(kind: str, low: Ident | None, high: Ident | None, fraction:
         return (kind, point) if low < point < high else None
     if isinstance(low, int):  # ids then names: the first half of the points among ids, the rest among names
         if fraction < 0.5 and low < ID_CEILING - 1:
-            return (kind, low + int((ID_CEILING - low) * fraction * 2)) if low + 1 < ID_CEILING else None
+            return (kind, low + int((ID_CEILING - low) * fraction * 2))
         low, fraction = "", max(0.0, fraction * 2 - 1)
     if isinstance(high, int):  # names sort after every id: no name lies below one
         return None
@@ -105,15 +103,6 @@ def _element_between(kind: str, low: Ident | None, high: Ident | None, fraction:
     point = na + int((nb - na) * fraction)
     name = to_name(point) if na < point < nb else None
     return (kind, name) if name is not None and low < name < high else None
-
-
-def _name_beyond(low: str, high: str, times: int) -> str | None:
-    """The name `times` (low..high) spans past high; None past the digits' end. GALLOP_ROOM lets it carry past the end
-    of their common prefix ("acct-00999" on to "acct-01...")."""
-    na, nb, to_name = _name_numbers(low, high, room=GALLOP_ROOM)
-    point = nb + (nb - na) * times
-    name = to_name(point)
-    return name if name is not None and name > high else None
 
 
 def _name_numbers(low: str, high: str, room: int = 0) -> tuple[int, int, Callable[[int], str | None]]:

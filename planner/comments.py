@@ -4,8 +4,7 @@ import math
 from core import billing
 from core.costs import plural
 from core.settings import WriteBudget
-from planner import figures
-from planner.figures import Plan, Rate, calls_in_turn, priced, sustained_rate
+from planner.figures import INCREMENT_BILL, TRANSACTION, Plan, Rate, calls_in_turn, priced, sustained_rate
 
 # A comment (comments/service.py post_comment): one transaction on the writer's own group, reading their sequence and
 # writing it with the comment; then +1 on the entry's comment counter. The shared design: one sequence for everyone.
@@ -15,7 +14,7 @@ COMMENT_BILL = billing.Billed(reads=1, writes=2)
 def comment_bills(backend: str) -> tuple[billing.Billed, billing.Billed]:
     """(a designed comment's bill, a shared-sequence comment's): the designed one also counts itself on a shard of
     the entry's counter (an increment on `backend`)."""
-    return COMMENT_BILL + figures.INCREMENT_BILL[backend], COMMENT_BILL
+    return COMMENT_BILL + INCREMENT_BILL[backend], COMMENT_BILL
 
 
 def plan_comments(comments: Rate, writers: int, backend: str = "firestore", profile: str = "production") -> Plan:
@@ -40,7 +39,7 @@ def plan_comments(comments: Rate, writers: int, backend: str = "firestore", prof
     shards = math.ceil(comments_per_second / rate)
     plan.line(f"the entry's comment counter: ceil({comments_per_second:.4g} / {rate:g}) = {plural(shards, 'shard')}")
     plan.answer("counter_shards", "The comment counter's shards", shards, plural(shards, "shard"))
-    median, _ = calls_in_turn(plan, figures.TRANSACTION, 0, profile, "a comment's transaction")
+    median, _ = calls_in_turn(plan, TRANSACTION, 0, profile, "a comment's transaction")
     in_turn = 1000 / median
     plan.line(f"shared: comments in turn at most 1000 / {median:.1f} = {in_turn:.1f}/s under the model")
     plan.answer("shared_in_turn", "Shared parent, comments a second in turn (model)", round(in_turn, 1),

@@ -31,8 +31,7 @@ class Measured:
 
 @functools.cache
 def measured_per_shard(path: Path) -> dict[tuple[str, str], Measured]:
-    """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process; {} where
-    there is no such file."""
+    """{(backend, profile): one shard's rate as the benchmark at `path` measured it}, read once per process."""
     date, tables = bench_tables(path)
     found = {}
     for key, rows in tables.items():
@@ -59,11 +58,11 @@ def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", pr
     plan = Plan("counter", {**writes.as_input("writes"), "peak_seconds": peak_seconds, "backend": backend,
                             "profile": profile})
     per_second = plan.rate("peak writes", writes, "writes")
+    at_peak = f"{per_second:.4g} {a_unit(per_second, 'writes/s')}"
     plan.figure("peak lasts", peak_seconds, "s", "yours", "")
     rate = sustained_rate(plan)
     shards = math.ceil(per_second / rate)
-    plan.line(f"shards = ceil({per_second:.4g} {a_unit(per_second, 'writes/s')} / {rate:g} write/s an entity) = "
-              f"{shards}")
+    plan.line(f"shards = ceil({at_peak} / {rate:g} write/s an entity) = {shards}")
     plan.answer("shards", "Shards needed (production's guidance)", shards,
                 plural(shards, "shard") + ("" if shards <= MAX_SHARDS else
                                            f": more than one counter here may have ({MAX_SHARDS}); split it"))
@@ -102,8 +101,7 @@ def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", pr
     plan.answer("increment_usd_per_million", "An increment, USD a million", round(usd, 2), f"${usd:.2f}")
     peak = round(per_second * peak_seconds)
     peak_usd = usd * peak / 1_000_000
-    plan.line(f"the peak: {per_second:.4g} {a_unit(per_second, 'writes/s')} x {peak_seconds} s = "
-              f"{plural(peak, 'increment')} = ${peak_usd:,.2f}")
+    plan.line(f"the peak: {at_peak} x {peak_seconds} s = {plural(peak, 'increment')} = ${peak_usd:,.2f}")
     plan.answer("peak_usd", "The whole peak's increments, USD", round(peak_usd, 2), f"${peak_usd:,.2f}")
 
     cached_median, _ = calls_in_turn(plan, {}, 1, profile, "a total from the cache (one get)")
@@ -129,7 +127,6 @@ def plan_counter(writes: Rate, peak_seconds: int, backend: str = "firestore", pr
     # the adaptive counter's attempts collide, and it grows, until its shards take the writes: the shards above.
     bound = plan.figure("longest a write waits for its turn at an entity", production_latency.ENTITY_TURN_MAX_WAIT_S,
                         "s", "inference", "core/production_latency.py ENTITY_TURN_MAX_WAIT_S")
-    at_peak = f"{per_second:.4g} {a_unit(per_second, 'writes/s')}"
     plan.line(f"its writers collide while a shard takes more than {rate:g} {a_unit(rate, 'writes/s')}: past that "
               f"{'a transaction' if backend == 'legacy' else 'a blind increment'} waits its turn at the shard and is "
               f"refused for contention once the turn is more than {bound:g} s away, so it grows "

@@ -14,8 +14,7 @@ NOT_LISTED = ("/numbers/plan", "/api/plan", "/signin", "/signout", "/api/session
 
 def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, writes: int = 0, deletes: int = 0,
                  profile: str = "production", whose: str = "yours", source: str = "") -> Plan:
-    """A request's RPCs by method and its cache calls, made one after another: its time at the model's medians and
-    p99s, and its bill (`reads`, `writes`, `deletes`); `whose` and `source`: your input, or a recorded request's."""
+    """A request's calls made one after another: its wait at the model's medians and p99s, and its bill."""
     plan = Plan("request", {"rpcs": rpcs, "cache_calls": cache_calls, "reads": reads, "writes": writes,
                             "deletes": deletes, "profile": profile})
     for method, n in sorted(rpcs.items()):
@@ -34,8 +33,7 @@ def plan_request(rpcs: dict[str, int], cache_calls: int = 0, reads: int = 0, wri
 
 
 def recent_requests() -> list[dict[str, Any]] | None:
-    """The requests /appstats lists that a person may pick to plan (not NOT_LISTED), from the shared cache; None while
-    the cache does not answer."""
+    """The requests /appstats lists that a person may pick to plan; None while the cache does not answer."""
     try:
         listed = captures.recent(runtime.current().cache)
     except captures.Away:
@@ -44,8 +42,7 @@ def recent_requests() -> list[dict[str, Any]] | None:
 
 
 def plan_recorded(request_id: int, profile: str = "production") -> Plan:
-    """A request /appstats recorded, as if served in production: the calls on its critical path as the request
-    planner's input, and its bill as counted."""
+    """A request /appstats recorded, as if served in production: `plan_request` of its critical path and its bill."""
     record, calls = captures.kept_request(runtime.current().cache, request_id)
     critical = [calls[i] for i in sorted(costs.critical_path(calls))]
     rpcs = Counter(call.name for call in critical if call.kind == "datastore")
@@ -53,7 +50,7 @@ def plan_recorded(request_id: int, profile: str = "production") -> Plan:
     plan = plan_request(dict(rpcs), sum(call.kind == "cache" for call in critical), billed["reads"],
                         billed["writes"], billed["deletes"], profile, whose="record",
                         source=f"/appstats request {request_id}, {record['at']}")
-    plan.planner, plan.inputs = "request", {"appstats": request_id, "profile": profile}
+    plan.inputs = {"appstats": request_id, "profile": profile}
     plan.arithmetic.insert(0, f"request {request_id}, {record['method']} {record['path'][:200]}: "
                               f"{plural(len(critical), 'call')} of its {len(calls)} kept on its critical path "
                               "(each made after the one before it was answered), its bill as counted")
