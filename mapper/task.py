@@ -94,7 +94,8 @@ class TaskRecord(ndb.Model):
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in queueing.KeptHandouts)
     error = ndb.TextProperty()
-    # For the job's end, read last: weight = kept_weight + its children's shares.
+    # ---- Not the first read: from here on, the job's end (weight), the sweep's fields, the /jobs page's. ----
+    # The job's end: weight = kept_weight + its children's shares.
     weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
     returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: kept_weight, what no child took
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.

@@ -55,7 +55,8 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     if not page.more:
         return Visit(page, keys, [])
     handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
-    return Visit(page, keys, payload.make_children(handouts, ranges, record.weight, page_end=page.end))
+    children = payload.make_children(handouts, ranges, record.weight, page_end=page.end)  # their weight: read last
+    return Visit(page, keys, children)
 
 
 def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
@@ -64,18 +65,16 @@ def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
-    """The rest of the range after this task's page, for its children: (handouts, ranges). Handouts: the pages the scan
-    read after its own, each to be given whole to a child. Ranges: what lies beyond the last handed key, cut into n
-    about 2 x (its estimated keys / a scan's keys), 1 <= n <= `fanout` (`keyrange.ranges`; where: read later).
-    E.g. page_size 100, fanout 4: the scan reads 100 x (4 + 1) + 1 = 501 keys (scan_keys 500, and one more); the task
-    keeps 100, hands out 4 pages, cuts (the 500th key, hi]. Fewer handouts when their keys pass queueing.HANDED_BYTES
-    (pages of 1,000, say): the keys not handed out go to the ranges, whose children scan them again."""
-    size = job.page_size
-    scan_keys = chunks.scan_limit(size, job.fanout) - 1  # keys of its page and `fanout` pages, without the one more
-    handouts = queueing.cut_handouts(scanned[size:scan_keys], size)  # the pages scanned after its own
-    own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # keys of its own page plus those handed out
+    """The rest of the range after this task's page, for its children: (handouts, ranges). At page_size 100, fanout 4,
+    the scan read k1 .. k501: the task keeps k1 .. k100; handouts, k101 .. k200, ..., k401 .. k500, each given whole
+    to a child; ranges, (k500, hi] cut in up to 4 (`keyrange.ranges`: how many from the keys it guesses remain, about
+    one range per 250; where). Fewer handouts when their keys pass queueing.HANDED_BYTES (pages of 1,000, say): the
+    keys not handed out go to the ranges, whose children scan them again."""
+    size, scan_keys = job.page_size, job.page_size * (job.fanout + 1)  # 100, and 500: its page and `fanout` pages
+    handouts = queueing.cut_handouts(scanned[size:scan_keys], size)  # k101 .. k500 (k501 only says more remain)
+    own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # 500: k1 .. k500, done by it and its handouts
     ranges = []
-    if len(scanned) > own_and_handed:  # keys are left: (the last key kept or handed out, hi]
+    if len(scanned) > own_and_handed:  # keys are left: (k500, hi], judged by the 500 keys read
         ranges = keyrange.ranges(scanned[own_and_handed - 1], payload.hi_key, first_scanned=scanned[0],
                                  own_and_handed=own_and_handed, scan_keys=scan_keys, fanout=job.fanout,
                                  samples=job.samples)
@@ -90,12 +89,12 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         """The record, read with the chunk, and what `once` makes of it:
         - not stored yet (a first delivery's first chunk), or as `before` left it: nothing written, `write` (WROTE);
         - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
-        - moved on by another delivery (another stamp), or gone, its job deleted (no stamp): ANOTHERS."""
+        - moved on by another delivery (another stamp): ANOTHERS. Gone (its job deleted): Superseded, at once."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
-        if current is None and before.never_committed:  # not stored: a first delivery made `before` unread
-            current = TaskRecord.new(before.key, payload)
-        elif current is None:  # gone
-            return Written(stamp=None, answer=None)
+        if current is None and before.never_committed:  # not stored yet: a first delivery made `before`, unread
+            current = TaskRecord.new(before.key, payload)  # (delivery.py: one lookup fewer a task)
+        elif current is None:  # gone: the job was deleted, its records with it
+            raise Superseded()
         elif current.state != "running" or current.last_key != before.last_key:  # moved on since `before`
             return Written(stamp=current.last_chunk_by, answer=current)
         return current, [e for e in entities if e is not None]  # as `before` left it (deleted entities skipped)
@@ -112,7 +111,7 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         return current
 
     committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
-    if committed.by_another:  # another delivery moved the record on (its stamp is not this call's), or it is gone
+    if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
 
