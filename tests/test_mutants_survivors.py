@@ -11,6 +11,7 @@ from blog.models import EntryRef
 from core import identity, runtime, transactions
 from core.errors import Conflict, Unavailable
 from mapper.completion import DONE_HANDLER
+from tests.support import billed
 
 
 def test_an_increment_of_the_simple_counter_that_met_no_one_took_one_attempt(client):
@@ -422,3 +423,29 @@ def test_a_comments_page_asked_wrongly_names_what_is_wrong(client, auth):
     r = client.get(listing, query_string={"limit": 0})
     assert (r.status_code, r.get_json()["error"]) == (400, {"code": "bad_limit",
                                                             "message": "limit must be a whole number from 1 to 100."})
+    r = client.get(listing, query_string={"before": cid[:-3]})
+    assert (r.status_code, r.get_json()["error"]) == (400, {"code": "bad_before",
+                                                            "message": "before is not a comment of this entry."})
+
+
+def test_a_comments_page_reads_its_limit_and_one_more_at_any_depth_both_ways(client, auth, app):
+    """A page of comments costs the same wherever it is, forwards or backwards: its bookmark read by key, then `limit`
+    + 1 comments (the one more says whether a further page exists), never the comments before or after it (the talk's
+    paging: no offset, no scan of what the page does not show). Counted by the request's own bill (Server-Timing)."""
+    auth.admin()
+    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
+    ids = []
+    for i in range(12):
+        auth.sign_in(f"u{i}@example.com")
+        ids.append(client.post("/api/blogs/news/entries/0/comments", json={"text": f"c{i}"}).get_json()["id"])
+    reader = app.test_client()  # signed out: no own comments of theirs to merge in
+    listing = "/api/blogs/news/entries/0/comments"
+    pages = {("before", 11): ["c9", "c10"], ("before", 4): ["c2", "c3"], ("after", 0): ["c1", "c2"],
+             ("after", 8): ["c9", "c10"]}
+    for (way, at), texts in pages.items():
+        r = reader.get(listing, query_string={way: ids[at], "limit": 2})
+        assert [c["text"] for c in r.get_json()["comments"]] == texts
+        assert billed(r)[0] == 1 + 3, (way, at, r.headers["Server-Timing"])  # the bookmark, then 2 + 1 comments
+    for query, texts in (({"limit": 2}, ["c0", "c1"]), ({"page": "last", "limit": 2}, ["c10", "c11"])):
+        r = reader.get(listing, query_string=query)
+        assert [c["text"] for c in r.get_json()["comments"]] == texts and billed(r)[0] == 3, r.headers["Server-Timing"]
