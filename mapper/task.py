@@ -57,6 +57,7 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
+    # ---- The children a split makes, each with a share of `weight`: read the weight last. ----
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], weight: int,
                       page_end: ndb.Key) -> list["TaskPayload"]:
         """A split's children ("<path>-0"...): one per handout, then one per range, each with an equal share of

@@ -91,10 +91,8 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
         - moved on by another delivery (another stamp): ANOTHERS. Gone (its job deleted): Superseded, at once."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
-        if current is None and before.never_committed:  # not stored yet: a first delivery made `before`, unread
-            current = TaskRecord.new(before.key, payload)  # (delivery.py: one lookup fewer a task)
-        elif current is None:  # gone: the job was deleted, its records with it
-            raise Superseded()
+        if current is None:  # not stored yet (a first delivery's first chunk), or gone with its job
+            current = _first_record(before, payload)
         elif current.state != "running" or current.last_key != before.last_key:  # moved on since `before`
             return Written(stamp=current.last_chunk_by, answer=current)
         return current, [e for e in entities if e is not None]  # as `before` left it (deleted entities skipped)
@@ -114,6 +112,14 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
     if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
+
+
+def _first_record(before: TaskRecord, payload: TaskPayload) -> TaskRecord:
+    """The record a first delivery's first chunk writes: none is stored yet, and `before` was made, not read
+    (delivery.py: one lookup fewer a task). Any other delivery that finds none finds it gone, its job deleted."""
+    if not before.never_committed:
+        raise Superseded()
+    return TaskRecord.new(before.key, payload)
 
 
 class Superseded(Exception):
