@@ -57,11 +57,11 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
-    # ---- The children a split makes, each with a share of `weight`: read the weight last. ----
-    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], weight: int,
+    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], weight: int | None = None, *,
                       page_end: ndb.Key) -> list["TaskPayload"]:
-        """A split's children ("<path>-0"...): one per handout, then one per range, each with an equal share of
-        `weight` (`shares`, read last: when too little is left, it gives one range child the rest of the range)."""
+        """A split's children ("<path>-0"...): one per handout, then one per range. Read last: each gets an equal
+        share of `weight`, this task's own unless given (`shares`: too little left, one range child takes the rest)."""
+        weight = self.weight if weight is None else weight
         handouts, ranges, share = shares(weight, handouts, ranges, (page_end, self.hi_key), self.path)
         return ([TaskPayload(self.job, f"{self.path}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
                  for i, keys in enumerate(handouts)] +

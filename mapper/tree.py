@@ -41,8 +41,8 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
 
 
 def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
-    """What this delivery visits: a range task's first delivery scans and splits; a redelivery goes on with the rest
-    of the page its record fixed (new keys in it too); a handout child, its page."""
+    """What this delivery visits: a handout child, its page (no query); a redelivery, the rest of the page its record
+    fixed (new keys in it too); a range task's first delivery, what it scans, and its split."""
     if payload.handed_keys is not None:  # a handout child: its page as its parent scanned it, no query
         return _visit_handout(record, payload.handed_keys)
     if record.page is not None:  # a chunk committed already: the rest of the page, after the record's last key
@@ -55,8 +55,7 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     if not page.more:
         return Visit(page, keys, [])
     handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
-    children = payload.make_children(handouts, ranges, record.weight, page_end=page.end)  # their weight: read last
-    return Visit(page, keys, children)
+    return Visit(page, keys, payload.make_children(handouts, ranges, page_end=page.end))
 
 
 def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
@@ -84,7 +83,8 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
 def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, before: TaskRecord, chunk: list[ndb.Key],
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
-    past them, in one transaction, exactly once (`once`: `look`, then `write`); `before`: as this delivery left it."""
+    past them, in one transaction, exactly once (`once`: `look`, then `write`). `before`: the record as this delivery
+    left it, read on a redelivery, made unread on a first delivery (delivery.py: one lookup fewer a task)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         """The record, read with the chunk, and what `once` makes of it:
         - not stored yet (a first delivery's first chunk), or as `before` left it: nothing written, `write` (WROTE);
