@@ -89,7 +89,7 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
         """The record, read with the chunk, and what `once` makes of it:
         - not stored yet (a first delivery's first chunk), or as `before` left it: nothing written, `write` (WROTE);
         - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
-        - moved on by another delivery (another stamp): ANOTHERS. Gone (its job deleted): Superseded, at once."""
+        - moved on by another delivery (another stamp): ANOTHERS; gone with its job: it stops (Superseded)."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
         if current is None:  # not stored yet (a first delivery's first chunk), or gone with its job
             current = _first_record(before, payload)
