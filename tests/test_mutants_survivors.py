@@ -496,3 +496,14 @@ def test_own_comment_older_than_a_first_page_the_query_missed_leads_it(ndb_conte
                         lambda query, *args, **kw: [c for c in real_fetch(query, *args, **kw) if c.key.id() != mine])
     assert [c["id"] for c in comments_service.get_comments(ref).items] == others  # the lagging query
     assert [c["id"] for c in comments_service.get_comments(ref, own=[mine]).items] == [mine, *others]
+
+
+def test_a_comment_sent_by_no_one_signed_in_is_a_401_that_says_to_sign_in(client, auth):
+    """Commenting needs a signed-in person (the comment's key holds their pseudonym): anyone else gets a 401 whose
+    message says what to do, and nothing is written."""
+    auth.admin()
+    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
+    auth.sign_out()
+    r = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"})
+    assert (r.status_code, r.get_json()["error"]["message"]) == (401, "Sign in to comment.")
+    assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
