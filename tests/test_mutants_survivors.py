@@ -507,3 +507,41 @@ def test_a_comment_sent_by_no_one_signed_in_is_a_401_that_says_to_sign_in(client
     r = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"})
     assert (r.status_code, r.get_json()["error"]["message"]) == (401, "Sign in to comment.")
     assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
+
+
+def test_a_comment_is_written_in_its_turn_at_its_writers_own_sequence(app, client, auth, monkeypatch):
+    """A comment's transaction takes its turn at the writer's own UserSequence (core/hotspots.py): the one entity that
+    a person's tabs and retries share, so they queue instead of colliding; no one else's writes wait there."""
+    import contextlib
+    auth.admin()
+    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
+    auth.sign_in("ann@example.com")
+    hot = runtime.of(app).hot_entities
+    turns, real_turn = [], hot.turn
+
+    @contextlib.contextmanager
+    def noted_turn(key):
+        turns.append(key)
+        with real_turn(key):
+            yield
+    monkeypatch.setattr(hot, "turn", noted_turn)
+    assert client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"}).status_code == 201
+    assert [key.kind() for key in turns if key.kind() == "UserSequence"] == ["UserSequence"], turns
+
+
+def test_a_comment_whose_every_commit_collides_is_a_503_that_says_so(client, auth, monkeypatch):
+    """A person commenting so fast that every commit collides (Datastore answering ABORTED each time) gets a 503 that
+    says why and what to do, after `transact`'s tries, and nothing is written."""
+    auth.admin()
+    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
+    auth.sign_in("ann@example.com")
+
+    def collides(fn, **options):
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(ndb, "transaction", collides)
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    r = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"})
+    assert (r.status_code, r.get_json()["error"]) == (503, {"code": "contention",
+                                                            "message": "You are commenting very fast; try again."})
+    monkeypatch.undo()
+    assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
