@@ -9,8 +9,9 @@ from google.cloud import ndb
 from blog import service as blog_service
 from blog.models import EntryRef
 from comments import service as comments_service
+from comments.models import Comment
 from core import identity, runtime, transactions
-from core.errors import Conflict, Unavailable
+from core.errors import Conflict, SignInRequired, Unavailable
 from mapper.completion import DONE_HANDLER
 from tests.support import billed
 
@@ -498,15 +499,15 @@ def test_own_comment_older_than_a_first_page_the_query_missed_leads_it(ndb_conte
     assert [c["id"] for c in comments_service.get_comments(ref, own=[mine]).items] == [mine, *others]
 
 
-def test_a_comment_sent_by_no_one_signed_in_is_a_401_that_says_to_sign_in(client, auth):
-    """Commenting needs a signed-in person (the comment's key holds their pseudonym): anyone else gets a 401 whose
-    message says what to do, and nothing is written."""
-    auth.admin()
-    assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
-    auth.sign_out()
-    r = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"})
-    assert (r.status_code, r.get_json()["error"]["message"]) == (401, "Sign in to comment.")
-    assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
+def test_the_comment_service_refuses_no_one_signed_in_saying_to_sign_in(ndb_context):
+    """A comment needs a signed-in person (its key holds their pseudonym). The routes refuse anyone else first
+    (identity.require_user); the service refuses them too, for every other caller, with a message that says what to
+    do, and writes nothing."""
+    blog_service.post_entry("b", "entry", "body", "boss@example.com")
+    with pytest.raises(SignInRequired) as refused:
+        comments_service.commented(EntryRef("b", 0), None, "hi")
+    assert refused.value.message == "Sign in to comment."
+    assert Comment.query().fetch(keys_only=True) == []
 
 
 def test_a_comment_is_written_in_its_turn_at_its_writers_own_sequence(app, client, auth, monkeypatch):
