@@ -546,3 +546,16 @@ def test_a_comment_whose_every_commit_collides_is_a_503_that_says_so(client, aut
                                                             "message": "You are commenting very fast; try again."})
     monkeypatch.undo()
     assert client.get("/api/blogs/news/entries/0/comments").get_json()["comments"] == []
+
+
+def test_a_comment_resent_after_its_comment_was_removed_is_a_409_that_says_so(ndb_context):
+    """A resend (the same Idempotency-Key) whose first send's comment has been removed since (no page deletes one; the
+    console can) is not posted again: a 409 whose message says why, so the client stops resending."""
+    blog_service.post_entry("b", "entry", "body", "boss@example.com")
+    ref, me = EntryRef("b", 0), _comment_author("me")
+    first, _ = comments_service.commented(ref, me, "hi", "key-1")
+    ndb.Key(Comment, first["id"], parent=ndb.Key("UserSequence", first["id"].split("|")[1])).delete()
+    with pytest.raises(Conflict) as refused:
+        comments_service.commented(ref, me, "hi", "key-1")
+    assert (refused.value.message, refused.value.code) == ("This comment was sent before and has been removed since.",
+                                                          "comment_removed")
