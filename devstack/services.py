@@ -6,6 +6,7 @@ Both are real servers, started here as child processes on free loopback ports, s
 by tests/conftest.py and by the benchmarks.
 """
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -221,11 +222,18 @@ def debian_binary(command, package):
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        print(f"devstack: installing Debian's {package} (apt-get)...", flush=True)
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=False, env=env, stdout=subprocess.DEVNULL)
-        found = find()
+        # Two set-ups at once on a fresh machine (two `make test` side by side) would race for apt's own locks, and
+        # the one that lost would fail: they take turns on a lock of their own, and the second finds it installed.
+        with open(Path(tempfile.gettempdir()) / "devstack-apt.lock", "w") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            found = find()
+            if found:
+                return found
+            print(f"devstack: installing Debian's {package} (apt-get)...", flush=True)
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            for step in (["update", "-qq"], ["install", "-y", "-qq", package]):
+                subprocess.run(["apt-get", *step], check=False, env=env, stdout=subprocess.DEVNULL)
+            found = find()
         if found:
             return found
     raise DevstackError(f"{command} is not installed: install the Debian package '{package}' "
