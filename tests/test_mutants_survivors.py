@@ -1,5 +1,6 @@
 """Tests written after `make mutants` (docs/mutants.md, "Survivors"): each pins a behaviour that one of mutmut's
 mutants changed while every test that reached its function still passed. Each says the guarantee it keeps."""
+import contextlib
 import datetime
 
 import pytest
@@ -392,11 +393,9 @@ def test_a_page_of_a_blog_that_does_not_exist_is_a_404_that_says_so(client):
     assert r.get_json()["error"] == {"code": "no_such_blog", "message": "There is no blog named 'nowhere'."}
 
 
-def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queue, monkeypatch):
-    """A job's follow-up writes the job (the mark that it ran) in its turn at the job's entity, as every write to a
-    hot entity does (core/hotspots.py): the job is the entity its tasks' ends, checks and follow-ups all write."""
-    import contextlib
-    job_id = _job_with_its_follow_up_pending(app, "test_follow_up_turn")
+def _turns_taken(app, monkeypatch):
+    """The keys of the hot entities whose turns (core/hotspots.py) the app takes from now on, in order; each turn still
+    taken as it would be."""
     hot = runtime.of(app).hot_entities
     turns, real_turn = [], hot.turn
 
@@ -406,6 +405,14 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
         with real_turn(key):
             yield
     monkeypatch.setattr(hot, "turn", noted_turn)
+    return turns
+
+
+def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queue, monkeypatch):
+    """A job's follow-up writes the job (the mark that it ran) in its turn at the job's entity, as every write to a
+    hot entity does (core/hotspots.py): the job is the entity its tasks' ends, checks and follow-ups all write."""
+    job_id = _job_with_its_follow_up_pending(app, "test_follow_up_turn")
+    turns = _turns_taken(app, monkeypatch)
     r = task_queue.post(DONE_HANDLER, {"job": job_id})
     assert (r.status_code, r.get_json()) == (200, {"ran": True})
     assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", job_id)]
@@ -513,19 +520,10 @@ def test_the_comment_service_refuses_no_one_signed_in_saying_to_sign_in(ndb_cont
 def test_a_comment_is_written_in_its_turn_at_its_writers_own_sequence(app, client, auth, monkeypatch):
     """A comment's transaction takes its turn at the writer's own UserSequence (core/hotspots.py): the one entity that
     a person's tabs and retries share, so they queue instead of colliding; no one else's writes wait there."""
-    import contextlib
     auth.admin()
     assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
     auth.sign_in("ann@example.com")
-    hot = runtime.of(app).hot_entities
-    turns, real_turn = [], hot.turn
-
-    @contextlib.contextmanager
-    def noted_turn(key):
-        turns.append(key)
-        with real_turn(key):
-            yield
-    monkeypatch.setattr(hot, "turn", noted_turn)
+    turns = _turns_taken(app, monkeypatch)
     assert client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"}).status_code == 201
     assert [key.kind() for key in turns if key.kind() == "UserSequence"] == ["UserSequence"], turns
 
