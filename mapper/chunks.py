@@ -52,9 +52,14 @@ class NdbStore:
     transact = staticmethod(transact)
 
 
+def scan_keys(page_size: int, fanout: int) -> int:
+    """The keys of a range task's page and of the `fanout` pages it may hand out."""
+    return page_size * (fanout + 1)
+
+
 def scan_limit(page_size: int, fanout: int) -> int:
-    """The most keys a range task's scan reads: its page, `fanout` pages to hand out, one key to say if any remain."""
-    return page_size * (fanout + 1) + 1
+    """The most keys a range task's scan reads: `scan_keys`, and one key more to say if any remain."""
+    return scan_keys(page_size, fanout) + 1
 
 
 def keys_in_range(kind: str, after: ndb.Key | None, upto: ndb.Key, limit: int | None = None) -> list[ndb.Key]:

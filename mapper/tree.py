@@ -69,7 +69,7 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
     to a child; ranges, (k500, hi] cut in up to 4 (`keyrange.ranges`: how many from the keys it guesses remain, about
     one range per 250; where). Fewer handouts when their keys pass queueing.HANDED_BYTES (pages of 1,000, say): the
     keys not handed out go to the ranges, whose children scan them again."""
-    size, scan_keys = job.page_size, job.page_size * (job.fanout + 1)  # 100, and 500: its page and `fanout` pages
+    size, scan_keys = job.page_size, chunks.scan_keys(job.page_size, job.fanout)  # 100, and 500: 5 pages of 100
     handouts = queueing.cut_handouts(scanned[size:scan_keys], size)  # k101 .. k500 (k501 only says more remain)
     own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # 500: k1 .. k500, done by it and its handouts
     ranges = []

@@ -199,8 +199,9 @@ def test_each_lessons_first_file_with_its_imports_is_read_within_its_budget():
 # every cold reader of lesson 4 met on its first read, and why a blog's PostMarker is a root. Then 23 fewer
 # (2026-11-30): what nothing needed in key_arithmetic, openapi, features and the planner. Then 7 more, which lesson 4's
 # cold readers asked for: a first delivery's unread record named apart from `look` (tree.py `_first_record`), and
-# `split`'s slices drawn as the 501-key picture. More code is a choice.
-APP_LINES_MAX = 9_751
+# `split`'s slices drawn as the 501-key picture. Then 5 more: a scan's keys without its one more (`chunks.scan_keys`),
+# one function where `split` had written the formula again. More code is a choice.
+APP_LINES_MAX = 9_756
 
 
 def app_lines(root: Path) -> int:
