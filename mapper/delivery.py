@@ -50,8 +50,8 @@ def _run(job: MapperJob, record_key: ndb.Key, payload: TaskPayload, failed_befor
         record = tree.process(job, definition, record, payload)
         completion.hint(job, record, record.processed - processed_before, record.state == "done")
         return record, record.returned
-    except tree.Superseded:  # another delivery moved the record on (it is alive, and ends it), or the job was deleted
-        raise Conflict("Another delivery ran this task on, or its job is gone; try later.", "superseded") from None
+    except tree.Superseded:  # another delivery moved the record on (it is alive, and ends it)
+        raise Conflict("Another delivery ran this task on; try later.", "superseded") from None
     except Exception as e:
         if failed_before + 1 < tasks.MAX_DELIVERIES:
             raise

@@ -118,11 +118,6 @@ class TaskRecord(ndb.Model):
         return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
 
     @property
-    def never_committed(self) -> bool:
-        """No chunk committed as this object has it: a first delivery's record, made without reading it: delivery.py."""
-        return self.last_key is None and self.page is None
-
-    @property
     def kept_weight(self) -> int:
         """The weight this task kept for its own page: what it did not hand to its children."""
         return self.weight - sum(child["weight"] for child in self.children or [])

@@ -84,15 +84,15 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
     past them, in one transaction, exactly once (`once`: `look`, then `write`). `before`: the record as this delivery
-    left it, read on a redelivery, made unread on a first delivery (delivery.py: one lookup fewer a task)."""
+    left it (as it began: read on a redelivery; on a first delivery made, not read: delivery.py)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         """The record, read with the chunk, and what `once` makes of it:
-        - not stored yet (a first delivery's first chunk), or as `before` left it: nothing written, `write` (WROTE);
+        - not stored yet (this task's first chunk), or as `before` left it: nothing written, `write` (WROTE);
         - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
-        - moved on by another delivery (another stamp): ANOTHERS; gone with its job: it stops (Superseded)."""
+        - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded)."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
-        if current is None:  # not stored yet (a first delivery's first chunk), or gone with its job
-            current = _first_record(before, payload)
+        if current is None:  # not stored yet: this task's first chunk (the app deletes no record)
+            current = TaskRecord.new(before.key, payload)
         elif current.state != "running" or current.last_key != before.last_key:  # moved on since `before`
             return Written(stamp=current.last_chunk_by, answer=current)
         return current, [e for e in entities if e is not None]  # as `before` left it (deleted entities skipped)
@@ -114,13 +114,5 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
     return committed.value  # WROTE or MINE: the record as this call's commit left it
 
 
-def _first_record(before: TaskRecord, payload: TaskPayload) -> TaskRecord:
-    """The record a first delivery's first chunk writes: none is stored yet, and `before` was made, not read
-    (delivery.py: one lookup fewer a task). Any other delivery that finds none finds it gone, its job deleted."""
-    if not before.never_committed:
-        raise Superseded()
-    return TaskRecord.new(before.key, payload)
-
-
 class Superseded(Exception):
-    """Another delivery moved the task's record on, or its job is gone: this one stops (409); a later one resumes."""
+    """Another delivery moved the task's record on: this one stops (409); a later one resumes, or finds it ended."""
