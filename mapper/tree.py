@@ -1,13 +1,13 @@
 """One task of a mapper job: the talk's "split big jobs into many small tasks". A queue delivers it at least once.
 
 A task, given a key range (lo, hi] (the root's: the kind's, up to its largest key when the job started), with the
-job's `page_size` (100 by default) and `fanout` (4: at most that many handouts and that many ranges):
+job's `page_size` (100 by default) and `fanout` (4: up to 4 handouts and 4 ranges, so up to 8 children):
 1. scans its range: one keys-only query in key order for its page and `fanout` pages more (not limit+offset: O(N^2));
 2. keeps the first page, hands each page after it whole to a child (a handout: the child runs no query), and cuts the
    rest of its range into up to `fanout` child ranges, each a task that does the same: a tree O(log N) deep;
 3. does its page in chunks. Each chunk's transaction runs the job's map step on its entities (add_credit's: balance
    += amount) and moves the task's record past them: each entity is changed exactly once, however often delivered.
-Cut points: `__scatter__` quantiles (keyrange.py). Weight (task.py) only tells when the job has ended: read it last.
+Cut points: `__scatter__` quantiles (keyrange.py). Weight (task.py) only tells when the job has ended: skip it at first.
 The queue's handler around this: delivery.py. The words, and why: docs/lessons/mapper.md."""
 from typing import Any, NamedTuple
 
@@ -30,7 +30,7 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
     (`commit_chunk`), then the children queued as the first commit recorded them (a delivery that scans again may split
     differently), again by each redelivery (named tasks: the queue drops a name it has seen). `record`: as a redelivery
-    read it, or on a first delivery `TaskRecord.new`, unread (one lookup fewer a task: delivery.py)."""
+    read it; on a first delivery a new, empty one (`TaskRecord.new`), not read: it has nothing to go on from."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
@@ -84,12 +84,13 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
     past them, in one transaction, exactly once (`once`: `look`, then `write`). `before`: the record as this delivery
-    left it (as it began: read on a redelivery; on a first delivery made, not read: delivery.py)."""
+    left it (before its first chunk, as `process` was given it: on a first delivery, empty, `last_key` None)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         """The record, read with the chunk, and what `once` makes of it:
         - not stored yet (this task's first chunk), or as `before` left it: nothing written, `write` (WROTE);
         - moved on since `before`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
-        - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded)."""
+        - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded).
+        "Moved on": its `last_key` is not `before`'s (a rival first delivery's empty `before` has None), or it ended."""
         current, *entities = work.store.get_multi([before.key] + chunk)  # the record: only this task's deliveries
         if current is None:  # not stored yet: this task's first chunk (the app deletes no record)
             current = TaskRecord.new(before.key, payload)
