@@ -98,7 +98,7 @@ class BlogPage(Page):
 
 def get_page(blog: str, start: object = None, limit: object = PAGE_SIZE) -> BlogPage:
     """Entries with index <= start, newest first (`start` None or past the newest entry: the front page, the only
-    page cached), and the bookmarks of the pages around."""
+    page cached), and where the pages around start: `next`, the older entries' page; `prev`, the newer ones'."""
     blog_index = require_blog(blog)  # by key, strongly consistent: its max_index versions the cached front page
     size = validate.whole_number(limit, "limit", 1, PAGE_MAX, default=PAGE_SIZE)
     top = blog_index.max_index

@@ -33,14 +33,14 @@ def checked(comment_id: object, ref: EntryRef, field: str) -> str | None:
     return key.id()
 
 
-def with_own(shown: list[Comment], own: Iterable[str], ref: EntryRef, low: str | None,
-             high: str | None) -> list[Comment]:
-    """`shown` plus the reader's own comments (ids in `own`) on this entry strictly between `low` and `high`, read by
-    key (strongly consistent, where the page's query is not), in sort-key order."""
+def with_own(shown: list[Comment], own: Iterable[str], ref: EntryRef, owns_after: str | None,
+             owns_before: str | None) -> list[Comment]:
+    """`shown` plus the reader's own comments (ids in `own`) on this entry in the page's span (`owns_after`,
+    `owns_before`: None, no bound), read by key (strongly consistent, where the page's query is not), in key order."""
     have = {c.sort_key for c in shown}
     keys = [k for k in map(comment_key, own or ()) if k is not None and k.id() not in have]
     if not keys:
         return shown
     mine = [c for c in ndb.get_multi(keys) if c is not None and c.entry == ref.path
-            and (low is None or c.sort_key > low) and (high is None or c.sort_key < high)]
+            and (owns_after is None or c.sort_key > owns_after) and (owns_before is None or c.sort_key < owns_before)]
     return sorted(shown + mine, key=lambda c: c.sort_key) if mine else shown

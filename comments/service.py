@@ -105,13 +105,13 @@ def get_comments(ref: EntryRef, after: object = None, before: object = None, lim
             query = query.filter(Comment.sort_key < before_id)
         found = query.order(-Comment.sort_key).fetch(limit + 1)
         shown = list(reversed(found[:limit]))
-        more_before, more_after = len(found) > limit, before_id is not None
+        more_before, more_after = len(found) > limit, before_id is not None  # it came back from a later page
     else:  # forwards: `sort_key > after ASC`
         if after_id is not None:
             query = query.filter(Comment.sort_key > after_id)
         found = query.order(Comment.sort_key).fetch(limit + 1)
         shown = found[:limit]
-        more_before, more_after = after_id is not None, len(found) > limit
+        more_before, more_after = after_id is not None, len(found) > limit  # it came on from an earlier page
     owns_after = after_id or (shown[0].sort_key if shown and more_before else None)  # None: no bound
     owns_before = before_id or (shown[-1].sort_key if shown and more_after else None)
     shown = bookmarks.with_own(shown, own, ref, owns_after, owns_before)

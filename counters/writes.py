@@ -28,11 +28,12 @@ SINGLE_SHARD_BACKOFF = 0.25
 SINGLE_SHARD_BACKOFF_CAP = 4.0
 
 
-def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
+def commit_on_a_shard(num_shards: int, attempt: Callable[[int, int], T],
                       grow: Callable[[int, bool], int] | None = None) -> tuple[T, int]:
-    """`attempt(index)` (one commit: a ShardWriter) on a random shard, through the app's one retry loop, whose
-    collision policy here is: another shard at once. Any other shard is as good a place for the +1 and probably free,
-    where ndb's retry would wait from 1 s and try the same one (the writers read with `retries=0` for that reason).
+    """`attempt(index, attempts)` (one commit: a ShardWriter; `attempts` counts it) on a random shard, through the
+    app's one retry loop, whose collision policy here is: another shard at once. Any other shard is as good a place for
+    the +1 and probably free, where ndb's retry would wait from 1 s and try the same one (hence the writers' reads
+    with `retries=0`).
     With one shard there is nowhere to go, and an immediate retry meets the same writers: a jittered backoff.
     `grow(num_shards, collided)` (growth.grower: adaptive counters) hears each attempt and returns the shard count to
     go on with, more once enough recent ones collided. Returns (the result, naming the shard that counted; attempts)."""
@@ -41,7 +42,7 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
     def on_this_shard() -> T:
         nonlocal attempts
         attempts += 1
-        return attempt(index)
+        return attempt(index, attempts)
 
     def another_shard(collisions: int) -> None:
         nonlocal num_shards, index
@@ -59,20 +60,19 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int], T],
 
 
 class ShardWriter:
-    """`writer(index)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
+    """`writer(index, attempts)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
     Idempotency-Key (its marker, written with the +1, holds the call's stamp: core/exactly_once.py's `once` says which
     of three it found). The `Outcome`'s value is the answer (attempts, shard) of the commit that counted: this
     attempt's (WROTE), this call's earlier one that answered UNKNOWN yet applied (MINE: its shard, not this attempt's),
-    or the key's first request's (ANOTHERS: a replay, nothing counted). `attempts_stored` is `commit_on_a_shard`'s
-    count again, kept here to be stored in the marker's answer. After a commit that counted, and only once, the cached
-    total is `incr`ed (never created: a missing total is summed on the next read)."""
+    or the key's first request's (ANOTHERS: a replay, nothing counted). After a commit that counted, and only once,
+    the cached total is `incr`ed (never created: a missing total is summed on the next read)."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None) -> None:
-        self.name, self.request, self.call, self.attempts_stored = name, request, Call(), 0
+        self.name, self.request, self.call, self.attempts = name, request, Call(), 0
         self.marker_key = AppliedIncrement.key_for(request) if request else None
 
-    def __call__(self, index: int) -> Outcome[dict]:
-        self.attempts_stored += 1
+    def __call__(self, index: int, attempts: int) -> Outcome[dict]:
+        self.attempts = attempts  # commit_on_a_shard's count, this attempt included: the marker's answer stores it
         return self.write(index)
 
     def write(self, index: int) -> Outcome[dict]:
@@ -85,7 +85,7 @@ class ShardWriter:
                                    self.request)
 
     def _answer(self, index: int) -> dict:
-        return {"attempts": self.attempts_stored, "shard": index}
+        return {"attempts": self.attempts, "shard": index}
 
     def _marker(self, index: int, stamp: str) -> AppliedIncrement | None:
         if self.request is None:

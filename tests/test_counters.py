@@ -423,11 +423,11 @@ def _colliding_once(monkeypatch):
     def writer(name, marker_key):
         write = real(name, marker_key)
 
-        def attempt(index):
+        def attempt(index, attempts):
             tried.append(index)
             if len(tried) == 1:
                 raise core_exceptions.Aborted("collided")
-            return write(index)
+            return write(index, attempts)
         return attempt
     monkeypatch.setattr(service, "shard_writer", writer)
     return tried
