@@ -153,7 +153,7 @@ class MemcachedCacheClient:
         """memcached's text protocol has no compare-and-delete: a get, then a delete when the value is still ours.
         Between the two another caller can only have stored the key if it had expired first (harmless for a claim:
         docs/lessons/blog.md, "Turns at a hot entity"). Two round trips, counted as one call."""
-        return self.memcached.get(key) == value and self.memcached.delete(key, noreply=False)
+        return self.memcached.get(key) == _as_bytes(value) and self.memcached.delete(key, noreply=False)
 
     def replace_if(self, key: str, expected: CacheValue, value: CacheValue, expire: int = 0) -> bool:
         """Store `value` only while `key` holds `expected`: `gets` reads the item's CAS unique, and `cas` stores only

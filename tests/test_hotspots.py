@@ -46,6 +46,17 @@ def test_a_lease_is_given_back_only_by_its_holder(app, ndb_context):
     assert cache.add("lease:test", b"theirs", 5) is True
 
 
+def test_a_claim_stored_as_text_or_a_number_is_given_back_by_its_holder(app, ndb_context):
+    """memcached gives every value back as bytes: a claim stored as str or int must still compare equal on release."""
+    cache = runtime.of(app).cache
+    for mine, theirs in (("mine", "theirs"), (7, 8)):
+        assert cache.add("lease:typed", mine, 5) is True
+        assert cache.release("lease:typed", theirs) is False
+        assert cache.release("lease:typed", mine) is True
+        assert cache.add("lease:typed", theirs, 5) is True
+        assert cache.release("lease:typed", theirs) is True
+
+
 def test_a_lease_nobody_gives_back_expires(app, ndb_context):
     rt = runtime.of(app)
     assert rt.cache.add(hotspots._claim_name(_key()), b"a dead holder's", hotspots.CLAIM_SECONDS) is True
