@@ -259,7 +259,10 @@ def secret_version(env: Mapping[str, str]) -> str | None:
     if env.get("SECRET_KEY"):
         raise RuntimeError("Set SECRET_KEY or SECRET_KEY_SECRET, not both: the app uses one key.")
     if SECRET_NAME.fullmatch(wanted):
-        wanted = f"projects/{env.get('GOOGLE_CLOUD_PROJECT') or ''}/secrets/{wanted}/versions/latest"
+        if not env.get("GOOGLE_CLOUD_PROJECT"):  # App Engine sets it; elsewhere name the version in full
+            raise RuntimeError(f"SECRET_KEY_SECRET {wanted!r} names a secret but GOOGLE_CLOUD_PROJECT is not set: set "
+                               "it, or name the version in full, projects/PROJECT/secrets/NAME/versions/latest.")
+        wanted = f"projects/{env['GOOGLE_CLOUD_PROJECT']}/secrets/{wanted}/versions/latest"
     if not SECRET_VERSION.fullmatch(wanted):
         raise RuntimeError(f"SECRET_KEY_SECRET {wanted!r} is not a secret's name: set it to one (app-secret-key) or "
                            "to a version's full name, projects/PROJECT/secrets/NAME/versions/latest.")
@@ -286,8 +289,8 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
         raise RuntimeError(f"SECRET_KEY could not be read from Secret Manager, {wanted}: {said} (`make deploy` "
                            "creates the secret and lets the app's service account read it: roles/secretmanager."
                            "secretAccessor).") from None
-    if len(payload) < SECRET_MIN_BYTES:
-        raise RuntimeError(f"The secret {wanted} holds {len(payload)} characters: a session key needs at least "
+    if len(payload.encode()) < SECRET_MIN_BYTES:  # as SECRET_KEY's own check: bytes
+        raise RuntimeError(f"The secret {wanted} holds {len(payload.encode())} bytes: a session key needs at least "
                            f"{SECRET_MIN_BYTES}.")
     return {**env, "SECRET_KEY": payload}
 

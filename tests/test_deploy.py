@@ -278,14 +278,28 @@ def test_the_session_key_is_read_from_secret_manager_once_at_start(secret_manage
 
 @pytest.mark.parametrize("env, refusal", [
     ({"SECRET_KEY_SECRET": "other-secret"}, "could not be read from Secret Manager.*not found.*secretAccessor"),
-    ({"SECRET_KEY_SECRET": "short"}, "holds 5 characters: a session key needs at least 32"),
+    ({"SECRET_KEY_SECRET": "short"}, "holds 5 bytes: a session key needs at least 32"),
+    ({"SECRET_KEY_SECRET": "accented"}, "holds 31 bytes: a session key needs at least 32"),
     ({"SECRET_KEY_SECRET": "a/b"}, "is not a secret's name"),
     ({"SECRET_KEY_SECRET": "app-secret-key", "SECRET_KEY": "s"}, "Set SECRET_KEY or SECRET_KEY_SECRET, not both"),
 ])
 def test_a_session_key_that_cannot_be_read_stops_the_app_with_what_to_do(secret_manager, env, refusal):
     secret_manager.secrets["projects/demo/secrets/short/versions/latest"] = "12345"
+    secret_manager.secrets["projects/demo/secrets/accented/versions/latest"] = "é" * 15 + "k"  # 16 characters
     with pytest.raises(RuntimeError, match=refusal):
         with_secret_key({"GOOGLE_CLOUD_PROJECT": "demo", **env}, secret_manager.client())
+
+
+def test_a_secret_key_is_measured_in_bytes_as_secret_key_itself_is(secret_manager):
+    secret_manager.secrets["projects/demo/secrets/wide/versions/latest"] = "é" * 16  # 16 characters, 32 bytes
+    read = with_secret_key({"GOOGLE_CLOUD_PROJECT": "demo", "SECRET_KEY_SECRET": "wide"}, secret_manager.client())
+    assert read["SECRET_KEY"] == "é" * 16
+
+
+def test_a_secrets_bare_name_without_a_project_says_which_setting_is_missing(secret_manager):
+    with pytest.raises(RuntimeError, match="'app-secret-key' names a secret but GOOGLE_CLOUD_PROJECT is not set"):
+        with_secret_key({"SECRET_KEY_SECRET": "app-secret-key"}, secret_manager.client())
+    assert secret_manager.calls == []  # refused before any call
 
 
 # --- make deploy's preflight, on gcloud's recorded answers (tests/fixtures/gcloud/README.md) --------------------------
