@@ -124,22 +124,29 @@ class TaskRecord(ndb.Model):
 
     def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
                 final: bool, started: datetime.datetime | None) -> None:
-        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`), and renew
-        its lease; `started`: when the delivery began, for the timeline."""
-        self.started = self.started or started
+        """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`); `final`:
+        the page is done. Then what the job's end, the sweep and the timeline keep with each commit (`_kept_up`)."""
         if self.page is None:
             self.page_start, self.page_end, self.more = page.start, page.end, page.more
             # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
         if chunk:
             self.last_key = chunk[-1]
-        self.updated, self.fruitless = clock.now(), 0
         self.processed += processed
         if tally:
             self.tally = summed(self.tally or {}, tally)
         if final:
-            self.state, self.returned = "done", self.kept_weight
-        self.renew()  # its delivery is alive: the sweep leaves the task alone until the lease runs out
+            self.state = "done"
+        self._kept_up(started)
+
+    def _kept_up(self, started: datetime.datetime | None) -> None:
+        """Not the first read. With each commit: the weight kept, returned once done (the job's end); the lease, renewed
+        as the delivery is alive (the sweep); when it began (`started`) and was updated (the timeline)."""
+        if self.state == "done":
+            self.returned = self.kept_weight
+        self.started = self.started or started
+        self.updated, self.fruitless = clock.now(), 0
+        self.renew()
 
     def renew(self) -> None:
         """The lease after a commit: `mapper_lease_seconds` on while running, or ended with children the sweep checks

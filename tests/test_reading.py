@@ -203,9 +203,10 @@ def test_each_lessons_first_file_with_its_imports_is_read_within_its_budget():
 # one function where `split` had written the formula again. Then 13 fewer: `_first_record` and `never_committed` gone,
 # as a record missing from `look` can only be a first chunk's (the app deletes none). Then 1 more: what "moved on"
 # means in `look`, which cold readers had opened delivery.py to find. Then 3 more: a secret's bare name without
-# GOOGLE_CLOUD_PROJECT refused saying which setting is missing (it had said the name was no secret's). More code is a
-# choice.
-APP_LINES_MAX = 9_747
+# GOOGLE_CLOUD_PROJECT refused saying which setting is missing (it had said the name was no secret's). Then 7 more:
+# `TaskRecord.advance` keeps the lesson's fields, and `_kept_up` the weight, lease and timeline beside them, which
+# three cold readers of four met in `advance` on their first read. More code is a choice.
+APP_LINES_MAX = 9_754
 
 
 def app_lines(root: Path) -> int:
