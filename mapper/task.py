@@ -57,12 +57,11 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
-    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], weight: int | None = None, *,
-                      page_end: ndb.Key) -> list["TaskPayload"]:
-        """A split's children ("<path>-0"...): one per handout, then one per range. Read last: each gets an equal
-        share of `weight`, this task's own unless given (`shares`: too little left, one range child takes the rest)."""
-        weight = self.weight if weight is None else weight
-        handouts, ranges, share = shares(weight, handouts, ranges, (page_end, self.hi_key), self.path)
+    def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], *,
+                      after: ndb.Key) -> list["TaskPayload"]:
+        """A split's children ("<path>-0"...), which cover (after, hi]: one per handout, then one per range. Read last:
+        each gets an equal share of this task's weight (`shares`: too little left, one range child takes the rest)."""
+        handouts, ranges, share = shares(self.weight, handouts, ranges, (after, self.hi_key), self.path)
         return ([TaskPayload(self.job, f"{self.path}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
                  for i, keys in enumerate(handouts)] +
                 [TaskPayload(self.job, f"{self.path}-{len(handouts) + i}", lo.urlsafe().decode(),
@@ -71,8 +70,7 @@ class TaskPayload:
 
 @dataclasses.dataclass(frozen=True)
 class TaskPage:
-    """The page a task fixed on its first delivery: its first and last keys, and whether keys remained after it."""
-    start: ndb.Key | None
+    """The page a task fixed on its first delivery: its last key (None: empty), and whether keys remained after it."""
     end: ndb.Key | None
     more: bool
 
@@ -86,8 +84,7 @@ class TaskRecord(ndb.Model):
     # The lesson's fields (tree.py): whose task, its page, how far it got and by whose commit, its tally, its children.
     job = ndb.StringProperty(required=True)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
-    page_start = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its first key,
-    page_end = ndb.KeyProperty(indexed=False)  # its last,
+    page_end = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its last key,
     more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
@@ -115,7 +112,7 @@ class TaskRecord(ndb.Model):
 
     @property
     def page(self) -> TaskPage | None:
-        return TaskPage(self.page_start, self.page_end, self.more) if self.page_end is not None else None
+        return TaskPage(self.page_end, self.more) if self.page_end is not None else None
 
     @property
     def kept_weight(self) -> int:
@@ -127,7 +124,7 @@ class TaskRecord(ndb.Model):
         """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`); `final`:
         the page is done. Then what the job's end, the sweep and the timeline keep with each commit (`_kept_up`)."""
         if self.page is None:
-            self.page_start, self.page_end, self.more = page.start, page.end, page.more
+            self.page_end, self.more = page.end, page.more
             # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
         if chunk:

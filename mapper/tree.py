@@ -21,7 +21,7 @@ from mapper.task import Range, TaskPage, TaskPayload, TaskRecord
 
 class Visit(NamedTuple):
     """What one delivery visits (`_visit`), in the order `process` uses it."""
-    page: TaskPage  # its task's page: its first and last keys, fixed by the task's first chunk to commit
+    page: TaskPage  # its task's page: its last key and whether keys remained, fixed by the task's first commit
     todo: list[ndb.Key]  # the page's keys still to do
     children: list[TaskPayload]  # what this delivery split the rest of its range into, handouts with their keys
 
@@ -30,7 +30,8 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
     (`commit_chunk`), then the children queued as the first commit recorded them (a delivery that scans again may split
     differently), again by each redelivery (named tasks: the queue drops a name it has seen). `record`: as a redelivery
-    read it; on a first delivery a new, empty one (`TaskRecord.new`), not read: it has nothing to go on from."""
+    read it; on a first delivery (the queue's first try) a new, empty one, not read: nothing to go on from. Two
+    deliveries, even two first ones, may run at once: `look` lets the first commit win."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
@@ -51,16 +52,16 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     limit = chunks.scan_limit(job.page_size, job.fanout)  # its page, `fanout` pages to hand out, one key more
     scanned = chunks.keys_in_range(job.kind, payload.lo_key, payload.hi_key, limit)  # 1. the scan
     keys = scanned[:job.page_size]  # 2. its page
-    page = TaskPage(keys[0], keys[-1], len(scanned) > len(keys)) if keys else TaskPage(None, None, False)
+    page = TaskPage(keys[-1] if keys else None, more=len(scanned) > len(keys))
     if not page.more:
         return Visit(page, keys, [])
     handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
-    return Visit(page, keys, payload.make_children(handouts, ranges, page_end=page.end))
+    return Visit(page, keys, payload.make_children(handouts, ranges, after=page.end))
 
 
 def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
     todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-    return Visit(record.page or TaskPage(handed[0], handed[-1], False), todo, [])
+    return Visit(record.page or TaskPage(handed[-1], more=False), todo, [])
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:

@@ -482,13 +482,13 @@ def test_a_split_never_hands_out_more_weight_than_it_has(ndb_context):
     scanned = [ndb.Key(Account, i) for i in range(1, 8)]  # own page, 2 pages handed out, 1 key beyond: ranges
     payload = TaskPayload("j", "0", None, ndb.Key(Account, 99).urlsafe().decode(), 100)
     handouts, ranges = tree.split(job, payload, scanned)
-    children = payload.make_children(handouts, ranges, 100, page_end=scanned[1])
+    children = dataclasses.replace(payload, weight=100).make_children(handouts, ranges, after=scanned[1])
     assert [bool(c.keys) for c in children].count(True) == 2 and len(children) >= 3
     assert len({c.weight for c in children}) == 1 and sum(c.weight for c in children) < 100
-    tight = payload.make_children(handouts, ranges, 3, page_end=scanned[1])
+    tight = dataclasses.replace(payload, weight=3).make_children(handouts, ranges, after=scanned[1])
     assert len(tight) == 1 and tight[0].keys is None and tight[0].weight == 1 and tight[0].lo_key == scanned[1]
     with pytest.raises(RuntimeError, match="weight is spent"):
-        payload.make_children(handouts, ranges, 1, page_end=scanned[1])
+        dataclasses.replace(payload, weight=1).make_children(handouts, ranges, after=scanned[1])
 
 
 @pytest.mark.parametrize("job", FLAKY_JOBS)
