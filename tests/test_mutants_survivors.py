@@ -557,3 +557,52 @@ def test_a_comment_resent_after_its_comment_was_removed_is_a_409_that_says_so(nd
         comments_service.commented(ref, me, "hi", "key-1")
     assert (refused.value.message, refused.value.code) == ("This comment was sent before and has been removed since.",
                                                           "comment_removed")
+
+
+# --- mapper/tree.py: the split, and a first delivery's children ----------------------------------------------------
+
+def _split(page_size, fanout, scanned_ids, hi_id, sample_ids=(), lo_id=None):
+    """tree.split of a task over Account ids (lo, hi] that scanned `scanned_ids`, the job keeping `sample_ids`."""
+    from accounts.models import Account
+    from mapper import tree
+    from mapper.models import MapperJob
+    from mapper.task import TaskPayload
+    key = lambda i: ndb.Key(Account, i)  # noqa: E731
+    job = MapperJob(id="j", name="t", kind="Account", page_size=page_size, fanout=fanout,
+                    samples=[key(i) for i in sample_ids])
+    payload = TaskPayload("j", "0", key(lo_id).urlsafe().decode() if lo_id else None, key(hi_id).urlsafe().decode(),
+                          100)
+    handouts, ranges = tree.split(job, payload, [key(i) for i in scanned_ids])
+    return [[k.id() for k in h] for h in handouts], [(lo.id(), hi.id()) for lo, hi in ranges]
+
+
+def test_a_scan_that_reached_its_ranges_end_hands_out_the_rest_and_cuts_no_range(ndb_context):
+    """A scan that read fewer keys than its limit read its range to the end: what it did not keep is all handed out,
+    and no range child is made to scan an empty rest (each would be a task for nothing)."""
+    handouts, ranges = _split(2, 2, [1, 2, 3, 4, 5], hi_id=99)  # limit 7: keys 1 .. 5 are all there is
+    assert (handouts, ranges) == ([[3, 4], [5]], [])
+
+
+def test_a_split_judges_the_rest_by_the_samples_among_the_keys_it_read_from_the_first(ndb_context):
+    """How many ranges the rest is cut into comes from the samples' density among the keys this task read, from its
+    first key scanned (not from the kind's start, nor its second key): a task deep in the kind, over dense samples,
+    cuts its rest `fanout` ways; one whose read holds a single sample, at its second key, judges by that sample."""
+    samples = range(5, 10_001, 5)  # one key in five is a sample, from the kind's start
+    _, ranges = _split(10, 4, range(5001, 5052), hi_id=10_000, sample_ids=samples, lo_id=5000)
+    assert len(ranges) == 4  # about 4,500 keys remain: 990 samples past the read against 11 within it
+    _, ranges = _split(10, 4, range(1, 52), hi_id=10_000, sample_ids=[2, 9_000])
+    assert len(ranges) == 2  # 1 sample read, 1 past it: about 50 keys remain, two ranges of half a scan each
+
+
+def test_a_first_delivery_queues_the_children_it_split_without_reading_them_back(client, auth, task_queue,
+                                                                                  monkeypatch):
+    """A task's first delivery queues the children its own split made: only a delivery that did not split reads
+    them back from its record (`queueing.recorded`, a Lookup of the pages it handed out), one read fewer a task."""
+    from mapper import queueing
+    job_id = _seeded_job(client, auth, task_queue, 60, page_size=10, fanout=2)
+    real, read_back = queueing.recorded, []
+    monkeypatch.setattr(queueing, "recorded", lambda record: read_back.append(record.key.id()) or real(record))
+    assert task_queue.deliver(task_queue.queue.take())  # the root's first delivery: it splits
+    assert read_back == []
+    children = {task.name for task in task_queue.queue.pending}
+    assert {f"{job_id}-0-{i}" for i in range(4)} <= children  # 2 handouts, 2 ranges at fanout 2
