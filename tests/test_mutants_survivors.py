@@ -606,3 +606,26 @@ def test_a_first_delivery_queues_the_children_it_split_without_reading_them_back
     assert read_back == []
     children = {task.name for task in task_queue.queue.pending}
     assert {f"{job_id}-0-{i}" for i in range(4)} <= children  # 2 handouts, 2 ranges at fanout 2
+
+
+def test_a_delivery_that_died_before_queueing_its_children_has_them_queued_by_the_next(client, auth, task_queue,
+                                                                                         monkeypatch):
+    """The root's first chunk (of several: its page is 200 accounts) commits its record with its children, then its
+    delivery dies before queueing them: the queue's redelivery, going on with the page, queues them as the record has
+    them, and the job ends with every account done once."""
+    from mapper import queueing
+    job_id = _seeded_job(client, auth, task_queue, 450, page_size=200, fanout=2)
+    real = queueing.enqueue_all
+
+    def dies_before_queueing(payloads):
+        if payloads:
+            monkeypatch.setattr(queueing, "enqueue_all", real)
+            raise RuntimeError("the process died here")
+        real(payloads)
+    monkeypatch.setattr(queueing, "enqueue_all", dies_before_queueing)
+    root = task_queue.queue.take()
+    assert not task_queue.deliver(root) and not task_queue.queue.pending  # its first chunk committed, no child queued
+    assert task_queue.deliver(root._replace(delivery=1))
+    task_queue.drain()
+    job = client.get(f"/api/jobs/{job_id}").get_json()
+    assert (job["state"], job["processed"]) == ("done", 450), job
