@@ -68,13 +68,6 @@ class TaskPayload:
                              hi.urlsafe().decode(), share) for i, (lo, hi) in enumerate(ranges)])
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskPage:
-    """The page a task fixed on its first delivery: its last key (None: empty), and whether keys remained after it."""
-    end: ndb.Key | None
-    more: bool
-
-
 class TaskRecord(ndb.Model):
     """What one task did; key name "<job>-<path>". Written in each chunk's transaction, so it says exactly which keys
     were processed. A root entity: tasks share no entity group. Neither cache: read in its transaction, which skips
@@ -84,8 +77,7 @@ class TaskRecord(ndb.Model):
     # The lesson's fields (tree.py): whose task, its page, how far it got and by whose commit, its tally, its children.
     job = ndb.StringProperty(required=True)
     state = ndb.TextProperty(default="running", choices=("running", "done", "failed"))
-    page_end = ndb.KeyProperty(indexed=False)  # the page, fixed by the first chunk: its last key,
-    more = ndb.BooleanProperty(default=False, indexed=False)  # and whether keys remained after it
+    page_end = ndb.KeyProperty(indexed=False)  # the page's last key, fixed by the first chunk (None: not yet, or empty)
     last_key = ndb.KeyProperty(indexed=False)  # the last key processed so far
     last_chunk_by = ndb.TextProperty()  # the stamp of the chunk committed last
     processed = ndb.IntegerProperty(default=0, indexed=False)
@@ -111,20 +103,16 @@ class TaskRecord(ndb.Model):
         return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, updated=clock.now())
 
     @property
-    def page(self) -> TaskPage | None:
-        return TaskPage(self.page_end, self.more) if self.page_end is not None else None
-
-    @property
     def kept_weight(self) -> int:
         """The weight this task kept for its own page: what it did not hand to its children."""
         return self.weight - sum(child["weight"] for child in self.children or [])
 
-    def advance(self, page: TaskPage, chunk: list, processed: int, tally: dict | None, children: list[TaskPayload],
-                final: bool, started: datetime.datetime | None) -> None:
+    def advance(self, page_end: ndb.Key | None, chunk: list, processed: int, tally: dict | None,
+                children: list[TaskPayload], final: bool, started: datetime.datetime | None) -> None:
         """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`); `final`:
         the page is done. Then what the job's end, the sweep and the timeline keep with each commit (`_kept_up`)."""
-        if self.page is None:
-            self.page_end, self.more = page.end, page.more
+        if self.page_end is None:
+            self.page_end = page_end
             # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
             self.children = [{**c.to_json(), "keys": None, "keys_apart": c.keys is not None} for c in children]
         if chunk:

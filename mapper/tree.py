@@ -16,12 +16,12 @@ from google.cloud import ndb
 from core.exactly_once import Written, once
 from mapper import chunks, jobs, keyrange, queueing
 from mapper.models import MapperJob
-from mapper.task import Range, TaskPage, TaskPayload, TaskRecord
+from mapper.task import Range, TaskPayload, TaskRecord
 
 
 class Visit(NamedTuple):
     """What one delivery visits (`_visit`), in the order `process` uses it."""
-    page: TaskPage  # its task's page: its last key and whether keys remained, fixed by the task's first commit
+    page_end: ndb.Key | None  # its task's page's last key (None: an empty page), fixed by the task's first commit
     todo: list[ndb.Key]  # the page's keys still to do
     children: list[TaskPayload]  # what this delivery split the rest of its range into, handouts with their keys
 
@@ -46,22 +46,22 @@ def _visit(job: MapperJob, record: TaskRecord, payload: TaskPayload) -> Visit:
     fixed (new keys in it too); a range task's first delivery, what it scans, and its split."""
     if payload.handed_keys is not None:  # a handout child: its page as its parent scanned it, no query
         return _visit_handout(record, payload.handed_keys)
-    if record.page is not None:  # a chunk committed already: the rest of the page, after the record's last key
+    if record.page_end is not None:  # a chunk committed already: the rest of the page, after the record's last key
         after = record.last_key or payload.lo_key
-        return Visit(record.page, chunks.keys_in_range(job.kind, after, record.page.end), [])
+        return Visit(record.page_end, chunks.keys_in_range(job.kind, after, record.page_end), [])
     limit = chunks.scan_limit(job.page_size, job.fanout)  # its page, `fanout` pages to hand out, one key more
     scanned = chunks.keys_in_range(job.kind, payload.lo_key, payload.hi_key, limit)  # 1. the scan
     keys = scanned[:job.page_size]  # 2. its page
-    page = TaskPage(keys[-1] if keys else None, more=len(scanned) > len(keys))
-    if not page.more:
-        return Visit(page, keys, [])
+    page_end = keys[-1] if keys else None
+    if len(scanned) == len(keys):  # no key after its page: nothing to split
+        return Visit(page_end, keys, [])
     handouts, ranges = split(job, payload, scanned)  # 2. the rest, to children
-    return Visit(page, keys, payload.make_children(handouts, ranges, after=page.end))
+    return Visit(page_end, keys, payload.make_children(handouts, ranges, after=page_end))
 
 
 def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
     todo = handed[handed.index(record.last_key) + 1:] if record.last_key else handed
-    return Visit(record.page or TaskPage(handed[-1], more=False), todo, [])
+    return Visit(record.page_end or handed[-1], todo, [])
 
 
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
@@ -101,9 +101,9 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, befo
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
-        first = current.page is None  # this chunk fixes the page and the children
+        first = current.page_end is None  # this chunk fixes the page and the children
         writes = work.change(entities)
-        current.advance(page=visit.page, chunk=chunk, processed=len(entities), tally=work.tally(entities),
+        current.advance(page_end=visit.page_end, chunk=chunk, processed=len(entities), tally=work.tally(entities),
                         children=visit.children, final=final, started=before.started)
         kept = queueing.kept_apart(current.key, visit.children) if first else []  # handout keys beside the record
         current.last_chunk_by = stamp  # the stamp `once` compares with its call's, on a retry
