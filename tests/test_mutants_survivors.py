@@ -629,3 +629,15 @@ def test_a_delivery_that_died_before_queueing_its_children_has_them_queued_by_th
     task_queue.drain()
     job = client.get(f"/api/jobs/{job_id}").get_json()
     assert (job["state"], job["processed"]) == ("done", 450), job
+
+
+def test_a_task_whose_range_emptied_before_it_ran_ends_done_having_changed_nothing(client, auth, task_queue):
+    """A task finds no key in its range (every entity deleted after the job started): its page is empty, one empty
+    chunk ends its record, and the job is done, having processed nothing."""
+    from accounts.models import Account
+    job_id = _seeded_job(client, auth, task_queue, 30)
+    with runtime.current().context():
+        ndb.delete_multi(Account.query().fetch(keys_only=True))
+    task_queue.drain()
+    job = client.get(f"/api/jobs/{job_id}").get_json()
+    assert (job["state"], job["processed"], job["tasks"]) == ("done", 0, 1), job
