@@ -3,7 +3,7 @@ yet have applied; its retry must not apply the effect again, and must still do w
 
 Each call that must take effect once is a `Call`, whose id (its *stamp*) is written in the same commit as the effect,
 and `once` (below) tells what a retry finds: nothing (this call WROTE it now), its own earlier commit (MINE) or
-another call's (ANOTHERS). Every such write (not simple.py's: the talk's) goes through `once`; none compares a stamp.
+another call's (ANOTHERS). Every such write (not simple.py's, the talk's) goes through `once`: only it compares stamps.
 """
 import uuid
 from collections.abc import Callable

@@ -81,30 +81,30 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
     return handouts, ranges
 
 
-def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, seen: TaskRecord, chunk: list[ndb.Key],
+def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, record: TaskRecord, chunk: list[ndb.Key],
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
-    past them, in one transaction, exactly once (`once`: `look`, then `write`). `seen`: the record as this delivery
-    last saw it (before its first chunk, as `process` was given it: on a first delivery, empty, `last_key` None)."""
+    past them, in one transaction, exactly once (`once`: `look`, then `write`). `record`: the task's record as this
+    delivery last saw it (before its first chunk, as `process` was given it: on a first delivery, empty)."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         """The record, read with the chunk, and what `once` makes of it:
-        - not stored yet (this task's first chunk), or as `seen`: nothing written, `write` (WROTE);
-        - moved on since `seen`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
+        - not stored yet (this task's first chunk), or as `record`: nothing written, `write` (WROTE);
+        - moved on since `record`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
         - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded).
-        "Moved on": its `last_key` is not `seen`'s (a rival first delivery's empty `seen` has None), or it ended."""
-        current, *entities = work.store.get_multi([seen.key] + chunk)  # the record: only this task's deliveries
+        "Moved on": its `last_key` is not `record`'s (None in a rival first delivery's empty one), or it ended."""
+        current, *entities = work.store.get_multi([record.key] + chunk)  # as stored now: only this task's deliveries
         if current is None:  # not stored yet: this task's first chunk (the app deletes no record)
-            current = TaskRecord.new(seen.key, payload)
-        elif current.state != "running" or current.last_key != seen.last_key:  # moved on since `seen`
+            current = TaskRecord.new(record.key, payload)
+        elif current.state != "running" or current.last_key != record.last_key:  # moved on since `record`
             return Written(stamp=current.last_chunk_by, answer=current)
-        return current, [e for e in entities if e is not None]  # as `seen` (deleted entities skipped)
+        return current, [e for e in entities if e is not None]  # as `record` (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
         current, entities = read
         first = current.page_end is None  # this chunk fixes the page and the children
         writes = work.change(entities)
         current.advance(page_end=visit.page_end, chunk=chunk, processed=len(entities), tally=work.tally(entities),
-                        children=visit.children, final=final, started=seen.started)
+                        children=visit.children, final=final, started=record.started)
         kept = queueing.kept_apart(current.key, visit.children) if first else []  # handout keys beside the record
         current.last_chunk_by = stamp  # the stamp `once` compares with its call's, on a retry
         work.store.put_multi([*writes, current, *kept])
