@@ -641,3 +641,20 @@ def test_a_task_whose_range_emptied_before_it_ran_ends_done_having_changed_nothi
     task_queue.drain()
     job = client.get(f"/api/jobs/{job_id}").get_json()
     assert (job["state"], job["processed"], job["tasks"]) == ("done", 0, 1), job
+
+
+def test_a_task_whose_weight_is_spent_hands_its_whole_rest_to_one_child_after_its_page(client, auth, task_queue):
+    """Past the levels its weight can be shared over, a task that splits gives one range child half its weight and
+    everything after its own page, (its page's last key, hi]: never its page again (its accounts done twice)."""
+    from accounts.models import Account
+    from mapper import tree
+    from mapper.models import MapperJob
+    from mapper.task import TaskPayload, TaskRecord
+    job_id = _seeded_job(client, auth, task_queue, 30, page_size=5, fanout=2)
+    with runtime.current().context():
+        job = MapperJob.get_by_id(job_id)
+        keys = sorted(Account.query().fetch(keys_only=True))
+        spent = TaskPayload(job_id, "0-1-1", None, keys[-1].urlsafe().decode(), 3)  # 3: too little for 5 ways
+        visit = tree._visit(job, TaskRecord.new(ndb.Key(TaskRecord, spent.name), spent), spent)
+    assert visit.todo == keys[:5] and [(c.lo_key, c.hi_key, c.weight, c.keys) for c in visit.children] == [
+        (keys[4], keys[-1], 1, None)]
