@@ -336,7 +336,7 @@ def _job_figures(job_id):
     # Past the context cache: this context may have written the job when it started it; its tasks finished it since.
     status = completion.figures_of(MapperJob.get_by_id(job_id, use_cache=False))
     records = TaskRecord.query(TaskRecord.job == job_id).fetch()
-    # each task's scan reads its page and its handouts' plus one key to learn whether more remain: a task that split
+    # the scans read each page once (processed, handouts' included) and, in about each task that split, one key more
     rows = sum(r.processed for r in records) + sum(1 for r in records if r.children)
     assert status.state == "done", status
     # Each chunk's transaction writes its task's record: under a profile, one entity written that many times in a row,

@@ -589,7 +589,7 @@ def test_a_split_judges_the_rest_by_the_samples_among_the_keys_it_read_from_the_
     cuts its rest `fanout` ways; one whose read holds a single sample, at its second key, judges by that sample."""
     samples = range(5, 10_001, 5)  # one key in five is a sample, from the kind's start
     _, ranges = _split(10, 4, range(5001, 5052), hi_id=10_000, sample_ids=samples, lo_id=5000)
-    assert len(ranges) == 4  # about 4,500 keys remain: 990 samples past the read against 11 within it
+    assert len(ranges) == 4  # about 4,950 keys remain: 990 samples past the read against 10 within it
     _, ranges = _split(10, 4, range(1, 52), hi_id=10_000, sample_ids=[2, 9_000])
     assert len(ranges) == 2  # 1 sample read, 1 past it: about 50 keys remain, two ranges of half a scan each
 
@@ -624,7 +624,11 @@ def test_a_delivery_that_died_before_queueing_its_children_has_them_queued_by_th
         real(payloads)
     monkeypatch.setattr(queueing, "enqueue_all", dies_before_queueing)
     root = task_queue.queue.take()
-    assert not task_queue.deliver(root) and not task_queue.queue.pending  # its first chunk committed, no child queued
+    assert not task_queue.deliver(root) and not task_queue.queue.pending  # no child queued
+    with runtime.current().context():
+        from mapper.task import TaskRecord
+        record = TaskRecord.get_by_id(f"{job_id}-0", use_cache=False)
+    assert record.state == "running" and record.last_key is not None and len(record.children) == 2  # chunk 1 is in
     assert task_queue.deliver(root._replace(delivery=1))
     task_queue.drain()
     job = client.get(f"/api/jobs/{job_id}").get_json()
