@@ -662,3 +662,29 @@ def test_a_task_whose_weight_is_spent_hands_its_whole_rest_to_one_child_after_it
         visit = tree._visit(job, TaskRecord.new(ndb.Key(TaskRecord, spent.name), spent), spent)
     assert visit.todo == keys[:5] and [(c.lo_key, c.hi_key, c.weight, c.keys) for c in visit.children] == [
         (keys[4], keys[-1], 1, None)]
+
+
+# --- core/transactions.py: the backoff, and a bulk transaction's bound ----------------------------------------------
+
+def test_a_backoff_waits_a_random_while_between_nothing_and_its_cap(monkeypatch):
+    """Full jitter: each wait is drawn from [0, min(base * 2**attempt, cap)], so writers that collided together come
+    back apart, and never later than the cap (here 0.05 s, whatever the attempt)."""
+    slept = []
+    monkeypatch.setattr(transactions.time, "sleep", slept.append)
+    for attempt in range(20):
+        transactions.backoff(attempt, 0.01, 0.05)
+    assert len(slept) == 20 and all(0 <= s <= 0.05 for s in slept) and min(slept) < 0.025
+
+
+def test_a_bulk_transaction_gives_up_after_the_attempts_its_caller_allows(ndb_context, monkeypatch):
+    """`transact_api`'s `max_attempts` bounds its tries as `transact`'s does: 3 allowed, 3 transactions begun, then
+    the 503, however long the default would have gone on."""
+    attempts = []
+
+    def collides(transaction):
+        attempts.append(transaction.id)
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    with pytest.raises(Unavailable):
+        transactions.transact_api(collides, max_attempts=3)
+    assert len(attempts) == 3
