@@ -666,14 +666,15 @@ def test_a_task_whose_weight_is_spent_hands_its_whole_rest_to_one_child_after_it
 
 # --- core/transactions.py: the backoff, and a bulk transaction's bound ----------------------------------------------
 
-def test_a_backoff_waits_a_random_while_between_nothing_and_its_cap(monkeypatch):
-    """Full jitter: each wait is drawn from [0, min(base * 2**attempt, cap)], so writers that collided together come
-    back apart, and never later than the cap (here 0.05 s, whatever the attempt)."""
-    slept = []
+def test_a_backoff_waits_a_random_while_up_to_a_bound_that_doubles_to_its_cap(monkeypatch):
+    """Full jitter: the wait after the n-th collision is drawn from [0, min(base * 2**n, cap)], a bound that doubles
+    with each collision up to the cap, so writers that collided together come back apart, and never too late."""
+    drawn, slept = [], []
+    monkeypatch.setattr(transactions.random, "uniform", lambda low, high: drawn.append((low, high)) or high)
     monkeypatch.setattr(transactions.time, "sleep", slept.append)
-    for attempt in range(20):
-        transactions.backoff(attempt, 0.01, 0.05)
-    assert len(slept) == 20 and all(0 <= s <= 0.05 for s in slept) and min(slept) < 0.025
+    for attempt in range(8):
+        transactions.backoff(attempt, 0.01, 0.5)
+    assert drawn == [(0, min(0.01 * 2 ** n, 0.5)) for n in range(8)] and slept == [high for _, high in drawn]
 
 
 def test_a_bulk_transaction_gives_up_after_the_attempts_its_caller_allows(ndb_context, monkeypatch):
