@@ -689,3 +689,19 @@ def test_a_bulk_transaction_gives_up_after_the_attempts_its_caller_allows(ndb_co
     with pytest.raises(Unavailable):
         transactions.transact_api(collides, max_attempts=3)
     assert len(attempts) == 3
+
+
+def test_a_transaction_that_collides_every_time_backs_off_from_20_ms_to_a_second_then_503s(ndb_context, monkeypatch):
+    """`transact` (ndb's path) retries a collision up to 30 attempts, each after a full-jitter backoff whose bound
+    starts at 0.02 s and is capped at 1 s (ndb's own retry would wait from 1 s), then answers 503."""
+    attempts, waits = [], []
+
+    def collides(fn, **options):
+        attempts.append(options)
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(ndb, "transaction", collides)
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: waits.append((attempt, base, cap)))
+    with pytest.raises(Unavailable) as refused:
+        transactions.transact(lambda: None)
+    assert refused.value.code == "contention" and attempts == [{"retries": 0}] * 30
+    assert waits == [(n, 0.02, 1.0) for n in range(29)]
