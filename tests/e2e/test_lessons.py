@@ -236,7 +236,8 @@ RECORD_FRAMES = """() => {
 def test_a_burst_is_watched_live_its_shard_bars_multiplying_while_it_runs(page, backend):
     """The README's step: "watch its shard bars multiply". On the legacy emulator 16 writers on one shard collide and
     the adaptive counter grows while the burst runs; the page shows more bars before the burst has answered. (On
-    Firestore increments never collide, so it stays at one shard: there only the total is seen rising.)"""
+    Firestore increments never collide, so it stays at one shard, and its 200 increments can all land between two of
+    the page's reads, 300 ms apart: there a total seen mid-burst is likely, not certain, so only legacy asserts it.)"""
     page.goto("/counters")
     sign_in(page, ADMIN, admin=True)
     name = page.locator("form[data-burst-new] input[name=name]").get_attribute("value")
@@ -252,8 +253,8 @@ def test_a_burst_is_watched_live_its_shard_bars_multiplying_while_it_runs(page, 
     expect(card.locator("[data-total]")).to_have_text("200")
     expect(card.locator("[data-shards] .bar")).to_have_count(final["num_shards"])
     assert live, frames
-    assert any(0 < f["total"] < 200 for f in live), f"no total seen mid-burst: {frames}"
     if backend == "legacy":
+        assert any(0 < f["total"] < 200 for f in live), f"no total seen mid-burst: {frames}"
         assert final["num_shards"] > 1
         assert len({f["bars"] for f in live}) >= 2, f"the bars did not change while the burst ran: {frames}"
         assert any(f["bars"] > 1 for f in live), f"no growth seen before the burst answered: {frames}"
