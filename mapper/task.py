@@ -110,7 +110,7 @@ class TaskRecord(ndb.Model):
     def advance(self, page_end: ndb.Key | None, chunk: list, processed: int, tally: dict | None,
                 children: list[TaskPayload], final: bool, started: datetime.datetime | None) -> None:
         """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`); `final`:
-        the page is done. Then what the job's end, the sweep and the timeline keep with each commit (`_kept_up`)."""
+        the page is done (`end`). Then what the sweep and the timeline keep with each commit (`_kept_up`)."""
         if self.page_end is None:
             self.page_end = page_end
             # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
@@ -121,14 +121,16 @@ class TaskRecord(ndb.Model):
         if tally:
             self.tally = summed(self.tally or {}, tally)
         if final:
-            self.state = "done"
+            self.end("done")
         self._kept_up(started)
 
+    def end(self, state: str, error: str | None = None) -> None:
+        """The task ends, `state`: "done", or unvisited (unvisited.py). Not the first read: it returns its kept weight."""
+        self.state, self.error, self.returned = state, error, self.kept_weight
+
     def _kept_up(self, started: datetime.datetime | None) -> None:
-        """Not the first read. With each commit: the weight kept, returned once done (the job's end); the lease, renewed
-        as the delivery is alive (the sweep); when it began (`started`) and was updated (the timeline)."""
-        if self.state == "done":
-            self.returned = self.kept_weight
+        """Not the first read. With each commit: the lease, renewed as the delivery is alive (the sweep); when it began
+        (`started`) and was updated (the timeline)."""
         self.started = self.started or started
         self.updated, self.fruitless = clock.now(), 0
         self.renew()

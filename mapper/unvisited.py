@@ -17,8 +17,8 @@ def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
             return record, 0
-        record.state, record.error, record.updated = state, error, clock.now()
-        record.returned = record.kept_weight
+        record.end(state, error)
+        record.updated = clock.now()
         record.renew()  # ended: a lease only to check its children
         record.put()
         return record, record.returned
