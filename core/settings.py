@@ -101,10 +101,8 @@ class Settings:
                                "secret" if gae
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
-        if secret and not local and len(secret.encode()) < SECRET_MIN_BYTES:
-            raise RuntimeError(f"SECRET_KEY holds {len(secret.encode())} bytes: a session key needs at least "
-                               f"{SECRET_MIN_BYTES} (`python -c 'import secrets; print(secrets.token_hex(32))'` makes "
-                               "one).")
+        if secret and not local:
+            long_enough(secret, "SECRET_KEY")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
         tasks_location = tasks_region(env.get("TASKS_LOCATION") or "") or ("local" if tasks_emulator else None)
         if gae and not REGION_NAME.fullmatch(tasks_location or ""):
@@ -259,7 +257,8 @@ def secret_version(env: Mapping[str, str]) -> str | None:
     if env.get("SECRET_KEY"):
         raise RuntimeError("Set SECRET_KEY or SECRET_KEY_SECRET, not both: the app uses one key.")
     if SECRET_NAME.fullmatch(wanted):
-        if not env.get("GOOGLE_CLOUD_PROJECT"):  # App Engine sets it; elsewhere name the version in full
+        # App Engine sets it (https://cloud.google.com/appengine/docs/standard/python3/runtime#environment_variables)
+        if not env.get("GOOGLE_CLOUD_PROJECT"):
             raise RuntimeError(f"SECRET_KEY_SECRET {wanted!r} names a secret but GOOGLE_CLOUD_PROJECT is not set: set "
                                "it, or name the version in full, projects/PROJECT/secrets/NAME/versions/latest.")
         wanted = f"projects/{env['GOOGLE_CLOUD_PROJECT']}/secrets/{wanted}/versions/latest"
@@ -289,10 +288,15 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
         raise RuntimeError(f"SECRET_KEY could not be read from Secret Manager, {wanted}: {said} (`make deploy` "
                            "creates the secret and lets the app's service account read it: roles/secretmanager."
                            "secretAccessor).") from None
-    if len(payload.encode()) < SECRET_MIN_BYTES:  # as SECRET_KEY's own check: bytes
-        raise RuntimeError(f"The secret {wanted} holds {len(payload.encode())} bytes: a session key needs at least "
-                           f"{SECRET_MIN_BYTES}.")
+    long_enough(payload, f"The secret {wanted}")
     return {**env, "SECRET_KEY": payload}
+
+
+def long_enough(key: str, whose: str) -> None:
+    """A session key of at least SECRET_MIN_BYTES bytes (an accented letter is two), else refused, saying whose."""
+    if len(key.encode()) < SECRET_MIN_BYTES:
+        raise RuntimeError(f"{whose} holds {len(key.encode())} bytes: a session key needs at least {SECRET_MIN_BYTES} "
+                           "(`python -c 'import secrets; print(secrets.token_hex(32))'` makes one).")
 
 
 def local_development(env: Mapping[str, str]) -> bool:
