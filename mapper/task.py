@@ -125,7 +125,7 @@ class TaskRecord(ndb.Model):
         self._kept_up(started)
 
     def end(self, state: str, error: str | None = None) -> None:
-        """The task ends, `state`: "done", or unvisited (unvisited.py). Not the first read: it returns its kept weight."""
+        """The task ends: `state` "done", or unvisited (unvisited.py). Not the first read: its kept weight returns."""
         self.state, self.error, self.returned = state, error, self.kept_weight
 
     def _kept_up(self, started: datetime.datetime | None) -> None:
