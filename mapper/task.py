@@ -85,9 +85,10 @@ class TaskRecord(ndb.Model):
     children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in queueing.KeptHandouts)
     error = ndb.TextProperty()
     # ---- Not the first read: from here on, the job's end (weight), the sweep's fields, the /jobs page's. ----
-    # The job's end: weight = kept_weight + its children's shares.
+    # The job's end: weight = own_share + its children's shares.
     weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
-    returned = ndb.IntegerProperty(default=0, indexed=False)  # set when it ends: kept_weight, what no child took
+    # Once it has ended: the weight it kept (what no child took), for the job's end to sum. Computed: no code sets it.
+    returned = ndb.ComputedProperty(lambda self: 0 if self.state == "running" else self.own_share, indexed=False)
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
     lease = ndb.DateTimeProperty()
     revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
@@ -103,14 +104,14 @@ class TaskRecord(ndb.Model):
         return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, updated=clock.now())
 
     @property
-    def kept_weight(self) -> int:
+    def own_share(self) -> int:
         """The weight this task kept for its own page: what it did not hand to its children."""
         return self.weight - sum(child["weight"] for child in self.children or [])
 
     def advance(self, page_end: ndb.Key | None, chunk: list, processed: int, tally: dict | None,
                 children: list[TaskPayload], final: bool, started: datetime.datetime | None) -> None:
         """Move the record past `chunk`, in its transaction (the first also fixes the page and `children`); `final`:
-        the page is done (`end`). Then what the sweep and the timeline keep with each commit (`_kept_up`)."""
+        the page is done. Then what the sweep and the timeline keep with each commit (`_touch`)."""
         if self.page_end is None:
             self.page_end = page_end
             # A handout's keys are written beside the record (queueing.kept_apart, the same commit), not in it.
@@ -121,14 +122,10 @@ class TaskRecord(ndb.Model):
         if tally:
             self.tally = summed(self.tally or {}, tally)
         if final:
-            self.end("done")
-        self._kept_up(started)
+            self.state = "done"
+        self._touch(started)
 
-    def end(self, state: str, error: str | None = None) -> None:
-        """The task ends: `state` "done", or unvisited (unvisited.py). Not the first read: its kept weight returns."""
-        self.state, self.error, self.returned = state, error, self.kept_weight
-
-    def _kept_up(self, started: datetime.datetime | None) -> None:
+    def _touch(self, started: datetime.datetime | None) -> None:
         """Not the first read. With each commit: the lease, renewed as the delivery is alive (the sweep); when it began
         (`started`) and was updated (the timeline)."""
         self.started = self.started or started
@@ -149,7 +146,7 @@ def summed(tally: dict, more: dict) -> dict:
 
 def shares(weight: int, handouts: list[list[ndb.Key]], ranges: list[Range], rest: Range,
            path: str) -> tuple[list[list[ndb.Key]], list[Range], int]:
-    """Weight, for the job's end: (handouts, ranges, each one's equal share; the task keeps one, and the remainder).
+    """Weight, for the job's end: (handouts, ranges, each child's equal share); its own: a share and the remainder.
     Shared 9 ways at fanout 4, 2**62 lasts 19 levels; past them, one range child takes half: `rest`, (page end, hi]."""
     if share := weight // (len(handouts) + len(ranges) + 1):
         return handouts, ranges, share

@@ -91,7 +91,7 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, reco
         - not stored yet (this task's first chunk), or as `record`: nothing written, `write` (WROTE);
         - moved on since `record`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
         - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded).
-        "Moved on": its `last_key` is not `record`'s (None in a rival first delivery's empty one), or it ended."""
+        "Moved on": its `last_key` is not `record`'s, or it has ended (a rival's commit of an empty page ends it)."""
         current, *entities = work.store.get_multi([record.key] + chunk)  # as stored now: only this task's deliveries
         if current is None:  # not stored yet: this task's first chunk (the app deletes no record)
             current = TaskRecord.new(record.key, payload)

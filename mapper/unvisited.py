@@ -17,8 +17,7 @@ def end_unvisited(record_key: ndb.Key, payload: TaskPayload, state: str,
         record = record_key.get(retries=0) or TaskRecord.new(record_key, payload)
         if record.state != "running":
             return record, 0
-        record.end(state, error)
-        record.updated = clock.now()
+        record.state, record.error, record.updated = state, error, clock.now()  # `returned`: its kept weight
         record.renew()  # ended: a lease only to check its children
         record.put()
         return record, record.returned

@@ -53,7 +53,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     with runtime.current().context():
         split = TaskRecord.get_by_id(f"{job_id}-0")
     assert split.state == "running" and split.children and 0 < split.processed < 100
-    assert 0 < split.kept_weight < split.weight == TOTAL_WEIGHT
+    assert 0 < split.own_share < split.weight == TOTAL_WEIGHT
     if end == "cancelled":
         assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 200
     early_end = root._replace(delivery=1 if end == "cancelled" else tasks.MAX_DELIVERIES - 1)
@@ -72,7 +72,7 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
     assert hinted == TOTAL_WEIGHT  # the running sum the tasks added to, likewise
     root_record = next(r for r in records if r.key.id() == f"{job_id}-0")
     assert root_record.state == ("done" if end == "cancelled" else "failed")
-    assert root_record.returned == root_record.kept_weight == split.kept_weight
+    assert root_record.returned == root_record.own_share == split.own_share
     credited = sum(b == 10 for b in balances(keys))
     if end == "cancelled":  # only the root's chunks that committed before it died
         assert credited == final["processed"] == split.processed
