@@ -30,8 +30,8 @@ def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, 
     """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
     (`commit_chunk`), then the children queued as the first commit recorded them (a delivery that scans again may split
     differently), again by each redelivery (named tasks: the queue drops a name it has seen). `record`: the task's
-    record as this delivery knew it when it began (a new, empty one on a first delivery); another delivery, even
-    another first one, may have moved it on since: `look` reads it again in each chunk's transaction."""
+    record as this delivery knew it when it began (delivery.py reads it for a redelivery; a first delivery's is new and
+    empty); another delivery, even another first one, may have moved it on since: `look` reads it in each chunk."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
