@@ -385,6 +385,19 @@ def test_a_cached_front_page_is_its_own_blogs_at_its_own_size_with_its_bookmark(
                                                                                "b1 entry 0"]
 
 
+def test_a_post_frees_the_front_pages_cached_before_it_from_the_blogs_second_post_on(ndb_context):
+    """A post deletes the front page and the feed cached at the max_index before it (memory only: its new max_index
+    retires their keys anyway), from the blog's second post on, the first having none before it."""
+    blog_service.post_entry("b", "first", "body", "boss@example.com", None, "u1")
+    sizes = (blog_service.PAGE_SIZE, blog_service.FEED_SIZE)
+    for size in sizes:
+        blog_service.get_page("b", limit=size)
+    cached = [blog_service._page_cache_key("b", 0, size) for size in sizes]
+    assert all(runtime.cache().get(key) is not None for key in cached)
+    blog_service.post_entry("b", "second", "body", "boss@example.com", None, "u1")
+    assert [runtime.cache().get(key) for key in cached] == [None, None]
+
+
 def test_a_page_of_a_blog_that_does_not_exist_is_a_404_that_says_so(client):
     """Asking for the entries of a blog no one started is a 404 whose code (`no_such_blog`) and message
     name the blog, not an empty page: a client can tell a missing blog from an empty one."""
