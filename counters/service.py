@@ -62,7 +62,7 @@ def increment(name: str, idempotency_key: str | None = None, mode: str = "genera
             raise SignInRequired(f"There is no counter named {name!r}; sign in to create it.", "sign_in_to_create")
         config = configure(name, mode, listed=listed)
     grow = growth.grower(name) if config.mode == "adaptive" else None  # more shards while attempts keep colliding
-    outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request), grow)
+    outcome, attempts = commit_on_a_shard(config.num_shards, shard_writer(name, request).write, grow)
     if outcome.wrote:  # this attempt's commit counted it, after `attempts` attempts
         return Increment(True, attempts, outcome.value["shard"])
     # MINE or ANOTHERS: the answer stored with the commit that counted (writes.ShardWriter), the same for every send.

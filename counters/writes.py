@@ -30,10 +30,10 @@ SINGLE_SHARD_BACKOFF_CAP = 4.0
 
 def commit_on_a_shard(num_shards: int, attempt: Callable[[int, int], T],
                       grow: Callable[[int, bool], int] | None = None) -> tuple[T, int]:
-    """`attempt(index, attempts)` (one commit: a ShardWriter; `attempts` counts it) on a random shard, through the
-    app's one retry loop, whose collision policy here is: another shard at once. Any other shard is as good a place for
-    the +1 and probably free, where ndb's retry would wait from 1 s and try the same one (hence the writers' reads
-    with `retries=0`).
+    """`attempt(index, attempts)` (one commit: a ShardWriter's `write`; `attempts` counts it) on a random shard,
+    through the app's one retry loop, whose collision policy here is: another shard at once. Any other shard is as good
+    a place for the +1 and probably free, where ndb's retry would wait from 1 s and try the same one (hence the
+    writers' reads with `retries=0`).
     With one shard there is nowhere to go, and an immediate retry meets the same writers: a jittered backoff.
     `grow(num_shards, collided)` (growth.grower: adaptive counters) hears each attempt and returns the shard count to
     go on with, more once enough recent ones collided. Returns (the result, naming the shard that counted; attempts)."""
@@ -60,7 +60,7 @@ def commit_on_a_shard(num_shards: int, attempt: Callable[[int, int], T],
 
 
 class ShardWriter:
-    """`writer(index, attempts)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
+    """`write(index, attempts)`: +1 on the counter's shard `index` in one commit, exactly once for a request with an
     Idempotency-Key (its marker, written with the +1, holds the call's stamp: core/exactly_once.py's `once` says which
     of three it found). The `Outcome`'s value is the answer (attempts, shard) of the commit that counted: this
     attempt's (WROTE), this call's earlier one that answered UNKNOWN yet applied (MINE: its shard, not this attempt's),
@@ -68,14 +68,11 @@ class ShardWriter:
     the cached total is `incr`ed (never created: a missing total is summed on the next read)."""
 
     def __init__(self, name: str, request: idempotency.Keyed | None) -> None:
-        self.name, self.request, self.call, self.attempts = name, request, Call(), 0
+        self.name, self.request, self.call = name, request, Call()
         self.marker_key = AppliedIncrement.key_for(request) if request else None
 
-    def __call__(self, index: int, attempts: int) -> Outcome[dict]:
-        self.attempts = attempts  # commit_on_a_shard's count, this attempt included: the marker's answer stores it
-        return self.write(index)
-
-    def write(self, index: int) -> Outcome[dict]:
+    def write(self, index: int, attempts: int) -> Outcome[dict]:
+        """`attempts`: commit_on_a_shard's count, this attempt included, which the marker's answer stores."""
         raise NotImplementedError
 
     def _look(self) -> Written | None:
@@ -84,13 +81,10 @@ class ShardWriter:
         return idempotency.written(self.marker_key.get(retries=0, use_cache=False, use_global_cache=False),
                                    self.request)
 
-    def _answer(self, index: int) -> dict:
-        return {"attempts": self.attempts, "shard": index}
-
-    def _marker(self, index: int, stamp: str) -> AppliedIncrement | None:
+    def _marker(self, answer: dict, stamp: str) -> AppliedIncrement | None:
         if self.request is None:
             return None
-        return AppliedIncrement.new(self.marker_key, self.request, stamp, self._answer(index))
+        return AppliedIncrement.new(self.marker_key, self.request, stamp, answer)
 
     def _counted(self, answer: dict) -> None:
         runtime.cache().incr(total_cache_key(self.name))
@@ -109,11 +103,13 @@ class BlindShardWriter(ShardWriter):
         super().__init__(name, request)
         self.increments = increments
 
-    def write(self, index: int) -> Outcome[dict]:
+    def write(self, index: int, attempts: int) -> Outcome[dict]:
+        answer = {"attempts": attempts, "shard": index}
+
         def add_one(_: None, stamp: str) -> dict:
             self.increments.commit(CounterShard.key_for(self.name, index), "count", 1,
-                                   insert=self._marker(index, stamp))
-            return self._answer(index)
+                                   insert=self._marker(answer, stamp))
+            return answer
         try:  # the insert is the look (the class's first case)
             return once(lambda: None, add_one, self._counted, self.call, run=_as_one_commit)
         except core_exceptions.AlreadyExists as exists:  # MINE or ANOTHERS: the marker says which
@@ -132,13 +128,15 @@ def _as_one_commit(commit: Callable[[], T]) -> T:
 class TransactionalShardWriter(ShardWriter):
     """Legacy Datastore: the marker and the shard read and written in one transaction."""
 
-    def write(self, index: int) -> Outcome[dict]:
+    def write(self, index: int, attempts: int) -> Outcome[dict]:
+        answer = {"attempts": attempts, "shard": index}
+
         def add_one(_: None, stamp: str) -> dict:
             key = CounterShard.key_for(self.name, index)
             shard = key.get(retries=0) or CounterShard(key=key)  # created on its first increment
             shard.count += 1
-            ndb.put_multi([shard, self._marker(index, stamp)] if self.request else [shard])
-            return self._answer(index)
+            ndb.put_multi([shard, self._marker(answer, stamp)] if self.request else [shard])
+            return answer
         return once(self._look, add_one, self._counted, self.call,
                     run=lambda txn: ndb.transaction(txn, retries=0))  # one attempt: `commit_on_a_shard` retries
 

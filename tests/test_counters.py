@@ -1,6 +1,7 @@
 """Counters at the service level, on the real emulator and memcached: exactness under concurrency, caching, growth."""
 import datetime
 import time
+import types
 
 import pytest
 from google.api_core import exceptions as core_exceptions
@@ -421,14 +422,14 @@ def _colliding_once(monkeypatch):
     real, tried = writes.shard_writer, []
 
     def writer(name, marker_key):
-        write = real(name, marker_key)
+        write = real(name, marker_key).write
 
         def attempt(index, attempts):
             tried.append(index)
             if len(tried) == 1:
                 raise core_exceptions.Aborted("collided")
             return write(index, attempts)
-        return attempt
+        return types.SimpleNamespace(write=attempt)
     monkeypatch.setattr(service, "shard_writer", writer)
     return tried
 

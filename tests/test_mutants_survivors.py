@@ -328,10 +328,10 @@ def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_40
     with running(make_app(firestore_stack, checked=False, **firestore_stack.fresh())), runtime.current().context():
         request = idempotency.keyed("k-swept", "u1", "counters.increment", "swept", None)
         increments = runtime.current().datastore.increments
-        BlindShardWriter("swept", request, increments)(0, 1)
+        BlindShardWriter("swept", request, increments).write(0, 1)
         monkeypatch.setattr(BlindShardWriter, "_look", lambda self: None)  # the marker gone when it is read
         with pytest.raises(Conflict) as expired:
-            BlindShardWriter("swept", request, increments)(0, 1)
+            BlindShardWriter("swept", request, increments).write(0, 1)
         assert CounterShard.key_for("swept", 0).get(use_cache=False).count == 1
     assert (expired.value.status, expired.value.code, expired.value.message) == (
         409, "idempotency_key_expired", "This Idempotency-Key's increment has expired; use a new key.")
