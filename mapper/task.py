@@ -1,7 +1,7 @@
 """One task of a mapper job's tree: what it is given (TaskPayload: its range, or a handout's keys) and what it did
-(TaskRecord, an entity written with each chunk: its page, how far it got, its children). Weight, only for the job's
-end: the root holds TOTAL_WEIGHT, a task that splits gives each child a share and keeps the rest, returned when its
-page is done; the job has ended when the returned weights sum to TOTAL_WEIGHT (completion.py sums them)."""
+(TaskRecord, an entity written with each chunk: its page, how far it got, its children). Not the first read: weight,
+only for the job's end. The root holds TOTAL_WEIGHT, a task that splits gives each child a share and keeps the rest,
+returned when it ends; the job has ended when the returned weights sum to TOTAL_WEIGHT (completion.py sums them)."""
 import dataclasses
 import datetime
 
