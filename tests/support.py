@@ -179,22 +179,25 @@ def at_once(count, fn):
         return list(pool.map(timed, range(count)))
 
 
-def writers_meet_before_writing(monkeypatch, at=(ndb, "put_multi"), parties=2, timeout=10.0):
+def writers_meet_before_writing(monkeypatch, at=(ndb, "put_multi"), parties=2, timeout=10.0) -> list:
     """The interleaving a lost update needs, forced: writers that take no turns (`core.transactions.in_turn`
     patched out, as for writers that each went on without their lease: core/hotspots.py) and whose first `parties`
     transactions wait, after their reads and before their writes (at `at`: `ndb.put_multi`, or a model's `put`),
     until every one of them has read. Later attempts (a retry after the collision) pass freely. A writer that never
     reaches the meeting (something still puts them in turns) breaks the barrier after `timeout` s and fails the test
-    with BrokenBarrierError."""
+    with BrokenBarrierError. Returns the list of the writers that met, for the test to check that its writes do pass
+    `at` (when none does, nothing was forced)."""
     monkeypatch.setattr(transactions, "in_turn", lambda hot_key: contextlib.nullcontext())
     owner, name = at
-    barrier, calls, write = threading.Barrier(parties), itertools.count(), getattr(owner, name)
+    barrier, calls, write, met = threading.Barrier(parties), itertools.count(), getattr(owner, name), []
 
     def meeting(*args, **options):
         if next(calls) < parties:
+            met.append(threading.get_ident())
             barrier.wait(timeout)
         return write(*args, **options)
     monkeypatch.setattr(owner, name, meeting)
+    return met
 
 
 def claimants_meet_at_the_claim(monkeypatch, cache, key, parties=2, timeout=10.0):

@@ -264,11 +264,13 @@ def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_appl
     """Legacy's increment reads the key's marker and writes it with the shard in one transaction. Two sends of one key
     that both read "no marker" before either writes (forced: they meet at the marker's put) still count once: one
     commits, the other collides, retries, finds the marker and answers not applied. (Firestore's blind increment
-    reads nothing: its marker is an insert in the same commit, which a second send cannot repeat; test_backends.)"""
+    reads nothing: its marker is an insert in the same commit, which a second send cannot repeat; test_backends.)
+    They meet at the commit's `ndb.put_multi` (the shard and the marker), which both must reach."""
     with runtime.current().context():
         growth.configure("idem3", "general", 1)
-    writers_meet_before_writing(monkeypatch, at=(AppliedIncrement, "put"))
+    met = writers_meet_before_writing(monkeypatch)
     results = in_threads(2, lambda i: service.increment("idem3", "sent-twice", caller="u1"))
+    assert len(met) == 2, "the two sends did not meet before writing: nothing was forced"
     assert sorted(r.replayed for r in results) == [False, True]
     with runtime.current().context():
         assert totals.shard_counts_of(growth.get_config("idem3")) == [1]
