@@ -398,6 +398,20 @@ def test_a_post_frees_the_front_pages_cached_before_it_from_the_blogs_second_pos
     assert [runtime.cache().get(key) for key in cached] == [None, None]
 
 
+def test_a_post_to_a_blog_whose_every_commit_collides_is_a_503_that_says_the_blog_is_busy(ndb_context, monkeypatch):
+    """A blog so hot that every post's commit collides (Datastore answering ABORTED to each) ends in a 503 saying the
+    blog is taking many posts at once, after `transact`'s tries (no waits here), and posts nothing."""
+    def collides(fn, **options):
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(ndb, "transaction", collides)
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    with pytest.raises(Unavailable) as refused:
+        blog_service.post_entry("b", "t", "body", "boss@example.com")
+    assert (refused.value.status, refused.value.message) == (503, "The blog is taking many posts at once; try again.")
+    monkeypatch.undo()
+    assert blog_service.get_blog("b") is None
+
+
 def test_a_page_of_a_blog_that_does_not_exist_is_a_404_that_says_so(client):
     """Asking for the entries of a blog no one started is a 404 whose code (`no_such_blog`) and message
     name the blog, not an empty page: a client can tell a missing blog from an empty one."""
