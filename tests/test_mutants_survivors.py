@@ -445,6 +445,14 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
     assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", job_id)]
 
 
+def test_a_post_commits_in_its_turn_at_its_blog(app, ndb_context, monkeypatch):
+    """A post writes its blog's BlogIndex in its turn at that entity (core/hotspots.py): every post to one blog bumps
+    it, so posts from many processes wait their turn there instead of colliding in their transactions."""
+    turns = _turns_taken(app, monkeypatch)
+    blog_service.post_entry("b", "t", "body", "boss@example.com")
+    assert [(key.kind(), key.id()) for key in turns] == [("BlogIndex", "b")]
+
+
 def test_a_comments_page_asked_wrongly_names_what_is_wrong(client, auth):
     """A page of comments asked with both bookmarks, or with a limit out of range, is a 400 whose code and message say
     which input to fix (the one error contract, docs/api.md): a client can act on it without guessing."""
