@@ -2,6 +2,8 @@
 mutants changed while every test that reached its function still passed. Each says the guarantee it keeps."""
 import contextlib
 import datetime
+import time
+import types
 
 import pytest
 from google.api_core import exceptions as core_exceptions
@@ -451,6 +453,20 @@ def test_a_post_commits_in_its_turn_at_its_blog(app, ndb_context, monkeypatch):
     turns = _turns_taken(app, monkeypatch)
     blog_service.post_entry("b", "t", "body", "boss@example.com")
     assert [(key.kind(), key.id()) for key in turns] == [("BlogIndex", "b")]
+
+
+def test_a_sign_in_time_up_to_a_minute_ahead_of_this_servers_clock_is_accepted_not_a_second_more(app, client, auth,
+                                                                                                    monkeypatch):
+    """A cookie's sign-in time may lie up to 60 s ahead of this server's clock (another instance's clock, ahead of
+    this one's), and no more: exactly 60 s ahead is a sign-in, 61 s is nobody's (the clock held still to the second)."""
+    auth.sign_in("ann@example.com")
+    cookie = client.get_cookie("session", domain="localhost").value
+    serializer = app.session_interface.get_signing_serializer(app)
+    data, now = serializer.loads(cookie), int(time.time())
+    monkeypatch.setattr(identity, "time", types.SimpleNamespace(time=lambda: float(now)))
+    for ahead, status in ((60, 200), (61, 401)):
+        client.set_cookie("session", serializer.dumps({**data, "signed_in": now + ahead}), domain="localhost")
+        assert client.get("/api/session").status_code == status, ahead
 
 
 def test_a_comments_page_asked_wrongly_names_what_is_wrong(client, auth):
