@@ -80,6 +80,21 @@ def test_a_task_that_ends_early_after_it_split_hands_back_only_the_share_it_kept
         assert credited == final["processed"] == 300 - 100 + split.processed
 
 
+def test_a_task_returns_its_share_only_once_it_has_ended(ndb_context):
+    """A task's record returns no weight while it runs, and its own share once it has ended (done, or failed): a job's
+    check sums the records' `returned`, so a running task's share counted there would end the job with its page
+    undone. As stored and read back, too."""
+    from google.cloud import ndb
+    record = TaskRecord(key=ndb.Key(TaskRecord, "j-0"), job="j", depth=0, weight=TOTAL_WEIGHT,
+                        children=[{"weight": TOTAL_WEIGHT // 4}])
+    record.put()
+    assert (record.returned, record.key.get(use_cache=False).returned) == (0, 0)
+    for state in ("done", "failed"):
+        record.state = state
+        record.put()
+        assert record.returned == record.key.get(use_cache=False).returned == TOTAL_WEIGHT - TOTAL_WEIGHT // 4
+
+
 def test_a_task_end_reads_no_more_records_as_its_job_grows_though_the_cache_lost_the_running_sum(app, client, auth,
                                                                                                  task_queue):
     """Once the cache lost a job's running sum (restarted, flushed), a task end has no sum to add its credit to; and a
