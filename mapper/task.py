@@ -1,5 +1,5 @@
 """One task of a mapper job's tree: what it is given (TaskPayload: its range, or a handout's keys) and what it did
-(TaskRecord, an entity written with each chunk: its page, how far it got, its children). Not the first read: weight,
+(TaskRecord, an entity written with each chunk: its page, how far it got, its children). For later: weight,
 only for the job's end. The root holds TOTAL_WEIGHT, a task that splits gives each child a share and keeps the rest,
 returned when it ends; the job has ended when the returned weights sum to TOTAL_WEIGHT (completion.py sums them)."""
 import dataclasses
@@ -87,7 +87,7 @@ class TaskRecord(ndb.Model):
     # ---- Not the first read: from here on, the job's end (weight), the sweep's fields, the /jobs page's. ----
     # The job's end: weight = own_share + its children's shares.
     weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
-    # Once it has ended: the weight it kept (what no child took), for the job's end to sum. Computed: no code sets it.
+    # Once it has ended: its own share (what no child took), for the job's end to sum. Computed: no code sets it.
     returned = ndb.ComputedProperty(lambda self: 0 if self.state == "running" else self.own_share, indexed=False)
     # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
     lease = ndb.DateTimeProperty()
@@ -126,7 +126,7 @@ class TaskRecord(ndb.Model):
         self._touch(started)
 
     def _touch(self, started: datetime.datetime | None) -> None:
-        """Not the first read. With each commit: the lease, renewed as the delivery is alive (the sweep); when it began
+        """For later. With each commit: the lease, renewed as the delivery is alive (the sweep); when it began
         (`started`) and was updated (the timeline)."""
         self.started = self.started or started
         self.updated, self.fruitless = clock.now(), 0

@@ -262,10 +262,10 @@ def test_concurrent_retries_of_one_key_apply_once(ndb_context):
 
 def test_two_sends_of_one_key_that_both_find_no_marker_before_either_writes_apply_once(legacy_app, monkeypatch):
     """Legacy's increment reads the key's marker and writes it with the shard in one transaction. Two sends of one key
-    that both read "no marker" before either writes (forced: they meet at the marker's put) still count once: one
-    commits, the other collides, retries, finds the marker and answers not applied. (Firestore's blind increment
-    reads nothing: its marker is an insert in the same commit, which a second send cannot repeat; test_backends.)
-    They meet at the commit's `ndb.put_multi` (the shard and the marker), which both must reach."""
+    that both read "no marker" before either writes (forced: they meet at the commit's `ndb.put_multi` of the shard
+    and the marker, which both must reach) still count once: one commits, the other collides, retries, finds the
+    marker and answers not applied. (Firestore's blind increment reads nothing: its marker is an insert in the same
+    commit, which a second send cannot repeat; test_backends.)"""
     with runtime.current().context():
         growth.configure("idem3", "general", 1)
     met = writers_meet_before_writing(monkeypatch)
