@@ -27,17 +27,24 @@ def test_an_increment_of_the_simple_counter_that_met_no_one_took_one_attempt(cli
     assert client.get("/api/simple-counter").get_json()["count"] == 2
 
 
+def _every_ndb_commit_collides(monkeypatch) -> list:
+    """Every ndb transaction answers ABORTED (a hot entity's collision), with no backoff waits: the options of each
+    try, in order."""
+    tries = []
+
+    def collides(fn, **options):
+        tries.append(options)
+        raise core_exceptions.Aborted("too much contention on these datastore entities")
+    monkeypatch.setattr(ndb, "transaction", collides)
+    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    return tries
+
+
 def test_an_increment_of_the_simple_counter_that_collides_every_time_is_a_503_that_names_the_counter(
         client, monkeypatch):
     """A shard so hot that every commit collides (Datastore answering ABORTED to each) ends in a 503 that says the
     counter is busy, after `transact`'s tries (no waits here), and counts nothing."""
-    tries = []
-
-    def collides(fn, **options):
-        tries.append(1)
-        raise core_exceptions.Aborted("too much contention on these datastore entities")
-    monkeypatch.setattr(ndb, "transaction", collides)
-    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    tries = _every_ndb_commit_collides(monkeypatch)
     r = client.post("/api/simple-counter/increment")
     assert r.status_code == 503
     assert r.get_json()["error"] == {"code": "contention", "message": "The counter is very busy; try again."}
@@ -403,13 +410,7 @@ def test_a_post_frees_the_front_pages_cached_before_it_from_the_blogs_second_pos
 def test_a_post_to_a_blog_whose_every_commit_collides_is_a_503_that_says_the_blog_is_busy(ndb_context, monkeypatch):
     """A blog so hot that every post's commit collides (Datastore answering ABORTED to each) ends in a 503 saying the
     blog is taking many posts at once, after `transact`'s tries (no waits here)."""
-    tries = []
-
-    def collides(fn, **options):
-        tries.append(1)
-        raise core_exceptions.Aborted("too much contention on these datastore entities")
-    monkeypatch.setattr(ndb, "transaction", collides)
-    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    tries = _every_ndb_commit_collides(monkeypatch)
     with pytest.raises(Unavailable) as refused:
         blog_service.post_entry("b", "t", "body", "boss@example.com")
     assert (refused.value.status, refused.value.message) == (503, "The blog is taking many posts at once; try again.")
@@ -588,11 +589,7 @@ def test_a_comment_whose_every_commit_collides_is_a_503_that_says_so(client, aut
     auth.admin()
     assert client.post("/api/blogs/news/entries", json={"title": "Entry", "body": "text"}).status_code == 201
     auth.sign_in("ann@example.com")
-
-    def collides(fn, **options):
-        raise core_exceptions.Aborted("too much contention on these datastore entities")
-    monkeypatch.setattr(ndb, "transaction", collides)
-    monkeypatch.setattr(transactions, "backoff", lambda attempt, base, cap: None)
+    _every_ndb_commit_collides(monkeypatch)
     r = client.post("/api/blogs/news/entries/0/comments", json={"text": "hi"})
     assert (r.status_code, r.get_json()["error"]) == (503, {"code": "contention",
                                                             "message": "You are commenting very fast; try again."})
