@@ -102,7 +102,7 @@ class Settings:
                                else "SECRET_KEY must be set outside local development (a local Datastore emulator): "
                                     "the development secret is public.")
         if secret and not local:
-            long_enough(secret, "SECRET_KEY")
+            require_long_key(secret, "SECRET_KEY")
         tasks_emulator = None if gae else env.get("CLOUD_TASKS_EMULATOR_HOST") or None
         tasks_location = tasks_region(env.get("TASKS_LOCATION") or "") or ("local" if tasks_emulator else None)
         if gae and not REGION_NAME.fullmatch(tasks_location or ""):
@@ -288,11 +288,11 @@ def with_secret_key(env: Mapping[str, str], client: Any = None) -> Mapping[str, 
         raise RuntimeError(f"SECRET_KEY could not be read from Secret Manager, {wanted}: {said} (`make deploy` "
                            "creates the secret and lets the app's service account read it: roles/secretmanager."
                            "secretAccessor).") from None
-    long_enough(payload, f"The secret {wanted}")
+    require_long_key(payload, f"The secret {wanted}")
     return {**env, "SECRET_KEY": payload}
 
 
-def long_enough(key: str, whose: str) -> None:
+def require_long_key(key: str, whose: str) -> None:
     """A session key of at least SECRET_MIN_BYTES bytes (an accented letter is two), else refused, saying whose."""
     if len(key.encode()) < SECRET_MIN_BYTES:
         raise RuntimeError(f"{whose} holds {len(key.encode())} bytes: a session key needs at least {SECRET_MIN_BYTES} "

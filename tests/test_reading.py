@@ -208,7 +208,7 @@ def test_each_lessons_first_file_with_its_imports_is_read_within_its_budget():
 # three cold readers of four met in `advance` on their first read. Then 2 fewer: a task's page without its first key,
 # which nothing read (mutmut's survivors showed it), and `make_children` without the weight only a test passed. Then
 # 12 fewer: no `TaskPage` (and no stored `more`, which only a benchmark read): a task's page is its `page_end`. Then 2
-# more: a session key's length checked by one function (`settings.long_enough`, for SECRET_KEY and Secret Manager's
+# more: a session key's length checked by one function (`settings.require_long_key`, for SECRET_KEY and Secret Manager's
 # key) and the source of "App Engine sets GOOGLE_CLOUD_PROJECT", less a task's returned weight set by no code (a
 # computed property, which `advance` and unvisited.py had each set). Then 2 fewer: a counter's attempt count passed
 # to the ShardWriter's `write`, not stored on the writer for its answer to read. More code is a choice.
