@@ -13,6 +13,11 @@ the emulator's pause and resume reach the borrowed process by its process group,
 A session that finds the shared emulator not answering ends with exit code 35, which mutmut reports as "suspicious",
 never as a kill. `MUTANTS_TIMINGS` names a file where each session appends one JSON line: the mutant (mutmut's
 MUTANT_UNDER_TEST), its wall time and pytest's exit status.
+
+A mutant's tests run fastest first, by the times mutmut's stats run recorded: mutmut names them in no order (a set)
+and stops at the first failure (-x), so a mutant that one quick test kills is judged without the slow tests that
+reach its function too (the mapper's, which wait on their deliveries). A survivor runs them all either way. mutmut's
+clean run, before the mutants, runs them in the same order: a test that needs another to run first fails it there.
 """
 import contextlib
 import json
@@ -78,6 +83,17 @@ def pytest_fixture_setup(fixturedef, request):
         return (yield)
     finally:
         _borrowing["next"] = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":  # the run that records the times: as collected
+        return
+    try:
+        with open("mutmut-stats.json") as stats:  # mutmut runs each mutant's session in its mutants/ directory
+            seconds = json.load(stats)["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: seconds.get(item.nodeid, float("inf")))
 
 
 def pytest_configure(config):
