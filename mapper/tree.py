@@ -28,15 +28,15 @@ class Visit(NamedTuple):
 
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
-    (`commit_chunk`), then the children queued as the first commit recorded them (a delivery that scans again may split
-    differently), again by each redelivery (named tasks: the queue drops a name it has seen). `record`: the task's
+    (`commit_chunk`), the children queued once the first commit has recorded them, and queued again from the record by
+    each redelivery (named tasks: the queue drops a name it has seen). `record`: the task's
     record as this delivery knew it when it began (delivery.py reads it for a redelivery; a first delivery's is new and
     empty); another delivery, even another first one, may have moved it on since: `look` reads it in each chunk."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
         record = commit_chunk(work, visit, payload, record, chunk, final=number == len(work.chunks) - 1)
-        if number == 0:  # this delivery's first commit: the children it split into, else those the record has
+        if number == 0:  # its first commit: the children it split into, or a redelivery's, those recorded
             queueing.enqueue_all(visit.children if visit.children else queueing.recorded(record))
     return record
 
@@ -110,7 +110,7 @@ def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, reco
         work.store.put_multi([*writes, current, *kept])
         return current
 
-    committed = once(look, write, run=work.store.transact)  # ndb's, or the Datastore API's for increments
+    committed = once(look, write, run=work.store.transact)  # add_credit's: ndb's `transact` (chunks.NdbStore)
     if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
         raise Superseded()
     return committed.value  # WROTE or MINE: the record as this call's commit left it
