@@ -21,27 +21,14 @@ class TaskPayload:
     path: str
     lo: str | None
     hi: str | None
-    weight: int
+    weight: int  # for the job's end only (the module's docstring): skip it on a first read
     keys: list[str] | None = None
     revived: int = 0  # queued again by the sweep (n-th time): a redelivery, under a new name (`queue_name`)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "TaskPayload":
-        return cls(job=data["job"], path=data["path"], lo=data.get("lo"), hi=data.get("hi"),
-                   weight=data["weight"], keys=data.get("keys"), revived=data.get("revived") or 0)
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
 
     @property
     def name(self) -> str:
         """The task's name in the queue, and its record's key name."""
         return f"{self.job}-{self.path}"
-
-    @property
-    def queue_name(self) -> str:
-        """A queue keeps a used name for days (core/tasks.py): the sweep's n-th delivery is "<name>-r<n>"."""
-        return f"{self.name}-r{self.revived}" if self.revived else self.name
 
     @property
     def lo_key(self) -> ndb.Key | None:
@@ -57,15 +44,29 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
+    # ---- Not the first read: the children's weight (the job's end), the sweep's queue name, the JSON form. ----
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], *,
                       after: ndb.Key) -> list["TaskPayload"]:
-        """A split's children ("<path>-0"...), which cover (after, hi]: one per handout, then one per range. Read last:
-        each gets an equal share of this task's weight (`shares`: too little left, one range child takes the rest)."""
+        """A split's children ("<path>-0"...), which cover (after, hi]: one per handout, then one per range, each with
+        an equal share of this task's weight (`shares`: too little left, one range child takes the rest)."""
         handouts, ranges, share = shares(self.weight, handouts, ranges, (after, self.hi_key), self.path)
         return ([TaskPayload(self.job, f"{self.path}-{i}", None, None, share, [k.urlsafe().decode() for k in keys])
                  for i, keys in enumerate(handouts)] +
                 [TaskPayload(self.job, f"{self.path}-{len(handouts) + i}", lo.urlsafe().decode(),
                              hi.urlsafe().decode(), share) for i, (lo, hi) in enumerate(ranges)])
+
+    @property
+    def queue_name(self) -> str:
+        """A queue keeps a used name for days (core/tasks.py): the sweep's n-th delivery is "<name>-r<n>"."""
+        return f"{self.name}-r{self.revived}" if self.revived else self.name
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TaskPayload":
+        return cls(job=data["job"], path=data["path"], lo=data.get("lo"), hi=data.get("hi"),
+                   weight=data["weight"], keys=data.get("keys"), revived=data.get("revived") or 0)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class TaskRecord(ndb.Model):

@@ -29,9 +29,9 @@ class Visit(NamedTuple):
 def process(job: MapperJob, definition: jobs.JobDefinition, record: TaskRecord, payload: TaskPayload) -> TaskRecord:
     """One delivery's work on its task (`job`: a run of `definition`): what to visit, each chunk committed once
     (`commit_chunk`), the children queued once the first commit has recorded them, and queued again from the record by
-    each redelivery (named tasks: the queue drops a name it has seen). `record`: the task's
-    record as this delivery knew it when it began (delivery.py reads it for a redelivery; a first delivery's is new and
-    empty); another delivery, even another first one, may have moved it on since: `look` reads it in each chunk."""
+    each redelivery (named tasks: the queue drops a name it has seen). `record`: the task's record as this delivery
+    knew it when it began (delivery.py reads it for a redelivery; a first delivery's is new and empty); another
+    delivery, even another first one, may have moved it on since: `commit_chunk` reads it with each chunk."""
     visit = _visit(job, record, payload)
     work = chunks.page_work(definition, job.params, visit.todo)  # the keys cut into chunks, one transaction each
     for number, chunk in enumerate(work.chunks):  # one at least: an empty page is one empty chunk, to end the record
@@ -67,9 +67,8 @@ def _visit_handout(record: TaskRecord, handed: list[ndb.Key]) -> Visit:
 def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple[list[list[ndb.Key]], list[Range]]:
     """The rest of the range after this task's page, for its children: (handouts, ranges). At page_size 100, fanout 4,
     the scan read k1 .. k501: the task keeps k1 .. k100; handouts, k101 .. k200, ..., k401 .. k500, each given whole
-    to a child; ranges, (k500, hi] cut in up to 4 (`keyrange.ranges`: how many from the keys it guesses remain, about
-    one range per 250; where). Fewer handouts when their keys pass queueing.HANDED_BYTES (pages of 1,000, say): the
-    keys not handed out go to the ranges, whose children scan them again."""
+    to a child; ranges, (k500, hi] cut in up to 4 (how many, and where: `keyrange.ranges`, a second read). Fewer
+    handouts when their keys pass queueing.HANDED_BYTES: the keys not handed out go to the ranges."""
     size, scan_keys = job.page_size, chunks.scan_keys(job.page_size, job.fanout)  # 100, and 500: 5 pages of 100
     handouts = queueing.cut_handouts(scanned[size:scan_keys], size)  # k101 .. k500 (k501 only says more remain)
     own_and_handed = min(size * (1 + len(handouts)), len(scanned))  # 500: k1 .. k500, done by it and its handouts
@@ -81,34 +80,34 @@ def split(job: MapperJob, payload: TaskPayload, scanned: list[ndb.Key]) -> tuple
     return handouts, ranges
 
 
-def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, record: TaskRecord, chunk: list[ndb.Key],
+def commit_chunk(work: chunks.PageWork, visit: Visit, payload: TaskPayload, seen: TaskRecord, chunk: list[ndb.Key],
                  final: bool) -> TaskRecord:
     """Change the chunk's entities by the job's map step (`work.change`: add_credit's `credit`) and move the record
-    past them, in one transaction, exactly once (`once`: `look`, then `write`). `record`: the task's record as this
-    delivery last saw it (before its first chunk, as `process` was given it: on a first delivery, empty)."""
+    past them, in one transaction, exactly once (`once`: `look`, then `write`). `seen`: the task's record as this
+    delivery last saw it: as `process` had it (a first delivery's: new, empty), then as its last commit left it."""
     def look() -> Written | tuple[TaskRecord, list[Any]]:
         """The record, read with the chunk, and what `once` makes of it:
-        - not stored yet (this task's first chunk), or as `record`: nothing written, `write` (WROTE);
-        - moved on since `record`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
+        - not stored yet (this task's first chunk), or as `seen`: nothing written, `write` (WROTE);
+        - moved on since `seen`, by this call's own commit that answered UNKNOWN or timed out (its stamp): MINE;
         - moved on by another delivery (another stamp): ANOTHERS, and this delivery stops (Superseded).
-        "Moved on": its `last_key` is not `record`'s, or it has ended (a rival's commit of an empty page ends it)."""
-        current, *entities = work.store.get_multi([record.key] + chunk)  # as stored now: only this task's deliveries
-        if current is None:  # not stored yet: this task's first chunk (the app deletes no record)
-            current = TaskRecord.new(record.key, payload)
-        elif current.state != "running" or current.last_key != record.last_key:  # moved on since `record`
-            return Written(stamp=current.last_chunk_by, answer=current)
-        return current, [e for e in entities if e is not None]  # as `record` (deleted entities skipped)
+        "Moved on": its `last_key` is not `seen`'s, or it has ended (a rival's commit of an empty page ends it)."""
+        stored, *entities = work.store.get_multi([seen.key] + chunk)  # as stored now: only this task's deliveries
+        if stored is None:  # not stored yet: this task's first chunk (the app deletes no record)
+            stored = TaskRecord.new(seen.key, payload)
+        elif stored.state != "running" or stored.last_key != seen.last_key:  # moved on since `seen`
+            return Written(stamp=stored.last_chunk_by, answer=stored)
+        return stored, [e for e in entities if e is not None]  # as `seen` (deleted entities skipped)
 
     def write(read: tuple[TaskRecord, list[Any]], stamp: str) -> TaskRecord:
-        current, entities = read
-        first = current.page_end is None  # this chunk fixes the page and the children
+        stored, entities = read
+        first = stored.page_end is None  # this chunk fixes the page and the children
         writes = work.change(entities)
-        current.advance(page_end=visit.page_end, chunk=chunk, processed=len(entities), tally=work.tally(entities),
-                        children=visit.children, final=final, started=record.started)
-        kept = queueing.kept_apart(current.key, visit.children) if first else []  # handout keys beside the record
-        current.last_chunk_by = stamp  # the stamp `once` compares with its call's, on a retry
-        work.store.put_multi([*writes, current, *kept])
-        return current
+        stored.advance(page_end=visit.page_end, chunk=chunk, processed=len(entities), tally=work.tally(entities),
+                       children=visit.children, final=final, started=seen.started)
+        kept = queueing.kept_apart(stored.key, visit.children) if first else []  # handout keys beside the record
+        stored.last_chunk_by = stamp  # the stamp `once` compares with its call's, on a retry
+        work.store.put_multi([*writes, stored, *kept])
+        return stored
 
     committed = once(look, write, run=work.store.transact)  # add_credit's: ndb's `transact` (chunks.NdbStore)
     if committed.by_another:  # another delivery moved the record on (its stamp is not this call's)
