@@ -85,29 +85,10 @@ class TaskRecord(ndb.Model):
     tally = ndb.JsonProperty(default={})  # the job's sums over the entities processed so far (JobDefinition.tally)
     children = ndb.JsonProperty(default=[])  # its children's payloads (a handout's keys: in queueing.KeptHandouts)
     error = ndb.TextProperty()
-    # ---- Not the first read: from here on, the job's end (weight), the sweep's fields, the /jobs page's. ----
-    # The job's end: weight = own_share + its children's shares.
-    weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
-    # Once it has ended: its own share (what no child took), for the job's end to sum. Computed: no code sets it.
-    returned = ndb.ComputedProperty(lambda self: 0 if self.state == "running" else self.own_share, indexed=False)
-    # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
-    lease = ndb.DateTimeProperty()
-    revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
-    fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
-    revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
-    recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
-    depth = ndb.IntegerProperty(required=True, indexed=False)  # the /jobs page's: its depth in the tree (0: the root)
-    started = ndb.DateTimeProperty(indexed=False)  # the timeline's (/jobs/<id>): when its first delivery began
-    updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
 
     @classmethod
     def new(cls, key: ndb.Key, payload: TaskPayload) -> "TaskRecord":
         return cls(key=key, job=payload.job, depth=payload.path.count("-"), weight=payload.weight, updated=clock.now())
-
-    @property
-    def own_share(self) -> int:
-        """The weight this task kept for its own page: what it did not hand to its children."""
-        return self.weight - sum(child["weight"] for child in self.children or [])
 
     def advance(self, page_end: ndb.Key | None, chunk: list, processed: int, tally: dict | None,
                 children: list[TaskPayload], final: bool, started: datetime.datetime | None) -> None:
@@ -126,9 +107,28 @@ class TaskRecord(ndb.Model):
             self.state = "done"
         self._touch(started)
 
+    # ---- Not the first read: from here on, the job's end (weight), the sweep's fields, the /jobs page's. ----
+    # The job's end: weight = own_share + its children's shares.
+    weight = ndb.IntegerProperty(required=True, indexed=False)  # its parent's share
+    # Once it has ended: its own share (what no child took), for the job's end to sum. Computed: no code sets it.
+    returned = ndb.ComputedProperty(lambda self: 0 if self.state == "running" else self.own_share, indexed=False)
+    # The sweep's (sweep.py). lease: until when its delivery is trusted to be alive; indexed, for the sweep's query.
+    lease = ndb.DateTimeProperty()
+    revived = ndb.IntegerProperty(default=0, indexed=False)  # how often the sweep queued the task again
+    fruitless = ndb.IntegerProperty(default=0, indexed=False)  # revivals since its last chunk committed
+    revived_by = ndb.TextProperty()  # the stamp of the sweep's call that revived it last
+    recorded_by = ndb.TextProperty()  # the stamp of the sweep's call that recorded it, when its deliveries never did
+    depth = ndb.IntegerProperty(required=True, indexed=False)  # the /jobs page's: its depth in the tree (0: the root)
+    started = ndb.DateTimeProperty(indexed=False)  # the timeline's (/jobs/<id>): when its first delivery began
+    updated = ndb.DateTimeProperty(indexed=False)  # its last chunk's commit, or its end: the timeline's bar ends here
+
+    @property
+    def own_share(self) -> int:
+        """The weight this task kept for its own page: what it did not hand to its children."""
+        return self.weight - sum(child["weight"] for child in self.children or [])
+
     def _touch(self, started: datetime.datetime | None) -> None:
-        """For later. With each commit: the lease, renewed as the delivery is alive (the sweep); when it began
-        (`started`) and was updated (the timeline)."""
+        """With each commit: the lease renewed as the delivery is alive (sweep.py); its times (the timeline)."""
         self.started = self.started or started
         self.updated, self.fruitless = clock.now(), 0
         self.renew()
