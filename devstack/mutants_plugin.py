@@ -14,10 +14,13 @@ A session that finds the shared emulator not answering ends with exit code 35, w
 never as a kill. `MUTANTS_TIMINGS` names a file where each session appends one JSON line: the mutant (mutmut's
 MUTANT_UNDER_TEST), its wall time and pytest's exit status.
 
-A mutant's tests run fastest first, by the times mutmut's stats run recorded: mutmut names them in no order (a set)
-and stops at the first failure (-x), so a mutant that one quick test kills is judged without the slow tests that
-reach its function too (the mapper's, which wait on their deliveries). A survivor runs them all either way. mutmut's
-clean run, before the mutants, runs them in the same order: a test that needs another to run first fails it there.
+A mutant's tests run fastest first, by their call times in mutmut's stats run (setup not counted: a test that starts
+an emulator of its own can come early): mutmut's fork server names them in no order (a set) and stops at the first
+failure (-x), so a mutant that one quick test kills is judged without the slow tests that reach its function too (the
+mapper's, which wait on their deliveries). A survivor runs them all either way. The sort runs before pytest's own,
+which then groups the tests of a parametrized module fixture again (tests/test_sessions.py's `each_cache`). Order
+changes no verdict as long as no test leans on another having run before it: each test starts from data of its own
+(`stack.fresh()`).
 """
 import contextlib
 import json
@@ -85,6 +88,7 @@ def pytest_fixture_setup(fixturedef, request):
         _borrowing["next"] = False
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     if os.environ.get("MUTANT_UNDER_TEST") == "stats":  # the run that records the times: as collected
         return
