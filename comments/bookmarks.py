@@ -36,7 +36,7 @@ def checked(comment_id: object, ref: EntryRef, field: str) -> str | None:
 def with_own(shown: list[Comment], own: Iterable[str], ref: EntryRef, owns_after: str | None,
              owns_before: str | None) -> list[Comment]:
     """`shown` plus the reader's own comments (ids in `own`) on this entry in the page's span (`owns_after`,
-    `owns_before`: None, no bound), read by key (strongly consistent, where the page's query is not), in key order."""
+    `owns_before`: None, no bound), read by key (strongly consistent, unlike the page's query), by `sort_key`."""
     have = {c.sort_key for c in shown}
     keys = [k for k in map(comment_key, own or ()) if k is not None and k.id() not in have]
     if not keys:

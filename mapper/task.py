@@ -44,7 +44,7 @@ class TaskPayload:
         """The keys of the page its parent handed it, or None for a range task."""
         return [ndb.Key(urlsafe=k.encode()) for k in self.keys] if self.keys is not None else None
 
-    # ---- Not the first read: the children's weight (the job's end), the sweep's queue name, the JSON form. ----
+    # ---- Not the first read: the children, with their shares of weight; the sweep's queue name; the JSON form. ----
     def make_children(self, handouts: list[list[ndb.Key]], ranges: list[Range], *,
                       after: ndb.Key) -> list["TaskPayload"]:
         """A split's children ("<path>-0"...), which cover (after, hi]: one per handout, then one per range, each with
