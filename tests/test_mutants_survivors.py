@@ -826,3 +826,16 @@ def test_a_google_token_that_names_no_presenter_signs_a_writer_in(stack, google_
         r = client.post("/api/session", json={"credential": token})
         assert r.status_code == 200 and r.get_json()["user"] == {"id": "google:8", "email": "ann@example.com",
                                                                  "admin": False}
+
+
+def test_a_request_works_out_who_is_signed_in_once_however_often_it_asks(app, client, auth, monkeypatch):
+    """Who is signed in is worked out once a request and kept (flask.g): asked again, the request reads the person's
+    session generation no more (each read is a cache call, and on a miss a Datastore read, billed to the request)."""
+    auth.sign_in("ann@example.com")
+    cookie = client.get_cookie("session", domain="localhost").value
+    asked = []
+    read = identity.generation
+    monkeypatch.setattr(identity, "generation", lambda user_id: asked.append(user_id) or read(user_id))
+    with app.test_request_context("/", headers={"Cookie": f"session={cookie}"}):
+        assert [identity.current_user()["email"] for _ in range(3)] == ["ann@example.com"] * 3
+    assert len(asked) == 1
