@@ -805,7 +805,7 @@ def test_a_google_token_issued_up_to_10_s_ahead_of_this_servers_clock_is_taken(g
                         lambda: datetime.datetime.fromtimestamp(now, datetime.UTC).replace(tzinfo=None))
     signer, keys = google_key[0], types.SimpleNamespace(get=lambda: google_key[1])
     for ahead, taken in ((10, True), (11, False)):
-        token = jwt.encode(signer, {**_claims_now(), "iat": now + ahead, "exp": now + 600}).decode()
+        token = _google_token(signer, iat=now + ahead, exp=now + 600)
         assert (identity.verify_google_id_token(token, CLIENT_ID, keys) is not None) is taken, ahead
 
 
