@@ -719,6 +719,25 @@ def test_a_task_whose_weight_is_spent_hands_its_whole_rest_to_one_child_after_it
         (keys[4], keys[-1], 1, None)]
 
 
+def test_a_task_writes_the_pages_it_handed_out_once_with_its_first_chunk_not_with_every_chunk(client, auth, task_queue,
+                                                                                           monkeypatch):
+    """The keys of the pages a task hands out are kept beside its record (KeptHandouts) by its first chunk's commit
+    alone: each later chunk of its page writes its entities and the record, not that entity again (an entity write
+    is billed, https://cloud.google.com/datastore/pricing)."""
+    from mapper import chunks
+    from mapper.queueing import KeptHandouts
+    job_id = _seeded_job(client, auth, task_queue, 450, page_size=200, fanout=2)  # chunks of 24 (legacy) or 100
+    real, kept_written = chunks.NdbStore.put_multi, []
+
+    def counts_kept_handouts(entities, **options):
+        kept_written.extend(e.key.parent().id() for e in entities if isinstance(e, KeptHandouts))
+        return real(entities, **options)
+    monkeypatch.setattr(chunks.NdbStore, "put_multi", staticmethod(counts_kept_handouts))
+    task_queue.drain()
+    assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "done"
+    assert kept_written == [f"{job_id}-0"]  # the root's page: two chunks or more; only the root hands pages out
+
+
 # --- core/transactions.py: the backoff, and a bulk transaction's bound ----------------------------------------------
 
 def test_a_backoff_waits_a_random_while_up_to_a_bound_that_doubles_to_its_cap(monkeypatch):
