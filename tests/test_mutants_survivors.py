@@ -2,6 +2,7 @@
 mutants changed while every test that reached its function still passed. Each says the guarantee it keeps."""
 import contextlib
 import datetime
+import logging
 import time
 import types
 
@@ -55,6 +56,23 @@ def test_an_increment_of_the_simple_counter_that_collides_every_time_is_a_503_th
     assert len(tries) == 30
     monkeypatch.undo()
     assert client.get("/api/simple-counter?shards=1").get_json()["count"] == 0
+
+
+def test_an_owned_count_that_cannot_be_made_is_logged_naming_the_counter_with_the_error(ndb_context, monkeypatch,
+                                                                                        caplog):
+    """A feature's own count that cannot be made now (here Datastore not answering) is skipped, and says so in the
+    log: a warning naming the counter, with the error and its traceback, so that an operator can tell which count fell
+    short and why."""
+    from counters import service as counters_service
+
+    def down(*args, **kwargs):
+        raise core_exceptions.ServiceUnavailable("Datastore is not answering")
+    monkeypatch.setattr(counters_service, "commit_on_a_shard", down)
+    with caplog.at_level(logging.WARNING, logger="counters.service"):
+        assert counters_service.owned("feature").increment("views") is False
+    [logged] = [record for record in caplog.records if record.name == "counters.service"]
+    assert (logged.levelno, logged.getMessage()) == (logging.WARNING, "counter feature:views not incremented")
+    assert logged.exc_info and logged.exc_info[0] is core_exceptions.ServiceUnavailable
 
 
 def test_a_resend_whose_posted_entry_is_gone_says_which_entry(ndb_context):
@@ -280,6 +298,35 @@ def test_a_check_of_a_running_job_answers_its_progress_to_four_places(client, au
     with runtime.current().context():
         progress = completion.run_check({"job": job_id, "check": 1})["progress"]
     assert 0 < progress < 1 and progress == round(progress, 4) and progress != round(progress, 2), progress
+
+
+def test_a_sum_that_finds_ranges_still_out_queues_the_jobs_first_check(client, auth, task_queue, monkeypatch):
+    """When the sweep finds no task of a running job at work, it sums the job's records; if ranges are still out (a
+    task queued and not begun, or one whose delivery died), the sum queues the job's first check, named for the job
+    so that every caller's enqueue is one task, due in a second: the checks then end the job once its weight is
+    back, whatever died on the way."""
+    from mapper import completion
+    from mapper.models import MapperJob
+    job_id = _seeded_job(client, auth, task_queue, 10)  # its root task queued, not delivered
+    queued, enqueue = [], task_queue.queue.enqueue
+
+    def noting(name, payload, task_name, delay=0):
+        queued.append((name, payload, task_name, delay))
+        return enqueue(name, payload, task_name, delay)
+    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    with runtime.current().context():
+        completion.end_if_summed(MapperJob.get_by_id(job_id))
+        assert MapperJob.get_by_id(job_id).ended is None
+    assert queued == [(completion.CHECK_HANDLER, {"job": job_id, "check": 1}, f"{job_id}-check-1", 1)]
+
+
+def test_a_running_jobs_view_counts_the_entities_its_tasks_did_not_its_deliveries(client, auth, task_queue):
+    """A running job's figures come from the cache's hints: each delivery adds the entities it did, so after the
+    root's page of 40 the job shows 40 processed (not one per delivery, nor per chunk)."""
+    job_id = _seeded_job(client, auth, task_queue, 120, page_size=40, fanout=2)
+    task_queue.drain(max_deliveries=1)  # the root: its page of 40 accounts, in chunks of 24 (legacy) or 100
+    running = client.get(f"/api/jobs/{job_id}").get_json()
+    assert (running["state"], running["estimated"], running["processed"]) == ("running", True, 40), running
 
 
 def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
