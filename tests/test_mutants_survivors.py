@@ -321,12 +321,14 @@ def test_a_sum_that_finds_ranges_still_out_queues_the_jobs_first_check(client, a
 
 
 def test_a_running_jobs_view_counts_the_entities_its_tasks_did_not_its_deliveries(client, auth, task_queue):
-    """A running job's figures come from the cache's hints: each delivery adds the entities it did, so after the
-    root's page of 40 the job shows 40 processed (not one per delivery, nor per chunk)."""
+    """A running job's figures come from the cache's hints: each delivery adds the entities it did, and a task that
+    ends marks its level of the tree; so after the root's page of 40 the job shows 40 processed (not one per delivery,
+    nor per chunk), one task ended, one level deep (the root's)."""
     job_id = _seeded_job(client, auth, task_queue, 120, page_size=40, fanout=2)
     task_queue.drain(max_deliveries=1)  # the root: its page of 40 accounts, in chunks of 24 (legacy) or 100
     running = client.get(f"/api/jobs/{job_id}").get_json()
-    assert (running["state"], running["estimated"], running["processed"]) == ("running", True, 40), running
+    assert (running["state"], running["estimated"]) == ("running", True), running
+    assert (running["processed"], running["tasks"], running["depth"]) == (40, 1, 1), running
 
 
 def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
@@ -363,6 +365,25 @@ def _job_with_its_follow_up_pending(app, name: str) -> str:
     with runtime.of(app).context():
         MapperJob(id="4" * 16, name=name, kind="Account", page_size=10, fanout=2, follow_up="pending").put()
     return "4" * 16
+
+
+def test_a_jobs_end_reads_the_job_in_its_transaction_without_ndbs_lookup_retry(app, monkeypatch):
+    """The transaction that ends a job (its outcome and figures in one commit) reads the job as the lessons' writes
+    do: a lookup that meets a collision fails the attempt at once (`retries=0`), and `once` tries the whole transaction
+    again, instead of ndb trying the same lookup again from 1 s."""
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from mapper import completion, jobs
+    from mapper.models import MapperJob
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_end_lookup", settle=None))  # the job's read alone
+    with runtime.of(app).context():
+        job = MapperJob(id="5" * 16, name="test_end_lookup", kind="Account", page_size=10, fanout=2)
+        job.put()
+        in_transaction = _retries_of_lookups_in_transactions(monkeypatch)
+        ended = completion._end(job, completion.Figures("running", returned=completion.TOTAL_WEIGHT))
+    assert ended is not None and ended.outcome == "done"
+    assert in_transaction == [0], in_transaction
 
 
 def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, client, auth, task_queue, monkeypatch):
