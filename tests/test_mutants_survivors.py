@@ -386,6 +386,26 @@ def test_a_jobs_end_reads_the_job_in_its_transaction_without_ndbs_lookup_retry(a
     assert in_transaction == [0], in_transaction
 
 
+def test_a_jobs_settle_is_given_the_jobs_own_params(app, client, auth, task_queue):
+    """A job definition's `settle` (what the job's end commits beside the mark that it ended) is given the job's
+    tally and the params it was started with, as its map step is: a job whose settle depends on them settles by them."""
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from mapper import jobs
+    given = []
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_settle_params",
+                                           settle=lambda tally, params: given.append((tally, params)) or []))
+    auth.admin()
+    client.post("/api/accounts/seed", json={"count": 5})
+    task_queue.drain()
+    r = client.post("/api/jobs", json={"name": "test_settle_params", "params": {"amount": 7}})
+    assert r.status_code == 202, r.get_json()
+    task_queue.drain()
+    assert client.get(f"/api/jobs/{r.get_json()['id']}").get_json()["state"] == "done"
+    assert given == [({"balance": 35}, {"amount": 7})], given  # 5 accounts credited 7 each
+
+
 def test_a_follow_ups_lookup_in_its_transaction_is_never_retried_by_ndb(app, client, auth, task_queue, monkeypatch):
     """A job's follow-up (its on_done, committed with the mark that it ran) reads the job in its transaction as the
     lessons' writes do: a lookup that meets a collision fails the attempt at once (`retries=0`), and `once` tries the
