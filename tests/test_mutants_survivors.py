@@ -542,6 +542,23 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
     assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", job_id)]
 
 
+def test_a_jobs_end_commits_in_its_turn_at_the_job(app, monkeypatch):
+    """The transaction that ends a job writes the job in its turn at the job's entity (core/hotspots.py), as its
+    follow-up does: a job's last tasks and its checks may all try to end it at once."""
+    import dataclasses
+
+    from accounts.credit import ADD_CREDIT
+    from mapper import completion, jobs
+    from mapper.models import MapperJob
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_end_turn", settle=None))
+    with runtime.of(app).context():
+        job = MapperJob(id="6" * 16, name="test_end_turn", kind="Account", page_size=10, fanout=2)
+        job.put()
+        turns = _turns_taken(app, monkeypatch)
+        assert completion._end(job, completion.Figures("running", returned=completion.TOTAL_WEIGHT)) is not None
+    assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", "6" * 16)]
+
+
 def test_a_post_commits_in_its_turn_at_its_blog(app, ndb_context, monkeypatch):
     """A post writes its blog's BlogIndex in its turn at that entity (core/hotspots.py): every post to one blog bumps
     it, so posts from many processes wait their turn there instead of colliding in their transactions."""
