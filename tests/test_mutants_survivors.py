@@ -300,6 +300,17 @@ def test_a_check_of_a_running_job_answers_its_progress_to_four_places(client, au
     assert 0 < progress < 1 and progress == round(progress, 4) and progress != round(progress, 2), progress
 
 
+def _enqueued(task_queue, monkeypatch) -> list:
+    """Each task the app enqueues from now on, as (handler, payload, task name, delay); each still enqueued."""
+    queued, enqueue = [], task_queue.queue.enqueue
+
+    def noting(name, payload, task_name, delay=0):
+        queued.append((name, payload, task_name, delay))
+        return enqueue(name, payload, task_name, delay)
+    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    return queued
+
+
 def test_a_sum_that_finds_ranges_still_out_queues_the_jobs_first_check(client, auth, task_queue, monkeypatch):
     """When the sweep finds no task of a running job at work, it sums the job's records; if ranges are still out (a
     task queued and not begun, or one whose delivery died), the sum queues the job's first check, named for the job
@@ -308,16 +319,26 @@ def test_a_sum_that_finds_ranges_still_out_queues_the_jobs_first_check(client, a
     from mapper import completion
     from mapper.models import MapperJob
     job_id = _seeded_job(client, auth, task_queue, 10)  # its root task queued, not delivered
-    queued, enqueue = [], task_queue.queue.enqueue
-
-    def noting(name, payload, task_name, delay=0):
-        queued.append((name, payload, task_name, delay))
-        return enqueue(name, payload, task_name, delay)
-    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    queued = _enqueued(task_queue, monkeypatch)
     with runtime.current().context():
         completion.end_if_summed(MapperJob.get_by_id(job_id))
         assert MapperJob.get_by_id(job_id).ended is None
     assert queued == [(completion.CHECK_HANDLER, {"job": job_id, "check": 1}, f"{job_id}-check-1", 1)]
+
+
+def test_a_task_end_that_adds_nothing_to_the_sum_queues_the_jobs_first_check(client, auth, task_queue, monkeypatch):
+    """A task's end that has no weight to add to the cache's running sum (a redelivery of an ended task), or finds
+    the sum gone (the cache evicted or lost it), cannot tell whether the job is done: it queues the job's first
+    check, the same named task as every other such end, and the checks end the job from its records."""
+    from mapper import completion
+    from mapper.models import MapperJob
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    queued = _enqueued(task_queue, monkeypatch)
+    with runtime.current().context():
+        completion.end_if_all_back(MapperJob.get_by_id(job_id), 0)  # nothing to add
+        runtime.current().cache.flush()
+        completion.end_if_all_back(MapperJob.get_by_id(job_id), 100)  # the sum gone
+    assert queued == [(completion.CHECK_HANDLER, {"job": job_id, "check": 1}, f"{job_id}-check-1", 1)] * 2
 
 
 def test_a_running_jobs_view_counts_the_entities_its_tasks_did_not_its_deliveries(client, auth, task_queue):
