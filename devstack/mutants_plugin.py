@@ -26,8 +26,8 @@ The tests' queue (devstack/taskqueue.py) puts a failed task back in line at once
 or 300 s. A mutant that makes a task's every delivery fail (a TypeError where a job ends) spun each test that drained
 it for about 190 s before an assertion failed. Here a task that failed STUCK_AFTER deliveries in a row is taken out
 of line and the drain fails the test, naming it: such a mutant is killed in seconds. Cloud Tasks itself stops at
-core/tasks.MAX_DELIVERIES. mutmut's clean run goes through this too, so an unmutated test that trips it stops the run
-instead of making false kills.
+core/tasks.MAX_DELIVERIES. mutmut's clean run (the tests that reach the mutants named, unmutated) goes through this
+too: a test that trips it there fails the clean run, and mutmut stops before judging any mutant.
 """
 import collections
 import contextlib
