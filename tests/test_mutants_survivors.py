@@ -235,21 +235,27 @@ def test_an_admins_finish_of_a_job_deleted_meanwhile_is_a_404_that_says_it_is_go
     assert (gone.value.message, gone.value.code) == ("The job is gone.", "no_such_job")
 
 
+def _enqueued(task_queue, monkeypatch) -> list:
+    """Each task the app enqueues from now on, as (handler, payload, task name, delay); each still enqueued."""
+    queued, enqueue = [], task_queue.queue.enqueue
+
+    def noting(name, payload, task_name, delay=0):
+        queued.append((name, payload, task_name, delay))
+        return enqueue(name, payload, task_name, delay)
+    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    return queued
+
+
 def test_a_running_jobs_checks_back_off_then_come_every_minute(app, client, auth, task_queue, monkeypatch):
     """A job's check tasks (which end a job whose last task died before ending it) come 1, 2, 4, 8, 15 and 30 s apart,
     then every 60 s: soon after a death, and cheap for a job that runs long."""
     from mapper import completion
     job_id = _seeded_job(client, auth, task_queue, 10)  # its root task not delivered: the job runs
-    delays, enqueue = {}, task_queue.queue.enqueue
-
-    def noting(name, payload, task_name, delay=0):
-        if name == completion.CHECK_HANDLER:
-            delays[payload["check"]] = delay
-        return enqueue(name, payload, task_name, delay)
-    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
+    queued = _enqueued(task_queue, monkeypatch)
     with runtime.current().context():
         for number in range(1, 8):
             assert "progress" in completion.run_check({"job": job_id, "check": number})
+    delays = {payload["check"]: delay for name, payload, _, delay in queued if name == completion.CHECK_HANDLER}
     assert delays == {2: 2, 3: 4, 4: 8, 5: 15, 6: 30, 7: 60, 8: 60}
 
 
@@ -298,17 +304,6 @@ def test_a_check_of_a_running_job_answers_its_progress_to_four_places(client, au
     with runtime.current().context():
         progress = completion.run_check({"job": job_id, "check": 1})["progress"]
     assert 0 < progress < 1 and progress == round(progress, 4) and progress != round(progress, 2), progress
-
-
-def _enqueued(task_queue, monkeypatch) -> list:
-    """Each task the app enqueues from now on, as (handler, payload, task name, delay); each still enqueued."""
-    queued, enqueue = [], task_queue.queue.enqueue
-
-    def noting(name, payload, task_name, delay=0):
-        queued.append((name, payload, task_name, delay))
-        return enqueue(name, payload, task_name, delay)
-    monkeypatch.setattr(task_queue.queue, "enqueue", noting)
-    return queued
 
 
 def test_a_sum_that_finds_ranges_still_out_queues_the_jobs_first_check(client, auth, task_queue, monkeypatch):
@@ -374,33 +369,33 @@ def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, clie
     assert ran == []
 
 
-def _job_with_its_follow_up_pending(app, name: str) -> str:
-    """A job of a job definition `name` (add_credit's, with an on_done writing nothing) that has ended and whose
-    follow-up is yet to run: its id."""
+def _job_of_its_own(app, name: str, job_id: str, follow_up: str | None = None, **definition):
+    """A job (stored) of a job definition `name` registered for it: add_credit's, with `definition`'s changes."""
     import dataclasses
 
     from accounts.credit import ADD_CREDIT
     from mapper import jobs
     from mapper.models import MapperJob
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name=name, on_done=lambda job: []))
+    jobs.register(app, dataclasses.replace(ADD_CREDIT, name=name, **definition))
     with runtime.of(app).context():
-        MapperJob(id="4" * 16, name=name, kind="Account", page_size=10, fanout=2, follow_up="pending").put()
-    return "4" * 16
+        job = MapperJob(id=job_id, name=name, kind="Account", page_size=10, fanout=2, follow_up=follow_up)
+        job.put()
+    return job
+
+
+def _job_with_its_follow_up_pending(app, name: str) -> str:
+    """A job of a job definition `name` (add_credit's, with an on_done writing nothing) that has ended and whose
+    follow-up is yet to run: its id."""
+    return _job_of_its_own(app, name, "4" * 16, follow_up="pending", on_done=lambda job: []).key.id()
 
 
 def test_a_jobs_end_reads_the_job_in_its_transaction_without_ndbs_lookup_retry(app, monkeypatch):
     """The transaction that ends a job (its outcome and figures in one commit) reads the job as the lessons' writes
     do: a lookup that meets a collision fails the attempt at once (`retries=0`), and `once` tries the whole transaction
     again, instead of ndb trying the same lookup again from 1 s."""
-    import dataclasses
-
-    from accounts.credit import ADD_CREDIT
-    from mapper import completion, jobs
-    from mapper.models import MapperJob
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_end_lookup", settle=None))  # the job's read alone
+    from mapper import completion
+    job = _job_of_its_own(app, "test_end_lookup", "5" * 16, settle=None)  # no settle: the job's read alone
     with runtime.of(app).context():
-        job = MapperJob(id="5" * 16, name="test_end_lookup", kind="Account", page_size=10, fanout=2)
-        job.put()
         in_transaction = _retries_of_lookups_in_transactions(monkeypatch)
         ended = completion._end(job, completion.Figures("running", returned=completion.TOTAL_WEIGHT))
     assert ended is not None and ended.outcome == "done"
@@ -566,15 +561,9 @@ def test_a_follow_up_commits_in_its_turn_at_the_job(app, client, auth, task_queu
 def test_a_jobs_end_commits_in_its_turn_at_the_job(app, monkeypatch):
     """The transaction that ends a job writes the job in its turn at the job's entity (core/hotspots.py), as its
     follow-up does: a job's last tasks and its checks may all try to end it at once."""
-    import dataclasses
-
-    from accounts.credit import ADD_CREDIT
-    from mapper import completion, jobs
-    from mapper.models import MapperJob
-    jobs.register(app, dataclasses.replace(ADD_CREDIT, name="test_end_turn", settle=None))
+    from mapper import completion
+    job = _job_of_its_own(app, "test_end_turn", "6" * 16, settle=None)
     with runtime.of(app).context():
-        job = MapperJob(id="6" * 16, name="test_end_turn", kind="Account", page_size=10, fanout=2)
-        job.put()
         turns = _turns_taken(app, monkeypatch)
         assert completion._end(job, completion.Figures("running", returned=completion.TOTAL_WEIGHT)) is not None
     assert [(key.kind(), key.id()) for key in turns] == [("MapperJob", "6" * 16)]
