@@ -118,9 +118,11 @@ def test_finishing_a_job_whose_ranges_are_out_says_it_is_running_and_how_far_it_
     assert client.get(f"/api/jobs/{job_id}").get_json()["state"] == "running"
 
 
-def test_a_revived_task_is_counted_while_the_job_runs_and_drawn_as_revived(client, auth, task_queue):
+def test_a_revived_task_is_counted_while_the_job_runs_once_it_ends_and_on_its_bar(client, auth, task_queue):
     """The sweep's revival of a task whose delivery died shows at once on the running job (`revived`: 1, from the
-    job's hints) and, once done, on that task's bar in the timeline (its `revived` 1, every other task's 0)."""
+    job's hints), on the ended job (its figures summed from every task's record: 1, the root's alone), and on that
+    task's bar in the timeline (its `revived` 1, every other task's 0). The ended job is as deep as the tree its
+    timeline draws."""
     from mapper import sweep
     from mapper.task import TaskRecord
     job_id = _seeded_job(client, auth, task_queue, 60, page_size=20, fanout=2)
@@ -136,6 +138,9 @@ def test_a_revived_task_is_counted_while_the_job_runs_and_drawn_as_revived(clien
     tasks = client.get(f"/api/jobs/{job_id}/timeline").get_json()["tasks"]
     assert len(tasks) > 1 and {t["task"]: t["revived"] for t in tasks} == {t["task"]: int(t["task"] == "0")
                                                                              for t in tasks}
+    ended = client.get(f"/api/jobs/{job_id}").get_json()
+    assert (ended["state"], ended["estimated"], ended["revived"]) == ("done", False, 1), ended
+    assert ended["depth"] == 1 + max(t["depth"] for t in tasks) > 1, (ended, tasks)
 
 
 def test_a_timeline_gives_times_in_milliseconds(client, auth, task_queue):
