@@ -352,6 +352,17 @@ def test_a_running_jobs_view_counts_the_entities_its_tasks_did_not_its_deliverie
     assert (running["processed"], running["tasks"], running["depth"]) == (40, 1, 1), running
 
 
+def test_a_running_jobs_depth_is_its_own_not_an_earlier_jobs(client, auth, task_queue):
+    """A running job's depth (from the cache's hints, one key a level) counts its own tasks' levels only: a job just
+    started shows 0 until a task of its own ends, whatever depth a job before it reached."""
+    earlier = _seeded_job(client, auth, task_queue, 60, page_size=20, fanout=2)
+    task_queue.drain()
+    assert client.get(f"/api/jobs/{earlier}").get_json()["depth"] > 1
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    running = client.get(f"/api/jobs/{job_id}").get_json()
+    assert (running["state"], running["tasks"], running["depth"]) == ("running", 0, 0), running
+
+
 def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
     """A job's follow-up task (its on_done, run once after the job ended) delivered when there is nothing to run
     answers why, as a 200 (no retry), and runs no on_done: the job is gone, its name is no job of this app's, its job
@@ -392,6 +403,20 @@ def _job_with_its_follow_up_pending(app, name: str) -> str:
     """A job of a job definition `name` (add_credit's, with an on_done writing nothing) that has ended and whose
     follow-up is yet to run: its id."""
     return _job_of_its_own(app, name, "4" * 16, follow_up="pending", on_done=lambda job: []).key.id()
+
+
+def test_a_jobs_follow_up_has_a_lease_to_run_before_the_sweep_sends_it_again(app):
+    """The end of a job with an on_done queues its follow-up task and gives it a lease (the tasks' own) to run: the
+    sweep sends a follow-up again only once that is past, so a sweep just after the end sends nothing (a second send
+    would only be skipped, but costs a task and the job's reads)."""
+    from mapper import completion, sweep
+    job = _job_of_its_own(app, "test_follow_up_due", "6" * 16, on_done=lambda job: [])
+    with runtime.of(app).context():
+        completion.mark_ended(job, "done", {})
+        job.put()
+        lease = datetime.timedelta(seconds=runtime.current().settings.mapper_lease_seconds)
+        assert (job.follow_up, job.follow_up_due) == ("pending", job.ended + lease)
+        assert sweep.sweep()["follow_ups"] == []
 
 
 def test_a_jobs_end_reads_the_job_in_its_transaction_without_ndbs_lookup_retry(app, monkeypatch):
