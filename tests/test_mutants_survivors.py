@@ -363,6 +363,19 @@ def test_a_running_jobs_depth_is_its_own_not_an_earlier_jobs(client, auth, task_
     assert (running["state"], running["tasks"], running["depth"]) == ("running", 0, 0), running
 
 
+def test_a_running_jobs_depth_reaches_the_deepest_level_its_hints_mark(app):
+    """The hints mark each level a task ended on down to MAX_HINTED_DEPTH (a tree of skewed keys can split one page at
+    a time, so a deep tree is no giant's alone): a running job shows the deepest level marked, the last one too."""
+    from mapper import completion
+    from mapper.models import MapperJob
+    from mapper.task import TaskRecord
+    with runtime.of(app).context():
+        job = MapperJob(id="7" * 16, name="add_credit", kind="Account", page_size=10, fanout=2)
+        for depth in (0, completion.MAX_HINTED_DEPTH - 1):  # the root, and a task on the last level hinted
+            completion.hint(job, TaskRecord(job=job.id, depth=depth), 0, True)
+        assert completion.figures_of(job).depth == completion.MAX_HINTED_DEPTH
+
+
 def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
     """A job's follow-up task (its on_done, run once after the job ended) delivered when there is nothing to run
     answers why, as a 200 (no retry), and runs no on_done: the job is gone, its name is no job of this app's, its job
