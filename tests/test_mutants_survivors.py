@@ -364,8 +364,8 @@ def test_a_running_jobs_depth_is_its_own_not_an_earlier_jobs(client, auth, task_
 
 
 def test_a_running_jobs_depth_reaches_the_deepest_level_its_hints_mark(app):
-    """The hints mark each level a task ended on down to MAX_HINTED_DEPTH (a tree of skewed keys can split one page at
-    a time, so a deep tree is no giant's alone): a running job shows the deepest level marked, the last one too."""
+    """The hints mark each level a task ended on, down to MAX_HINTED_DEPTH: a running job shows the deepest level
+    marked, the last one too."""
     from mapper import completion
     from mapper.models import MapperJob
     from mapper.task import TaskRecord
