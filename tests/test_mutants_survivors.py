@@ -376,6 +376,20 @@ def test_a_running_jobs_depth_reaches_the_deepest_level_its_hints_mark(app):
         assert completion.figures_of(job).depth == completion.MAX_HINTED_DEPTH
 
 
+def test_a_running_jobs_view_whose_hints_the_cache_lost_shows_zeros(client, auth, task_queue):
+    """The hints are best effort: a running job whose hints the cache lost (flushed, evicted, restarted empty) is
+    still shown, its figures 0 as estimated, neither an error nor figures made up."""
+    job_id = _seeded_job(client, auth, task_queue, 10)
+    with runtime.current().context():
+        runtime.current().cache.flush()
+    r = client.get(f"/api/jobs/{job_id}")
+    assert r.status_code == 200, r.get_json()
+    shown = {name: r.get_json()[name] for name in ("state", "estimated", "processed", "progress", "tasks", "depth",
+                                                   "revived")}
+    assert shown == {"state": "running", "estimated": True, "processed": 0, "progress": 0, "tasks": 0, "depth": 0,
+                     "revived": 0}, shown
+
+
 def test_a_follow_up_task_with_nothing_to_run_says_so_and_runs_nothing(app, client, auth, task_queue):
     """A job's follow-up task (its on_done, run once after the job ended) delivered when there is nothing to run
     answers why, as a 200 (no retry), and runs no on_done: the job is gone, its name is no job of this app's, its job
