@@ -78,7 +78,8 @@ def test_an_owned_count_that_cannot_be_made_is_logged_naming_the_counter_with_th
 def test_an_add_inside_a_transaction_creates_its_counter_or_keeps_the_config_it_has(ndb_context):
     """A feature's add inside its own transaction (a seed's chunk, a job's settle) creates a counter not made yet
     (adaptive, one shard, unlisted) and counts the add; a counter configured beforehand with more shards (as callers
-    do for one that many transactions add to at once) keeps that config, so every shard's count is still summed."""
+    do for one that many transactions add to at once) keeps that config, so every shard's count is still summed. The
+    counter's cached total is dropped once the add commits: the next read counts the add."""
     from counters import service as counters_service
     feature = counters_service.owned("feature")
 
@@ -90,10 +91,12 @@ def test_an_add_inside_a_transaction_creates_its_counter_or_keeps_the_config_it_
     feature.configure("wide", 8)
     for _ in range(20):  # on random shards of the 8: all 20 on one is a chance of 8**-19
         assert feature.increment("wide")
+    assert feature.totals(["wide"]) == {"wide": 20}  # and now in the cache
     add("wide", -1)
     [wide] = feature.configs(["wide"])
     assert wide.num_shards == 8
     assert feature.exact_totals(["fresh", "wide"]) == {"fresh": 5, "wide": 19}
+    assert feature.totals(["wide"]) == {"wide": 19}
 
 
 def test_a_resend_whose_posted_entry_is_gone_says_which_entry(ndb_context):
