@@ -58,6 +58,33 @@ def test_an_increment_of_the_simple_counter_that_collides_every_time_is_a_503_th
     assert client.get("/api/simple-counter?shards=1").get_json()["count"] == 0
 
 
+def test_a_replayed_increment_answers_the_attempts_its_first_send_took(client, auth, monkeypatch):
+    """A resend of a keyed increment answers what its first send answered, `attempts` too (kept with the +1 in the
+    key's marker): a first send that collided once before it counted said 2, and so does its replay."""
+    from counters import service as counters_service
+    made, collided = counters_service.shard_writer, []
+
+    def first_write_collides(name, request):
+        writer = made(name, request)
+        write = writer.write
+
+        def write_or_collide(index: int, attempts: int):
+            if not collided:
+                collided.append(index)
+                raise core_exceptions.Aborted("too much contention on these datastore entities")
+            return write(index, attempts)
+        writer.write = write_or_collide
+        return writer
+    auth.sign_in()
+    monkeypatch.setattr(counters_service, "shard_writer", first_write_collides)
+    first = client.post("/api/counters/replayed/increment", headers={"Idempotency-Key": "collided-once"})
+    assert (first.status_code, first.get_json()["attempts"]) == (200, 2), first.get_json()
+    monkeypatch.undo()
+    again = client.post("/api/counters/replayed/increment", headers={"Idempotency-Key": "collided-once"})
+    assert again.get_json() == first.get_json() and again.headers.get("Idempotent-Replayed") == "true"
+    assert client.get("/api/counters/replayed").get_json()["count"] == 1
+
+
 def test_an_owned_count_that_cannot_be_made_is_logged_naming_the_counter_with_the_error(ndb_context, monkeypatch,
                                                                                         caplog):
     """A feature's own count that cannot be made now (here Datastore not answering) is skipped, and says so in the
