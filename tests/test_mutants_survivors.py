@@ -85,6 +85,22 @@ def test_a_replayed_increment_answers_the_attempts_its_first_send_took(client, a
     assert client.get("/api/counters/replayed").get_json()["count"] == 1
 
 
+def test_a_collision_on_a_counter_of_two_shards_moves_to_the_other_at_once(monkeypatch):
+    """A collision moves the +1 to another shard at once, without a wait, wherever there is another: on a counter of
+    two shards, to the other one. Only a counter of one shard waits (a jittered backoff) and tries the same again."""
+    from counters import writes
+    waits, tried = [], []
+    monkeypatch.setattr(writes, "backoff", lambda *args: waits.append(args))
+
+    def collides_first(index: int, attempts: int) -> str:
+        tried.append(index)
+        if attempts == 1:
+            raise core_exceptions.Aborted("too much contention on these datastore entities")
+        return "counted"
+    assert writes.commit_on_a_shard(2, collides_first) == ("counted", 2)
+    assert sorted(tried) == [0, 1] and waits == [], (tried, waits)
+
+
 def test_an_owned_count_that_cannot_be_made_is_logged_naming_the_counter_with_the_error(ndb_context, monkeypatch,
                                                                                         caplog):
     """A feature's own count that cannot be made now (here Datastore not answering) is skipped, and says so in the
