@@ -58,25 +58,32 @@ def test_an_increment_of_the_simple_counter_that_collides_every_time_is_a_503_th
     assert client.get("/api/simple-counter?shards=1").get_json()["count"] == 0
 
 
-def test_a_replayed_increment_answers_the_attempts_its_first_send_took(client, auth, monkeypatch):
-    """A resend of a keyed increment answers what its first send answered, `attempts` too (kept with the +1 in the
-    key's marker): a first send that collided once before it counted said 2, and so does its replay."""
+def _shard_writes_collide(monkeypatch, first: int | None = None) -> list:
+    """Every counter's shard writes answer ABORTED (a hot shard's collision) before they commit, or only the `first`
+    so many: the shards tried, in order."""
     from counters import service as counters_service
-    made, collided = counters_service.shard_writer, []
+    made, tried = counters_service.shard_writer, []
 
-    def first_write_collides(name, request):
+    def colliding(name, request):
         writer = made(name, request)
         write = writer.write
 
         def write_or_collide(index: int, attempts: int):
-            if not collided:
-                collided.append(index)
+            tried.append(index)
+            if first is None or len(tried) <= first:
                 raise core_exceptions.Aborted("too much contention on these datastore entities")
             return write(index, attempts)
         writer.write = write_or_collide
         return writer
+    monkeypatch.setattr(counters_service, "shard_writer", colliding)
+    return tried
+
+
+def test_a_replayed_increment_answers_the_attempts_its_first_send_took(client, auth, monkeypatch):
+    """A resend of a keyed increment answers what its first send answered, `attempts` too (kept with the +1 in the
+    key's marker): a first send that collided once before it counted said 2, and so does its replay."""
     auth.sign_in()
-    monkeypatch.setattr(counters_service, "shard_writer", first_write_collides)
+    _shard_writes_collide(monkeypatch, first=1)
     first = client.post("/api/counters/replayed/increment", headers={"Idempotency-Key": "collided-once"})
     assert (first.status_code, first.get_json()["attempts"]) == (200, 2), first.get_json()
     monkeypatch.undo()
@@ -99,6 +106,23 @@ def test_a_collision_on_a_counter_of_two_shards_moves_to_the_other_at_once(monke
         return "counted"
     assert writes.commit_on_a_shard(2, collides_first) == ("counted", 2)
     assert sorted(tried) == [0, 1] and waits == [], (tried, waits)
+
+
+def test_an_increment_whose_every_commit_collides_is_a_503_that_says_the_counter_is_too_contended(client, auth,
+                                                                                                    monkeypatch):
+    """Contention that outlasts the increment's attempts (every shard's commit answering ABORTED) ends in a 503 that
+    says the counter is too contended and to try again, and counts nothing."""
+    from counters import writes
+    auth.sign_in()
+    assert client.post("/api/counters/contended/increment").status_code == 200  # created, and counted once
+    _shard_writes_collide(monkeypatch)
+    monkeypatch.setattr(writes, "backoff", lambda *args: None)
+    r = client.post("/api/counters/contended/increment")
+    assert r.status_code == 503
+    assert r.get_json()["error"] == {"code": "contention",
+                                     "message": "The counter is too contended right now; try again."}
+    monkeypatch.undo()
+    assert client.get("/api/counters/contended").get_json()["count"] == 1
 
 
 def test_an_owned_count_that_cannot_be_made_is_logged_naming_the_counter_with_the_error(ndb_context, monkeypatch,
