@@ -602,6 +602,31 @@ def test_a_keyed_increment_on_firestore_whose_marker_was_swept_meanwhile_is_a_40
         409, "idempotency_key_expired", "This Idempotency-Key's increment has expired; use a new key.")
 
 
+def test_a_resend_on_firestore_is_answered_by_the_marker_as_stored_now_never_a_cached_one(firestore_stack):
+    """A resend's look reads the key's marker from Datastore, never through the global cache. A marker swept at the
+    end of its day and written again by a new first send (another shard, other attempts) answers the resends after it
+    with the new send's answer, not the old one's. Each send in a context of its own, as each request has. On either
+    backend's suite."""
+    from core import idempotency
+    from counters.models import AppliedIncrement
+    from counters.writes import BlindShardWriter
+    from tests.support import make_app, running
+    with running(make_app(firestore_stack, checked=False, **firestore_stack.fresh())):
+        request = idempotency.keyed("k-again", "u1", "counters.increment", "again", None)
+
+        def send(index: int, attempts: int):  # in a context of its own, as each request is
+            with runtime.current().context():
+                increments = runtime.current().datastore.increments
+                return BlindShardWriter("again", request, increments).write(index, attempts)
+        assert send(0, 1).wrote
+        assert send(0, 1).value == {"attempts": 1, "shard": 0}  # a resend: the marker read
+        with runtime.current().context():
+            AppliedIncrement.key_for(request).delete()  # swept, its day over
+        assert send(1, 2).wrote  # a new first send
+        resent = send(0, 1)
+    assert (resent.by_another, resent.value) == (True, {"attempts": 2, "shard": 1})
+
+
 def test_a_blog_page_reads_limit_plus_one_entries_at_any_depth(ndb_context):
     """A page of `limit` entries is one index scan of limit + 1 rows at any depth (the extra row gives the next page's
     start): billed limit + 1 entity reads, never the rest of the blog below the page nor one row more."""
