@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from devstack.services import Stack, backend_from_env, cache_from_env
@@ -299,9 +300,10 @@ def existing_rows(heading: str) -> list[str]:
     return rows
 
 
-def earlier_runs(date: str, keep: int = 9) -> list[str]:
-    """The `keep` newest run entries ("### ...") of docs/mutants.md's "Runs", as they are written there, but the run
-    of `date`'s own: a report written again while its run goes on (--report-only) replaces that run's entry."""
+def earlier_runs(date: str, named: Iterable[str] = (), keep: int = 9) -> list[str]:
+    """The `keep` newest run entries ("### ...") of docs/mutants.md's "Runs", and any older one whose date is in
+    `named` (a row kept still names it), as they are written there, but the run of `date`'s own: a report written
+    again while its run goes on (--report-only) replaces that run's entry."""
     if not DOC.exists():
         return []
     entries: list[list[str]] = []
@@ -314,17 +316,33 @@ def earlier_runs(date: str, keep: int = 9) -> list[str]:
         elif inside and entries:
             entries[-1].append(line)
     entries = [entry for entry in entries if not entry[0].startswith(f"### {date}:")]
-    return [line for entry in entries[:keep] for line in entry]
+    named = set(named)
+    return [line for i, entry in enumerate(entries) if i < keep or entry[0][4:].partition(" UTC:")[0] + " UTC" in named
+            for line in entry]
 
 
-def first_cell(row: str) -> str:
-    return row.split(" | ", 1)[0].removeprefix("| ").strip("` ")
+def run_of(row: str) -> str:
+    """The date of the run a row of "Per module" comes from (its last cell: `date, commit`)."""
+    return row.rstrip(" |").rpartition(" | ")[2].partition(",")[0]
 
 
-def rows_left_alone(heading: str, modules: list[str]) -> list[str]:
-    """The rows of section `heading` to keep: those of MODULES this run left alone. A module no longer in MODULES
-    (renamed, or no longer mutated) has its rows dropped: its figures would describe code that is gone."""
-    return [row for row in existing_rows(heading) if first_cell(row) in set(MODULES) - set(modules)]
+def module_cell(row: str, column: int = 0) -> str:
+    """The module a table row names in its cell `column`: `path`, or `path`:first-last (beside the guarantees)."""
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]
+    return cells[column].strip().partition(":")[0].strip("`") if len(cells) > column else ""
+
+
+def rows_left_alone(heading: str, modules: list[str], column: int = 0) -> list[str]:
+    """The rows of section `heading` to keep: those of MODULES this run left alone (the module named in cell
+    `column`). A module no longer in MODULES (renamed, or no longer mutated) has its rows dropped: its figures would
+    describe code that is gone."""
+    return [row for row in existing_rows(heading) if module_cell(row, column) in set(MODULES) - set(modules)]
+
+
+def in_module_order(rows: list[str], column: int = 0) -> list[str]:
+    """`rows` in MODULES' order of the module each names in cell `column` (as they were, within one module)."""
+    order = {path: i for i, path in enumerate(MODULES)}
+    return sorted(rows, key=lambda row: order.get(module_cell(row, column), len(order)))
 
 
 def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[str, str], timing: list[str],
@@ -353,9 +371,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
             changed = code(change)
             survivors.append(f"| `{path}` | {line or '?'} | `{short}` | {stamp} | {changed} | "
                              f"{said.get((short, changed), '')} |")
-    order = {path: i for i, path in enumerate(MODULES)}
-    table = sorted(kept_modules + rows, key=lambda row: order.get(first_cell(row), len(order)))
-    survivor_rows = sorted(kept_survivors + survivors, key=lambda row: order.get(first_cell(row), len(order)))
+    table, survivor_rows = in_module_order(kept_modules + rows), in_module_order(kept_survivors + survivors)
     text = [
         "# Mutants",
         "",
@@ -381,7 +397,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         *[f"- {line}" for line in timing],
         *([f"- {note}"] if note else []),
         "",
-        *earlier_runs(run["date"]),
+        *earlier_runs(run["date"], named=[run_of(row) for row in table]),
         "## Per module",
         "",
         "Score: killed and timed out over all mutants but skipped ones (mutmut's own), so a mutant that no test",
@@ -408,13 +424,13 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "## Beside the guarantees",
         "",
         "Each break of [guarantees.md](guarantees.md) (tests/mutations/*.toml) made in a module above, and mutmut's",
-        "mutants on the same lines, as the last run left them: what the row's tests are known to catch beyond the",
-        "break written for them (a mutant there that survived is a change on a guarantee's own lines that no test",
-        "caught).",
+        "mutants on the same lines, as the run that judged the module left them: what the row's tests are known to",
+        "catch beyond the break written for them (a mutant there that survived is a change on a guarantee's own",
+        "lines that no test caught).",
         "",
         "| guarantee | break | lines | mutmut's mutants on them |",
         "|---|---|---|---|",
-        *beside_guarantees(),
+        *beside_guarantees(modules),
         "",
     ]
     DOC.write_text("\n".join(text))
@@ -432,10 +448,11 @@ def firestore_run() -> str:
             + ("; ".join(f"`{line}`" for line in summary) or "(none)"))
 
 
-def beside_guarantees() -> list[str]:
-    """One row per break of tests/mutations/*.toml in a module with mutmut's verdicts: the mutants on its lines."""
+def beside_guarantees(modules: list[str]) -> list[str]:
+    """One row per break of tests/mutations/*.toml in a module of this run (`modules`): the mutants on its lines; the
+    rows of the modules it left alone as the runs that judged them wrote them, as in the tables above."""
     from tests.mutations.run import load
-    known = [path for path in MODULES if (WORK / "mutants" / f"{path}.meta").exists()]
+    known = [path for path in modules if (WORK / "mutants" / f"{path}.meta").exists()]
     found, changes = outcomes(known), {path: mutant_changes(path) for path in known}
     rows = []
     for entry in load():
@@ -457,7 +474,7 @@ def beside_guarantees() -> list[str]:
                                                      if status in ("survived", "no tests") else "")
                          for status, names in sorted(by_status.items())) or "none"
         rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}`:{first}-{last} | {said} |")
-    return rows
+    return in_module_order(rows_left_alone("Beside the guarantees", known, column=2) + rows, column=2)
 
 
 def sessions(since: int = 0) -> list[dict]:
