@@ -19,8 +19,10 @@ What it does, in order:
    itself drops those of a function whose code changed since) and only the mutants without one are named, so a run
    of many hours is made in parts, session by session;
 5. writes docs/mutants.md: the date, the commit, mutmut's version, per module mutants / killed / survived / timeout
-   / score, the time per mutant, and each survivor's diff with a column for people to say why it survives (kept
-   across runs for a survivor whose change is the same). A run over a subset replaces that subset's rows only.
+   / score, the time per mutant, each survivor's diff with a column for people to say why it survives (kept
+   across runs for a survivor whose change is the same), and the mutants on the lines of each break of
+   docs/guarantees.md. A run over a subset replaces that subset's rows only, in each table; under "Runs" the ten
+   newest entries stay, and any older one a module's row still comes from.
 
 Not part of `make test` or CI: a full run takes hours at one worker (docs/mutants.md, the trials' projection). To
 make it in parts, stop it (Ctrl-C, or SIGTERM to this script: each mutant's verdict is saved as it comes), write what
@@ -295,7 +297,7 @@ def existing_rows(heading: str) -> list[str]:
     for line in DOC.read_text().splitlines():
         if line.startswith("## "):
             inside = line[3:].strip() == heading
-        elif inside and line.startswith("| ") and not line.startswith(("| module", "|---")):
+        elif inside and line.startswith("| ") and not line.startswith(("| module", "| guarantee", "|---")):
             rows.append(line)
     return rows
 
@@ -315,21 +317,30 @@ def earlier_runs(date: str, named: Iterable[str] = (), keep: int = 9) -> list[st
             entries.append([line])
         elif inside and entries:
             entries[-1].append(line)
-    entries = [entry for entry in entries if not entry[0].startswith(f"### {date}:")]
+    entries = [entry for entry in entries if entry_date(entry[0]) != date]
     named = set(named)
-    return [line for i, entry in enumerate(entries) if i < keep or entry[0][4:].partition(" UTC:")[0] + " UTC" in named
-            for line in entry]
+    return [line for i, entry in enumerate(entries) if i < keep or entry_date(entry[0]) in named for line in entry]
+
+
+def entry_date(heading: str) -> str:
+    """The date of a run's entry under "Runs", from its heading: "### 2026-11-30 08:49 UTC: `a.py`"."""
+    return heading.removeprefix("### ").partition(": ")[0]
+
+
+def cells(row: str) -> list[str]:
+    """A table row's cells, stripped (a `|` inside a cell is written `\\|`: `cell`)."""
+    return [text.strip() for text in re.split(r"(?<!\\)\|", row)[1:-1]]
 
 
 def run_of(row: str) -> str:
     """The date of the run a row of "Per module" comes from (its last cell: `date, commit`)."""
-    return row.rstrip(" |").rpartition(" | ")[2].partition(",")[0]
+    return cells(row)[-1].partition(",")[0]
 
 
 def module_cell(row: str, column: int = 0) -> str:
     """The module a table row names in its cell `column`: `path`, or `path`:first-last (beside the guarantees)."""
-    cells = re.split(r"(?<!\\)\|", row)[1:-1]
-    return cells[column].strip().partition(":")[0].strip("`") if len(cells) > column else ""
+    row_cells = cells(row)
+    return row_cells[column].partition(":")[0].strip("`") if len(row_cells) > column else ""
 
 
 def rows_left_alone(heading: str, modules: list[str], column: int = 0) -> list[str]:
@@ -350,9 +361,9 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
     kept_modules, kept_survivors = rows_left_alone("Per module", modules), rows_left_alone("Survivors", modules)
     said = {}  # (mutant, change) -> what a person wrote in the last column
     for row in existing_rows("Survivors"):
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
-        if len(cells) == 6 and cells[5]:
-            said[(cells[2].strip("`"), cells[4])] = cells[5]
+        row_cells = cells(row)
+        if len(row_cells) == 6 and row_cells[5]:
+            said[(row_cells[2].strip("`"), row_cells[4])] = row_cells[5]
     stamp = f"{run['date']}, {run['commit'][:12]}"
     rows = []
     for path in modules:
@@ -382,7 +393,8 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "",
         "## Runs",
         "",
-        "Newest first; the rows below name the run they come from.",
+        "Newest first (the ten newest, and any older run a module's row below still comes from); the rows below",
+        "name the run they come from.",
         "",
         f"### {run['date']}: {', '.join(f'`{m}`' for m in modules)}",
         "",
@@ -430,7 +442,7 @@ def write_doc(modules: list[str], found: dict[str, dict[str, str]], run: dict[st
         "",
         "| guarantee | break | lines | mutmut's mutants on them |",
         "|---|---|---|---|",
-        *beside_guarantees(modules),
+        *beside_guarantees(found),
         "",
     ]
     DOC.write_text("\n".join(text))
@@ -448,12 +460,12 @@ def firestore_run() -> str:
             + ("; ".join(f"`{line}`" for line in summary) or "(none)"))
 
 
-def beside_guarantees(modules: list[str]) -> list[str]:
-    """One row per break of tests/mutations/*.toml in a module of this run (`modules`): the mutants on its lines; the
-    rows of the modules it left alone as the runs that judged them wrote them, as in the tables above."""
+def beside_guarantees(found: dict[str, dict[str, str]]) -> list[str]:
+    """One row per break of tests/mutations/*.toml in a module of this run (`found`: its verdicts shown, by module):
+    the mutants on its lines; the rows of the modules it left alone as the runs that judged them wrote them, as in
+    the tables above."""
     from tests.mutations.run import load
-    known = [path for path in modules if (WORK / "mutants" / f"{path}.meta").exists()]
-    found, changes = outcomes(known), {path: mutant_changes(path) for path in known}
+    changes = {path: mutant_changes(path) for path in found}
     rows = []
     for entry in load():
         if entry.file not in found:
@@ -474,7 +486,7 @@ def beside_guarantees(modules: list[str]) -> list[str]:
                                                      if status in ("survived", "no tests") else "")
                          for status, names in sorted(by_status.items())) or "none"
         rows.append(f"| {cell(entry.row)} | {cell(entry.says)} | `{entry.file}`:{first}-{last} | {said} |")
-    return in_module_order(rows_left_alone("Beside the guarantees", known, column=2) + rows, column=2)
+    return in_module_order(rows_left_alone("Beside the guarantees", list(found), column=2) + rows, column=2)
 
 
 def sessions(since: int = 0) -> list[dict]:

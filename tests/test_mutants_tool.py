@@ -119,24 +119,23 @@ def test_a_run_keeps_the_rows_of_the_modules_it_left_alone_and_drops_a_renamed_m
 
 def test_a_run_keeps_the_rows_beside_the_guarantees_of_the_modules_it_left_alone(work, tmp_path, monkeypatch):
     """docs/mutants.md's rows beside the guarantees are kept per module as the tables above are: a run over some
-    modules (whose mutmut files alone are in its scratch tree) neither drops the others' rows nor keeps its own old
-    ones, and every row is in MODULES' order."""
+    modules keeps the other modules' rows, drops a renamed module's (mapper/handback.py) and its own old ones, and
+    puts every row in MODULES' order."""
     doc = tmp_path / "mutants.md"
     doc.write_text("# Mutants\n\n## Beside the guarantees\n\n| guarantee | break | lines | mutmut's mutants on them |\n"
-                   "|---|---|---|---|\n| A | a | `counters/writes.py`:40-40 | killed 3 |\n"
+                   "|---|---|---|---|\n| T | t | `mapper/tree.py`:5-5 | killed 2 |\n"
+                   "| A | a | `counters/writes.py`:40-40 | killed 3 |\n"
                    "| B | b | `comments/bookmarks.py`:20-21 | killed 1 |\n"
                    "| C | c | `mapper/handback.py`:9-9 | none |\n")
     monkeypatch.setattr(mutants, "DOC", doc)
-    _meta(work, "comments/bookmarks.py", {})  # the run's module, with no mutant: its breaks' rows say "none"
     source = (mutants.REPO / "comments" / "bookmarks.py").read_text()
     for copy in (work / "comments" / "bookmarks.py", work / "mutants" / "comments" / "bookmarks.py"):
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(source)
-    rows = mutants.beside_guarantees(["comments/bookmarks.py"])
+    rows = mutants.beside_guarantees({"comments/bookmarks.py": {}})  # the run's module, with no mutant: "none"
     assert rows[0] == "| A | a | `counters/writes.py`:40-40 | killed 3 |"
-    assert len(rows) > 1 and all("| `comments/bookmarks.py`:" in row and row.endswith("| none |") for row in rows[1:])
-    rows = ["| X | x | `core/transactions.py`:1-2 | none |", "| Y | y | `counters/simple.py`:3-3 | none |"]
-    assert mutants.in_module_order(rows, column=2) == rows[::-1]
+    assert rows[-1] == "| T | t | `mapper/tree.py`:5-5 | killed 2 |"
+    assert len(rows) > 2 and all("| `comments/bookmarks.py`:" in row and row.endswith("| none |") for row in rows[1:-1])
 
 
 def test_a_report_written_again_while_its_run_goes_on_replaces_that_runs_entry(tmp_path, monkeypatch):
@@ -151,8 +150,8 @@ def test_a_report_written_again_while_its_run_goes_on_replaces_that_runs_entry(t
 
 
 def test_a_run_a_kept_row_still_names_keeps_its_entry_however_old(tmp_path, monkeypatch):
-    """Past the newest entries under "Runs", a run's entry stays while a module's row still comes from it, so that
-    every score in the table names a run the doc describes."""
+    """Past the newest entries under "Runs", a run's entry stays while a module's row still comes from it (the date
+    its last cell names)."""
     doc = tmp_path / "mutants.md"
     doc.write_text("# Mutants\n\n## Runs\n\n### 2026-11-30 23:52 UTC: `b.py`\n\n- new\n\n"
                    "### 2026-11-30 10:32 UTC: `c.py`\n\n- middle\n\n### 2026-11-30 08:49 UTC: `a.py`\n\n- old\n\n"
