@@ -948,14 +948,14 @@ def test_a_first_delivery_queues_the_children_it_split_without_reading_them_back
     """A task's first delivery queues the children its own split made: only a delivery that did not split reads
     them back from its record (`queueing.recorded`, a Lookup of the pages it handed out), one read fewer a task."""
     from mapper import queueing
-    from mapper.task import TaskPayload, TaskRecord
+    from mapper.task import TaskRecord
     job_id = _seeded_job(client, auth, task_queue, 60, page_size=10, fanout=2)
     real, read_back = queueing.recorded, []
     monkeypatch.setattr(queueing, "recorded", lambda record: read_back.append(record.key.id()) or real(record))
     assert task_queue.deliver(task_queue.queue.take())  # the root's first delivery: it splits
     assert read_back == []
     with runtime.current().context():
-        split = {TaskPayload.from_json(child).name for child in TaskRecord.get_by_id(f"{job_id}-0").children}
+        split = {child.name for child in real(TaskRecord.get_by_id(f"{job_id}-0"))}
     # every child the split made, handouts and ranges (how many follows the samples it read)
     assert split and split <= {task.name for task in task_queue.queue.pending}, split
 
